@@ -1,0 +1,1 @@
+"""Generated from proto/ by scripts/genproto.py. Do not edit."""

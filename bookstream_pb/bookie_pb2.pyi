@@ -1,0 +1,215 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OK: _ClassVar[StatusCode]
+    NO_SUCH_LEDGER: _ClassVar[StatusCode]
+    NO_SUCH_ENTRY: _ClassVar[StatusCode]
+    FENCED: _ClassVar[StatusCode]
+    INVALID_TERM: _ClassVar[StatusCode]
+    BAD_REQUEST: _ClassVar[StatusCode]
+    READ_ONLY: _ClassVar[StatusCode]
+    CHECKSUM_MISMATCH: _ClassVar[StatusCode]
+    TOO_LARGE: _ClassVar[StatusCode]
+    UNKNOWN_ENTRY: _ClassVar[StatusCode]
+    INTERNAL_ERROR: _ClassVar[StatusCode]
+
+class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    READ_NONE: _ClassVar[ReadFlag]
+    READ_FENCE: _ClassVar[ReadFlag]
+
+class BookieState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    WRITABLE: _ClassVar[BookieState]
+    READ_ONLY_STATE: _ClassVar[BookieState]
+OK: StatusCode
+NO_SUCH_LEDGER: StatusCode
+NO_SUCH_ENTRY: StatusCode
+FENCED: StatusCode
+INVALID_TERM: StatusCode
+BAD_REQUEST: StatusCode
+READ_ONLY: StatusCode
+CHECKSUM_MISMATCH: StatusCode
+TOO_LARGE: StatusCode
+UNKNOWN_ENTRY: StatusCode
+INTERNAL_ERROR: StatusCode
+READ_NONE: ReadFlag
+READ_FENCE: ReadFlag
+WRITABLE: BookieState
+READ_ONLY_STATE: BookieState
+
+class AddFrame(_message.Message):
+    __slots__ = ("frame_id", "entries")
+    FRAME_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    frame_id: int
+    entries: bytes
+    def __init__(self, frame_id: _Optional[int] = ..., entries: _Optional[bytes] = ...) -> None: ...
+
+class EntryError(_message.Message):
+    __slots__ = ("index", "status", "term")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    status: StatusCode
+    term: int
+    def __init__(self, index: _Optional[int] = ..., status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ...) -> None: ...
+
+class AddAck(_message.Message):
+    __slots__ = ("frame_id", "status", "errors", "message")
+    FRAME_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    frame_id: int
+    status: StatusCode
+    errors: _containers.RepeatedCompositeFieldContainer[EntryError]
+    message: str
+    def __init__(self, frame_id: _Optional[int] = ..., status: _Optional[_Union[StatusCode, str]] = ..., errors: _Optional[_Iterable[_Union[EntryError, _Mapping]]] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AddAcks(_message.Message):
+    __slots__ = ("acks",)
+    ACKS_FIELD_NUMBER: _ClassVar[int]
+    acks: _containers.RepeatedCompositeFieldContainer[AddAck]
+    def __init__(self, acks: _Optional[_Iterable[_Union[AddAck, _Mapping]]] = ...) -> None: ...
+
+class ReadEntryRequest(_message.Message):
+    __slots__ = ("ledger_id", "entry_id", "term", "flags")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    entry_id: int
+    term: int
+    flags: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
+
+class ReadEntryResponse(_message.Message):
+    __slots__ = ("status", "entry", "term", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTRY_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    entry: bytes
+    term: int
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entry: _Optional[bytes] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReadRangeRequest(_message.Message):
+    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    first_entry: int
+    last_entry: int
+    max_frame_bytes: int
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+
+class ReadRangeResponse(_message.Message):
+    __slots__ = ("status", "entries", "count", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    entries: bytes
+    count: int
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entries: _Optional[bytes] = ..., count: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ReadLacRequest(_message.Message):
+    __slots__ = ("ledger_id", "term", "flags")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    term: int
+    flags: int
+    def __init__(self, ledger_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
+
+class ReadLacResponse(_message.Message):
+    __slots__ = ("status", "lac", "lafr", "last_entry", "term", "fenced", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    LAC_FIELD_NUMBER: _ClassVar[int]
+    LAFR_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    lac: int
+    lafr: int
+    last_entry: int
+    term: int
+    fenced: bool
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., lac: _Optional[int] = ..., lafr: _Optional[int] = ..., last_entry: _Optional[int] = ..., term: _Optional[int] = ..., fenced: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class LongPollLacRequest(_message.Message):
+    __slots__ = ("ledger_id", "previous_lac", "timeout_ms")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    PREVIOUS_LAC_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    previous_lac: int
+    timeout_ms: int
+    def __init__(self, ledger_id: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class DeleteRequest(_message.Message):
+    __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_RANGE_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    has_range: bool
+    first_entry: int
+    last_entry: int
+    def __init__(self, ledger_id: _Optional[int] = ..., has_range: _Optional[bool] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("status", "entries_deleted", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    entries_deleted: int
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entries_deleted: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class InfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class InfoResponse(_message.Message):
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments")
+    BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LEDGERS_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    bookie_id: str
+    state: BookieState
+    free_bytes: int
+    total_bytes: int
+    used_bytes: int
+    ledgers: int
+    entries: int
+    segments: int
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ...) -> None: ...
