@@ -195,7 +195,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +204,10 @@ class InfoResponse(_message.Message):
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_FSYNCS_FIELD_NUMBER: _ClassVar[int]
+    JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -212,4 +216,8 @@ class InfoResponse(_message.Message):
     ledgers: int
     entries: int
     segments: int
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ...) -> None: ...
+    replayed_records: int
+    replayed_bytes: int
+    journal_fsyncs: int
+    journal_bytes: int
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,212 @@
+"""The bookie's protocol core: per-ledger state and its rules, with no I/O.
+
+Everything a bookie *decides* lives here: whether an add is admitted (term,
+fence, read-only), how a fencing or term-carrying read changes a ledger, what
+a truncate no-op removes, what a read may answer.  The server (bookie/server.py)
+and the storage (bookie/storage.py) only move bytes around these decisions, and
+the same core replays the journal after a restart.
+
+Adds go through two steps, as in a write-ahead log:
+
+1. ``admit_add`` (on receipt): checks the request against the ledger's term,
+   fence and the bookie's mode, and raises the ledger's term.  Nothing is
+   readable yet.
+2. ``apply_add`` (once the record is durable, in journal order): makes the entry
+   readable, raises LAC/LAFR, and for a truncate no-op removes every higher
+   entry of the ledger.
+
+Rules (../shared/notes/protocol-rules.md):
+
+============================== ===============================================
+request                        rule
+============================== ===============================================
+any request carrying a term    term < ledger term: INVALID_TERM, nothing
+                               changes; otherwise the ledger's term becomes
+                               the request's term
+normal add                     refused with FENCED on a fenced ledger, with
+                               READ_ONLY on a read-only bookie
+recovery add                   accepted on a fenced ledger and in read-only
+truncate no-op at e            once durable, deletes every entry > e
+fencing read (READ_FENCE)      sets the fence; creates the ledger if unknown,
+                               so that a late writer is fenced too
+normal read                    no term, no state change; unknown ledger:
+                               NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
+LAC, LAFR                      never go down
+============================== ===============================================
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from bookie.entry import EntryHeader
+from bookie.index import LedgerIndex, Removed
+
+
+class Status(enum.IntEnum):
+    """The protocol's status codes (values equal proto StatusCode's)."""
+
+    OK = 0
+    NO_SUCH_LEDGER = 1
+    NO_SUCH_ENTRY = 2
+    FENCED = 3
+    INVALID_TERM = 4
+    BAD_REQUEST = 5
+    READ_ONLY = 6
+    CHECKSUM_MISMATCH = 7
+    TOO_LARGE = 8
+    UNKNOWN_ENTRY = 9
+    INTERNAL_ERROR = 10
+
+
+@dataclass(slots=True)
+class LedgerState:
+    """What a bookie keeps for one ledger besides its entries' bytes."""
+
+    term: int = 0
+    fenced: bool = False
+    lac: int = -1
+    lafr: int = -1
+    index: LedgerIndex = field(default_factory=LedgerIndex)
+
+    @property
+    def last_entry(self) -> int:
+        return self.index.last_entry
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer to a request, and whether the ledger's persisted state
+    (term, fence) changed, in which case it must be journalled before the
+    answer goes out."""
+
+    status: Status
+    term: int = 0
+    state_changed: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LacInfo:
+    lac: int
+    lafr: int
+    last_entry: int
+    term: int
+    fenced: bool
+
+
+class BookieCore:
+    """Per-ledger state of one bookie.  Deterministic; no I/O."""
+
+    def __init__(self) -> None:
+        self.ledgers: dict[int, LedgerState] = {}
+        self.read_only = False
+
+    # -- adds ----------------------------------------------------------------
+
+    def admit_add(self, h: EntryHeader) -> Verdict:
+        """Step 1 of an add: the term and fence rules, on receipt."""
+        st = self.ledgers.get(h.ledger_id)
+        if st is not None and h.term < st.term:
+            return Verdict(Status.INVALID_TERM, st.term)
+        if not h.is_recovery:
+            if st is not None and st.fenced:
+                return Verdict(Status.FENCED, st.term)
+            if self.read_only:
+                return Verdict(Status.READ_ONLY, st.term if st else 0)
+        if st is None:
+            st = self.ledgers[h.ledger_id] = LedgerState()
+        changed = h.term > st.term
+        st.term = h.term if changed else st.term
+        return Verdict(Status.OK, st.term, changed)
+
+    def apply_add(self, h: EntryHeader, loc: int, length: int) -> Removed:
+        """Step 2 of an add, once its record is durable (and on replay).
+
+        Returns the (location, length) of every record the add made dead: an
+        overwritten copy, and for a truncate no-op all higher entries."""
+        st = self.ledgers.get(h.ledger_id)
+        if st is None:  # replay of a ledger deleted after the add was admitted
+            st = self.ledgers[h.ledger_id] = LedgerState()
+        if h.term > st.term:
+            st.term = h.term
+        if h.lac > st.lac:
+            st.lac = h.lac
+        if h.lafr > st.lafr:
+            st.lafr = h.lafr
+        dead: Removed = []
+        if h.is_truncate:
+            dead = st.index.truncate_after(h.entry_id)
+        old = st.index.put(h.entry_id, loc, length)
+        if old is not None:
+            dead.append(old)
+        return dead
+
+    def apply_relocation(self, ledger_id: int, entry_id: int, old_loc: int, new_loc: int, length: int) -> bool:
+        """Compaction moved a record: follow it, unless the entry changed
+        since (deleted, truncated, or rewritten elsewhere)."""
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return False
+        cur = st.index.get(entry_id)
+        if cur is None or cur[0] != old_loc:
+            return False
+        st.index.put(entry_id, new_loc, length)
+        return True
+
+    # -- term-carrying and fencing requests ----------------------------------
+
+    def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
+        """A fencing LAC read or a recovery read: raise the term and/or set
+        the classic fence.  Creates the ledger's state if the bookie has never
+        seen it, so that a writer that reaches this bookie later is refused."""
+        assert term >= 0
+        st = self.ledgers.get(ledger_id)
+        if st is not None and term < st.term:
+            return Verdict(Status.INVALID_TERM, st.term)
+        created = st is None
+        if st is None:
+            st = self.ledgers[ledger_id] = LedgerState()
+        changed = created or term > st.term or (fence and not st.fenced)
+        st.term = max(st.term, term)
+        st.fenced = st.fenced or fence
+        return Verdict(Status.OK, st.term, changed)
+
+    def apply_state(self, ledger_id: int, term: int, fenced: bool) -> None:
+        """Replay of a journalled state change."""
+        st = self.ledgers.setdefault(ledger_id, LedgerState())
+        st.term = max(st.term, term)
+        st.fenced = st.fenced or fenced
+
+    # -- reads ---------------------------------------------------------------
+
+    def lookup(self, ledger_id: int, entry_id: int) -> tuple[Status, tuple[int, int] | None]:
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return Status.NO_SUCH_LEDGER, None
+        loc = st.index.get(entry_id)
+        if loc is None:
+            return Status.NO_SUCH_ENTRY, None
+        return Status.OK, loc
+
+    def lac_info(self, ledger_id: int) -> LacInfo | None:
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return None
+        return LacInfo(st.lac, st.lafr, st.last_entry, st.term, st.fenced)
+
+    # -- deletion ------------------------------------------------------------
+
+    def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None) -> Removed:
+        """Deletes a ledger (state included), or the entries of a range."""
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return []
+        if entry_range is None:
+            del self.ledgers[ledger_id]
+            return list((loc, ln) for _, loc, ln in st.index.iter_all())
+        first, last = entry_range
+        return st.index.delete_range(first, last)
+
+    @property
+    def entry_count(self) -> int:
+        return sum(len(st.index) for st in self.ledgers.values())

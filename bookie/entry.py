@@ -1,0 +1,185 @@
+"""The entry record: the one place that packs and parses entries.
+
+An entry travels, is journalled and is served back as the same bytes: a
+52-byte little-endian header followed by the payload (layout in
+proto/bookie.proto).  The CRC-32 covers bytes [8, 42) of the header (ledger id,
+entry id, LAC, LAFR, data flags) and the payload: what the entry *is*.  The
+term and the RECOVERY_ADD flag describe how a record was sent, so they sit
+outside the checksum and a recovery write-back may change them.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Iterator
+
+ENTRY_HEADER = struct.Struct("<IIQqqqHHQ")
+HEADER_SIZE = ENTRY_HEADER.size
+assert HEADER_SIZE == 52
+
+CHECKSUM_START = 8
+CHECKSUM_END = 42
+
+# data_flags (covered by the checksum)
+FLAG_NOOP = 1
+FLAG_TRUNCATE = 2
+DATA_FLAGS_MASK = FLAG_NOOP | FLAG_TRUNCATE
+# req_flags (not covered)
+REQ_RECOVERY = 1
+REQ_FLAGS_MASK = REQ_RECOVERY
+
+MAX_LEDGER_ID = (1 << 64) - 1
+MAX_ENTRY_ID = (1 << 63) - 1
+
+_TERM_OFFSET = 44
+_REQ_FLAGS = struct.Struct("<H")
+_TERM = struct.Struct("<Q")
+
+
+class MalformedEntry(ValueError):
+    """A record that cannot be parsed: truncated, or with impossible fields."""
+
+
+class ChecksumMismatch(ValueError):
+    """A record whose CRC does not match its contents."""
+
+    def __init__(self, ledger_id: int, entry_id: int):
+        super().__init__(f"checksum mismatch for ledger {ledger_id} entry {entry_id}")
+        self.ledger_id = ledger_id
+        self.entry_id = entry_id
+
+
+@dataclass(frozen=True, slots=True)
+class EntryHeader:
+    """The parsed header of one record, and where it sits in its buffer."""
+
+    ledger_id: int
+    entry_id: int
+    lac: int
+    lafr: int
+    data_flags: int
+    req_flags: int
+    term: int
+    checksum: int
+    payload_len: int
+    offset: int  # of the record in the buffer it was parsed from
+
+    @property
+    def size(self) -> int:
+        return HEADER_SIZE + self.payload_len
+
+    @property
+    def is_noop(self) -> bool:
+        return bool(self.data_flags & FLAG_NOOP)
+
+    @property
+    def is_truncate(self) -> bool:
+        return bool(self.data_flags & FLAG_TRUNCATE)
+
+    @property
+    def is_recovery(self) -> bool:
+        return bool(self.req_flags & REQ_RECOVERY)
+
+
+def compute_checksum(record: bytes | memoryview, payload_len: int) -> int:
+    mv = memoryview(record)
+    crc = zlib.crc32(mv[CHECKSUM_START:CHECKSUM_END])
+    return zlib.crc32(mv[HEADER_SIZE : HEADER_SIZE + payload_len], crc)
+
+
+def encode(
+    ledger_id: int,
+    entry_id: int,
+    payload: bytes,
+    *,
+    lac: int = -1,
+    lafr: int = -1,
+    data_flags: int = 0,
+    req_flags: int = 0,
+    term: int = 0,
+) -> bytes:
+    """Builds one signed record."""
+    if not 0 <= ledger_id <= MAX_LEDGER_ID:
+        raise ValueError(f"ledger id out of range: {ledger_id}")
+    if not 0 <= entry_id <= MAX_ENTRY_ID:
+        raise ValueError(f"entry id out of range: {entry_id}")
+    if data_flags & ~DATA_FLAGS_MASK or req_flags & ~REQ_FLAGS_MASK:
+        raise ValueError("unknown flags")
+    if data_flags & FLAG_TRUNCATE and not data_flags & FLAG_NOOP:
+        raise ValueError("the truncate flag is only valid on a no-op entry")
+    head = ENTRY_HEADER.pack(len(payload), 0, ledger_id, entry_id, lac, lafr, data_flags, req_flags, term)
+    crc = zlib.crc32(payload, zlib.crc32(head[CHECKSUM_START:CHECKSUM_END]))
+    return struct.pack("<II", len(payload), crc) + head[8:] + payload
+
+
+def with_request(record: bytes | memoryview, *, term: int, req_flags: int) -> bytes:
+    """A copy of a signed record resent with another term and request flags."""
+    out = bytearray(record)
+    _REQ_FLAGS.pack_into(out, 42, req_flags)
+    _TERM.pack_into(out, _TERM_OFFSET, term)
+    return bytes(out)
+
+
+def parse_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:
+    if len(buf) - offset < HEADER_SIZE:
+        raise MalformedEntry("truncated entry header")
+    plen, crc, lid, eid, lac, lafr, dflags, rflags, term = ENTRY_HEADER.unpack_from(buf, offset)
+    if len(buf) - offset - HEADER_SIZE < plen:
+        raise MalformedEntry("truncated entry payload")
+    if eid < 0:
+        raise MalformedEntry(f"negative entry id {eid}")
+    if lac < -1 or lafr < -1:
+        raise MalformedEntry("LAC and LAFR must be >= -1")
+    if dflags & ~DATA_FLAGS_MASK or rflags & ~REQ_FLAGS_MASK:
+        raise MalformedEntry("unknown flags")
+    if dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP:
+        raise MalformedEntry("truncate flag on an entry that is not a no-op")
+    return EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, crc, plen, offset)
+
+
+def verify(buf: bytes | memoryview, header: EntryHeader) -> None:
+    mv = memoryview(buf)[header.offset : header.offset + header.size]
+    if compute_checksum(mv, header.payload_len) != header.checksum:
+        raise ChecksumMismatch(header.ledger_id, header.entry_id)
+
+
+def iter_headers(buf: bytes | memoryview) -> Iterator[EntryHeader]:
+    """Parses every record of a concatenation; raises MalformedEntry on junk."""
+    off, n = 0, len(buf)
+    while off < n:
+        h = parse_header(buf, off)
+        yield h
+        off += h.size
+
+
+def payload(buf: bytes | memoryview, header: EntryHeader) -> bytes:
+    start = header.offset + HEADER_SIZE
+    return bytes(memoryview(buf)[start : start + header.payload_len])
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A decoded, verified entry, as clients hand it to applications."""
+
+    ledger_id: int
+    entry_id: int
+    payload: bytes
+    lac: int
+    lafr: int
+    data_flags: int
+
+    @property
+    def is_noop(self) -> bool:
+        return bool(self.data_flags & FLAG_NOOP)
+
+
+def decode(record: bytes | memoryview, *, offset: int = 0, check: bool = True) -> Entry:
+    h = parse_header(record, offset)
+    if check:
+        verify(record, h)
+    return Entry(h.ledger_id, h.entry_id, payload(record, h), h.lac, h.lafr, h.data_flags)
+
+
+def decode_all(buf: bytes | memoryview, *, check: bool = True) -> list[Entry]:
+    return [decode(buf, offset=h.offset, check=check) for h in iter_headers(buf)]

@@ -1,0 +1,186 @@
+"""The entry index: (ledger, entry) -> where the record lies in the journal.
+
+Entries of a ledger mostly arrive in order, so a ledger's index is a set of
+*runs* of consecutive entry ids, kept in a SortedDict keyed by the run's first
+id.  A run stores its locations in two flat arrays (`array('Q')` of packed
+segment/offset and `array('I')` of record lengths): 12 bytes an entry, no
+Python object per entry.  Range reads walk a run's arrays; truncation and
+fragment deletion cut runs.
+"""
+from __future__ import annotations
+
+from array import array
+from typing import Iterator
+
+from sortedcontainers import SortedDict
+
+OFFSET_BITS = 40
+OFFSET_MASK = (1 << OFFSET_BITS) - 1
+MAX_SEGMENT = (1 << (64 - OFFSET_BITS)) - 1
+
+
+def pack_location(segment: int, offset: int) -> int:
+    assert 0 <= segment <= MAX_SEGMENT and 0 <= offset <= OFFSET_MASK
+    return (segment << OFFSET_BITS) | offset
+
+
+def unpack_location(loc: int) -> tuple[int, int]:
+    return loc >> OFFSET_BITS, loc & OFFSET_MASK
+
+
+class Run:
+    __slots__ = ("start", "locs", "lens")
+
+    def __init__(self, start: int, locs: array | None = None, lens: array | None = None):
+        self.start = start
+        self.locs = locs if locs is not None else array("Q")
+        self.lens = lens if lens is not None else array("I")
+
+    @property
+    def end(self) -> int:
+        """One past the last entry id of the run."""
+        return self.start + len(self.locs)
+
+
+# What a removal hands back, so the caller can account for dead bytes:
+# a list of (packed location, length) pairs.
+Removed = list[tuple[int, int]]
+
+
+class LedgerIndex:
+    """The index of one ledger."""
+
+    __slots__ = ("_runs", "_count", "_last")
+
+    def __init__(self) -> None:
+        self._runs: SortedDict = SortedDict()
+        self._count = 0
+        self._last: Run | None = None  # the run with the highest start: the append fast path
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _run_containing(self, entry_id: int) -> Run | None:
+        runs = self._runs
+        i = runs.bisect_right(entry_id) - 1
+        if i < 0:
+            return None
+        run = runs.peekitem(i)[1]
+        return run if entry_id < run.end else None
+
+    def put(self, entry_id: int, loc: int, length: int) -> tuple[int, int] | None:
+        """Sets the location of an entry; returns the one it replaced, if any."""
+        last = self._last
+        if last is not None and entry_id == last.end:
+            last.locs.append(loc)
+            last.lens.append(length)
+            self._count += 1
+            return None
+        runs = self._runs
+        i = runs.bisect_right(entry_id) - 1
+        run = runs.peekitem(i)[1] if i >= 0 else None
+        if run is not None and entry_id < run.end:
+            k = entry_id - run.start
+            old = (run.locs[k], run.lens[k])
+            run.locs[k] = loc
+            run.lens[k] = length
+            return old
+        if run is not None and entry_id == run.end:
+            run.locs.append(loc)
+            run.lens.append(length)
+        else:
+            run = Run(entry_id)
+            run.locs.append(loc)
+            run.lens.append(length)
+            runs[entry_id] = run
+        self._count += 1
+        nxt_i = runs.index(run.start) + 1
+        if nxt_i < len(runs):
+            nxt = runs.peekitem(nxt_i)[1]
+            if nxt.start == run.end:  # the new entry closed a gap: merge
+                run.locs.extend(nxt.locs)
+                run.lens.extend(nxt.lens)
+                del runs[nxt.start]
+        self._last = runs.peekitem(-1)[1]
+        return None
+
+    def get(self, entry_id: int) -> tuple[int, int] | None:
+        run = self._run_containing(entry_id)
+        if run is None:
+            return None
+        k = entry_id - run.start
+        return run.locs[k], run.lens[k]
+
+    def __contains__(self, entry_id: int) -> bool:
+        return self._run_containing(entry_id) is not None
+
+    @property
+    def first_entry(self) -> int:
+        return self._runs.peekitem(0)[1].start if self._runs else -1
+
+    @property
+    def last_entry(self) -> int:
+        return self._runs.peekitem(-1)[1].end - 1 if self._runs else -1
+
+    def iter_from(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
+        """(entry_id, loc, length) for consecutive ids from `first`, stopping
+        at `last` or at the first id the index does not hold."""
+        eid = first
+        while eid <= last:
+            run = self._run_containing(eid)
+            if run is None:
+                return
+            stop = min(run.end, last + 1)
+            for k in range(eid - run.start, stop - run.start):
+                yield run.start + k, run.locs[k], run.lens[k]
+            eid = stop
+
+    def iter_all(self) -> Iterator[tuple[int, int, int]]:
+        for run in list(self._runs.values()):
+            for k in range(len(run.locs)):
+                yield run.start + k, run.locs[k], run.lens[k]
+
+    def delete_range(self, first: int, last: int) -> Removed:
+        """Removes every entry with first <= id <= last."""
+        removed: Removed = []
+        if first > last or not self._runs:
+            return removed
+        runs = self._runs
+        i = max(runs.bisect_right(first) - 1, 0)
+        affected = [r for r in runs.values()[i:] if r.start <= last and r.end > first]
+        for run in affected:
+            lo = max(first, run.start) - run.start
+            hi = min(last + 1, run.end) - run.start
+            removed.extend(zip(run.locs[lo:hi], run.lens[lo:hi]))
+            del runs[run.start]
+            if lo > 0:
+                runs[run.start] = Run(run.start, run.locs[:lo], run.lens[:lo])
+            if hi < len(run.locs):
+                tail_start = run.start + hi
+                runs[tail_start] = Run(tail_start, run.locs[hi:], run.lens[hi:])
+        self._count -= len(removed)
+        self._last = runs.peekitem(-1)[1] if runs else None
+        return removed
+
+    def truncate_after(self, entry_id: int) -> Removed:
+        """Removes every entry with id > entry_id (a truncate no-op)."""
+        return self.delete_range(entry_id + 1, (1 << 63) - 1)
+
+    # -- checkpoint form -----------------------------------------------------
+
+    def runs(self) -> list[tuple[int, bytes, bytes]]:
+        return [(r.start, r.locs.tobytes(), r.lens.tobytes()) for r in self._runs.values()]
+
+    @classmethod
+    def from_runs(cls, runs: list[tuple[int, bytes, bytes]]) -> "LedgerIndex":
+        idx = cls()
+        for start, locs, lens in runs:
+            la, le = array("Q"), array("I")
+            la.frombytes(locs)
+            le.frombytes(lens)
+            if len(la) != len(le) or not la:
+                raise ValueError("corrupt index run")
+            idx._runs[start] = Run(start, la, le)
+            idx._count += len(la)
+        idx._last = idx._runs.peekitem(-1)[1] if idx._runs else None
+        return idx

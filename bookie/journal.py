@@ -1,0 +1,371 @@
+"""The journal: segmented append-only files with group commit.
+
+The journal is the bookie's only write path and also its entry log: index
+locations point into journal segments, so an entry is written once.
+
+A record on disk::
+
+    u32 body_len | u8 type | 3 bytes zero | u32 crc | body
+
+where ``crc`` is the CRC-32 of the first 8 header bytes and then the body.  A
+torn tail (a record cut short or with a bad CRC after a crash) is detected on
+open and cut off: everything after it in that segment is discarded, and it is
+never served.
+
+Group commit: ``append`` only buffers; ``sync()`` returns once everything
+appended before the call is written and fdatasync'ed.  One flusher thread does
+the writes and the fdatasync for every record that arrived in the meantime,
+from every client, so one fsync covers many frames.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import struct
+import threading
+import zlib
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+log = logging.getLogger(__name__)
+
+RECORD_HEADER = struct.Struct("<IB3xI")
+RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
+
+R_ENTRIES = 1     # body: entry records, as received
+R_STATE = 2       # body: STATE_BODY
+R_DELETE = 3      # body: DELETE_BODY
+R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
+
+STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
+DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
+
+SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
+IOV_MAX = 512
+
+
+def segment_name(seg: int) -> str:
+    return f"segment-{seg:010d}.log"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def frame_record(rtype: int, body: bytes | memoryview) -> bytes:
+    head = struct.pack("<IB3x", len(body), rtype)
+    crc = zlib.crc32(body, zlib.crc32(head))
+    return head + struct.pack("<I", crc)
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """A point in the journal: a segment and a byte offset in it."""
+
+    segment: int
+    offset: int
+
+    def __lt__(self, other: "Position") -> bool:
+        return (self.segment, self.offset) < (other.segment, other.offset)
+
+    def __le__(self, other: "Position") -> bool:
+        return (self.segment, self.offset) <= (other.segment, other.offset)
+
+
+@dataclass(frozen=True, slots=True)
+class ScannedRecord:
+    rtype: int
+    body: memoryview
+    segment: int
+    body_offset: int  # of the body in the segment file
+    end: Position     # just past the record
+
+
+class JournalWriteError(OSError):
+    pass
+
+
+class Journal:
+    """Segments under `directory`; one writer (this object), many readers."""
+
+    def __init__(self, directory: str | os.PathLike, *, segment_size: int = 64 << 20):
+        assert segment_size >= 1 << 16
+        self.dir = Path(directory)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.segment_size = segment_size
+        self._read_fds: dict[int, int] = {}
+        self._lock = threading.Lock()  # guards _read_fds against the flusher closing/opening
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-flush")
+        # buffered, not yet handed to the flusher: (segment, [chunks])
+        self._pending: list[tuple[int, list[bytes | memoryview]]] = []
+        self._pending_bytes = 0
+        self._waiters: list[asyncio.Future] = []
+        self._flushing = False
+        segs = self.segments()
+        self._seg = segs[-1] if segs else 1
+        self._write_fd = -1
+        self._tail = 0  # logical end of the current segment (including pending)
+        self._durable = Position(self._seg, 0)
+        self._disk_bytes = 0       # durable bytes in segment files
+        self._inflight_bytes = 0   # handed to the flusher, not yet durable
+        self.last_error: BaseException | None = None
+        self.bytes_appended = 0
+        self.fsyncs = 0
+
+    # -- segments ------------------------------------------------------------
+
+    def segments(self) -> list[int]:
+        out = []
+        for p in self.dir.iterdir():
+            m = SEGMENT_NAME.match(p.name)
+            if m:
+                out.append(int(m.group(1)))
+        return sorted(out)
+
+    def path(self, seg: int) -> Path:
+        return self.dir / segment_name(seg)
+
+    @property
+    def current_segment(self) -> int:
+        return self._seg
+
+    @property
+    def end(self) -> Position:
+        return Position(self._seg, self._tail)
+
+    def open_for_append(self, end: Position) -> None:
+        """Called once recovery decided where the valid journal ends."""
+        self._seg, self._tail = end.segment, end.offset
+        fd = os.open(self.path(self._seg), os.O_WRONLY | os.O_CREAT, 0o644)
+        try:
+            os.ftruncate(fd, self._tail)  # cut a torn tail off for good
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _fsync_dir(self.dir)
+        self._durable = end
+        self._disk_bytes = self._stat_bytes()
+        self._open_write_segment(self._seg)
+
+    def disk_bytes(self) -> int:
+        """Bytes of all segments, including what is buffered for them."""
+        return self._disk_bytes + self._pending_bytes + self._inflight_bytes
+
+    def _stat_bytes(self) -> int:
+        total = 0
+        for seg in self.segments():
+            try:
+                total += self.path(seg).stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def remove_segment(self, seg: int) -> None:
+        assert seg != self._seg, "cannot remove the segment being written"
+        with self._lock:
+            fd = self._read_fds.pop(seg, None)
+            if fd is not None:
+                os.close(fd)
+        try:
+            size = self.path(seg).stat().st_size
+            os.unlink(self.path(seg))
+            self._disk_bytes -= size
+        except FileNotFoundError:
+            pass
+        _fsync_dir(self.dir)
+
+    # -- scanning (recovery, compaction) -------------------------------------
+
+    def scan(self, start: Position) -> Iterator[ScannedRecord]:
+        """Yields the valid records from `start` to the end of the journal.
+
+        Stops at the first torn or corrupt record; `self.scan_end` then says
+        where the valid journal ends."""
+        self.scan_end = start
+        for seg in self.segments():
+            if seg < start.segment:
+                continue
+            data = self.path(seg).read_bytes()
+            mv = memoryview(data)
+            off = start.offset if seg == start.segment else 0
+            while off + RECORD_HEADER_SIZE <= len(data):
+                blen, rtype, crc = RECORD_HEADER.unpack_from(data, off)
+                body_off = off + RECORD_HEADER_SIZE
+                if body_off + blen > len(data):
+                    break
+                body = mv[body_off : body_off + blen]
+                if zlib.crc32(body, zlib.crc32(mv[off : off + 8])) != crc:
+                    break
+                off = body_off + blen
+                self.scan_end = Position(seg, off)
+                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end)
+            if off != len(data):
+                log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
+                self.scan_end = Position(seg, off)
+                # A torn record ends the valid journal: later segments cannot
+                # have been written after it.
+                for later in self.segments():
+                    if later > seg:
+                        log.warning("journal segment %d follows a torn tail: removed", later)
+                        os.unlink(self.path(later))
+                return
+            self.scan_end = Position(seg, off)
+
+    def read_segment(self, seg: int) -> bytes:
+        return self.path(seg).read_bytes()
+
+    # -- appending -------------------------------------------------------------
+
+    def append(self, rtype: int, body: bytes | memoryview) -> int:
+        """Buffers a record; returns its body's offset in `current_segment`
+        (valid after the call: a roll happens before, never in the middle)."""
+        size = RECORD_HEADER_SIZE + len(body)
+        if self._tail > 0 and self._tail + size > self.segment_size:
+            self._roll()
+        head = frame_record(rtype, body)
+        if self._pending and self._pending[-1][0] == self._seg:
+            chunks = self._pending[-1][1]
+        else:
+            chunks = []
+            self._pending.append((self._seg, chunks))
+        chunks.append(head)
+        chunks.append(body)
+        body_off = self._tail + RECORD_HEADER_SIZE
+        self._tail += size
+        self._pending_bytes += size
+        self.bytes_appended += size
+        return body_off
+
+    def _roll(self) -> None:
+        self._seg += 1
+        self._tail = 0
+        # the flusher opens the new segment when it reaches its first chunk
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def sync(self) -> asyncio.Future:
+        """A future done once every record appended so far is durable."""
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        if not self._pending and not self._flushing:
+            fut.set_result(None)
+            return fut
+        self._waiters.append(fut)
+        if not self._flushing:
+            self._start_flush(loop)
+        return fut
+
+    def _start_flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch, waiters = self._pending, self._waiters
+        self._inflight_bytes = self._pending_bytes
+        self._pending, self._waiters, self._pending_bytes = [], [], 0
+        self._flushing = True
+        fut = loop.run_in_executor(self._executor, self._write_batch, batch)
+        fut.add_done_callback(lambda f: self._flush_done(loop, f, waiters))
+
+    def _flush_done(self, loop, f: asyncio.Future, waiters: list[asyncio.Future]) -> None:
+        self._flushing = False
+        inflight, self._inflight_bytes = self._inflight_bytes, 0
+        exc = f.exception()
+        if exc is not None:
+            # The flusher cut the failed segment back to its durable end.
+            # Records buffered since were placed after the lost bytes, so they
+            # are dropped too: every waiter learns its records are not durable.
+            log.error("journal write failed: %s", exc)
+            self.last_error = exc
+            for w in waiters + self._waiters:
+                if not w.done():
+                    w.set_exception(JournalWriteError(exc.errno if isinstance(exc, OSError) else None, str(exc)))
+            self._waiters, self._pending, self._pending_bytes = [], [], 0
+            self._seg, self._tail = self._durable.segment, self._durable.offset
+            return
+        self.fsyncs += 1
+        self._disk_bytes += inflight
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+        if self._waiters:
+            self._start_flush(loop)
+
+    def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> None:
+        """Flusher thread: write each segment's chunks, fdatasync, roll."""
+        for seg, chunks in batch:
+            if self._write_fd < 0 or seg != self._write_seg:
+                self._open_write_segment(seg)
+            start = self._durable.offset if self._durable.segment == seg else 0
+            written = start
+            try:
+                for i in range(0, len(chunks), IOV_MAX):
+                    part = chunks[i : i + IOV_MAX]
+                    want = sum(len(c) for c in part)
+                    done = os.writev(self._write_fd, part)
+                    if done != want:  # a short write: finish it chunk by chunk
+                        self._finish_short_write(part, done)
+                    written += want
+                os.fdatasync(self._write_fd)
+            except OSError:
+                try:
+                    os.ftruncate(self._write_fd, start)
+                except OSError:
+                    pass
+                raise
+            self._durable = Position(seg, written)
+
+    _write_seg = -1
+
+    def _open_write_segment(self, seg: int) -> None:
+        if self._write_fd >= 0:
+            os.fdatasync(self._write_fd)
+            os.close(self._write_fd)
+        new = not self.path(seg).exists()
+        self._write_fd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._write_seg = seg
+        if new:
+            _fsync_dir(self.dir)
+
+    def _finish_short_write(self, part: list, done: int) -> None:
+        for c in part:
+            n = len(c)
+            if done >= n:
+                done -= n
+                continue
+            view = memoryview(c)[done:]
+            while view:
+                w = os.write(self._write_fd, view)
+                view = view[w:]
+            done = 0
+
+    # -- reading ---------------------------------------------------------------
+
+    def pread(self, seg: int, offset: int, length: int) -> bytes:
+        fd = self._read_fds.get(seg)
+        if fd is None:
+            with self._lock:
+                fd = self._read_fds.get(seg)
+                if fd is None:
+                    fd = os.open(self.path(seg), os.O_RDONLY)
+                    self._read_fds[seg] = fd
+        data = os.pread(fd, length, offset)
+        if len(data) != length:
+            raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
+        return data
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=True)
+        if self._write_fd >= 0:
+            os.close(self._write_fd)
+            self._write_fd = -1
+        with self._lock:
+            for fd in self._read_fds.values():
+                os.close(fd)
+            self._read_fds.clear()

@@ -1,0 +1,354 @@
+"""The bookie's gRPC server (grpc.aio): a thin adapter around Storage.
+
+Every handler turns a request into calls on the storage and its protocol core,
+and every outcome into a typed status code.  No input reaches an unhandled
+exception: a malformed request gets BAD_REQUEST and changes nothing, an I/O
+failure gets INTERNAL_ERROR (never NO_SUCH_ENTRY).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import grpc
+
+from bookie import entry as E
+from bookie.core import Status
+from bookie.journal import JournalWriteError
+from bookie.storage import Storage, StorageConfig
+from bookstream_pb import bookie_pb2 as pb
+from bookstream_pb import bookie_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 << 20
+GRPC_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.so_reuseport", 0),
+]
+MAX_LONG_POLL_S = 120.0
+
+
+@dataclass
+class BookieConfig:
+    data_dir: str
+    host: str = "127.0.0.1"
+    port: int = 0
+    bookie_id: str = ""
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    # Unacknowledged bytes one add stream may have in flight before the
+    # bookie stops reading it (back-pressure).
+    stream_inflight_bytes: int = 64 << 20
+    read_frame_bytes: int = 4 << 20
+    disk_check_interval_s: float = 1.0
+    gc_interval_s: float = 30.0
+
+
+class BookieService(pb_grpc.BookieServicer):
+    def __init__(self, storage: Storage, config: BookieConfig):
+        self.storage = storage
+        self.config = config
+
+    # -- adds ----------------------------------------------------------------
+
+    async def Add(self, request_iterator, context):
+        acks: asyncio.Queue = asyncio.Queue()
+        budget = Budget(self.config.stream_inflight_bytes)
+        storage = self.storage
+        state = {"inflight": 0, "reading": True}
+
+        def finish_if_done():
+            if not state["reading"] and state["inflight"] == 0:
+                acks.put_nowait(None)
+
+        async def read_frames():
+            try:
+                async for frame in request_iterator:
+                    size = len(frame.entries)
+                    status, msg, headers = storage.validate_frame(frame.entries)
+                    if status is not Status.OK:
+                        acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=status, message=msg))
+                        continue
+                    try:
+                        refused, durable = storage.admit_frame(frame.entries, headers)
+                    except Exception as e:  # never let a frame kill the stream
+                        log.exception("add frame failed")
+                        acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=Status.INTERNAL_ERROR, message=str(e)))
+                        continue
+                    errors = [pb.EntryError(index=i, status=v.status, term=v.term) for i, v in refused]
+                    if durable is None:
+                        acks.put_nowait(_ack(frame.frame_id, errors, len(headers)))
+                        continue
+                    await budget.acquire(size)
+                    state["inflight"] += 1
+                    durable.add_done_callback(_on_durable(frame.frame_id, errors, headers, size))
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the client went away mid-stream
+                log.debug("add stream ended", exc_info=True)
+            finally:
+                state["reading"] = False
+                finish_if_done()
+
+        def _on_durable(frame_id, errors, headers, size):
+            def cb(f: asyncio.Future):
+                budget.release(size)
+                state["inflight"] -= 1
+                if f.cancelled():
+                    pass
+                elif f.exception() is not None:
+                    exc = f.exception()
+                    refused_idx = {e.index for e in errors}
+                    errors.extend(
+                        pb.EntryError(index=i, status=Status.INTERNAL_ERROR)
+                        for i in range(len(headers)) if i not in refused_idx
+                    )
+                    errors.sort(key=lambda e: e.index)
+                    ack = _ack(frame_id, errors, len(headers), str(exc))
+                    acks.put_nowait(ack)
+                    if isinstance(exc, JournalWriteError):
+                        storage.update_read_only()
+                else:
+                    acks.put_nowait(_ack(frame_id, errors, len(headers)))
+                finish_if_done()
+            return cb
+
+        reader = asyncio.create_task(read_frames())
+        try:
+            while True:
+                ack = await acks.get()
+                if ack is None:
+                    break
+                batch = [ack]
+                done = False
+                while not acks.empty():
+                    nxt = acks.get_nowait()
+                    if nxt is None:
+                        done = True
+                        break
+                    batch.append(nxt)
+                yield pb.AddAcks(acks=batch)
+                if done:
+                    break
+        finally:
+            reader.cancel()
+
+    # -- reads ---------------------------------------------------------------
+
+    async def _fence_if_asked(self, ledger_id: int, term: int, flags: int) -> tuple[Status, int]:
+        if term == 0 and not flags & pb.READ_FENCE:
+            return Status.OK, 0
+        v = await self.storage.fence(ledger_id, term, bool(flags & pb.READ_FENCE))
+        return v.status, v.term
+
+    async def ReadEntry(self, request, context):
+        try:
+            if request.entry_id < 0 or request.flags & ~pb.READ_FENCE:
+                return pb.ReadEntryResponse(status=Status.BAD_REQUEST, message="bad entry id or flags")
+            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            if status is not Status.OK:
+                return pb.ReadEntryResponse(status=status, term=term)
+            status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
+            if status is Status.OK:
+                E.verify(rec, E.parse_header(rec))
+            st = self.storage.core.ledgers.get(request.ledger_id)
+            return pb.ReadEntryResponse(status=status, entry=rec, term=st.term if st else 0)
+        except E.ChecksumMismatch as e:
+            log.error("stored entry failed its checksum: %s", e)
+            return pb.ReadEntryResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
+        except Exception as e:
+            log.exception("read failed")
+            return pb.ReadEntryResponse(status=Status.INTERNAL_ERROR, message=str(e))
+
+    async def ReadRange(self, request, context):
+        first, last = request.first_entry, request.last_entry
+        if first < 0 or last < first:
+            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range")
+            return
+        frame_bytes = min(request.max_frame_bytes or self.config.read_frame_bytes, MAX_MESSAGE_BYTES // 2)
+        nxt = first
+        while nxt <= last:
+            try:
+                status, recs, after = self.storage.read_range(request.ledger_id, nxt, last, frame_bytes)
+                data = b"".join(recs)
+                for h in E.iter_headers(data):
+                    E.verify(data, h)
+            except E.ChecksumMismatch as e:
+                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
+                return
+            except Exception as e:
+                log.exception("range read failed")
+                yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
+                return
+            yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
+            if status is not Status.OK:
+                return
+            nxt = after
+
+    def _lac_response(self, ledger_id: int, status: Status = Status.OK, term: int = 0) -> pb.ReadLacResponse:
+        info = self.storage.core.lac_info(ledger_id)
+        if status is not Status.OK:
+            return pb.ReadLacResponse(status=status, term=term, lac=-1, lafr=-1, last_entry=-1)
+        if info is None:
+            return pb.ReadLacResponse(status=Status.NO_SUCH_LEDGER, lac=-1, lafr=-1, last_entry=-1)
+        return pb.ReadLacResponse(
+            status=Status.OK, lac=info.lac, lafr=info.lafr, last_entry=info.last_entry, term=info.term, fenced=info.fenced
+        )
+
+    async def ReadLac(self, request, context):
+        try:
+            if request.flags & ~pb.READ_FENCE:
+                return pb.ReadLacResponse(status=Status.BAD_REQUEST, message="unknown flags")
+            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            return self._lac_response(request.ledger_id, status, term)
+        except Exception as e:
+            log.exception("LAC read failed")
+            return pb.ReadLacResponse(status=Status.INTERNAL_ERROR, message=str(e))
+
+    async def LongPollLac(self, request, context):
+        timeout = min(request.timeout_ms / 1000.0, MAX_LONG_POLL_S)
+        await self.storage.wait_lac(request.ledger_id, request.previous_lac, timeout)
+        return self._lac_response(request.ledger_id)
+
+    # -- deletion and info -----------------------------------------------------
+
+    async def Delete(self, request, context):
+        if request.has_range and (request.first_entry < 0 or request.last_entry < request.first_entry):
+            return pb.DeleteResponse(status=Status.BAD_REQUEST, message="bad range")
+        if request.ledger_id not in self.storage.core.ledgers:
+            return pb.DeleteResponse(status=Status.NO_SUCH_LEDGER)
+        rng = (request.first_entry, request.last_entry) if request.has_range else None
+        try:
+            n = await self.storage.delete(request.ledger_id, rng)
+        except Exception as e:
+            log.exception("delete failed")
+            return pb.DeleteResponse(status=Status.INTERNAL_ERROR, message=str(e))
+        return pb.DeleteResponse(status=Status.OK, entries_deleted=n)
+
+    async def Info(self, request, context):
+        used, free, total = self.storage.disk_usage()
+        core = self.storage.core
+        return pb.InfoResponse(
+            bookie_id=self.config.bookie_id,
+            state=pb.READ_ONLY_STATE if core.read_only else pb.WRITABLE,
+            free_bytes=free,
+            total_bytes=total,
+            used_bytes=used,
+            ledgers=len(core.ledgers),
+            entries=core.entry_count,
+            segments=len(self.storage.journal.segments()),
+            replayed_records=self.storage.replayed_records,
+            replayed_bytes=self.storage.replayed_bytes,
+            journal_fsyncs=self.storage.journal.fsyncs,
+            journal_bytes=self.storage.journal.bytes_appended,
+        )
+
+
+def _ack(frame_id: int, errors: list, count: int, message: str = "") -> pb.AddAck:
+    status = errors[0].status if errors else Status.OK
+    return pb.AddAck(frame_id=frame_id, status=status, errors=errors, message=message)
+
+
+class Budget:
+    """Bytes in flight on one stream; acquire waits while over the limit
+    (one frame is always let through, however large)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._freed = asyncio.Event()
+
+    async def acquire(self, n: int) -> None:
+        while self.used and self.used + n > self.limit:
+            self._freed.clear()
+            await self._freed.wait()
+        self.used += n
+
+    def release(self, n: int) -> None:
+        self.used -= n
+        self._freed.set()
+
+
+class BookieServer:
+    """A running bookie: storage, gRPC server, background upkeep, and an
+    optional registration hook (set_read_only / close) for etcd."""
+
+    def __init__(self, config: BookieConfig, registration_factory=None):
+        self.config = config
+        self.storage = Storage(config.data_dir, config.storage)
+        self._registration_factory = registration_factory
+        self.registration = None
+        self.server: grpc.aio.Server | None = None
+        self.port = 0
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def address(self) -> str:
+        return f"{self.config.host}:{self.port}"
+
+    async def start(self) -> None:
+        t0 = time.monotonic()
+        await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
+        log.info("storage opened in %.2fs", time.monotonic() - t0)
+        self.storage.update_read_only()
+        self.server = grpc.aio.server(options=GRPC_OPTIONS)
+        pb_grpc.add_BookieServicer_to_server(BookieService(self.storage, self.config), self.server)
+        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        if not self.port:
+            raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+        await self.server.start()
+        if not self.config.bookie_id:
+            self.config.bookie_id = self.address
+        if self._registration_factory is not None:
+            self.registration = await asyncio.get_running_loop().run_in_executor(
+                None, self._registration_factory, self
+            )
+        self._tasks = [
+            asyncio.create_task(self._disk_loop(), name="disk-check"),
+            asyncio.create_task(self._upkeep_loop(), name="upkeep"),
+        ]
+
+    async def _disk_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.disk_check_interval_s)
+            try:
+                if self.storage.update_read_only() and self.registration is not None:
+                    ro = self.storage.core.read_only
+                    await asyncio.get_running_loop().run_in_executor(None, self.registration.set_read_only, ro)
+            except Exception:
+                log.exception("disk check failed")
+
+    async def _upkeep_loop(self) -> None:
+        last_gc = time.monotonic()
+        while True:
+            await asyncio.sleep(min(1.0, self.config.gc_interval_s))
+            try:
+                if self.storage.checkpoint_due:
+                    await self.storage.checkpoint()
+                if time.monotonic() - last_gc >= self.config.gc_interval_s:
+                    last_gc = time.monotonic()
+                    done = await self.storage.collect_garbage()
+                    if done["removed_segments"] or done["compacted_segments"]:
+                        log.info("gc: %s", done)
+            except Exception:
+                log.exception("upkeep failed")
+
+    async def stop(self, grace: float = 2.0) -> None:
+        for t in self._tasks:
+            t.cancel()
+        if self.server is not None:
+            await self.server.stop(grace)
+        try:
+            await self.storage.journal.sync()
+            await self.storage.checkpoint()
+        except Exception:
+            log.exception("final checkpoint failed")
+        if self.registration is not None:
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, self.registration.close)
+            except Exception:
+                log.exception("deregistration failed")
+        self.storage.close()

@@ -1,0 +1,515 @@
+"""Ledger storage: the journal, the index, checkpoints and garbage collection.
+
+This is the adapter between the protocol core (bookie/core.py) and the disk.
+It runs on the server's event loop; the only blocking calls it makes there are
+preads from the page cache and small appends to in-memory buffers.  Writes and
+fdatasync happen on the journal's flusher thread.
+
+Restart: load the latest checkpoint (ledger states and the index, as of a
+journal position), then replay the journal from that position only.
+
+Space: every record location is accounted to its segment.  A segment whose
+records are all dead is removed; one that is mostly dead is compacted (its live
+records are copied to the journal head as an R_RELOCATED record, then it is
+removed).  Above a disk-usage threshold the bookie goes read-only, and comes
+back once usage falls below the threshold minus a margin.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import struct
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from bookie import entry as E
+from bookie.core import BookieCore, LedgerState, Status, Verdict
+from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
+from bookie.journal import (
+    DELETE_BODY,
+    R_DELETE,
+    R_ENTRIES,
+    R_RELOCATED,
+    R_STATE,
+    STATE_BODY,
+    Journal,
+    Position,
+)
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT_MAGIC = b"BKSTCKP1"
+_CKP_HEAD = struct.Struct("<8sQQQ")        # magic, segment, offset, ledgers
+_CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
+_CKP_RUN = struct.Struct("<QI")            # start, count
+
+
+@dataclass
+class StorageConfig:
+    segment_size: int = 64 << 20
+    checkpoint_bytes: int = 256 << 20      # checkpoint after this much journal
+    max_entry_size: int = 4 << 20
+    # Read-only when the disk is used above this fraction, or when the
+    # journal holds more than max_storage_bytes (0: no limit).
+    disk_usage_threshold: float = 0.95
+    disk_usage_margin: float = 0.05
+    max_storage_bytes: int = 0
+    compaction_threshold: float = 0.5      # compact segments less live than this
+
+
+class Storage:
+    def __init__(self, data_dir: str | os.PathLike, config: StorageConfig | None = None):
+        self.dir = Path(data_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config = config or StorageConfig()
+        self.core = BookieCore()
+        self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size)
+        self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
+        self.checkpoint_pos = Position(1, 0)
+        self._since_checkpoint = 0
+        self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        self.replayed_bytes = 0
+        self.replayed_records = 0
+        self.applied_end = Position(1, 0)
+        self.last_usage = 0.0
+
+    # -- start-up ------------------------------------------------------------
+
+    def open(self) -> None:
+        """Load the checkpoint and replay the journal after it.  Blocking; run
+        before serving."""
+        ckp = self._load_checkpoint()
+        if ckp is not None:
+            self.checkpoint_pos = ckp
+        segs = self.journal.segments()
+        start = self.checkpoint_pos
+        if segs and start.segment < segs[0]:
+            start = Position(segs[0], 0)
+        for rec in self.journal.scan(start):
+            self._replay(rec)
+            self.replayed_records += 1
+            self.replayed_bytes += len(rec.body)
+        end = self.journal.scan_end
+        if not segs:
+            end = Position(max(start.segment, 1), 0)
+        self.journal.open_for_append(end)
+        self.applied_end = end
+        self._recount_live()
+        log.info(
+            "storage open: %d ledgers, %d entries; replayed %d records (%d bytes) from %s",
+            len(self.core.ledgers), self.core.entry_count, self.replayed_records, self.replayed_bytes, start,
+        )
+
+    def _replay(self, rec) -> None:
+        if rec.rtype == R_ENTRIES:
+            self._apply_entries(rec.body, rec.segment, rec.body_offset)
+        elif rec.rtype == R_STATE:
+            lid, term, fenced = STATE_BODY.unpack(rec.body)
+            self.core.apply_state(lid, term, bool(fenced))
+        elif rec.rtype == R_DELETE:
+            lid, has_range, first, last = DELETE_BODY.unpack(rec.body)
+            self.core.delete(lid, (first, last) if has_range else None)
+        elif rec.rtype == R_RELOCATED:
+            self._apply_relocated(rec.body, rec.segment, rec.body_offset)
+        else:
+            raise ValueError(f"unknown journal record type {rec.rtype}")
+
+    def _recount_live(self) -> None:
+        self.live_bytes.clear()
+        for st in self.core.ledgers.values():
+            for _, loc, ln in st.index.iter_all():
+                self.live_bytes[loc >> 40] += ln
+
+    # -- applying durable records ----------------------------------------------
+
+    def _dead(self, removed: Removed) -> None:
+        for loc, ln in removed:
+            self.live_bytes[loc >> 40] -= ln
+
+    def _apply_entries(self, body, seg: int, body_off: int) -> list[int]:
+        """Applies an R_ENTRIES body in order; returns the ledgers touched."""
+        touched = []
+        core = self.core
+        for h in E.iter_headers(body):
+            loc = pack_location(seg, body_off + h.offset)
+            self._dead(core.apply_add(h, loc, h.size))
+            self.live_bytes[seg] += h.size
+            touched.append(h.ledger_id)
+        return touched
+
+    def _apply_relocated(self, body, seg: int, body_off: int) -> None:
+        (n,) = struct.unpack_from("<I", body, 0)
+        olds = struct.unpack_from(f"<{n}Q", body, 4)
+        rec_start = 4 + 8 * n
+        records = body[rec_start:]
+        for old, h in zip(olds, E.iter_headers(records)):
+            new = pack_location(seg, body_off + rec_start + h.offset)
+            if self.core.apply_relocation(h.ledger_id, h.entry_id, old, new, h.size):
+                self.live_bytes[old >> 40] -= h.size
+                self.live_bytes[seg] += h.size
+
+    # -- adds --------------------------------------------------------------------
+
+    def validate_frame(self, entries: bytes) -> tuple[Status, str, list[E.EntryHeader]]:
+        """Parses and verifies a whole frame before any of it is admitted: a
+        malformed frame changes nothing."""
+        try:
+            headers = list(E.iter_headers(entries))
+        except E.MalformedEntry as e:
+            return Status.BAD_REQUEST, str(e), []
+        if not headers:
+            return Status.BAD_REQUEST, "empty frame", []
+        for h in headers:
+            if h.payload_len > self.config.max_entry_size:
+                return Status.TOO_LARGE, f"entry {h.entry_id} of ledger {h.ledger_id} is {h.payload_len} bytes", []
+            try:
+                E.verify(entries, h)
+            except E.ChecksumMismatch as e:
+                return Status.CHECKSUM_MISMATCH, str(e), []
+        return Status.OK, "", headers
+
+    def admit_frame(
+        self, entries: bytes, headers: list[E.EntryHeader]
+    ) -> tuple[list[tuple[int, Verdict]], asyncio.Future | None]:
+        """Admits the entries of a validated frame and journals the accepted
+        ones.  Returns the refused entries as (index, verdict), and a future
+        done once the accepted ones are durable (None if none was)."""
+        if self.config.max_storage_bytes and not self.core.read_only:
+            self.update_read_only()  # the limit is checked on every frame: cheap, counted bytes
+        admit = self.core.admit_add
+        refused = []
+        for i, h in enumerate(headers):
+            v = admit(h)
+            if v.status is not Status.OK:
+                refused.append((i, v))
+        if len(refused) == len(headers):
+            return refused, None
+        if refused:
+            skip = {i for i, _ in refused}
+            mv = memoryview(entries)
+            body = b"".join(mv[h.offset : h.offset + h.size] for i, h in enumerate(headers) if i not in skip)
+        else:
+            body = entries
+        return refused, self._append(R_ENTRIES, body, self._on_entries_durable)
+
+    def _append(self, rtype: int, body, apply) -> asyncio.Future:
+        """Journals a record; `apply(body, segment, body_offset)` runs once it
+        is durable.  Durable records are applied strictly in journal order
+        (sync futures resolve in append order and their callbacks run
+        first), which is also the order replay applies them in, so the live
+        state and the replayed state never differ.  The returned future may
+        be cancelled by a caller without skipping the apply."""
+        off = self.journal.append(rtype, body)
+        seg = self.journal.current_segment
+        end = Position(seg, off + len(body))
+        self._since_checkpoint += len(body)
+        fut = self.journal.sync()
+
+        def done(f: asyncio.Future) -> None:
+            if f.cancelled() or f.exception() is not None:
+                return
+            if apply is not None:
+                apply(body, seg, off)
+            self.applied_end = end
+
+        fut.add_done_callback(done)
+        return asyncio.shield(fut)
+
+    def _on_entries_durable(self, body, seg: int, off: int) -> None:
+        for lid in set(self._apply_entries(body, seg, off)):
+            self._wake_lac(lid)
+
+    async def durable(self) -> None:
+        """Waits until everything appended so far is durable and applied."""
+        await self.journal.sync()
+
+    # -- state changes -------------------------------------------------------------
+
+    async def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
+        """A term-carrying or fencing request.  The term and fence change at
+        once (so later requests of an older writer are refused at once), and
+        are journalled before the answer goes out.  In every case the request
+        waits for a journal barrier: an add admitted before it is durable and
+        readable when it returns, so a recovery read never misses it."""
+        v = self.core.fence(ledger_id, term, fence)
+        if v.status is Status.OK and v.state_changed:
+            st = self.core.ledgers[ledger_id]
+            await self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
+        else:
+            await self.journal.sync()
+        return v
+
+    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> int:
+        """Deletes a ledger or a range of its entries, once the deletion is
+        durable and in journal order with the adds around it."""
+        first, last = entry_range if entry_range else (0, 0)
+        body = DELETE_BODY.pack(ledger_id, entry_range is not None, first, last)
+        count = []
+
+        def apply(_body, _seg, _off):
+            removed = self.core.delete(ledger_id, entry_range)
+            self._dead(removed)
+            count.append(len(removed))
+
+        await self._append(R_DELETE, body, apply)
+        return count[0] if count else 0
+
+    # -- reads ----------------------------------------------------------------------
+
+    def read_record(self, ledger_id: int, entry_id: int) -> tuple[Status, bytes]:
+        status, loc = self.core.lookup(ledger_id, entry_id)
+        if status is not Status.OK:
+            return status, b""
+        return Status.OK, self._read_at(*loc)
+
+    def _read_at(self, loc: int, length: int) -> bytes:
+        seg, off = unpack_location(loc)
+        return self.journal.pread(seg, off, length)
+
+    def read_range(self, ledger_id: int, first: int, last: int, max_bytes: int) -> tuple[Status, list[bytes], int]:
+        """Reads consecutive entries from `first`: at most `max_bytes`, but
+        always at least one entry.  Returns (status, records, next id).  The
+        status is OK while entries remain to read (or the range is done), and
+        NO_SUCH_ENTRY once the range reaches an entry the bookie lacks."""
+        st = self.core.ledgers.get(ledger_id)
+        if st is None:
+            return Status.NO_SUCH_LEDGER, [], first
+        out, size, nxt, full = [], 0, first, False
+        run_loc, run_len = -1, 0  # records adjacent on disk are read in one pread
+        for eid, loc, ln in st.index.iter_from(first, last):
+            if size and size + ln > max_bytes:
+                full = True
+                break
+            if loc == run_loc + run_len:
+                run_len += ln
+            else:
+                if run_len:
+                    out.append(self._read_at(run_loc, run_len))
+                run_loc, run_len = loc, ln
+            size += ln
+            nxt = eid + 1
+        if run_len:
+            out.append(self._read_at(run_loc, run_len))
+        if nxt <= last and not full:
+            return Status.NO_SUCH_ENTRY, out, nxt
+        return Status.OK, out, nxt
+
+    # -- LAC long poll ------------------------------------------------------------------
+
+    async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> None:
+        st = self.core.ledgers.get(ledger_id)
+        if st is not None and st.lac > previous:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        waiters = self._lac_waiters[ledger_id]
+        waiters.append(fut)
+        try:
+            while True:
+                st = self.core.ledgers.get(ledger_id)
+                if st is not None and st.lac > previous:
+                    return
+                await asyncio.wait_for(asyncio.shield(fut), timeout)
+                st = self.core.ledgers.get(ledger_id)
+                if st is not None and st.lac > previous:
+                    return
+                fut = asyncio.get_running_loop().create_future()
+                waiters.append(fut)
+        except asyncio.TimeoutError:
+            return
+        finally:
+            if fut in waiters:
+                waiters.remove(fut)
+            if not waiters:
+                self._lac_waiters.pop(ledger_id, None)
+
+    def _wake_lac(self, ledger_id: int) -> None:
+        waiters = self._lac_waiters.pop(ledger_id, None)
+        if waiters:
+            for w in waiters:
+                if not w.done():
+                    w.set_result(None)
+
+    # -- space ----------------------------------------------------------------------------
+
+    def disk_usage(self) -> tuple[int, int, int]:
+        """(used journal bytes, free bytes, total bytes) of the data dir."""
+        du = shutil.disk_usage(self.dir)
+        used = self.journal.disk_bytes()
+        free, total = du.free, du.total
+        if self.config.max_storage_bytes:
+            total = min(total, self.config.max_storage_bytes)
+            free = max(0, min(free, self.config.max_storage_bytes - used))
+        return used, free, total
+
+    def update_read_only(self) -> bool:
+        """Re-evaluates read-only mode; returns whether it changed."""
+        used, free, total = self.disk_usage()
+        frac = 1.0 - free / total if total else 1.0
+        if self.config.max_storage_bytes:
+            frac = max(frac, used / self.config.max_storage_bytes)
+        self.last_usage = frac
+        before = self.core.read_only
+        if not before and frac >= self.config.disk_usage_threshold:
+            self.core.read_only = True
+            log.warning("disk usage %.1f%% >= %.1f%%: read-only", frac * 100, self.config.disk_usage_threshold * 100)
+        elif before and frac < self.config.disk_usage_threshold - self.config.disk_usage_margin:
+            self.core.read_only = False
+            log.warning("disk usage %.1f%%: writable again", frac * 100)
+        return before != self.core.read_only
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    @property
+    def checkpoint_due(self) -> bool:
+        return self._since_checkpoint >= self.config.checkpoint_bytes
+
+    async def checkpoint(self) -> Position:
+        """Writes a checkpoint: the state and index as of `applied_end`, the
+        end of the last record applied.  Records after it are replayed on the
+        next start; the term and fence changes among them are already in the
+        snapshot, and replaying them again is harmless (they only raise)."""
+        await self.journal.sync()
+        pos = self.applied_end
+        snapshot = self._snapshot(pos)  # in the loop thread: consistent
+        await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, snapshot)
+        self.checkpoint_pos = pos
+        self._since_checkpoint = 0
+        return pos
+
+    def checkpoint_sync(self) -> Position:
+        """The blocking form, for a clean shutdown after the loop stopped."""
+        pos = self.applied_end
+        self._write_checkpoint(self._snapshot(pos))
+        self.checkpoint_pos = pos
+        self._since_checkpoint = 0
+        return pos
+
+    def _snapshot(self, pos: Position) -> bytes:
+        parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
+        for lid, st in self.core.ledgers.items():
+            runs = st.index.runs()
+            parts.append(_CKP_LEDGER.pack(lid, st.term, int(st.fenced), st.lac, st.lafr, len(runs)))
+            for start, locs, lens in runs:
+                parts.append(_CKP_RUN.pack(start, len(lens) // 4))
+                parts.append(locs)
+                parts.append(lens)
+        data = b"".join(parts)
+        return data + struct.pack("<I", zlib.crc32(data))
+
+    def _write_checkpoint(self, data: bytes) -> None:
+        tmp = self.dir / "checkpoint.tmp"
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.dir / "checkpoint")
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _load_checkpoint(self) -> Position | None:
+        path = self.dir / "checkpoint"
+        if not path.exists():
+            return None
+        data = path.read_bytes()
+        if len(data) < _CKP_HEAD.size + 4 or struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
+            # The checkpoint is written to a temp file and renamed, so a bad
+            # one means the disk lied; refuse to guess.
+            raise RuntimeError(f"corrupt checkpoint {path}")
+        magic, seg, off, n = _CKP_HEAD.unpack_from(data, 0)
+        if magic != CHECKPOINT_MAGIC:
+            raise RuntimeError(f"not a checkpoint: {path}")
+        p = _CKP_HEAD.size
+        for _ in range(n):
+            lid, term, fenced, lac, lafr, nruns = _CKP_LEDGER.unpack_from(data, p)
+            p += _CKP_LEDGER.size
+            runs = []
+            for _ in range(nruns):
+                start, count = _CKP_RUN.unpack_from(data, p)
+                p += _CKP_RUN.size
+                locs = data[p : p + 8 * count]
+                p += 8 * count
+                lens = data[p : p + 4 * count]
+                p += 4 * count
+                runs.append((start, locs, lens))
+            self.core.ledgers[lid] = LedgerState(term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
+        return Position(seg, off)
+
+    # -- garbage collection ---------------------------------------------------------------------
+
+    async def collect_garbage(self) -> dict:
+        """Removes dead segments and compacts mostly-dead ones.  Returns what
+        it did."""
+        journal = self.journal
+        cur = journal.current_segment
+        sealed = [s for s in journal.segments() if s != cur]
+        sizes = {}
+        for s in sealed:
+            try:
+                sizes[s] = journal.path(s).stat().st_size
+            except FileNotFoundError:
+                pass
+        to_compact = [
+            s for s, size in sizes.items()
+            if 0 < self.live_bytes.get(s, 0) < size * self.config.compaction_threshold
+        ]
+        relocated = 0
+        for s in to_compact:
+            relocated += await self._compact(s)
+        dead = [s for s in sizes if self.live_bytes.get(s, 0) <= 0]
+        removed = []
+        if dead:
+            # Replay starts at the checkpoint: a segment at or after it may
+            # still hold state records, so checkpoint past it first.
+            if any(not s < self.checkpoint_pos.segment for s in dead):
+                await self.checkpoint()
+            for s in dead:
+                if s < self.checkpoint_pos.segment and s != journal.current_segment:
+                    journal.remove_segment(s)
+                    self.live_bytes.pop(s, None)
+                    removed.append(s)
+        return {"removed_segments": removed, "compacted_segments": to_compact, "relocated_entries": relocated}
+
+    async def _compact(self, seg: int) -> int:
+        """Copies the live records of a segment to the journal head."""
+        data = await asyncio.get_running_loop().run_in_executor(None, self.journal.read_segment, seg)
+        olds, recs = [], []
+        for rec in _iter_entry_records(data):
+            body_rtype, body, body_off = rec
+            base = 4 + 8 * struct.unpack_from("<I", body, 0)[0] if body_rtype == R_RELOCATED else 0
+            for h in E.iter_headers(body[base:]):
+                old = pack_location(seg, body_off + base + h.offset)
+                cur = self.core.ledgers.get(h.ledger_id)
+                if cur is not None and (got := cur.index.get(h.entry_id)) is not None and got[0] == old:
+                    olds.append(old)
+                    recs.append(bytes(body[base + h.offset : base + h.offset + h.size]))
+        if not olds:
+            return 0
+        body = struct.pack(f"<I{len(olds)}Q", len(olds), *olds) + b"".join(recs)
+        await self._append(R_RELOCATED, body, lambda b, seg, off: self._apply_relocated(memoryview(b), seg, off))
+        return len(olds)
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def _iter_entry_records(data: bytes):
+    """(type, body, body offset) of each entry-bearing record of a segment."""
+    from bookie.journal import RECORD_HEADER, RECORD_HEADER_SIZE
+
+    mv = memoryview(data)
+    off = 0
+    while off + RECORD_HEADER_SIZE <= len(data):
+        blen, rtype, _ = RECORD_HEADER.unpack_from(data, off)
+        body_off = off + RECORD_HEADER_SIZE
+        if body_off + blen > len(data):
+            break
+        if rtype in (R_ENTRIES, R_RELOCATED):
+            yield rtype, mv[body_off : body_off + blen], body_off
+        off = body_off + blen

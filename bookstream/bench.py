@@ -1,0 +1,157 @@
+"""`bookstream bench`: benchmarks (figures, never assertions).
+
+    bookstream bench bookie [--sizes 100,1024,65536] [--batches 1,10,100,1000]
+                            [--seconds 3] [--out results.json]
+
+`bench bookie` starts one real bookie process on a temporary data dir (on
+the same disk as --dir) and measures appends/s and MB/s into it, with fsync,
+for each entry size and batch size.  In the same run it measures the raw
+write + fdatasync rate of the same disk with the same write sizes, and reports
+each figure as a ratio to it.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bookie import entry as E
+
+MAX_FRAME_BYTES = 16 << 20
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run benchmarks")
+    bsub = p.add_subparsers(dest="bench", required=True)
+    b = bsub.add_parser("bookie", help="appends/s and MB/s into one bookie, beside the raw disk")
+    b.add_argument("--sizes", default="100,1024,65536")
+    b.add_argument("--batches", default="1,10,100,1000")
+    b.add_argument("--seconds", type=float, default=3.0, help="time per configuration")
+    b.add_argument("--inflight", type=int, default=8, help="frames in flight")
+    b.add_argument("--dir", type=Path, default=None, help="where to put the data (default: a temp dir)")
+    b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    b.set_defaults(func=cmd_bench_bookie)
+
+
+def raw_disk_rate(path: Path, write_bytes: int, seconds: float) -> float:
+    """write + fdatasync of `write_bytes` at a time, appending: writes/s."""
+    buf = os.urandom(write_bytes)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        n, t0 = 0, time.perf_counter()
+        while True:
+            os.write(fd, buf)
+            os.fdatasync(fd)
+            n += 1
+            el = time.perf_counter() - t0
+            if el >= seconds or n * write_bytes >= (1 << 30):
+                return n / el
+    finally:
+        os.close(fd)
+        os.unlink(path)
+
+
+def build_frames(ledger_id: int, size: int, batch: int, count: int) -> list[bytes]:
+    payload = os.urandom(size)
+    frames, eid = [], 0
+    for _ in range(count):
+        frames.append(b"".join(E.encode(ledger_id, eid + i, payload, lac=eid + i - 1) for i in range(batch)))
+        eid += batch
+    return frames
+
+
+async def bookie_rate(address: str, ledger_id: int, size: int, batch: int, seconds: float,
+                      inflight: int) -> dict:
+    from stream.bookie_client import BookieClient
+
+    # Enough distinct frames for the run, bounded in memory: frames are
+    # reused with fresh ledger ids so every add is a new entry.
+    frame_bytes = batch * (size + E.HEADER_SIZE)
+    nframes = max(inflight * 2, min(256, (256 << 20) // frame_bytes))
+    client = BookieClient(address)
+    try:
+        await client.add(b"".join(build_frames(ledger_id, size, 1, 1)))  # open the stream
+        frames = build_frames(ledger_id, size, batch, nframes)
+        sent = acked = 0
+        window: set = set()
+        t0 = time.perf_counter()
+        i = 0
+        while True:
+            while len(window) < inflight:
+                # every pass over the frames goes to a new ledger
+                rec = frames[i % nframes]
+                if i and i % nframes == 0:
+                    ledger_id += 1
+                    frames = [_relabel(f, ledger_id) for f in frames]
+                    rec = frames[0]
+                window.add(client.add_frame(rec))
+                sent += 1
+                i += 1
+            done, window = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
+            for d in done:
+                ack = d.result()
+                if ack.status != 0:
+                    raise RuntimeError(f"add failed: {ack}")
+                acked += 1
+            el = time.perf_counter() - t0
+            if el >= seconds:
+                break
+        if window:
+            await asyncio.wait(window)
+            acked += len(window)
+        el = time.perf_counter() - t0
+        entries = acked * batch
+        return {"entries_per_s": entries / el, "mb_per_s": entries * size / el / 1e6,
+                "frames_per_s": acked / el, "seconds": el}
+    finally:
+        await client.close()
+
+
+def _relabel(frame: bytes, ledger_id: int) -> bytes:
+    """The same records under another ledger id (re-signed)."""
+    out = []
+    for h in E.iter_headers(frame):
+        out.append(E.encode(ledger_id, h.entry_id, E.payload(frame, h), lac=h.lac))
+    return b"".join(out)
+
+
+def cmd_bench_bookie(args: argparse.Namespace) -> int:
+    from bookstream.processes import BookieProcess
+
+    sizes = [int(s) for s in args.sizes.split(",")]
+    batches = [int(b) for b in args.batches.split(",")]
+    base = Path(tempfile.mkdtemp(prefix="bookstream-bench-", dir=args.dir))
+    bookie = BookieProcess(base / "bookie", log_level="WARNING").start()
+    results = []
+    print(f"{'size':>7} {'batch':>6} {'entries/s':>12} {'MB/s':>9} {'raw fsync/s':>12} "
+          f"{'raw MB/s':>9} {'MB/s ratio':>10}", flush=True)
+    try:
+        lid = 1
+        for size in sizes:
+            for batch in batches:
+                b = batch
+                while b > 1 and b * (size + E.HEADER_SIZE) > MAX_FRAME_BYTES:
+                    b //= 2
+                write_bytes = b * (size + E.HEADER_SIZE)
+                raw = raw_disk_rate(base / "raw.dat", write_bytes, min(args.seconds, 2.0))
+                r = asyncio.run(bookie_rate(bookie.address, lid, size, b, args.seconds, args.inflight))
+                lid += 1000
+                raw_mb = raw * write_bytes / 1e6
+                row = {"entry_bytes": size, "batch": b, **r, "raw_fsyncs_per_s": raw, "raw_mb_per_s": raw_mb,
+                       "raw_entries_per_s": raw * b, "mb_ratio_to_raw": r["mb_per_s"] / raw_mb if raw_mb else None}
+                results.append(row)
+                print(f"{size:>7} {b:>6} {r['entries_per_s']:>12,.0f} {r['mb_per_s']:>9.1f} {raw:>12,.0f} "
+                      f"{raw_mb:>9.1f} {row['mb_ratio_to_raw']:>10.2f}", flush=True)
+    finally:
+        bookie.stop()
+    out = {"benchmark": "bookie", "command": " ".join(sys.argv), "cpus": os.cpu_count(),
+           "results": results}
+    if args.out:
+        args.out.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,168 @@
+"""`bookstream`: the command line.
+
+    bookstream bookie --data-dir DIR [--etcd HOST:PORT] ...   one bookie
+    bookstream standalone [--data-dir DIR] [--bookies N]      etcd + N bookies
+    bookstream bench bookie [...]                             benchmarks
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import uuid
+from pathlib import Path
+
+from bookie.server import BookieConfig, BookieServer
+from bookie.storage import StorageConfig
+
+log = logging.getLogger("bookstream")
+
+READY_PREFIX = "BOOKIE_READY "
+DEFAULT_CLUSTER = "default"
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# -- bookie ------------------------------------------------------------------------
+
+
+def bookie_id_for(data_dir: Path, given: str | None) -> str:
+    """A bookie's id is chosen once and kept in its data dir: ensembles name
+    bookies by id, so the id must not change when the address does."""
+    path = data_dir / "bookie.id"
+    if path.exists():
+        stored = path.read_text().strip()
+        if given and given != stored:
+            raise SystemExit(f"data dir {data_dir} belongs to bookie {stored!r}, not {given!r}")
+        return stored
+    bid = given or f"bookie-{uuid.uuid4().hex[:12]}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(bid + "\n")
+    os.replace(tmp, path)
+    return bid
+
+
+def add_bookie_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--data-dir", required=True, type=Path)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--bookie-id", help="default: generated once and kept in the data dir")
+    p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER)
+    p.add_argument("--registration-ttl", type=int, default=10)
+    p.add_argument("--segment-size", type=int, default=StorageConfig.segment_size)
+    p.add_argument("--checkpoint-bytes", type=int, default=StorageConfig.checkpoint_bytes)
+    p.add_argument("--max-entry-size", type=int, default=StorageConfig.max_entry_size)
+    p.add_argument("--disk-usage-threshold", type=float, default=StorageConfig.disk_usage_threshold,
+                   help="go read-only above this fraction of the disk used")
+    p.add_argument("--disk-usage-margin", type=float, default=StorageConfig.disk_usage_margin,
+                   help="writable again below threshold minus this")
+    p.add_argument("--max-storage-bytes", type=int, default=0,
+                   help="treat the journal as full at this size (0: the disk's size)")
+    p.add_argument("--compaction-threshold", type=float, default=StorageConfig.compaction_threshold,
+                   help="compact journal segments whose live fraction is below this")
+    p.add_argument("--disk-check-interval", type=float, default=1.0)
+    p.add_argument("--gc-interval", type=float, default=30.0)
+    p.add_argument("--log-level", default="INFO")
+
+
+def bookie_config(args: argparse.Namespace) -> BookieConfig:
+    storage = StorageConfig(
+        segment_size=args.segment_size,
+        checkpoint_bytes=args.checkpoint_bytes,
+        max_entry_size=args.max_entry_size,
+        disk_usage_threshold=args.disk_usage_threshold,
+        disk_usage_margin=args.disk_usage_margin,
+        max_storage_bytes=args.max_storage_bytes,
+        compaction_threshold=args.compaction_threshold,
+    )
+    return BookieConfig(
+        data_dir=str(args.data_dir),
+        host=args.host,
+        port=args.port,
+        bookie_id=bookie_id_for(args.data_dir, args.bookie_id),
+        storage=storage,
+        disk_check_interval_s=args.disk_check_interval,
+        gc_interval_s=args.gc_interval,
+    )
+
+
+def _registration_factory(args: argparse.Namespace):
+    if not args.etcd:
+        return None
+    from metadata.registration import BookieRegistry
+    from metadata.store import MetadataStore
+    from bookstream_pb import metadata_pb2 as mpb
+
+    def register(server: BookieServer):
+        store = MetadataStore(args.etcd.split(","))
+        registry = BookieRegistry(store, args.cluster)
+        used, free, total = server.storage.disk_usage()
+        reg = mpb.BookieRegistration(
+            bookie_id=server.config.bookie_id,
+            address=server.address,
+            read_only=server.storage.core.read_only,
+            free_bytes=free,
+            total_bytes=total,
+        )
+        return registry.register(reg, ttl=args.registration_ttl)
+
+    return register
+
+
+async def run_bookie(args: argparse.Namespace) -> None:
+    config = bookie_config(args)
+    server = BookieServer(config, _registration_factory(args))
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid()}
+    print(READY_PREFIX + json.dumps(info), flush=True)
+    log.info("bookie %s serving on %s", config.bookie_id, server.address)
+    await stop.wait()
+    log.info("bookie %s stopping", config.bookie_id)
+    await server.stop()
+
+
+def cmd_bookie(args: argparse.Namespace) -> int:
+    _setup_logging(args.log_level)
+    asyncio.run(run_bookie(args))
+    return 0
+
+
+# -- main ----------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bookstream", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bookie", help="run one bookie")
+    add_bookie_args(p)
+    p.set_defaults(func=cmd_bookie)
+
+    from bookstream import standalone, bench
+
+    standalone.add_parser(sub)
+    bench.add_parser(sub)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

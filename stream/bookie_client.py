@@ -1,0 +1,156 @@
+"""The client side of the bookie wire protocol (grpc.aio): a thin adapter.
+
+One `BookieClient` per bookie holds one channel and one long-lived add stream.
+`add_frame` sends a batch of entry records as one frame and returns a future
+for its ack; acks arrive batched and are matched to frames by frame id.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import AsyncIterator
+
+import grpc
+
+from bookie.core import Status
+from bookstream_pb import bookie_pb2 as pb
+from bookstream_pb import bookie_pb2_grpc as pb_grpc
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 64 << 20
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+]
+
+
+class BookieUnavailable(ConnectionError):
+    """The bookie could not be reached, or the add stream broke: every frame
+    in flight on it has an unknown outcome."""
+
+    retriable = True
+
+
+class BookieClient:
+    def __init__(self, address: str):
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        self.stub = pb_grpc.BookieStub(self.channel)
+        self._frame_ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future] = {}
+        self._send_q: asyncio.Queue | None = None
+        self._stream_task: asyncio.Task | None = None
+        self._broken: BaseException | None = None
+
+    # -- adds ----------------------------------------------------------------
+
+    def _ensure_stream(self) -> None:
+        if self._stream_task is not None and not self._stream_task.done():
+            return
+        self._send_q = asyncio.Queue()
+        self._broken = None
+        self._stream_task = asyncio.create_task(self._run_stream(self._send_q))
+
+    async def _run_stream(self, q: asyncio.Queue) -> None:
+        async def frames() -> AsyncIterator[pb.AddFrame]:
+            while True:
+                frame = await q.get()
+                if frame is None:
+                    return
+                yield frame
+
+        call = self.stub.Add(frames())
+        err = BookieUnavailable(f"{self.address}: add stream closed")
+        try:
+            async for msg in call:
+                for ack in msg.acks:
+                    fut = self._pending.pop(ack.frame_id, None)
+                    if fut is not None and not fut.done():
+                        fut.set_result(ack)
+        except grpc.aio.AioRpcError as e:
+            err = BookieUnavailable(f"{self.address}: {e.code().name}: {e.details()}")
+        except asyncio.CancelledError:
+            err = BookieUnavailable(f"{self.address}: client closed")
+            raise
+        finally:
+            self._broken = err
+            pending, self._pending = self._pending, {}
+            for fut in pending.values():
+                if not fut.done():
+                    fut.set_exception(self._broken)
+
+    def add_frame(self, entries: bytes) -> asyncio.Future:
+        """Sends one frame of entry records; the future resolves to its AddAck
+        or fails with BookieUnavailable."""
+        self._ensure_stream()
+        fid = next(self._frame_ids)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[fid] = fut
+        self._send_q.put_nowait(pb.AddFrame(frame_id=fid, entries=entries))
+        return fut
+
+    async def add(self, entries: bytes, timeout: float | None = 30.0) -> pb.AddAck:
+        return await asyncio.wait_for(self.add_frame(entries), timeout)
+
+    # -- reads -----------------------------------------------------------------
+
+    async def _unary(self, method, request, timeout):
+        try:
+            return await method(request, timeout=timeout)
+        except grpc.aio.AioRpcError as e:
+            raise BookieUnavailable(f"{self.address}: {e.code().name}: {e.details()}") from e
+
+    async def read_entry(self, ledger_id: int, entry_id: int, *, term: int = 0, fence: bool = False,
+                         timeout: float | None = 10.0) -> pb.ReadEntryResponse:
+        req = pb.ReadEntryRequest(ledger_id=ledger_id, entry_id=entry_id, term=term,
+                                  flags=pb.READ_FENCE if fence else 0)
+        return await self._unary(self.stub.ReadEntry, req, timeout)
+
+    async def read_lac(self, ledger_id: int, *, term: int = 0, fence: bool = False,
+                       timeout: float | None = 10.0) -> pb.ReadLacResponse:
+        req = pb.ReadLacRequest(ledger_id=ledger_id, term=term, flags=pb.READ_FENCE if fence else 0)
+        return await self._unary(self.stub.ReadLac, req, timeout)
+
+    async def long_poll_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> pb.ReadLacResponse:
+        req = pb.LongPollLacRequest(ledger_id=ledger_id, previous_lac=previous_lac, timeout_ms=int(timeout_s * 1000))
+        return await self._unary(self.stub.LongPollLac, req, timeout_s + 10.0)
+
+    async def read_range(self, ledger_id: int, first: int, last: int, *,
+                         max_frame_bytes: int = 0) -> AsyncIterator[pb.ReadRangeResponse]:
+        req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
+                                  max_frame_bytes=max_frame_bytes)
+        try:
+            async for resp in self.stub.ReadRange(req):
+                yield resp
+        except grpc.aio.AioRpcError as e:
+            raise BookieUnavailable(f"{self.address}: {e.code().name}: {e.details()}") from e
+
+    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None,
+                     timeout: float | None = 30.0) -> pb.DeleteResponse:
+        if entry_range is None:
+            req = pb.DeleteRequest(ledger_id=ledger_id)
+        else:
+            req = pb.DeleteRequest(ledger_id=ledger_id, has_range=True,
+                                   first_entry=entry_range[0], last_entry=entry_range[1])
+        return await self._unary(self.stub.Delete, req, timeout)
+
+    async def info(self, timeout: float | None = 10.0) -> pb.InfoResponse:
+        return await self._unary(self.stub.Info, pb.InfoRequest(), timeout)
+
+    async def close(self) -> None:
+        if self._send_q is not None:
+            self._send_q.put_nowait(None)
+        if self._stream_task is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._stream_task), 2.0)
+            except (asyncio.TimeoutError, Exception):
+                self._stream_task.cancel()
+        await self.channel.close()
+
+
+def status_name(code: int) -> str:
+    return Status(code).name

@@ -1,0 +1,461 @@
+"""A real bookie process on loopback: durability, terms, fencing, truncation,
+read-only mode, malformed input, garbage collection and restart."""
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+import time
+
+import grpc
+import hypothesis.strategies as st
+import pytest
+from hypothesis import HealthCheck, given, settings
+
+from bookie import entry as E
+from bookie.core import Status
+from bookie.journal import RECORD_HEADER, R_ENTRIES, frame_record
+from bookstream_pb import bookie_pb2 as pb
+from stream.bookie_client import BookieClient
+from tests.conftest import run
+
+OK = Status.OK
+
+
+def rec(ledger, entry, payload=None, *, term=0, lac=-1, recovery=False, truncate=False, noop=False):
+    payload = payload if payload is not None else f"L{ledger}E{entry}T{term}".encode()
+    flags = (E.FLAG_NOOP if (noop or truncate) else 0) | (E.FLAG_TRUNCATE if truncate else 0)
+    return E.encode(ledger, entry, payload, lac=lac, term=term, data_flags=flags,
+                    req_flags=E.REQ_RECOVERY if recovery else 0)
+
+
+async def with_client(address, fn):
+    c = BookieClient(address)
+    try:
+        return await fn(c)
+    finally:
+        await c.close()
+
+
+async def read_payload(c, ledger, entry):
+    r = await c.read_entry(ledger, entry)
+    return r.status, (E.decode(r.entry).payload if r.status == OK else None)
+
+
+def wait_until(predicate, timeout=20.0, what="condition"):
+    """For state that can only be observed by asking (a bookie's disk check):
+    ask until it holds, with a deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = predicate()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
+
+
+# -- durability ------------------------------------------------------------------
+
+
+def test_acknowledged_entries_survive_kill_9_mid_stream(bookies):
+    b = bookies()
+    acked: dict[int, bytes] = {}
+
+    async def write(c):
+        # 400 frames of 25 entries pipelined; kill -9 once 100 frames are acked,
+        # with many still in flight.
+        futs = {}
+        for f in range(400):
+            frame = b"".join(rec(1, f * 25 + i, os.urandom(64)) for i in range(25))
+            futs[c.add_frame(frame)] = frame
+        done_frames = 0
+        for fut in asyncio.as_completed(list(futs)):
+            try:
+                ack = await fut
+            except Exception:
+                continue  # in flight when the bookie died: outcome unknown
+            assert ack.status == OK
+            done_frames += 1
+            if done_frames == 100:
+                b.kill()
+        return futs
+
+    futs = run(with_client(b.address, write))
+    for fut, frame in futs.items():
+        if not fut.cancelled() and fut.exception() is None:
+            for e in E.decode_all(frame):
+                acked[e.entry_id] = e.payload
+    assert len(acked) >= 100 * 25
+    b.start()
+
+    async def check(c):
+        for eid, payload in acked.items():
+            assert await read_payload(c, 1, eid) == (OK, payload), eid
+    run(with_client(b.address, check))
+
+
+def test_group_commit_covers_frames_of_several_clients(bookies):
+    b = bookies()
+
+    async def go():
+        clients = [BookieClient(b.address) for _ in range(3)]
+        try:
+            futs = [c.add_frame(rec(10 + k, i)) for i in range(200) for k, c in enumerate(clients)]
+            acks = await asyncio.gather(*futs)
+            assert all(a.status == OK for a in acks)
+            return await clients[0].info()
+        finally:
+            for c in clients:
+                await c.close()
+
+    info = run(go())
+    assert info.entries == 600
+    # one fdatasync per frame would be 600; group commit shares them
+    assert info.journal_fsyncs < 300, info.journal_fsyncs
+
+
+def test_torn_tail_is_cut_off_and_never_served(bookies):
+    b = bookies()
+
+    async def write(c):
+        ack = await c.add(b"".join(rec(1, i) for i in range(10)))
+        assert ack.status == OK
+    run(with_client(b.address, write))
+    b.kill()
+    seg = sorted((b.data_dir / "journal").iterdir())[-1]
+    good_size = seg.stat().st_size
+    # A crash in the middle of a write: a record for entries 10..19 whose
+    # body was only half written.
+    body = b"".join(rec(1, i) for i in range(10, 20))
+    torn = frame_record(R_ENTRIES, body) + body[: len(body) // 2]
+    with open(seg, "ab") as f:
+        f.write(torn)
+    b.start()
+    assert seg.stat().st_size == good_size  # cut off on open
+
+    async def check(c):
+        for i in range(10):
+            assert await read_payload(c, 1, i) == (OK, f"L1E{i}T0".encode())
+        assert (await c.read_entry(1, 10)).status == Status.NO_SUCH_ENTRY
+        assert (await c.read_lac(1)).last_entry == 9
+        ack = await c.add(rec(1, 10, b"after"))  # the journal goes on after the cut
+        assert ack.status == OK
+        assert await read_payload(c, 1, 10) == (OK, b"after")
+    run(with_client(b.address, check))
+
+
+def test_corrupt_record_in_the_middle_stops_replay_there(bookies):
+    """A record whose CRC fails ends the valid journal: nothing after it is
+    trusted, and it is never served."""
+    b = bookies()
+    run(with_client(b.address, lambda c: c.add(b"".join(rec(2, i) for i in range(5)))))
+    run(with_client(b.address, lambda c: c.add(b"".join(rec(2, i) for i in range(5, 10)))))
+    b.kill()
+    seg = sorted((b.data_dir / "journal").iterdir())[-1]
+    data = bytearray(seg.read_bytes())
+    # flip a payload byte of the last record (its CRC no longer matches)
+    data[-1] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    b.start()
+
+    async def check(c):
+        assert (await c.read_entry(2, 4)).status == OK
+        r = await c.read_entry(2, 5)
+        assert r.status == Status.NO_SUCH_ENTRY  # the whole corrupt frame is gone
+    run(with_client(b.address, check))
+
+
+# -- terms, fences, truncation -------------------------------------------------
+
+
+def test_term_rules_and_their_persistence(bookies):
+    b = bookies()
+
+    async def phase1(c):
+        assert (await c.add(rec(5, 0, term=1))).status == OK
+        lac = await c.read_lac(5, term=2)          # a new writer's fencing LAC read
+        assert lac.status == OK and lac.term == 2 and lac.last_entry == 0
+        ack = await c.add(rec(5, 1, term=1))        # the old writer is refused
+        assert ack.status == Status.INVALID_TERM and ack.errors[0].term == 2
+        assert (await c.read_entry(5, 1)).status == Status.NO_SUCH_ENTRY
+        assert (await c.add(rec(5, 1, term=2))).status == OK
+        assert (await c.add(rec(5, 2, term=3))).status == OK   # a higher term raises it
+        r = await c.read_entry(5, 0, term=2)                   # a stale recovery read
+        assert r.status == Status.INVALID_TERM and r.term == 3
+        assert (await c.read_entry(5, 0)).status == OK          # normal reads carry no term
+    run(with_client(b.address, phase1))
+    b.kill()
+    b.start()
+
+    async def phase2(c):
+        assert (await c.read_lac(5)).term == 3
+        assert (await c.add(rec(5, 3, term=2))).status == Status.INVALID_TERM
+        assert (await c.read_lac(5, term=2)).status == Status.INVALID_TERM
+    run(with_client(b.address, phase2))
+
+
+def test_fencing_an_unknown_ledger_persists(bookies):
+    b = bookies()
+
+    async def fence(c):
+        r = await c.read_lac(77, term=4)
+        assert r.status == OK and r.term == 4 and r.last_entry == -1
+    run(with_client(b.address, fence))
+    b.kill()
+    b.start()
+
+    async def late_writer(c):
+        ack = await c.add(rec(77, 0, term=3))
+        assert ack.status == Status.INVALID_TERM
+    run(with_client(b.address, late_writer))
+
+
+def test_classic_fence_refuses_normal_adds_accepts_recovery_adds(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(rec(6, 0))).status == OK
+        r = await c.read_lac(6, fence=True)
+        assert r.status == OK and r.fenced and r.last_entry == 0
+        assert (await c.add(rec(6, 1))).status == Status.FENCED
+        assert (await c.add(rec(6, 1, recovery=True))).status == OK
+        assert (await c.read_entry(7, 0, fence=True)).status == Status.NO_SUCH_ENTRY  # fences ledger 7
+    run(with_client(b.address, go))
+    b.kill()
+    b.start()
+
+    async def after(c):
+        assert (await c.read_lac(6)).fenced
+        assert (await c.add(rec(6, 2))).status == Status.FENCED
+        assert (await c.add(rec(7, 0))).status == Status.FENCED
+    run(with_client(b.address, after))
+
+
+def test_truncate_noop_deletes_higher_entries_across_restarts(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(8, i, term=1) for i in range(10)))).status == OK
+        # the new writer (term 2) ends recovery with a truncate no-op at 4
+        assert (await c.add(rec(8, 4, b"", term=2, truncate=True, recovery=True))).status == OK
+        for i in range(5, 10):
+            assert (await c.read_entry(8, i)).status == Status.NO_SUCH_ENTRY
+        assert (await c.add(rec(8, 5, b"new5", term=2))).status == OK
+        assert (await c.read_lac(8)).last_entry == 5
+    run(with_client(b.address, go))
+
+    async def check(c):
+        assert await read_payload(c, 8, 3) == (OK, b"L8E3T1")
+        r = await c.read_entry(8, 4)
+        assert r.status == OK and E.decode(r.entry).is_noop
+        assert await read_payload(c, 8, 5) == (OK, b"new5")
+        for i in range(6, 10):
+            assert (await c.read_entry(8, i)).status == Status.NO_SUCH_ENTRY
+    b.kill()          # replay from the journal
+    b.start()
+    run(with_client(b.address, check))
+    b.stop()          # clean stop: from the checkpoint
+    b.start()
+    run(with_client(b.address, check))
+
+
+# -- reads -----------------------------------------------------------------------------
+
+
+def test_range_reads_stream_in_frames_and_stop_at_a_gap(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(3, i, bytes(1000)) for i in range(100)))).status == OK
+        assert (await c.add(b"".join(rec(3, i, bytes(1000)) for i in range(101, 110)))).status == OK
+        frames = [r async for r in c.read_range(3, 0, 200, max_frame_bytes=10_000)]
+        assert len(frames) > 5  # split by size
+        got = [e.entry_id for f in frames for e in E.decode_all(f.entries)]
+        assert got == list(range(100))  # stops before the gap at 100
+        assert sum(f.count for f in frames) == 100
+        assert frames[-1].status == Status.NO_SUCH_ENTRY
+        frames = [r async for r in c.read_range(3, 101, 109)]
+        assert frames[-1].status == OK and sum(f.count for f in frames) == 9
+    run(with_client(b.address, go))
+
+
+def test_long_poll_lac_wakes_on_a_new_lac_and_times_out(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(rec(4, 0, lac=-1))).status == OK
+        t0 = time.monotonic()
+        r = await c.long_poll_lac(4, previous_lac=5, timeout_s=0.3)  # nothing new: times out
+        assert r.lac == -1 and time.monotonic() - t0 >= 0.3
+        poll = asyncio.ensure_future(c.long_poll_lac(4, previous_lac=-1, timeout_s=30))
+        await asyncio.sleep(0)  # the poll is sent before the add
+        assert not poll.done()
+        assert (await c.add(rec(4, 1, lac=0))).status == OK
+        r = await asyncio.wait_for(poll, 10)
+        assert r.status == OK and r.lac == 0
+    run(with_client(b.address, go))
+
+
+# -- malformed input ---------------------------------------------------------------------
+
+
+def test_malformed_requests_get_errors_and_change_nothing(bookies):
+    b = bookies(extra_args=["--max-entry-size", "1000"])
+
+    async def go(c):
+        good = rec(9, 0)
+        bad_crc = bytearray(rec(9, 1))
+        bad_crc[-1] ^= 1
+        assert (await c.add(b"")).status == Status.BAD_REQUEST
+        assert (await c.add(b"\x00" * 10)).status == Status.BAD_REQUEST
+        assert (await c.add(good + good[:-3])).status == Status.BAD_REQUEST          # truncated
+        assert (await c.add(good + bytes(bad_crc))).status == Status.CHECKSUM_MISMATCH
+        assert (await c.add(rec(9, 2, bytes(1001)))).status == Status.TOO_LARGE
+        neg = bytearray(good)
+        struct.pack_into("<q", neg, 16, -5)
+        assert (await c.add(bytes(neg))).status == Status.BAD_REQUEST
+        flags = bytearray(good)
+        struct.pack_into("<H", flags, 40, 0x80)
+        assert (await c.add(bytes(flags))).status == Status.BAD_REQUEST
+        # nothing of the refused frames was stored, not even their good entries
+        assert (await c.read_lac(9)).status == Status.NO_SUCH_LEDGER
+        assert (await c.read_entry(9, -1)).status == Status.BAD_REQUEST
+        assert (await c.stub.ReadEntry(pb.ReadEntryRequest(ledger_id=9, entry_id=0, flags=8))).status == Status.BAD_REQUEST
+        assert (await c.stub.ReadLac(pb.ReadLacRequest(ledger_id=9, flags=8))).status == Status.BAD_REQUEST
+        frames = [r async for r in c.read_range(9, 5, 2)]
+        assert [f.status for f in frames] == [Status.BAD_REQUEST]
+        assert (await c.delete(9, (5, 2))).status == Status.BAD_REQUEST
+        assert (await c.read_entry(12345, 0)).status == Status.NO_SUCH_LEDGER
+        # bytes that are not even a protobuf: gRPC refuses them, the bookie lives on
+        raw = c.channel.unary_unary("/bookstream.v1.Bookie/ReadEntry")
+        with pytest.raises(grpc.aio.AioRpcError):
+            await raw(b"\xff\xff\xff\xff\x0f")
+        assert (await c.add(good)).status == OK
+        assert await read_payload(c, 9, 0) == (OK, b"L9E0T0")
+    run(with_client(b.address, go))
+    assert b.alive()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(junk=st.lists(st.binary(min_size=0, max_size=300), min_size=1, max_size=8))
+def test_random_frames_never_crash_the_bookie(shared_bookie, junk):
+    async def go(c):
+        for j in junk:
+            ack = await c.add(j)
+            assert ack.status in (Status.BAD_REQUEST, Status.CHECKSUM_MISMATCH, Status.TOO_LARGE, OK)
+        assert (await c.info()).bookie_id
+    run(with_client(shared_bookie.address, go))
+    assert shared_bookie.alive()
+
+
+@pytest.fixture(scope="module")
+def shared_bookie(tmp_path_factory):
+    from bookstream.processes import BookieProcess
+
+    b = BookieProcess(tmp_path_factory.mktemp("fuzz") / "b").start()
+    yield b
+    b.kill()
+
+
+# -- space ------------------------------------------------------------------------------
+
+
+def test_read_only_when_full_and_writable_when_space_returns(bookies):
+    b = bookies(extra_args=["--max-storage-bytes", str(400_000), "--disk-usage-threshold", "0.9",
+                            "--disk-usage-margin", "0.2", "--segment-size", str(64 << 10),
+                            "--gc-interval", "0.2", "--disk-check-interval", "0.1",
+                            "--compaction-threshold", "0.5"])
+
+    async def fill(c):
+        for i in range(1000):
+            ack = await c.add(rec(20, i, bytes(4000)))
+            if ack.status == Status.READ_ONLY:
+                return i
+            assert ack.status == OK
+        raise AssertionError("never went read-only")
+
+    n = run(with_client(b.address, fill))
+    assert 50 < n < 100  # ~90% of 400 kB in 4 kB entries
+
+    async def while_read_only(c):
+        assert (await c.info()).state == pb.READ_ONLY_STATE
+        assert (await c.add(rec(21, 0))).status == Status.READ_ONLY
+        assert (await c.add(rec(20, n, b"r", recovery=True))).status == OK  # recovery still lands
+        assert await read_payload(c, 20, 0) == (OK, bytes(4000))          # reads still work
+        assert (await c.delete(20)).status == OK
+    run(with_client(b.address, while_read_only))
+
+    def writable():
+        return run(with_client(b.address, lambda c: c.info())).state == pb.WRITABLE
+    wait_until(writable, what="the bookie to become writable after GC")
+    run(with_client(b.address, lambda c: c.add(rec(21, 0))))
+    assert run(with_client(b.address, lambda c: c.read_entry(21, 0))).status == OK
+
+
+def test_gc_removes_dead_segments_and_compacts_mixed_ones(bookies):
+    b = bookies(extra_args=["--segment-size", str(64 << 10), "--gc-interval", "0.2",
+                            "--compaction-threshold", "0.5"])
+
+    async def write(c):
+        # interleave a big ledger (30) and a small one (31) in every segment
+        for i in range(120):
+            assert (await c.add(rec(30, i, bytes(3000)) + rec(31, i))).status == OK
+        return await c.info()
+    before = run(with_client(b.address, write))
+    run(with_client(b.address, lambda c: c.delete(30)))
+
+    def shrunk():
+        info = run(with_client(b.address, lambda c: c.info()))
+        return info if info.used_bytes < before.used_bytes / 3 else None
+    after = wait_until(shrunk, what="GC to reclaim the deleted ledger's space")
+    assert after.entries == 120
+
+    async def check(c):
+        for i in range(120):
+            assert await read_payload(c, 31, i) == (OK, f"L31E{i}T0".encode())
+        assert (await c.read_entry(30, 0)).status == Status.NO_SUCH_LEDGER
+    run(with_client(b.address, check))
+    b.kill()
+    b.start()
+    run(with_client(b.address, check))
+
+
+def test_deleting_a_fragment_range(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(40, i) for i in range(20)))).status == OK
+        r = await c.delete(40, (0, 9))
+        assert r.status == OK and r.entries_deleted == 10
+        assert (await c.read_entry(40, 9)).status == Status.NO_SUCH_ENTRY
+        assert (await c.read_entry(40, 10)).status == OK
+    run(with_client(b.address, go))
+    b.kill()
+    b.start()
+    assert run(with_client(b.address, lambda c: c.read_entry(40, 5))).status == Status.NO_SUCH_ENTRY
+    assert run(with_client(b.address, lambda c: c.read_entry(40, 15))).status == OK
+
+
+# -- restart ------------------------------------------------------------------------------
+
+
+def test_restart_replays_only_what_follows_the_checkpoint(bookies):
+    b = bookies(extra_args=["--checkpoint-bytes", str(1 << 40)])  # only at clean stops
+
+    async def write(c, ledger, frames):
+        for f in range(frames):
+            assert (await c.add(b"".join(rec(ledger, f * 10 + i) for i in range(10)))).status == OK
+
+    run(with_client(b.address, lambda c: write(c, 50, 100)))
+    b.stop()                       # clean stop: checkpoint
+    b.start()
+    info = run(with_client(b.address, lambda c: c.info()))
+    assert info.replayed_records == 0 and info.entries == 1000
+    run(with_client(b.address, lambda c: write(c, 51, 7)))
+    b.kill()                       # no checkpoint: replay the 7 frames only
+    b.start()
+    info = run(with_client(b.address, lambda c: c.info()))
+    assert info.replayed_records == 7 and info.entries == 1070
+    assert run(with_client(b.address, lambda c: read_payload(c, 50, 999))) == (OK, b"L50E999T0")
+    assert run(with_client(b.address, lambda c: read_payload(c, 51, 69))) == (OK, b"L51E69T0")

@@ -1,0 +1,75 @@
+"""The run-based entry index against a dict (hypothesis), and its checkpoint form."""
+from __future__ import annotations
+
+import hypothesis.strategies as st
+from hypothesis import given, settings
+
+from bookie.index import LedgerIndex, pack_location, unpack_location
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.integers(0, 60), st.integers(0, 10**6)),
+        st.tuples(st.just("trunc"), st.integers(-1, 60), st.just(0)),
+        st.tuples(st.just("del"), st.integers(0, 60), st.integers(0, 15)),
+    ),
+    max_size=120,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(OPS)
+def test_index_matches_a_dict(ops):
+    idx, model = LedgerIndex(), {}
+    for op, a, b in ops:
+        if op == "put":
+            old = idx.put(a, b, a + 1)
+            assert old == ((model[a], a + 1) if a in model else None)
+            model[a] = b
+        elif op == "trunc":
+            removed = idx.truncate_after(a)
+            gone = sorted(e for e in model if e > a)
+            assert sorted(loc for loc, _ in removed) == sorted(model[e] for e in gone)
+            for e in gone:
+                del model[e]
+        else:
+            removed = idx.delete_range(a, a + b)
+            gone = [e for e in model if a <= e <= a + b]
+            assert len(removed) == len(gone)
+            for e in gone:
+                del model[e]
+        assert len(idx) == len(model)
+        assert idx.last_entry == (max(model) if model else -1)
+        assert idx.first_entry == (min(model) if model else -1)
+    assert [(e, loc) for e, loc, _ in idx.iter_all()] == sorted(model.items())
+    for e in range(62):
+        assert idx.get(e) == ((model[e], e + 1) if e in model else None)
+    # consecutive reads stop at the first gap
+    start = min(model) if model else 0
+    got = [e for e, _, _ in idx.iter_from(start, 100)]
+    expect = []
+    while start in model:
+        expect.append(start)
+        start += 1
+    assert got == expect
+    # the checkpoint form round-trips
+    again = LedgerIndex.from_runs(idx.runs())
+    assert list(again.iter_all()) == list(idx.iter_all())
+
+
+def test_sequential_entries_form_one_run_of_12_bytes_each():
+    idx = LedgerIndex()
+    for e in range(10_000):
+        idx.put(e, pack_location(3, e * 100), 100)
+    runs = idx.runs()
+    assert len(runs) == 1
+    assert len(runs[0][1]) + len(runs[0][2]) == 12 * 10_000
+    assert unpack_location(idx.get(9_999)[0]) == (3, 999_900)
+
+
+def test_filling_a_gap_merges_runs():
+    idx = LedgerIndex()
+    for e in (0, 1, 3, 4):
+        idx.put(e, e, 1)
+    assert len(idx.runs()) == 2
+    idx.put(2, 2, 1)
+    assert len(idx.runs()) == 1 and [e for e, _, _ in idx.iter_from(0, 10)] == [0, 1, 2, 3, 4]
