@@ -312,12 +312,16 @@ class BookieServer:
         ]
 
     async def _disk_loop(self) -> None:
+        """Re-checks disk usage, and keeps the etcd registration in step with
+        the mode (which the add path may also have changed)."""
         while True:
             await asyncio.sleep(self.config.disk_check_interval_s)
             try:
-                if self.storage.update_read_only() and self.registration is not None:
-                    ro = self.storage.core.read_only
+                self.storage.update_read_only()
+                ro = self.storage.core.read_only
+                if self.registration is not None and self.registration.read_only != ro:
                     await asyncio.get_running_loop().run_in_executor(None, self.registration.set_read_only, ro)
+                    log.info("registration moved to %s", "read-only" if ro else "writable")
             except Exception:
                 log.exception("disk check failed")
 

@@ -130,15 +130,21 @@ class Storage:
         for loc, ln in removed:
             self.live_bytes[loc >> 40] -= ln
 
-    def _apply_entries(self, body, seg: int, body_off: int) -> list[int]:
-        """Applies an R_ENTRIES body in order; returns the ledgers touched."""
-        touched = []
-        core = self.core
-        for h in E.iter_headers(body):
-            loc = pack_location(seg, body_off + h.offset)
-            self._dead(core.apply_add(h, loc, h.size))
-            self.live_bytes[seg] += h.size
-            touched.append(h.ledger_id)
+    def _apply_entries(self, body, seg: int, body_off: int, headers=None) -> set[int]:
+        """Applies an R_ENTRIES body in order (its headers, if already
+        parsed); returns the ledgers touched."""
+        touched = set()
+        apply_add = self.core.apply_add
+        live = 0
+        base = seg << 40 | body_off
+        for h in (headers if headers is not None else E.iter_headers(body)):
+            size = h.size
+            dead = apply_add(h, base + h.offset, size)
+            if dead:
+                self._dead(dead)
+            live += size
+            touched.add(h.ledger_id)
+        self.live_bytes[seg] += live
         return touched
 
     def _apply_relocated(self, body, seg: int, body_off: int) -> None:
@@ -192,9 +198,10 @@ class Storage:
             skip = {i for i, _ in refused}
             mv = memoryview(entries)
             body = b"".join(mv[h.offset : h.offset + h.size] for i, h in enumerate(headers) if i not in skip)
+            headers = list(E.iter_headers(body))
         else:
             body = entries
-        return refused, self._append(R_ENTRIES, body, self._on_entries_durable)
+        return refused, self._append(R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, headers))
 
     def _append(self, rtype: int, body, apply) -> asyncio.Future:
         """Journals a record; `apply(body, segment, body_offset)` runs once it
@@ -219,9 +226,10 @@ class Storage:
         fut.add_done_callback(done)
         return asyncio.shield(fut)
 
-    def _on_entries_durable(self, body, seg: int, off: int) -> None:
-        for lid in set(self._apply_entries(body, seg, off)):
-            self._wake_lac(lid)
+    def _on_entries_durable(self, body, seg: int, off: int, headers) -> None:
+        for lid in self._apply_entries(body, seg, off, headers):
+            if lid in self._lac_waiters:
+                self._wake_lac(lid)
 
     async def durable(self) -> None:
         """Waits until everything appended so far is durable and applied."""

@@ -116,7 +116,9 @@ def _registration_factory(args: argparse.Namespace):
             free_bytes=free,
             total_bytes=total,
         )
-        return registry.register(reg, ttl=args.registration_ttl)
+        # After a crash, the previous registration lives on until its lease
+        # expires: wait for it rather than refuse to start.
+        return registry.register(reg, ttl=args.registration_ttl, wait_for_stale=2.0 * args.registration_ttl)
 
     return register
 
