@@ -1,0 +1,62 @@
+"""Metadata of a bookstream cluster, kept in etcd.
+
+Modules:
+
+* :mod:`metadata.store` -- :class:`MetadataStore`, a typed interface over etcd
+  (CAS, transactions, paged ranges, watches, leases);
+* :mod:`metadata.layout` -- the key layout (:class:`KeyLayout`) and name rules;
+* :mod:`metadata.ledgers` -- ledger metadata (:class:`LedgerMetadata`,
+  :class:`LedgerStore`);
+* :mod:`metadata.registration` -- bookie membership (:class:`BookieRegistry`);
+* :mod:`metadata.cluster` -- the cluster record;
+* :mod:`metadata.etcd_server` -- :class:`ManagedEtcd`, a local etcd process;
+* :mod:`metadata.errors` -- the typed errors (each has ``retriable``).
+"""
+from metadata.errors import (
+    BadVersion,
+    BookieIdInUse,
+    Compacted,
+    ConditionFailed,
+    CorruptMetadata,
+    InvalidKey,
+    InvalidLedgerConfig,
+    InvalidName,
+    KeyExists,
+    LeaseExpired,
+    MetadataError,
+    MetadataUnavailable,
+    NoFragment,
+    NoSuchLedger,
+    RegistrationLost,
+    TxnConflict,
+)
+from metadata.etcd_server import EtcdServerError, ManagedEtcd
+from metadata.layout import KeyLayout, validate_name
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, LedgerStore
+from metadata.registration import BookieRegistry, MembershipChange, MembershipEvent, Registration
+from metadata.store import (
+    Delete,
+    EventType,
+    Get,
+    KeepAlive,
+    Lease,
+    MetadataStore,
+    Put,
+    TxnResult,
+    Versioned,
+    WatchEvent,
+    absent,
+    exists,
+    mod_revision_is,
+)
+from metadata.cluster import get_cluster_info, init_cluster
+
+__all__ = [
+    "BadVersion", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "InvalidKey",
+    "InvalidLedgerConfig", "InvalidName", "KeyExists", "LeaseExpired", "MetadataError", "MetadataUnavailable",
+    "NoFragment", "NoSuchLedger", "RegistrationLost", "TxnConflict", "EtcdServerError", "ManagedEtcd",
+    "KeyLayout", "validate_name", "Fragment", "LedgerMetadata", "LedgerMode", "LedgerState", "LedgerStore",
+    "BookieRegistry", "MembershipChange", "MembershipEvent", "Registration", "Delete", "EventType", "Get",
+    "KeepAlive", "Lease", "MetadataStore", "Put", "TxnResult", "Versioned", "WatchEvent", "absent", "exists",
+    "mod_revision_is", "get_cluster_info", "init_cluster",
+]

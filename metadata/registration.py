@@ -1,0 +1,284 @@
+"""Bookie registration: which bookies are alive, and which are read-only.
+
+A live bookie has exactly one key, ``bookies/writable/<id>`` or
+``bookies/readonly/<id>`` (see :mod:`metadata.layout`), holding its
+``BookieRegistration`` and attached to a lease that a :class:`KeepAlive`
+thread refreshes.  When the bookie process dies, the refreshes stop and etcd
+deletes the key once the TTL passes; watchers see a DELETE.
+
+A bookie id is registered at most once: :meth:`BookieRegistry.register`
+creates the key only if neither key of that id exists (one transaction), so
+two processes claiming the same id cannot both succeed (``BookieIdInUse``).
+A restarted bookie whose previous registration has not expired yet can ask
+to wait for it (``wait_for_stale``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+import time
+from typing import Callable
+
+from google.protobuf.message import DecodeError
+
+from bookstream_pb import metadata_pb2 as pb
+from metadata.errors import (
+    BookieIdInUse,
+    CorruptMetadata,
+    LeaseExpired,
+    MetadataError,
+    RegistrationLost,
+    TxnConflict,
+)
+from metadata.layout import KeyLayout, validate_name
+from metadata.store import (
+    Delete,
+    EventType,
+    KeepAlive,
+    Lease,
+    MetadataStore,
+    Put,
+    WatchEvent,
+    absent,
+    mod_revision_is,
+)
+
+DEFAULT_TTL = 10
+
+_log = logging.getLogger(__name__)
+
+
+def _decode(data: bytes) -> pb.BookieRegistration:
+    msg = pb.BookieRegistration()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise CorruptMetadata(f"undecodable BookieRegistration: {exc}") from exc
+    return msg
+
+
+class MembershipChange(enum.Enum):
+    ADDED = "added"      # a registration appeared or moved (writable <-> read-only)
+    REMOVED = "removed"  # a registration disappeared from one of the two lists
+
+
+@dataclasses.dataclass(frozen=True)
+class MembershipEvent:
+    """A change of the bookie lists.  A move to read-only is a REMOVED from
+    the writable list and an ADDED to the read-only list, at one revision."""
+
+    change: MembershipChange
+    bookie_id: str
+    read_only: bool
+    registration: pb.BookieRegistration | None  # None for REMOVED
+    revision: int
+
+
+class Registration:
+    """A live registration, returned by :meth:`BookieRegistry.register`.
+
+    ``lost`` becomes true (and ``on_lost`` is called) if the lease is lost;
+    the bookie must then stop serving writes and register again.
+    """
+
+    def __init__(self, registry: "BookieRegistry", reg: pb.BookieRegistration, lease: Lease,
+                 mod_revision: int, on_lost: Callable[[MetadataError], None] | None) -> None:
+        self._registry = registry
+        self._store = registry.store
+        self._reg = reg
+        self.lease = lease
+        self._mod_revision = mod_revision
+        self._lock = threading.Lock()
+        self._closed = False
+        self._keepalive: KeepAlive = lease.keep_alive(on_lost=on_lost)
+
+    @property
+    def bookie_id(self) -> str:
+        return self._reg.bookie_id
+
+    @property
+    def read_only(self) -> bool:
+        return self._reg.read_only
+
+    @property
+    def registration(self) -> pb.BookieRegistration:
+        """A copy of the registered record."""
+        out = pb.BookieRegistration()
+        out.CopyFrom(self._reg)
+        return out
+
+    @property
+    def key(self) -> str:
+        return self._registry.layout.bookie_key(self.bookie_id, self.read_only)
+
+    @property
+    def mod_revision(self) -> int:
+        return self._mod_revision
+
+    @property
+    def keepalive(self) -> KeepAlive:
+        return self._keepalive
+
+    @property
+    def lost(self) -> bool:
+        return self._keepalive.lost
+
+    def set_read_only(self, read_only: bool) -> int:
+        """Move the registration to the read-only (or writable) list, in one
+        transaction under the same lease.  Returns the revision (unchanged
+        if already there).  Raises ``RegistrationLost`` if the key is gone."""
+        assert isinstance(read_only, bool)
+        with self._lock:
+            assert not self._closed, "registration is closed"
+            if read_only == self._reg.read_only:
+                return self._mod_revision
+            new = pb.BookieRegistration()
+            new.CopyFrom(self._reg)
+            new.read_only = read_only
+            return self._move(new)
+
+    def update(self, **fields) -> int:
+        """Rewrite the record with ``fields`` changed (e.g. ``free_bytes``);
+        ``bookie_id`` cannot change, ``read_only`` goes through
+        :meth:`set_read_only`.  Returns the new revision."""
+        assert "bookie_id" not in fields and "read_only" not in fields
+        with self._lock:
+            assert not self._closed, "registration is closed"
+            new = pb.BookieRegistration()
+            new.CopyFrom(self._reg)
+            for name, value in fields.items():
+                setattr(new, name, value)
+            return self._move(new)
+
+    def _move(self, new: pb.BookieRegistration) -> int:
+        old_key = self.key
+        new_key = self._registry.layout.bookie_key(new.bookie_id, new.read_only)
+        compares = [mod_revision_is(old_key, self._mod_revision)]
+        ops = [Put(new_key, new.SerializeToString(deterministic=True), self.lease.id)]
+        if new_key != old_key:
+            compares.append(absent(new_key))
+            ops.insert(0, Delete(old_key))
+        try:
+            revision = self._store.txn(compares, ops).revision
+        except TxnConflict:
+            raise RegistrationLost(self.bookie_id) from None
+        except LeaseExpired:
+            raise RegistrationLost(self.bookie_id, f"lease of bookie {self.bookie_id!r} expired") from None
+        self._reg, self._mod_revision = new, revision
+        return revision
+
+    def close(self) -> None:
+        """Stop the keep-alive and revoke the lease (the key disappears; if
+        etcd is unreachable, it does once the TTL passes).  Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._keepalive.stop()
+        try:
+            self.lease.revoke()
+        except MetadataError as err:  # the lease then expires after its TTL
+            _log.warning("could not revoke the lease of bookie %r: %s", self.bookie_id, err)
+
+    def __enter__(self) -> "Registration":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class BookieRegistry:
+    """Bookie membership of one cluster."""
+
+    def __init__(self, store: MetadataStore, cluster: str) -> None:
+        assert isinstance(store, MetadataStore)
+        self.store = store
+        self.layout = KeyLayout(cluster)
+
+    def register(self, reg: pb.BookieRegistration, ttl: int = DEFAULT_TTL, *,
+                 on_lost: Callable[[MetadataError], None] | None = None,
+                 wait_for_stale: float = 0.0) -> Registration:
+        """Register a live bookie: its key (writable or read-only, per
+        ``reg.read_only``) under a new lease of ``ttl`` seconds, kept alive by
+        a thread.
+
+        Raises ``BookieIdInUse`` if the id is registered by another lease.
+        With ``wait_for_stale`` > 0, first waits up to that many seconds for
+        such a registration to disappear (a restarted bookie waiting for its
+        own previous lease to expire).
+        """
+        assert isinstance(reg, pb.BookieRegistration)
+        assert isinstance(ttl, int) and ttl >= 1
+        assert wait_for_stale >= 0
+        validate_name(reg.bookie_id, "bookie id")
+        rec = pb.BookieRegistration()
+        rec.CopyFrom(reg)
+        if not rec.started_ms:
+            rec.started_ms = int(time.time() * 1000)
+        writable_key = self.layout.bookie_key(rec.bookie_id, False)
+        readonly_key = self.layout.bookie_key(rec.bookie_id, True)
+        key = readonly_key if rec.read_only else writable_key
+        deadline = time.monotonic() + wait_for_stale
+        lease = self.store.lease(ttl)
+        try:
+            # Bounded: each retry follows the deletion of a stale key, within the deadline.
+            for _ in range(100):
+                try:
+                    revision = self.store.txn(
+                        [absent(writable_key), absent(readonly_key)],
+                        [Put(key, rec.SerializeToString(deterministic=True), lease.id)]).revision
+                    return Registration(self, rec, lease, revision, on_lost)
+                except TxnConflict as c:
+                    holder_key = writable_key if c.current.get(writable_key) is not None else readonly_key
+                    holder = c.current.get(holder_key)
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or not self.store.wait_deleted(holder_key, remaining):
+                        raise BookieIdInUse(rec.bookie_id, holder) from None
+            raise BookieIdInUse(rec.bookie_id, None)
+        except BaseException:
+            try:
+                lease.revoke()
+            except MetadataError:
+                pass
+            raise
+
+    def list_bookies(self, writable_only: bool = False) -> list[pb.BookieRegistration]:
+        """The registered bookies sorted by id (read-only ones too unless
+        ``writable_only``), from one consistent read."""
+        return self.snapshot(writable_only)[0]
+
+    def snapshot(self, writable_only: bool = False) -> tuple[list[pb.BookieRegistration], int]:
+        """:meth:`list_bookies` plus the revision it was read at; watch
+        from ``revision + 1`` to follow changes without a gap."""
+        prefix = self.layout.bookies_state_prefix(False) if writable_only else self.layout.bookies_prefix()
+        items, revision = self.store.range_with_revision(prefix)
+        out = []
+        for key, value in items:
+            bookie_id, read_only = self.layout.parse_bookie_key(key)
+            msg = _decode(value.value)
+            if msg.bookie_id != bookie_id:
+                raise CorruptMetadata(f"{key!r} holds the registration of {msg.bookie_id!r}")
+            msg.read_only = read_only
+            out.append(msg)
+        out.sort(key=lambda m: m.bookie_id)
+        return out, revision
+
+    def watch(self, callback: Callable[[MembershipEvent], None], *, start_revision: int | None = None,
+              on_error: Callable[[MetadataError], None] | None = None) -> Callable[[], None]:
+        """Call ``callback(MembershipEvent)`` on every membership change;
+        returns ``cancel()``.  See :meth:`MetadataStore.watch_prefix`."""
+        assert callable(callback)
+
+        def on_event(ev: WatchEvent) -> None:
+            bookie_id, read_only = self.layout.parse_bookie_key(ev.key)
+            if ev.type is EventType.DELETE:
+                callback(MembershipEvent(MembershipChange.REMOVED, bookie_id, read_only, None, ev.mod_revision))
+                return
+            msg = _decode(ev.value)
+            msg.read_only = read_only
+            callback(MembershipEvent(MembershipChange.ADDED, bookie_id, read_only, msg, ev.mod_revision))
+
+        return self.store.watch_prefix(self.layout.bookies_prefix(), on_event, start_revision=start_revision,
+                                       on_error=on_error)

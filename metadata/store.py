@@ -1,0 +1,1004 @@
+"""A small, typed interface over etcd (through the ``etcd3`` client).
+
+Everything the rest of bookstream needs from etcd goes through
+:class:`MetadataStore`:
+
+* single-key reads and writes with optimistic concurrency: :meth:`get`,
+  :meth:`create` (create-if-absent), :meth:`cas` (write at a mod_revision),
+  :meth:`delete` (optionally at a mod_revision);
+* multi-key atomic writes: :meth:`txn` with :class:`Compare` conditions
+  (see :func:`absent`, :func:`exists`, :func:`mod_revision_is`) and
+  :class:`Put` / :class:`Delete` / :class:`Get` operations;
+* paged, revision-consistent range reads (:meth:`range`, :meth:`iter_range`)
+  and :meth:`count`;
+* watches (:meth:`watch_prefix`, :meth:`watch_key`, the iterator form
+  :meth:`watch_prefix_iter`) and :meth:`wait_deleted`;
+* leases (:meth:`lease` -> :class:`Lease`) and a :class:`KeepAlive` thread.
+
+Keys are ``str`` (UTF-8 in etcd); values are ``bytes``.  Every etcd failure
+is translated into a :mod:`metadata.errors` type; connection problems all
+become :class:`~metadata.errors.MetadataUnavailable` (``retriable=True``).
+
+Cost notes (etcd 3.5, measured on 100,000 keys under one prefix): a point
+get takes ~0.4 ms; an unsorted ``limit=1`` range ~14 ms (etcd walks its
+in-memory index over the whole range to compute ``count``); a *sorted*
+(``descending``) ``limit=1`` range ~160 ms, because etcd 3.5 fetches every
+key of the range from its backend, sorts, then truncates.  Prefer point gets
+and narrow ranges on hot paths; keep descending ranges narrow.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Iterator, Sequence, Union
+
+import etcd3
+import etcd3.etcdrpc as rpc
+import etcd3.events as etcd_events
+import etcd3.exceptions as etcd_exc
+import grpc
+
+from metadata.errors import (
+    BadVersion,
+    Compacted,
+    KeyExists,
+    LeaseExpired,
+    MetadataError,
+    MetadataUnavailable,
+    TxnConflict,
+)
+
+_log = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 500
+MAX_PAGE_SIZE = 10_000
+# Large enough for a full page of large values (etcd values are <= 1.5 MiB).
+MAX_RECEIVE_BYTES = 64 * 1024 * 1024
+# Keep the reconnect backoff short so that a restarted etcd is found quickly.
+_GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+_UNAVAILABLE_CODES = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.CANCELLED,
+}
+
+
+# --------------------------------------------------------------------------
+# Values
+
+
+@dataclasses.dataclass(frozen=True)
+class Versioned:
+    """A value and its etcd versions.
+
+    ``mod_revision`` is the revision of the last write of the key (the value
+    to pass to :meth:`MetadataStore.cas`), ``create_revision`` the revision
+    that created it, ``version`` the number of writes since creation, and
+    ``lease`` the id of the lease it is attached to (0 for none).
+    """
+
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    version: int
+    lease: int = 0
+
+    @classmethod
+    def _from_kv(cls, kv) -> "Versioned":
+        return cls(
+            value=bytes(kv.value),
+            mod_revision=kv.mod_revision,
+            create_revision=kv.create_revision,
+            version=kv.version,
+            lease=kv.lease,
+        )
+
+
+def prefix_end(prefix: bytes) -> bytes:
+    """The smallest key greater than every key starting with ``prefix``
+    (etcd's ``range_end`` for a prefix; ``b"\\0"`` means "to the end")."""
+    assert isinstance(prefix, bytes) and prefix, "prefix must be non-empty bytes"
+    s = bytearray(prefix)
+    while s and s[-1] == 0xFF:
+        s.pop()
+    if not s:
+        return b"\0"
+    s[-1] += 1
+    return bytes(s)
+
+
+def _key_bytes(key: str) -> bytes:
+    assert isinstance(key, str) and key, f"key must be a non-empty str, got {key!r}"
+    return key.encode("utf-8")
+
+
+def _lease_id(lease: "Lease | int | None") -> int:
+    if lease is None:
+        return 0
+    if isinstance(lease, Lease):
+        return lease.id
+    assert isinstance(lease, int) and lease >= 0, f"bad lease {lease!r}"
+    return lease
+
+
+# --------------------------------------------------------------------------
+# Transaction building blocks
+
+
+_TARGETS = {
+    "create": rpc.Compare.CREATE,
+    "mod": rpc.Compare.MOD,
+    "version": rpc.Compare.VERSION,
+    "value": rpc.Compare.VALUE,
+    "lease": rpc.Compare.LEASE,
+}
+_RESULTS = {
+    "==": rpc.Compare.EQUAL,
+    "!=": rpc.Compare.NOT_EQUAL,
+    "<": rpc.Compare.LESS,
+    ">": rpc.Compare.GREATER,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    """One condition of a :meth:`MetadataStore.txn`.
+
+    ``target`` is one of ``create``, ``mod``, ``version``, ``value``,
+    ``lease``; ``op`` one of ``==``, ``!=``, ``<``, ``>``.  Use the helpers
+    :func:`absent`, :func:`exists`, :func:`mod_revision_is`.
+    """
+
+    key: str
+    target: str
+    op: str
+    operand: Union[int, bytes]
+
+    def __post_init__(self) -> None:
+        _key_bytes(self.key)
+        assert self.target in _TARGETS, f"bad compare target {self.target!r}"
+        assert self.op in _RESULTS, f"bad compare op {self.op!r}"
+        if self.target == "value":
+            assert isinstance(self.operand, bytes), "value compares take bytes"
+        else:
+            assert isinstance(self.operand, int) and self.operand >= 0, "revision compares take ints >= 0"
+
+    def _pb(self):
+        c = rpc.Compare(key=_key_bytes(self.key), target=_TARGETS[self.target], result=_RESULTS[self.op])
+        field = {"create": "create_revision", "mod": "mod_revision", "version": "version",
+                 "value": "value", "lease": "lease"}[self.target]
+        setattr(c, field, self.operand)
+        return c
+
+
+def absent(key: str) -> Compare:
+    """Condition: ``key`` does not exist."""
+    return Compare(key, "create", "==", 0)
+
+
+def exists(key: str) -> Compare:
+    """Condition: ``key`` exists."""
+    return Compare(key, "create", ">", 0)
+
+
+def mod_revision_is(key: str, mod_revision: int) -> Compare:
+    """Condition: ``key`` exists and was last written at ``mod_revision``."""
+    assert isinstance(mod_revision, int) and mod_revision > 0, f"mod_revision must be > 0, got {mod_revision!r}"
+    return Compare(key, "mod", "==", mod_revision)
+
+
+@dataclasses.dataclass(frozen=True)
+class Put:
+    """Write ``value`` at ``key`` (optionally attached to a lease)."""
+
+    key: str
+    value: bytes
+    lease: int = 0
+
+    def __post_init__(self) -> None:
+        _key_bytes(self.key)
+        assert isinstance(self.value, (bytes, bytearray)), "values are bytes"
+        assert isinstance(self.lease, int) and self.lease >= 0
+
+    def _pb(self):
+        return rpc.RequestOp(request_put=rpc.PutRequest(
+            key=_key_bytes(self.key), value=bytes(self.value), lease=self.lease))
+
+
+@dataclasses.dataclass(frozen=True)
+class Delete:
+    """Delete ``key``, or every key in ``[key, range_end)`` when ``range_end``
+    is given (see :meth:`Delete.prefix`)."""
+
+    key: str
+    range_end: bytes | None = None
+
+    def __post_init__(self) -> None:
+        _key_bytes(self.key)
+        assert self.range_end is None or isinstance(self.range_end, bytes)
+
+    @classmethod
+    def prefix(cls, prefix: str) -> "Delete":
+        """Delete every key that starts with ``prefix``."""
+        return cls(prefix, prefix_end(_key_bytes(prefix)))
+
+    def _pb(self):
+        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
+            key=_key_bytes(self.key), range_end=self.range_end or b""))
+
+
+@dataclasses.dataclass(frozen=True)
+class Get:
+    """Read ``key``, or the keys in ``[key, range_end)`` (at most ``limit``,
+    0 = no limit), inside a transaction.  ``descending`` sorts by key from the
+    highest (costly on wide ranges, see the module docstring)."""
+
+    key: str
+    range_end: bytes | None = None
+    limit: int = 0
+    descending: bool = False
+    keys_only: bool = False
+
+    def __post_init__(self) -> None:
+        _key_bytes(self.key)
+        assert self.range_end is None or isinstance(self.range_end, bytes)
+        assert isinstance(self.limit, int) and self.limit >= 0
+
+    @classmethod
+    def prefix(cls, prefix: str, limit: int = 0, descending: bool = False, keys_only: bool = False) -> "Get":
+        """Read the keys that start with ``prefix``."""
+        return cls(prefix, prefix_end(_key_bytes(prefix)), limit, descending, keys_only)
+
+    def _pb(self, revision: int = 0):
+        return rpc.RangeRequest(
+            key=_key_bytes(self.key),
+            range_end=self.range_end or b"",
+            limit=self.limit,
+            revision=revision,
+            sort_order=rpc.RangeRequest.DESCEND if self.descending else rpc.RangeRequest.NONE,
+            sort_target=rpc.RangeRequest.KEY,
+            keys_only=self.keys_only,
+        )
+
+
+Op = Union[Put, Delete, Get]
+
+
+@dataclasses.dataclass(frozen=True)
+class Page:
+    """The result of a :class:`Get`: ``items`` sorted as asked, and ``more``
+    when the limit cut the range short."""
+
+    items: list[tuple[str, Versioned]]
+    more: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class TxnResult:
+    """A successful transaction: ``revision`` is the store revision after it
+    (for a write, the mod_revision of every key it put), and ``results``
+    has one entry per op: ``None`` for a Put, the number of deleted keys for
+    a Delete, a :class:`Page` for a Get."""
+
+    revision: int
+    results: tuple
+
+
+# --------------------------------------------------------------------------
+# Watches
+
+
+class EventType(enum.Enum):
+    PUT = "PUT"
+    DELETE = "DELETE"
+
+
+@dataclasses.dataclass(frozen=True)
+class WatchEvent:
+    """One change seen by a watch.  For a DELETE, ``value`` is empty and
+    ``mod_revision`` is the revision of the deletion."""
+
+    type: EventType
+    key: str
+    value: bytes
+    mod_revision: int
+    create_revision: int
+    version: int
+    lease: int
+
+
+def _to_watch_event(ev) -> WatchEvent:
+    kind = EventType.DELETE if isinstance(ev, etcd_events.DeleteEvent) else EventType.PUT
+    return WatchEvent(
+        type=kind,
+        key=bytes(ev.key).decode("utf-8"),
+        value=bytes(ev.value),
+        mod_revision=ev.mod_revision,
+        create_revision=ev.create_revision,
+        version=ev.version,
+        lease=ev.lease,
+    )
+
+
+class WatchStream:
+    """Iterator form of a watch (see :meth:`MetadataStore.watch_prefix_iter`).
+
+    Events are queued as they arrive (unbounded: consume them).  ``next()``
+    blocks; :meth:`get` takes a timeout.  After :meth:`cancel`, iteration
+    stops; if the watch failed, iteration raises the translated error.
+    """
+
+    _END = object()
+
+    def __init__(self) -> None:
+        self._queue: "queue.Queue[object]" = queue.Queue()
+        self._cancel: Callable[[], None] | None = None
+        self._done = False
+
+    def _on_event(self, ev: WatchEvent) -> None:
+        self._queue.put(ev)
+
+    def _on_error(self, err: MetadataError) -> None:
+        self._queue.put(err)
+
+    def get(self, timeout: float | None = None) -> WatchEvent:
+        """The next event; raises ``TimeoutError`` if none came in time,
+        ``StopIteration`` after cancel, or the watch's error."""
+        if self._done:
+            raise StopIteration
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            raise TimeoutError("no watch event within the timeout") from None
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, MetadataError):
+            self._done = True
+            raise item
+        assert isinstance(item, WatchEvent)
+        return item
+
+    def __iter__(self) -> "WatchStream":
+        return self
+
+    def __next__(self) -> WatchEvent:
+        return self.get()
+
+    def cancel(self) -> None:
+        """Stop the watch; pending events are still delivered first."""
+        if self._cancel is not None:
+            self._cancel()
+            self._cancel = None
+            self._queue.put(self._END)
+
+    def __enter__(self) -> "WatchStream":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.cancel()
+
+
+# --------------------------------------------------------------------------
+# Leases
+
+
+class Lease:
+    """An etcd lease.  Keys put with it vanish when it expires or is revoked.
+
+    ``id`` is etcd's lease id, ``ttl`` the TTL etcd granted (etcd may raise a
+    requested TTL to its minimum, about 2 s with default settings).
+    """
+
+    def __init__(self, store: "MetadataStore", lease_id: int, ttl: int) -> None:
+        assert lease_id > 0 and ttl > 0
+        self._store = store
+        self.id = lease_id
+        self.ttl = ttl
+
+    def refresh(self) -> int:
+        """Renew the lease; returns the new TTL.  Raises ``LeaseExpired``."""
+        return self._store._lease_refresh(self.id)
+
+    def revoke(self) -> bool:
+        """Revoke the lease (deleting its keys).  Returns False if it was
+        already gone."""
+        return self._store._lease_revoke(self.id)
+
+    def remaining(self) -> int:
+        """Seconds left before expiry; -1 if the lease is gone."""
+        return self._store._lease_ttl(self.id)
+
+    def keep_alive(self, on_lost: "Callable[[MetadataError], None] | None" = None,
+                   interval: float | None = None) -> "KeepAlive":
+        """Start a :class:`KeepAlive` thread for this lease."""
+        return KeepAlive(self, on_lost=on_lost, interval=interval)
+
+    def __repr__(self) -> str:
+        return f"Lease(id={self.id:#x}, ttl={self.ttl})"
+
+
+class KeepAlive:
+    """A daemon thread that refreshes a lease every ``interval`` (default
+    ttl/3) seconds.
+
+    It reports loss once, through ``on_lost(error)`` (called on the
+    keep-alive thread) and :attr:`lost`, when etcd says the lease is gone, or
+    when no refresh succeeded for a whole TTL (etcd unreachable: the lease
+    must be presumed expired).  After a loss the thread exits.
+    """
+
+    def __init__(self, lease: Lease, on_lost: "Callable[[MetadataError], None] | None" = None,
+                 interval: float | None = None) -> None:
+        assert isinstance(lease, Lease)
+        assert interval is None or 0 < interval < lease.ttl, "interval must be below the TTL"
+        self.lease = lease
+        self._on_lost = on_lost
+        self._interval = interval if interval is not None else lease.ttl / 3.0
+        self._stop = threading.Event()
+        self._lost = threading.Event()
+        self.error: MetadataError | None = None
+        self._cond = threading.Condition()
+        self.refreshes = 0
+        # The lease was granted (or last refreshed) no earlier than now.
+        self._last_ok = time.monotonic()
+        self._thread = threading.Thread(target=self._run, name=f"keepalive-{lease.id:x}", daemon=True)
+        lease._store._register_keepalive(self)
+        self._thread.start()
+
+    @property
+    def lost(self) -> bool:
+        """True once the lease was reported lost."""
+        return self._lost.is_set()
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def _run(self) -> None:
+        delay = self._interval
+        while not self._stop.wait(delay):
+            started = time.monotonic()
+            try:
+                self.lease.refresh()
+            except LeaseExpired as err:
+                self._report_lost(err)
+                return
+            except MetadataError as err:
+                if time.monotonic() - self._last_ok >= self.lease.ttl:
+                    self._report_lost(LeaseExpired(self.lease.id, f"lease {self.lease.id:#x} presumed expired: "
+                                                                   f"no refresh for {self.lease.ttl}s ({err})"))
+                    return
+                _log.warning("lease %#x refresh failed, retrying: %s", self.lease.id, err)
+                # Retry sooner than the normal interval, but never spin.
+                delay = max(min(self._interval, 0.25), 0.05)
+                continue
+            except Exception as err:  # pragma: no cover - a bug; do not die silently
+                _log.exception("lease %#x keep-alive crashed", self.lease.id)
+                self._report_lost(MetadataError(f"keep-alive crashed: {err!r}"))
+                return
+            self._last_ok = started
+            delay = self._interval
+            with self._cond:
+                self.refreshes += 1
+                self._cond.notify_all()
+
+    def _report_lost(self, err: MetadataError) -> None:
+        self.error = err
+        self._lost.set()
+        with self._cond:
+            self._cond.notify_all()
+        if self._on_lost is not None:
+            try:
+                self._on_lost(err)
+            except Exception:  # pragma: no cover
+                _log.exception("on_lost callback failed")
+
+    def wait_refreshes(self, count: int, timeout: float) -> bool:
+        """Wait until at least ``count`` refreshes succeeded (or loss)."""
+        assert count >= 0 and timeout >= 0
+        with self._cond:
+            return self._cond.wait_for(lambda: self.refreshes >= count or self.lost, timeout) and not self.lost
+
+    def wait_lost(self, timeout: float) -> bool:
+        """Wait until the lease is reported lost; True if it was."""
+        return self._lost.wait(timeout)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop refreshing (does not revoke the lease).  Idempotent."""
+        self._stop.set()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        self.lease._store._unregister_keepalive(self)
+
+
+# --------------------------------------------------------------------------
+# The store
+
+
+def _parse_endpoint(text: str) -> tuple[str, int]:
+    assert isinstance(text, str) and text, "endpoint must be a non-empty str"
+    t = text.strip()
+    for scheme in ("http://", "https://"):
+        if t.startswith(scheme):
+            assert scheme == "http://", "TLS endpoints are not supported"
+            t = t[len(scheme):]
+    t = t.rstrip("/")
+    host, sep, port = t.rpartition(":")
+    if not sep or not port.isdigit():
+        raise ValueError(f"endpoint must be host:port, got {text!r}")
+    host = host.strip("[]")
+    assert 0 < int(port) < 65536, f"bad port in {text!r}"
+    return host, int(port)
+
+
+class MetadataStore:
+    """A connection to etcd with a small, typed API (see the module doc).
+
+    ``endpoints`` is ``"host:port"``, a comma-separated list of them, or a
+    list.  ``timeout`` bounds every call, in seconds.  ``page_size`` is the
+    default number of keys per request of the paged reads.
+
+    Thread-safe.  Watch callbacks run on one shared watch thread: keep them
+    short and never start or cancel a watch from inside one.
+    """
+
+    def __init__(self, endpoints: str | Sequence[str], timeout: float = 5.0,
+                 page_size: int = DEFAULT_PAGE_SIZE) -> None:
+        if isinstance(endpoints, str):
+            endpoints = [e for e in endpoints.split(",") if e.strip()]
+        endpoints = list(endpoints)
+        assert endpoints, "at least one endpoint is needed"
+        assert timeout > 0, "timeout must be positive"
+        assert 0 < page_size <= MAX_PAGE_SIZE, f"page_size must be in 1..{MAX_PAGE_SIZE}"
+        self._timeout = float(timeout)
+        self._page_size = page_size
+        self._multi = len(endpoints) > 1
+        eps = [etcd3.Endpoint(h, p, secure=False, opts=_GRPC_OPTIONS,
+                              time_retry=(2 * self._timeout if self._multi else 0.0))
+               for h, p in map(_parse_endpoint, endpoints)]
+        self.endpoints = [ep.netloc for ep in eps]
+        self._client = etcd3.MultiEndpointEtcd3Client(endpoints=eps, timeout=self._timeout, failover=True)
+        self._keepalives: set[KeepAlive] = set()
+        self._ka_lock = threading.Lock()
+        self._closed = False
+
+    # -- plumbing ---------------------------------------------------------
+
+    def _translate(self, exc: BaseException, lease: int = 0) -> MetadataError:
+        if isinstance(exc, MetadataError):
+            return exc
+        if isinstance(exc, grpc.RpcError):
+            code, details = exc.code(), exc.details() or ""
+            if code in _UNAVAILABLE_CODES:
+                if self._multi and code != grpc.StatusCode.CANCELLED:
+                    try:  # let the client fail over to another endpoint
+                        self._client.endpoint_in_use.fail()
+                        self._client._clear_old_stubs()
+                    except Exception:  # pragma: no cover
+                        pass
+                return MetadataUnavailable(f"etcd {code.name}: {details}")
+            if "lease not found" in details:
+                return LeaseExpired(lease, f"lease {lease:#x}: {details}")
+            if "compacted" in details:
+                return Compacted(f"etcd: {details}")
+            if code == grpc.StatusCode.RESOURCE_EXHAUSTED and "too many requests" in details:
+                return MetadataUnavailable(f"etcd {code.name}: {details}")
+            if "no leader" in details or "leader changed" in details or "timed out" in details:
+                return MetadataUnavailable(f"etcd {code.name}: {details}")
+            return MetadataError(f"etcd {code.name}: {details}")
+        if isinstance(exc, etcd_exc.RevisionCompactedError):
+            return Compacted(f"revision compacted at {exc.compacted_revision}", exc.compacted_revision)
+        if isinstance(exc, (etcd_exc.ConnectionFailedError, etcd_exc.ConnectionTimeoutError,
+                            etcd_exc.NoServerAvailableError, etcd_exc.WatchTimedOut)):
+            return MetadataUnavailable(f"etcd unavailable: {exc.__class__.__name__}")
+        if isinstance(exc, etcd_exc.Etcd3Exception):
+            return MetadataError(f"etcd client error: {exc!r}")
+        return MetadataError(f"unexpected etcd client error: {exc!r}")
+
+    def _stub(self, name: str):
+        assert not self._closed, "MetadataStore is closed"
+        try:
+            return getattr(self._client, name)
+        except (etcd_exc.NoServerAvailableError, ValueError) as exc:
+            raise MetadataUnavailable(f"no etcd endpoint available: {exc}") from exc
+
+    def _unary(self, stub: str, method: str, request, lease: int = 0):
+        fn = getattr(self._stub(stub), method)
+        try:
+            return fn(request, self._timeout)
+        except grpc.RpcError as exc:
+            raise self._translate(exc, lease) from exc
+
+    # -- reads ------------------------------------------------------------
+
+    def get(self, key: str, revision: int | None = None) -> Versioned | None:
+        """The key's value and versions, or None.  ``revision`` reads the
+        key as it was at that store revision."""
+        return self.get_with_revision(key, revision)[0]
+
+    def get_with_revision(self, key: str, revision: int | None = None) -> tuple[Versioned | None, int]:
+        """Like :meth:`get`, plus the store revision the read saw."""
+        assert revision is None or revision > 0
+        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=_key_bytes(key), revision=revision or 0))
+        value = Versioned._from_kv(resp.kvs[0]) if resp.kvs else None
+        return value, resp.header.revision
+
+    def current_revision(self) -> int:
+        """The store's current revision (a cheap read)."""
+        return self.get_with_revision("\0")[1]
+
+    def range(self, prefix: str, limit: int | None = None, start_after: str | None = None, *,
+              keys_only: bool = False, page_size: int | None = None,
+              revision: int | None = None) -> list[tuple[str, Versioned]]:
+        """The keys starting with ``prefix`` (after ``start_after`` if given),
+        sorted by key, at most ``limit`` of them.
+
+        Reads page by page (``page_size`` keys per request), every page at
+        the revision of the first, so the result is one consistent snapshot.
+        """
+        return list(self.iter_range(prefix, limit=limit, start_after=start_after, keys_only=keys_only,
+                                    page_size=page_size, revision=revision))
+
+    def range_with_revision(self, prefix: str, limit: int | None = None, start_after: str | None = None, *,
+                            keys_only: bool = False, page_size: int | None = None,
+                            revision: int | None = None) -> tuple[list[tuple[str, Versioned]], int]:
+        """Like :meth:`range`, plus the store revision of the snapshot (watch
+        from ``revision + 1`` to follow the prefix without a gap)."""
+        holder: list[int] = []
+        pb = _key_bytes(prefix)
+        items = list(self._scan(pb, prefix_end(pb), limit=limit,
+                                start_after=None if start_after is None else _key_bytes(start_after),
+                                keys_only=keys_only, page_size=page_size, revision=revision, rev_out=holder))
+        return items, (holder[0] if holder else (revision or self.current_revision()))
+
+    def iter_range(self, prefix: str, *, limit: int | None = None, start_after: str | None = None,
+                   keys_only: bool = False, page_size: int | None = None,
+                   revision: int | None = None) -> Iterator[tuple[str, Versioned]]:
+        """Generator form of :meth:`range` (fetches pages lazily)."""
+        pb = _key_bytes(prefix)
+        return self._scan(pb, prefix_end(pb), limit=limit,
+                          start_after=None if start_after is None else _key_bytes(start_after),
+                          keys_only=keys_only, page_size=page_size, revision=revision)
+
+    def iter_key_range(self, start: str, end: str | bytes, *, limit: int | None = None,
+                       keys_only: bool = False, page_size: int | None = None,
+                       revision: int | None = None) -> Iterator[tuple[str, Versioned]]:
+        """The keys in ``[start, end)``, ascending, paged like :meth:`range`."""
+        end_b = end if isinstance(end, bytes) else _key_bytes(end)
+        return self._scan(_key_bytes(start), end_b, limit=limit, start_after=None, keys_only=keys_only,
+                          page_size=page_size, revision=revision)
+
+    def _scan(self, start: bytes, end: bytes, *, limit: int | None, start_after: bytes | None,
+              keys_only: bool, page_size: int | None, revision: int | None,
+              rev_out: list[int] | None = None) -> Iterator[tuple[str, Versioned]]:
+        page = self._page_size if page_size is None else page_size
+        assert 0 < page <= MAX_PAGE_SIZE, f"page_size must be in 1..{MAX_PAGE_SIZE}"
+        assert limit is None or limit >= 0
+        assert revision is None or revision > 0
+        if start_after is not None and start_after + b"\0" > start:
+            start = start_after + b"\0"
+        remaining = limit
+        rev = revision or 0
+        # A bounded loop: every page advances `start` past at least one key.
+        while remaining is None or remaining > 0:
+            if end != b"\0" and start >= end:
+                return
+            n = page if remaining is None else min(page, remaining)
+            resp = self._unary("kvstub", "Range", rpc.RangeRequest(
+                key=start, range_end=end, limit=n, revision=rev, keys_only=keys_only))
+            if not rev:
+                rev = resp.header.revision
+            if rev_out is not None and not rev_out:
+                rev_out.append(rev)
+            for kv in resp.kvs:
+                yield bytes(kv.key).decode("utf-8"), Versioned._from_kv(kv)
+            if remaining is not None:
+                remaining -= len(resp.kvs)
+            if not resp.more or not resp.kvs:
+                return
+            assert bytes(resp.kvs[-1].key) >= start
+            start = bytes(resp.kvs[-1].key) + b"\0"
+
+    def count(self, prefix: str) -> int:
+        """The number of keys starting with ``prefix`` (count_only)."""
+        pb = _key_bytes(prefix)
+        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=pb, range_end=prefix_end(pb), count_only=True))
+        return resp.count
+
+    def count_range(self, start: str, end: str | bytes, revision: int | None = None) -> int:
+        """The number of keys in ``[start, end)`` (count_only)."""
+        end_b = end if isinstance(end, bytes) else _key_bytes(end)
+        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=_key_bytes(start), range_end=end_b,
+                                                                 count_only=True, revision=revision or 0))
+        return resp.count
+
+    # -- writes -----------------------------------------------------------
+
+    def put(self, key: str, value: bytes, lease: "Lease | int | None" = None) -> int:
+        """Unconditional write; returns the new mod_revision."""
+        lid = _lease_id(lease)
+        assert isinstance(value, bytes), "values are bytes"
+        resp = self._unary("kvstub", "Put", rpc.PutRequest(key=_key_bytes(key), value=value, lease=lid), lid)
+        return resp.header.revision
+
+    def create(self, key: str, value: bytes, lease: "Lease | int | None" = None) -> int:
+        """Create ``key`` if it does not exist; returns its mod_revision.
+        Raises ``KeyExists`` (with the current value) otherwise."""
+        try:
+            return self.txn([absent(key)], [Put(key, value, _lease_id(lease))]).revision
+        except TxnConflict as c:
+            raise KeyExists(key, c.current.get(key)) from None
+
+    def cas(self, key: str, value: bytes, mod_revision: int, lease: "Lease | int | None" = None) -> int:
+        """Write ``key`` only if its mod_revision is ``mod_revision``; returns
+        the new mod_revision.  Raises ``BadVersion`` (with the current value,
+        or None if the key is gone) otherwise."""
+        try:
+            return self.txn([mod_revision_is(key, mod_revision)], [Put(key, value, _lease_id(lease))]).revision
+        except TxnConflict as c:
+            raise BadVersion(key, mod_revision, c.current.get(key)) from None
+
+    def delete(self, key: str, mod_revision: int | None = None) -> bool:
+        """Delete ``key``; returns whether it existed.  With
+        ``mod_revision``, only at that version (else ``BadVersion``)."""
+        if mod_revision is None:
+            resp = self._unary("kvstub", "DeleteRange", rpc.DeleteRangeRequest(key=_key_bytes(key)))
+            return resp.deleted > 0
+        try:
+            result = self.txn([mod_revision_is(key, mod_revision)], [Delete(key)])
+        except TxnConflict as c:
+            raise BadVersion(key, mod_revision, c.current.get(key)) from None
+        assert result.results[0] == 1
+        return True
+
+    def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        """Apply ``ops`` atomically if every compare holds.
+
+        Returns a :class:`TxnResult`.  If a compare fails, nothing is written
+        and ``TxnConflict`` is raised, whose ``current`` maps each compared
+        key to its value at that moment (read in the same transaction).
+
+        etcd rules: a txn may not touch the same key twice (a Put and a
+        Delete range that covers it included), and has at most 128 ops
+        (``--max-txn-ops``).  With no compares, a txn of Gets is an atomic
+        multi-key snapshot read.
+        """
+        compares = list(compares)
+        ops = list(ops)
+        assert all(isinstance(c, Compare) for c in compares), "compares must be Compare"
+        assert all(isinstance(o, (Put, Delete, Get)) for o in ops), "ops must be Put, Delete or Get"
+        assert len(ops) <= 128, "etcd allows at most 128 ops per txn"
+        cmp_keys = list(dict.fromkeys(c.key for c in compares))
+        success = [o._pb() if not isinstance(o, Get) else rpc.RequestOp(request_range=o._pb()) for o in ops]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=_key_bytes(k))) for k in cmp_keys]
+        lease = next((o.lease for o in ops if isinstance(o, Put) and o.lease), 0)
+        resp = self._unary("kvstub", "Txn", rpc.TxnRequest(
+            compare=[c._pb() for c in compares], success=success, failure=failure), lease)
+        if not resp.succeeded:
+            current: dict[str, Versioned | None] = {}
+            for k, r in zip(cmp_keys, resp.responses):
+                kvs = r.response_range.kvs
+                current[k] = Versioned._from_kv(kvs[0]) if kvs else None
+            raise TxnConflict(current)
+        results: list = []
+        for op, r in zip(ops, resp.responses):
+            if isinstance(op, Put):
+                results.append(None)
+            elif isinstance(op, Delete):
+                results.append(r.response_delete_range.deleted)
+            else:
+                rr = r.response_range
+                results.append(Page([(bytes(kv.key).decode("utf-8"), Versioned._from_kv(kv)) for kv in rr.kvs],
+                                    rr.more))
+        return TxnResult(resp.header.revision, tuple(results))
+
+    def read(self, gets: Sequence[Get], revision: int | None = None) -> tuple[list[Page], int]:
+        """Several reads at one revision: ``(pages, revision)``.
+
+        Without ``revision`` this is one read-only txn; with it, each Get is
+        read at that revision.
+        """
+        gets = list(gets)
+        assert gets and all(isinstance(g, Get) for g in gets)
+        if revision is None:
+            result = self.txn([], gets)
+            return list(result.results), result.revision
+        pages = []
+        for g in gets:
+            resp = self._unary("kvstub", "Range", g._pb(revision))
+            pages.append(Page([(bytes(kv.key).decode("utf-8"), Versioned._from_kv(kv)) for kv in resp.kvs],
+                              resp.more))
+        return pages, revision
+
+    # -- watches ----------------------------------------------------------
+
+    def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None], *,
+                     start_revision: int | None = None,
+                     on_error: Callable[[MetadataError], None] | None = None) -> Callable[[], None]:
+        """Call ``callback(event)`` for every change under ``prefix``, in
+        revision order, from now (or from ``start_revision``).
+
+        Returns a ``cancel()`` function.  If the watch breaks (etcd
+        unreachable, revision compacted), ``on_error(error)`` is called once
+        and no more events come; re-watch from the last seen revision + 1.
+        """
+        pb = _key_bytes(prefix)
+        return self._watch(pb, prefix_end(pb), callback, start_revision, on_error)
+
+    def watch_key(self, key: str, callback: Callable[[WatchEvent], None], *,
+                  start_revision: int | None = None,
+                  on_error: Callable[[MetadataError], None] | None = None) -> Callable[[], None]:
+        """Like :meth:`watch_prefix`, for one key."""
+        return self._watch(_key_bytes(key), None, callback, start_revision, on_error)
+
+    def watch_prefix_iter(self, prefix: str, *, start_revision: int | None = None) -> WatchStream:
+        """Iterator form of :meth:`watch_prefix`: a :class:`WatchStream`."""
+        stream = WatchStream()
+        stream._cancel = self.watch_prefix(prefix, stream._on_event, start_revision=start_revision,
+                                           on_error=stream._on_error)
+        return stream
+
+    def _watch(self, key: bytes, range_end: bytes | None, callback: Callable[[WatchEvent], None],
+               start_revision: int | None, on_error: Callable[[MetadataError], None] | None) -> Callable[[], None]:
+        assert callable(callback)
+        assert start_revision is None or start_revision > 0
+        state = {"cancelled": False, "failed": False}
+        lock = threading.Lock()
+
+        def raw_callback(response) -> None:
+            if state["cancelled"] or state["failed"]:
+                return
+            if response is None or isinstance(response, BaseException):
+                # The watch stream ended: an error, or None when it closed.
+                state["failed"] = True
+                err = (MetadataUnavailable("etcd watch stream closed") if response is None
+                       else self._translate(response))
+                if on_error is not None:
+                    on_error(err)
+                else:
+                    _log.warning("watch on %r ended: %s", key, err)
+                return
+            for ev in response.events:
+                if state["cancelled"]:
+                    return
+                try:
+                    callback(_to_watch_event(ev))
+                except Exception:
+                    _log.exception("watch callback failed")
+
+        kwargs = {}
+        if range_end is not None:
+            kwargs["range_end"] = range_end
+        if start_revision is not None:
+            kwargs["start_revision"] = start_revision
+        assert not self._closed, "MetadataStore is closed"
+        try:
+            watch_id = self._client.add_watch_callback(key, raw_callback, **kwargs)
+        except Exception as exc:
+            raise self._translate(exc) from exc
+
+        def cancel() -> None:
+            with lock:
+                if state["cancelled"]:
+                    return
+                state["cancelled"] = True
+            try:
+                self._client.cancel_watch(watch_id)
+            except Exception as exc:  # the watch is gone with its stream anyway
+                _log.debug("cancel_watch failed: %r", exc)
+
+        return cancel
+
+    def wait_deleted(self, key: str, timeout: float) -> bool:
+        """Wait until ``key`` does not exist; True if so within ``timeout``.
+        Uses a watch from the revision that saw the key, so no delete can be
+        missed."""
+        assert timeout >= 0
+        current, rev = self.get_with_revision(key)
+        if current is None:
+            return True
+        done = threading.Event()
+        errors: list[MetadataError] = []
+
+        def on_event(ev: WatchEvent) -> None:
+            if ev.type is EventType.DELETE:
+                done.set()
+
+        def on_error(err: MetadataError) -> None:
+            errors.append(err)
+            done.set()
+
+        cancel = self.watch_key(key, on_event, start_revision=rev + 1, on_error=on_error)
+        try:
+            ok = done.wait(timeout)
+        finally:
+            cancel()
+        if errors:
+            raise errors[0]
+        return ok
+
+    # -- leases -----------------------------------------------------------
+
+    def lease(self, ttl: int) -> Lease:
+        """Grant a lease of ``ttl`` seconds (etcd may raise it to its minimum)."""
+        assert isinstance(ttl, int) and ttl >= 1, "ttl must be an int >= 1 (seconds)"
+        resp = self._unary("leasestub", "LeaseGrant", rpc.LeaseGrantRequest(TTL=ttl))
+        if resp.error:
+            raise MetadataError(f"lease grant failed: {resp.error}")
+        return Lease(self, resp.ID, resp.TTL)
+
+    def _lease_refresh(self, lease_id: int) -> int:
+        stub = self._stub("leasestub")
+        responses = None
+        try:
+            responses = stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), self._timeout)
+            resp = next(iter(responses), None)
+        except grpc.RpcError as exc:
+            raise self._translate(exc, lease_id) from exc
+        finally:
+            if responses is not None:
+                responses.cancel()  # one request, one response: end the stream
+        if resp is None:
+            raise MetadataUnavailable("lease keep-alive stream closed without a response")
+        if resp.TTL <= 0:
+            raise LeaseExpired(lease_id)
+        return resp.TTL
+
+    def _lease_revoke(self, lease_id: int) -> bool:
+        try:
+            self._unary("leasestub", "LeaseRevoke", rpc.LeaseRevokeRequest(ID=lease_id), lease_id)
+        except LeaseExpired:
+            return False
+        return True
+
+    def _lease_ttl(self, lease_id: int) -> int:
+        resp = self._unary("leasestub", "LeaseTimeToLive", rpc.LeaseTimeToLiveRequest(ID=lease_id), lease_id)
+        return resp.TTL
+
+    def _register_keepalive(self, ka: KeepAlive) -> None:
+        with self._ka_lock:
+            self._keepalives.add(ka)
+
+    def _unregister_keepalive(self, ka: KeepAlive) -> None:
+        with self._ka_lock:
+            self._keepalives.discard(ka)
+
+    # -- lifecycle --------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop the keep-alives started on this store and close the
+        connection (watches end).  Idempotent."""
+        if self._closed:
+            return
+        with self._ka_lock:
+            kas = list(self._keepalives)
+        for ka in kas:
+            ka.stop()
+        self._closed = True
+        self._client.close()
+
+    def __enter__(self) -> "MetadataStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MetadataStore({','.join(self.endpoints)})"
+
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE", "Versioned", "Compare", "absent", "exists", "mod_revision_is", "Put", "Delete", "Get",
+    "Op", "Page", "TxnResult", "EventType", "WatchEvent", "WatchStream", "Lease", "KeepAlive", "MetadataStore",
+    "prefix_end", "KeyExists", "BadVersion", "TxnConflict",
+]
