@@ -1,0 +1,433 @@
+"""Recovery of a ledger's last fragment as a pure steppable machine (no I/O).
+
+Used at the start of a term (unbounded ledgers) and for classic fencing
+recovery before a close.  The adapter feeds bookie answers in and drains a
+``RecoveryReady``: fencing reads, recovery reads, recovery writes, bookie
+replacement requests, and finally a ``RecoveryResult`` that it publishes with
+the final metadata CAS (state OPEN, or CLOSED with the last entry), together
+with the ensemble change, if any: "a recovering client does not publish
+ensemble changes before recovery completes".
+
+Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
+
+1. Fencing LAC/LAFR reads, carrying the term (classic: the fence flag), to the
+   last fragment's ensemble; wait for coverage (Qw - Qa + 1 responders of
+   every write quorum).  Coverage out of reach: ABORTED.
+2. Freeze LAC = the highest LAC reported; start reading at
+   max(highest LAFR + 1, first entry of the last fragment) (BookKeeper #2615).
+3. Read forward one entry at a time over its write set in the last fragment's
+   ensemble only (``stream.quorum.EntryReadOutcome``): RECOVERABLE -> write it
+   back to its whole write set (recovery add: term, REQ_RECOVERY, frozen LAC;
+   a recovered no-op loses its truncate flag, which already did its work);
+   ABSENT -> the end; UNKNOWN -> ABORTED, never a guess.  An entry at or below
+   the frozen LAC read as ABSENT is data loss: ABORTED as well.
+4. Unbounded mode: at the first absent id, write a no-op with
+   FLAG_NOOP|FLAG_TRUNCATE that must be acknowledged by every bookie of the
+   ensemble (guaranteed write quorum: no bookie keeps a dirty entry above it).
+5. DONE only once every recovery write reached its whole write set and the
+   no-op all E bookies.  A bookie that fails a recovery write is replaced: the
+   core asks the adapter for a new bookie (``ReplaceBookie``), keeps the
+   changed ensemble locally (a fragment starting at the first entry read) and
+   resends to it every recovery write of that index.
+6. INVALID_TERM from any bookie: FENCED_OUT (a newer term took over).
+
+States (h11 style; ``TRANSITIONS`` is the whole table):
+
+========== ============================================= ==========
+state      event                                         next
+========== ============================================= ==========
+INIT       START                                         FENCING
+FENCING    LAC_RESPONSE                                  FENCING
+FENCING    COVERED                                       READING
+READING    READ_RESPONSE, WRITE_ACK, WRITE_FAILED,       READING
+           BOOKIE_REPLACED
+READING    END_FOUND (first absent entry)                FINISHING
+FINISHING  WRITE_ACK, WRITE_FAILED, BOOKIE_REPLACED      FINISHING
+FINISHING  ALL_WRITTEN                                   DONE
+any live   ABORT (no coverage, UNKNOWN read, data loss,  ABORTED
+           adapter)
+any live   INVALID_TERM                                  FENCED_OUT
+DONE, ABORTED, FENCED_OUT: terminal; late answers are ignored
+========== ============================================= ==========
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from stream.quorum import CoverageTracker, EntryReadOutcome, ReadOutcome, validate_quorums, write_set
+
+DEFAULT_MAX_INFLIGHT_WRITES = 1000
+
+
+class RecoveryState(enum.Enum):
+    INIT = "init"
+    FENCING = "fencing"
+    READING = "reading"
+    FINISHING = "finishing"
+    DONE = "done"
+    ABORTED = "aborted"
+    FENCED_OUT = "fenced_out"
+
+
+class RecoveryEvent(enum.Enum):
+    START = "start"
+    LAC_RESPONSE = "lac_response"
+    COVERED = "covered"
+    READ_RESPONSE = "read_response"
+    WRITE_ACK = "write_ack"
+    WRITE_FAILED = "write_failed"
+    BOOKIE_REPLACED = "bookie_replaced"
+    END_FOUND = "end_found"
+    ALL_WRITTEN = "all_written"
+    ABORT = "abort"
+    INVALID_TERM = "invalid_term"
+
+
+S, Ev = RecoveryState, RecoveryEvent
+_LIVE_EXITS = {Ev.ABORT: S.ABORTED, Ev.INVALID_TERM: S.FENCED_OUT}
+TRANSITIONS: dict[RecoveryState, dict[RecoveryEvent, RecoveryState]] = {
+    S.INIT: {Ev.START: S.FENCING, Ev.ABORT: S.ABORTED},
+    S.FENCING: {Ev.LAC_RESPONSE: S.FENCING, Ev.COVERED: S.READING, **_LIVE_EXITS},
+    S.READING: {Ev.READ_RESPONSE: S.READING, Ev.WRITE_ACK: S.READING, Ev.WRITE_FAILED: S.READING,
+                Ev.BOOKIE_REPLACED: S.READING, Ev.END_FOUND: S.FINISHING, **_LIVE_EXITS},
+    S.FINISHING: {Ev.WRITE_ACK: S.FINISHING, Ev.WRITE_FAILED: S.FINISHING,
+                  Ev.BOOKIE_REPLACED: S.FINISHING, Ev.ALL_WRITTEN: S.DONE, **_LIVE_EXITS},
+    S.DONE: {},
+    S.ABORTED: {},
+    S.FENCED_OUT: {},
+}
+TERMINAL = frozenset(s for s, t in TRANSITIONS.items() if not t)
+del S, Ev, _LIVE_EXITS
+
+
+class RecoveryError(Exception):
+    def __init__(self, message: str, state: RecoveryState):
+        super().__init__(f"{message} (recovery {state.value})")
+        self.state = state
+
+
+class InvalidRecoveryTransition(RecoveryError):
+    def __init__(self, state: RecoveryState, event: RecoveryEvent):
+        super().__init__(f"{event.value} not allowed", state)
+        self.event = event
+
+
+# -- outputs --------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class FencingRead:
+    bookie_index: int
+    bookie_id: str
+    ledger_id: int
+    term: int
+    fence: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryRead:
+    entry_id: int
+    bookie_index: int
+    bookie_id: str
+    ledger_id: int
+    term: int
+    fence: bool
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryWrite:
+    entry_id: int
+    bookie_index: int
+    bookie_id: str
+    record: bytes  # a recovery add: term set, REQ_RECOVERY, frozen LAC
+
+
+@dataclass(frozen=True, slots=True)
+class ReplaceBookie:
+    """Choose a bookie to take ``bookie_index`` (not in the ensemble), then
+    call ``on_bookie_replaced``.  Nothing is published before the end."""
+
+    bookie_index: int
+    bookie_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class RecoveryResult:
+    last_entry: int               # classic: last recovered entry; unbounded: the no-op
+    lac: int                      # the ledger's LAC after recovery (= last_entry)
+    next_entry: int               # where appends continue (unbounded)
+    noop_entry: int | None
+    recovered: tuple[int, ...]    # entries written back
+    # (first entry, ensemble) to publish with the final CAS; it replaces the
+    # last fragment when first entry == that fragment's first entry.
+    ensemble_change: tuple[int, tuple[str, ...]] | None
+
+
+@dataclass(slots=True)
+class RecoveryReady:
+    state: RecoveryState
+    fencing_reads: list[FencingRead]
+    reads: list[RecoveryRead]
+    writes: list[RecoveryWrite]
+    replacements: list[ReplaceBookie]
+    result: RecoveryResult | None
+    reason: str | None  # why ABORTED / FENCED_OUT
+
+
+@dataclass(slots=True)
+class _WriteBack:
+    entry_id: int
+    record: bytes
+    targets: tuple[int, ...]
+    acked: set[int] = field(default_factory=set)
+
+    @property
+    def complete(self) -> bool:
+        return self.acked.issuperset(self.targets)
+
+
+class RecoveryCore:
+    def __init__(
+        self,
+        ledger_id: int,
+        fragment_first: int,
+        ensemble: list[str],
+        ensemble_size: int,
+        write_quorum: int,
+        ack_quorum: int,
+        *,
+        term: int,
+        fence: bool = False,
+        unbounded: bool = True,
+        max_inflight_writes: int = DEFAULT_MAX_INFLIGHT_WRITES,
+        max_replacements: int | None = None,
+    ):
+        validate_quorums(ensemble_size, write_quorum, ack_quorum)
+        assert len(ensemble) == ensemble_size and len(set(ensemble)) == ensemble_size, ensemble
+        assert fragment_first >= 0 and term >= 0 and max_inflight_writes >= 1
+        assert term > 0 or fence, "recovery must fence: a term (unbounded) or the fence flag (classic)"
+        self.ledger_id, self.term, self.fence, self.unbounded = ledger_id, term, fence, unbounded
+        self.E, self.Qw, self.Qa = ensemble_size, write_quorum, ack_quorum
+        self.fragment_first = fragment_first
+        self.read_ensemble = tuple(ensemble)       # reads: the last fragment only
+        self.ensemble = list(ensemble)             # writes: possibly changed
+        self.max_inflight_writes = max_inflight_writes
+        self.max_replacements = 2 * ensemble_size if max_replacements is None else max_replacements
+        self.state = RecoveryState.INIT
+        self.coverage = CoverageTracker(ensemble_size, write_quorum, ack_quorum)
+        self.lac_seen = -1
+        self.lafr_seen = -1
+        self.frozen_lac: int | None = None
+        self.frozen_lafr: int | None = None
+        self.start_entry: int | None = None
+        self.read_entry: int | None = None
+        self.read: EntryReadOutcome | None = None
+        self.writes: dict[int, _WriteBack] = {}    # entry id -> write back, the no-op included
+        self.recovered: list[int] = []
+        self.end_entry: int | None = None          # first absent id
+        self.replacing: dict[int, str] = {}        # index -> bookie being replaced
+        self.replacements = 0
+        self.reason: str | None = None
+        self._result: RecoveryResult | None = None
+        self._o_fencing: list[FencingRead] = []
+        self._o_reads: list[RecoveryRead] = []
+        self._o_writes: list[RecoveryWrite] = []
+        self._o_replace: list[ReplaceBookie] = []
+
+    def _step(self, event: RecoveryEvent) -> None:
+        nxt = TRANSITIONS[self.state].get(event)
+        if nxt is None:
+            raise InvalidRecoveryTransition(self.state, event)
+        self.state = nxt
+
+    # -- inputs -----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._step(RecoveryEvent.START)
+        for i, b in enumerate(self.read_ensemble):
+            self._o_fencing.append(FencingRead(i, b, self.ledger_id, self.term, self.fence))
+
+    def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1) -> None:
+        """A fencing LAC read's answer; ``status=None``: timed out."""
+        assert 0 <= bookie_index < self.E
+        if self.state is not RecoveryState.FENCING:
+            return  # late
+        if status is Status.INVALID_TERM:
+            return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
+        self._step(RecoveryEvent.LAC_RESPONSE)
+        if status in (Status.OK, Status.NO_SUCH_LEDGER):
+            assert lac >= -1 and lafr >= -1
+            if status is Status.OK:
+                self.lac_seen, self.lafr_seen = max(self.lac_seen, lac), max(self.lafr_seen, lafr)
+            self.coverage.on_response(bookie_index)
+        elif not self.coverage.on_failure(bookie_index):
+            return self._end(RecoveryEvent.ABORT, "fencing coverage out of reach")
+        if self.coverage.covered:
+            self._step(RecoveryEvent.COVERED)
+            self.frozen_lac, self.frozen_lafr = self.lac_seen, self.lafr_seen
+            self.start_entry = max(self.lafr_seen + 1, self.fragment_first)
+            self._read(self.start_entry)
+
+    def on_read_response(self, entry_id: int, bookie_index: int, status: Status | None,
+                         record: bytes | None = None) -> None:
+        """A recovery read's answer; ``status=None``: timed out."""
+        assert 0 <= bookie_index < self.E
+        if self.state is not RecoveryState.READING or entry_id != self.read_entry:
+            return  # late
+        if status is Status.INVALID_TERM:
+            return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
+        self._step(RecoveryEvent.READ_RESPONSE)
+        if status is Status.OK:
+            try:
+                got = entry_codec.decode(record)
+                assert got.ledger_id == self.ledger_id and got.entry_id == entry_id, (got, entry_id)
+            except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
+                status, record = Status.CHECKSUM_MISMATCH, None  # an error, never "absent"
+        else:
+            record = None
+        outcome = self.read.on_response(bookie_index, status, record)
+        if outcome is ReadOutcome.RECOVERABLE:
+            self._recovered(entry_id, entry_codec.decode(self.read.record))
+        elif outcome is ReadOutcome.ABSENT:
+            self._absent(entry_id)
+        elif outcome is ReadOutcome.UNKNOWN:
+            self._end(RecoveryEvent.ABORT, f"entry {entry_id}: outcome unknown, retry later")
+
+    def on_write_ack(self, entry_id: int, bookie_index: int, status: Status | None = Status.OK, *,
+                     bookie_id: str | None = None) -> None:
+        """A recovery write's answer; ``status=None``: timed out."""
+        assert 0 <= bookie_index < self.E
+        if self.state in TERMINAL or self.state is RecoveryState.INIT:
+            return
+        if bookie_id is not None and bookie_id != self.ensemble[bookie_index]:
+            return  # from a bookie replaced since
+        if status is Status.INVALID_TERM:
+            return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.ensemble[bookie_index]}: INVALID_TERM")
+        if status is not Status.OK:
+            return self.on_write_failed(entry_id, bookie_index)
+        self._step(RecoveryEvent.WRITE_ACK)
+        wb = self.writes.get(entry_id)
+        if wb is None or bookie_index in self.replacing:
+            return
+        assert bookie_index in wb.targets, (entry_id, bookie_index)
+        wb.acked.add(bookie_index)
+        self._progress()
+
+    def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
+        """A recovery write failed or timed out: ask for a replacement bookie."""
+        assert 0 <= bookie_index < self.E
+        if self.state in TERMINAL or bookie_index in self.replacing:
+            return
+        self._step(RecoveryEvent.WRITE_FAILED)
+        if self.replacements >= self.max_replacements:
+            return self._end(RecoveryEvent.ABORT, f"more than {self.max_replacements} bookie replacements")
+        self.replacements += 1
+        self.replacing[bookie_index] = self.ensemble[bookie_index]
+        for wb in self.writes.values():
+            wb.acked.discard(bookie_index)
+        self._o_replace.append(ReplaceBookie(bookie_index, self.ensemble[bookie_index]))
+
+    def on_bookie_replaced(self, bookie_index: int, new_bookie_id: str) -> None:
+        assert bookie_index in self.replacing, bookie_index
+        assert new_bookie_id not in self.ensemble and new_bookie_id not in self.read_ensemble, new_bookie_id
+        if self.state in TERMINAL:
+            return
+        self._step(RecoveryEvent.BOOKIE_REPLACED)
+        del self.replacing[bookie_index]
+        self.ensemble[bookie_index] = new_bookie_id
+        for eid in sorted(self.writes):
+            wb = self.writes[eid]
+            if bookie_index in wb.targets:
+                wb.acked.discard(bookie_index)
+                self._o_writes.append(RecoveryWrite(eid, bookie_index, new_bookie_id, wb.record))
+
+    def abort(self, reason: str) -> None:
+        """The adapter gives up (e.g. no bookie to replace one with)."""
+        if self.state not in TERMINAL:
+            self._end(RecoveryEvent.ABORT, reason)
+
+    # -- outputs ----------------------------------------------------------------
+
+    @property
+    def result(self) -> RecoveryResult | None:
+        return self._result
+
+    def ready(self) -> RecoveryReady:
+        r = RecoveryReady(self.state, self._o_fencing, self._o_reads, self._o_writes, self._o_replace,
+                          self._result, self.reason)
+        self._o_fencing, self._o_reads, self._o_writes, self._o_replace = [], [], [], []
+        return r
+
+    # -- internals --------------------------------------------------------------
+
+    def _end(self, event: RecoveryEvent, reason: str) -> None:
+        self._step(event)
+        assert self.state in TERMINAL
+        self.reason = reason
+        self._o_reads.clear()
+        self._o_writes.clear()
+        self._o_replace.clear()
+
+    def _read(self, eid: int) -> None:
+        assert self.state is RecoveryState.READING and self.read_entry != eid
+        ws = write_set(eid, self.E, self.Qw)
+        self.read_entry, self.read = eid, EntryReadOutcome(self.Qw, self.Qa, ws)
+        for i in ws:
+            self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term, self.fence))
+
+    def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
+        assert eid not in self.writes
+        self.writes[eid] = _WriteBack(eid, record, targets)
+        for i in targets:
+            if i not in self.replacing:  # resent once replaced
+                self._o_writes.append(RecoveryWrite(eid, i, self.ensemble[i], record))
+
+    def _inflight(self) -> int:
+        return sum(1 for wb in self.writes.values() if not wb.complete)
+
+    def _recovered(self, eid: int, e: entry_codec.Entry) -> None:
+        assert self.frozen_lac is not None
+        # The truncate flag already did its work on every bookie; resending it
+        # would delete the entries above, which this recovery still has to read.
+        flags = e.data_flags & ~entry_codec.FLAG_TRUNCATE
+        rec = entry_codec.encode(self.ledger_id, eid, e.payload, lac=self.frozen_lac, lafr=self.frozen_lafr,
+                                 data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term)
+        self.recovered.append(eid)
+        self._write(eid, rec, write_set(eid, self.E, self.Qw))
+        self.read_entry, self.read = None, None
+        self._progress()
+
+    def _absent(self, eid: int) -> None:
+        assert self.frozen_lac is not None
+        if eid <= self.frozen_lac:
+            return self._end(RecoveryEvent.ABORT, f"entry {eid} <= LAC {self.frozen_lac} read as absent: data loss")
+        self._step(RecoveryEvent.END_FOUND)
+        self.end_entry, self.read_entry, self.read = eid, None, None
+        if self.unbounded:
+            noop = entry_codec.encode(
+                self.ledger_id, eid, b"", lac=self.frozen_lac, lafr=self.frozen_lafr,
+                data_flags=entry_codec.FLAG_NOOP | entry_codec.FLAG_TRUNCATE,
+                req_flags=entry_codec.REQ_RECOVERY, term=self.term)
+            self._write(eid, noop, tuple(range(self.E)))  # every bookie, not just Qw
+        self._progress()
+
+    def _progress(self) -> None:
+        if self.state is RecoveryState.READING:
+            if self.read_entry is None and self._inflight() < self.max_inflight_writes:
+                self._read(self.recovered[-1] + 1 if self.recovered else self.start_entry)
+        elif self.state is RecoveryState.FINISHING:
+            if self.replacing or any(not wb.complete for wb in self.writes.values()):
+                return
+            self._step(RecoveryEvent.ALL_WRITTEN)
+            end = self.end_entry
+            last = end if self.unbounded else end - 1
+            change = None
+            if tuple(self.ensemble) != self.read_ensemble:
+                change = (self.start_entry, tuple(self.ensemble))
+            self._result = RecoveryResult(
+                last_entry=last, lac=last, next_entry=last + 1,
+                noop_entry=end if self.unbounded else None,
+                recovered=tuple(self.recovered), ensemble_change=change)
+            assert last >= self.start_entry - 1

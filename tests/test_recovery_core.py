@@ -1,0 +1,267 @@
+"""stream/recovery_core.py, and a small in-memory simulation whose bookies run
+bookie.core.BookieCore (the seed's divergence counterexample)."""
+from __future__ import annotations
+
+import pytest
+
+from bookie import entry as E
+from bookie.core import BookieCore, Status
+from stream.recovery_core import RecoveryCore, RecoveryState
+from stream.writer_core import WriterCore, WriterState
+
+LID = 7
+OK, NSE = Status.OK, Status.NO_SUCH_ENTRY
+
+
+def rec(eid, payload=b"p", **kw):
+    return E.encode(LID, eid, payload, **kw)
+
+
+def core(e=3, qw=3, qa=2, first=0, term=2, **kw):
+    r = RecoveryCore(LID, first, [f"b{i}" for i in range(e)], e, qw, qa, term=term, **kw)
+    r.start()
+    return r
+
+
+def fence_all(r, lac=-1, lafr=-1, who=None):
+    for i in (range(r.E) if who is None else who):
+        r.on_lac_response(i, OK, lac, lafr)
+
+
+def test_fencing_reads_carry_the_term_and_coverage_is_awaited():
+    r = core()
+    f = r.ready().fencing_reads
+    assert [(x.bookie_id, x.term, x.fence) for x in f] == [("b0", 2, False), ("b1", 2, False), ("b2", 2, False)]
+    r.on_lac_response(0, OK, 3, 1)
+    assert r.state is RecoveryState.FENCING and not r.ready().reads
+    r.on_lac_response(1, OK, 4, 2)  # E - Qa + 1 = 2 responders
+    reads = r.ready().reads
+    assert r.state is RecoveryState.READING and r.frozen_lac == 4
+    assert {(x.entry_id, x.bookie_index, x.term) for x in reads} == {(3, 0, 2), (3, 1, 2), (3, 2, 2)}
+
+
+def test_coverage_out_of_reach_aborts():
+    r = core()
+    r.on_lac_response(0, None)
+    assert r.state is RecoveryState.FENCING
+    r.on_lac_response(1, Status.INTERNAL_ERROR)
+    assert r.state is RecoveryState.ABORTED
+
+
+@pytest.mark.parametrize("lafr,first,start", [(3, 10, 10), (12, 10, 13), (-1, 0, 0)])
+def test_start_is_max_of_lafr_plus_1_and_fragment_first(lafr, first, start):
+    r = core(first=first)
+    fence_all(r, lac=lafr, lafr=lafr)
+    assert {x.entry_id for x in r.ready().reads} == {start}
+
+
+def test_one_ok_recovers_and_writes_back_to_the_whole_write_set():
+    r = core(e=4, qw=3, qa=2)
+    fence_all(r, lac=0, lafr=-1)
+    r.ready()
+    r.on_read_response(0, 0, NSE)
+    r.on_read_response(0, 1, OK, rec(0, b"A", lac=-1))
+    out = r.ready()
+    assert {(w.entry_id, w.bookie_index) for w in out.writes} == {(0, 0), (0, 1), (0, 2)}
+    h = E.parse_header(out.writes[0].record)
+    assert (h.is_recovery, h.term, h.lac) == (True, 2, 0)  # the frozen LAC
+    assert {x.entry_id for x in out.reads} == {1}  # reads forward, one entry at a time
+
+
+def test_absent_writes_a_truncate_noop_that_needs_every_bookie():
+    r = core(e=5, qw=3, qa=2)
+    fence_all(r)
+    r.ready()
+    r.on_read_response(0, 0, NSE)
+    assert r.state is RecoveryState.READING
+    r.on_read_response(0, 1, Status.NO_SUCH_LEDGER)  # Qw - Qa + 1 = 2
+    out = r.ready()
+    assert r.state is RecoveryState.FINISHING
+    assert sorted(w.bookie_index for w in out.writes) == [0, 1, 2, 3, 4]
+    h = E.parse_header(out.writes[0].record)
+    assert h.is_noop and h.is_truncate and h.is_recovery and h.entry_id == 0
+    for i in range(4):
+        r.on_write_ack(0, i)
+    assert r.state is RecoveryState.FINISHING and r.result is None
+    r.on_write_ack(0, 4)
+    assert r.state is RecoveryState.DONE
+    assert (r.result.last_entry, r.result.next_entry, r.result.noop_entry) == (0, 1, 0)
+
+
+def test_unknown_aborts_never_guesses():
+    r = core()
+    fence_all(r)
+    r.on_read_response(0, 0, NSE)
+    r.on_read_response(0, 1, Status.UNKNOWN_ENTRY)
+    r.on_read_response(0, 2, None)
+    assert r.state is RecoveryState.ABORTED and "unknown" in r.ready().reason
+
+
+def test_absent_below_frozen_lac_is_data_loss():
+    r = core()
+    fence_all(r, lac=5, lafr=4)
+    r.on_read_response(5, 0, NSE)
+    r.on_read_response(5, 1, NSE)
+    assert r.state is RecoveryState.ABORTED and "data loss" in r.reason
+
+
+def test_invalid_term_ends_fenced_out():
+    r = core()
+    r.on_lac_response(0, Status.INVALID_TERM)
+    assert r.state is RecoveryState.FENCED_OUT
+
+
+def test_recovered_noop_loses_its_truncate_flag():
+    r = core()
+    fence_all(r)
+    r.on_read_response(0, 0, OK, rec(0, b"", data_flags=E.FLAG_NOOP | E.FLAG_TRUNCATE))
+    h = E.parse_header(r.ready().writes[0].record)
+    assert h.is_noop and not h.is_truncate
+
+
+def test_failed_write_replaces_the_bookie_published_only_at_the_end():
+    r = core(first=0)
+    fence_all(r)
+    r.on_read_response(0, 0, OK, rec(0))
+    r.on_read_response(1, 1, NSE), r.on_read_response(1, 2, NSE)
+    r.ready()
+    for eid in (0, 1):
+        r.on_write_ack(eid, 0), r.on_write_ack(eid, 1)
+    r.on_write_failed(0, 2)
+    out = r.ready()
+    assert [(x.bookie_index, x.bookie_id) for x in out.replacements] == [(2, "b2")]
+    r.on_bookie_replaced(2, "b9")
+    out = r.ready()
+    assert {(w.entry_id, w.bookie_id) for w in out.writes} == {(0, "b9"), (1, "b9")}
+    r.on_write_ack(0, 2, bookie_id="b2")  # stale
+    r.on_write_ack(0, 2, bookie_id="b9")
+    assert r.state is RecoveryState.FINISHING
+    r.on_write_ack(1, 2)
+    assert r.state is RecoveryState.DONE
+    assert r.result.ensemble_change == (0, ("b0", "b1", "b9")) and r.result.recovered == (0,)
+
+
+def test_classic_mode_fences_and_closes_at_the_last_recovered_entry():
+    r = core(term=0, fence=True, unbounded=False)
+    assert all(f.fence for f in r.ready().fencing_reads)
+    fence_all(r)
+    r.on_read_response(0, 0, OK, rec(0))
+    r.on_read_response(1, 0, NSE), r.on_read_response(1, 1, NSE)
+    for i in range(3):
+        r.on_write_ack(0, i)
+    assert r.state is RecoveryState.DONE and r.result.last_entry == 0 and r.result.noop_entry is None
+
+
+# -- simulation -------------------------------------------------------------------
+
+class SimBookie:
+    def __init__(self):
+        self.core = BookieCore()
+        self.records: dict[int, bytes] = {}
+        self.up = True
+
+    def add(self, record: bytes, strip_truncate=False) -> Status:
+        if strip_truncate:  # the control: a no-op without the truncate flag
+            e = E.decode(record)
+            h = E.parse_header(record)
+            record = E.encode(LID, e.entry_id, e.payload, lac=e.lac, lafr=e.lafr,
+                              data_flags=e.data_flags & ~E.FLAG_TRUNCATE, req_flags=h.req_flags, term=h.term)
+        h = E.parse_header(record)
+        v = self.core.admit_add(h)
+        if v.status is Status.OK:
+            loc = len(self.records) + 1
+            self.records[loc] = record
+            self.core.apply_add(h, loc, len(record))
+        return v.status
+
+    def read_lac(self, term, fence):
+        v = self.core.fence(LID, term, fence)
+        info = self.core.lac_info(LID)
+        return v.status, info.lac, info.lafr
+
+    def read(self, eid, term, fence):
+        v = self.core.fence(LID, term, fence)
+        if v.status is not Status.OK:
+            return v.status, None
+        status, loc = self.core.lookup(LID, eid)
+        return status, self.records[loc[0]] if loc else None
+
+    def entries(self):
+        st = self.core.ledgers.get(LID)
+        return {} if st is None else {e: E.decode(self.records[loc]) for e, loc, _ in st.index.iter_all()}
+
+
+def deliver_writer(w, bookies, up):
+    """Sends the writer's batches to the bookies in ``up``, feeding back acks."""
+    for _ in range(100):
+        r = w.ready()
+        if not r.sends:
+            return
+        for s in r.sends:
+            if s.bookie_index in up:
+                for eid, record in zip(s.entry_ids, s.records):
+                    w.on_ack(eid, s.bookie_index, bookies[s.bookie_index].add(record))
+
+
+def run_recovery(bookies, term, read_up, write_up, strip_truncate=False):
+    r = RecoveryCore(LID, 0, ["b0", "b1", "b2"], 3, 3, 2, term=term)
+    r.start()
+    for _ in range(100):
+        out = r.ready()
+        if r.state not in (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING):
+            break
+        for f in out.fencing_reads:
+            if f.bookie_index in read_up:
+                r.on_lac_response(f.bookie_index, *bookies[f.bookie_index].read_lac(f.term, f.fence))
+            else:
+                r.on_lac_response(f.bookie_index, None)
+        for x in out.reads:
+            if x.bookie_index in read_up:
+                r.on_read_response(x.entry_id, x.bookie_index, *bookies[x.bookie_index].read(x.entry_id, x.term, x.fence))
+            else:
+                r.on_read_response(x.entry_id, x.bookie_index, None)
+        for wr in out.writes:
+            assert wr.bookie_index in write_up
+            r.on_write_ack(wr.entry_id, wr.bookie_index, bookies[wr.bookie_index].add(wr.record, strip_truncate))
+    return r
+
+
+def divergence(bookies):
+    seen: dict[int, bytes] = {}
+    for b in bookies:
+        for eid, e in b.entries().items():
+            if seen.setdefault(eid, e.payload) != e.payload:
+                return eid
+    return None
+
+
+def counterexample(strip_truncate):
+    bookies = [SimBookie() for _ in range(3)]
+    c1 = WriterCore(LID, 1, 3, 3, 2, 0, ["b0", "b1", "b2"])
+    c1.add(b"A")
+    deliver_writer(c1, bookies, up={0, 1, 2})
+    c1.add(b"B"), c1.add(b"B2")
+    deliver_writer(c1, bookies, up={0})  # entries 1 and 2 reach b0 only
+    assert c1.lac == 0
+    # c2 takes over with term 2; b0 does not answer its reads but takes writes
+    r = run_recovery(bookies, 2, read_up={1, 2}, write_up={0, 1, 2}, strip_truncate=strip_truncate)
+    assert r.state is RecoveryState.DONE and r.result.noop_entry == 1 and r.result.recovered == (0,)
+    c2 = WriterCore(LID, 2, 3, 3, 2, 0, ["b0", "b1", "b2"], next_entry=r.result.next_entry)
+    assert c2.add(b"C") == 2
+    deliver_writer(c2, bookies, up={1, 2})  # b0 unreachable now
+    assert c2.lac == 2
+    # the old writer is fenced by the term
+    c1.add(b"late")
+    deliver_writer(c1, bookies, up={1, 2})
+    assert c1.state is WriterState.FENCED
+    return bookies
+
+
+def test_seed_counterexample_does_not_diverge():
+    bookies = counterexample(strip_truncate=False)
+    assert divergence(bookies) is None
+    assert 2 not in bookies[0].entries()  # truncated by the no-op
+
+
+def test_without_the_truncate_flag_the_logs_diverge():
+    assert divergence(counterexample(strip_truncate=True)) == 2

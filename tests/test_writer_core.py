@@ -1,0 +1,265 @@
+"""stream/writer_core.py: the pending-add window, pure and deterministic."""
+from __future__ import annotations
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from bookie import entry as E
+from bookie.core import Status
+from stream.quorum import write_set
+from stream.writer_core import (ChangeReason, InvalidTransition, WindowFull, WriterCore, WriterFenced,
+                                WriterState)
+
+ENS = ["b0", "b1", "b2", "b3", "b4"]
+
+
+def writer(e=3, qw=3, qa=2, cls=WriterCore, **kw):
+    return cls(7, 1, e, qw, qa, 0, ENS[:e], **kw)
+
+
+def sent_to(ready):
+    return {s.bookie_index: s.entry_ids for s in ready.sends}
+
+
+class Checker:
+    """The rules, written the obvious way, checked after every step."""
+
+    def __init__(self, w: WriterCore):
+        self.w = w
+        self.acks: dict[int, set[int]] = {}
+        self.app_acked: list[int] = []
+        self.released: list[int] = []
+        self.lac = self.lafr = w.lac
+
+    def ack(self, eid, idx):
+        self.w.on_ack(eid, idx)
+        if idx not in self.w.failed:
+            self.acks.setdefault(eid, set()).add(idx)
+        self.check()
+
+    def check(self):
+        w, r = self.w, self.w.ready()
+        self.app_acked += r.acked
+        self.released += r.released
+        assert self.app_acked == list(range(len(self.app_acked))), "acks out of order"
+        assert r.lac >= self.lac and r.lafr >= self.lafr, "LAC/LAFR went down"
+        self.lac, self.lafr = r.lac, r.lafr
+
+        def contiguous(q):
+            k = -1
+            while len(self.acks.get(k + 1, ())) >= q:
+                k += 1
+            return k
+        assert r.lac == contiguous(w.Qa) and (not self.app_acked or self.app_acked[-1] == r.lac)
+        if w.gwq:
+            for eid in self.released:  # rule 1: released only at Qw, with all lower
+                assert len(self.acks.get(eid, ())) >= w.Qw, f"entry {eid} released below Qw"
+                assert all(len(self.acks.get(x, ())) >= w.Qw for x in range(eid))
+            assert r.lafr == contiguous(w.Qw), "LAFR not contiguous"
+        return r
+
+
+@st.composite
+def quorums(draw):
+    e = draw(st.integers(1, 5))
+    qw = draw(st.integers(1, e))
+    return e, qw, draw(st.integers(1, qw))
+
+
+@settings(max_examples=200, deadline=None)
+@given(q=quorums(), n=st.integers(1, 12), gwq=st.booleans(), data=st.data())
+def test_acks_in_order_and_marks_contiguous_under_random_ack_orders(q, n, gwq, data):
+    e, qw, qa = q
+    w = WriterCore(7, 1, e, qw, qa, 0, ENS[:e], guaranteed_write_quorum=gwq)
+    c = Checker(w)
+    for _ in range(n):
+        w.add(b"p")
+    c.check()
+    acks = [(eid, i) for eid in range(n) for i in write_set(eid, e, qw)]
+    acks = data.draw(st.permutations(acks))
+    acks = acks[: data.draw(st.integers(0, len(acks)))]  # some never arrive
+    for eid, i in acks:
+        c.ack(eid, i)
+    if len(acks) == n * qw:
+        assert w.lac == n - 1 and (w.lafr == n - 1 or not gwq) and not w.pending
+
+
+def _pitfall(cls):
+    """Entry 0 reaches only Qa; entry 1 (say, a no-op) reaches Qw."""
+    w = writer(cls=cls)
+    c = Checker(w)
+    w.add(b"a"), w.add(b"noop")
+    c.check()
+    for eid, i in [(0, 0), (0, 1), (1, 0), (1, 1), (1, 2)]:
+        c.ack(eid, i)
+    assert w.lac == 1 and w.lafr == -1 and 0 in w.pending
+    return w
+
+
+class BuggyWriter(WriterCore):
+    """The public spec's scan: LAFR = the highest entry up to LAC at Qw,
+    jumping over an entry left at Qa."""
+
+    def _advance(self):
+        while self.lac + 1 < self.next_to_send and len(self.pending[self.lac + 1].acks) >= self.Qa:
+            self.lac += 1
+            self._out_acked.append(self.lac)
+        new = next((x for x in range(self.lac, self.lafr, -1) if len(self.pending[x].acks) >= self.Qw), self.lafr)
+        for x in range(self.lafr + 1, new + 1):
+            self.pending.pop(x)
+            self._out_released.append(x)
+        self.lafr = new
+
+
+def test_entry_at_qa_is_not_released_and_lafr_stops_below_it():
+    w = _pitfall(WriterCore)
+    # the ensemble change then carries entry 0 forward
+    w.on_bookie_failed(2)
+    ch = w.ready().ensemble_change
+    assert ch.first_entry == 0 and ch.replace == (2,) and ch.replaces_fragment
+
+
+def test_the_checker_catches_the_buggy_lafr_scan():
+    with pytest.raises(AssertionError, match="entry 0 released below Qw"):
+        _pitfall(BuggyWriter)
+
+
+def test_ensemble_change_starts_at_lafr_plus_1_and_resends():
+    w = writer()
+    c = Checker(w)
+    for _ in range(4):
+        w.add(b"x")
+    c.check()
+    for eid, i in [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0)]:
+        c.ack(eid, i)
+    assert (w.lac, w.lafr) == (1, 0)
+    w.on_bookie_failed(2)
+    r = c.check()
+    assert w.state is WriterState.CHANGING_ENSEMBLE
+    ch = r.ensemble_change
+    assert ch.first_entry == 1 and ch.reason is ChangeReason.FAILURE and not ch.replaces_fragment
+    eid = w.add(b"during change")  # held until the change is published
+    assert eid == 4 and not c.check().sends
+    w.on_ensemble_changed(1, ["b0", "b1", "b9"])
+    r = c.check()
+    assert w.state is WriterState.OPEN and (w.fragment_first, w.ensemble) == (1, ["b0", "b1", "b9"])
+    s = sent_to(r)
+    assert s[2] == [1, 2, 3, 4] and s[0] == [4] and s[1] == [4]
+    assert next(x for x in r.sends if x.bookie_index == 2).bookie_id == "b9"
+    w.on_ack(1, 2, bookie_id="b2")  # a late answer from the replaced bookie
+    assert w.lafr == 0
+    c.ack(1, 2)
+    assert w.lafr == 1
+
+
+def test_classic_mode_changes_from_lac_plus_1():
+    w = writer(guaranteed_write_quorum=False)
+    for _ in range(3):
+        w.add(b"x")
+    for eid, i in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        w.on_ack(eid, i)
+    r = w.ready()
+    assert r.released == [0, 1] and r.lac == 1
+    w.on_bookie_failed(2)
+    assert w.ready().ensemble_change.first_entry == 2
+
+
+def test_rule3_a_needed_bookie_is_not_replaced_until_its_entry_reaches_qw():
+    w = writer()
+    w.add(b"x")
+    w.on_ack(0, 0), w.on_ack(0, 1)  # committed at Qa, b1 holds one of the 2 copies
+    w.on_bookie_failed(1)
+    r = w.ready()
+    assert r.ensemble_change is None and w.state is WriterState.OPEN and r.acked == [0]
+    w.add(b"y")
+    assert not w.ready().sends  # nothing sent while a failure is outstanding
+    w.on_ack(0, 2)
+    r = w.ready()
+    assert r.released == [0] and r.ensemble_change.replace == (1,) and r.ensemble_change.first_entry == 1
+
+
+def test_window_bound_is_backpressure():
+    w = writer(max_pending=3)
+    for _ in range(3):
+        w.add(b"x")
+    with pytest.raises(WindowFull) as ei:
+        w.add(b"x")
+    assert ei.value.retriable and ei.value.state is WriterState.OPEN
+    w.on_ack(0, 0), w.on_ack(0, 1)
+    with pytest.raises(WindowFull):  # acknowledged at Qa is not released
+        w.add(b"x")
+    w.on_ack(0, 2)
+    w.ready()
+    assert w.add(b"x") == 3
+
+
+def test_invalid_term_fails_every_pending_add():
+    w = writer()
+    for _ in range(3):
+        w.add(b"x")
+    w.on_ack(0, 0), w.on_ack(0, 1)
+    w.ready()
+    w.on_ack(1, 1, Status.INVALID_TERM, term=5)
+    r = w.ready()
+    assert r.state is WriterState.FENCED and [e for e, _ in r.failed] == [1, 2]
+    assert all(isinstance(err, WriterFenced) and err.term == 5 for _, err in r.failed)
+    with pytest.raises(WriterFenced):
+        w.add(b"x")
+    w.on_ack(2, 2)  # late answers are ignored
+    assert not w.has_ready()
+
+
+def test_records_carry_lac_lafr_and_term():
+    w = writer()
+    w.add(b"a")
+    for i in range(3):
+        w.on_ack(0, i)
+    w.add(b"b")
+    w.add(b"c")
+    w.on_ack(1, 0), w.on_ack(1, 1)
+    w.ready()
+    w.add(b"d")
+    rec = w.ready().sends[0].records[0]
+    h = E.parse_header(rec)
+    assert (h.entry_id, h.lac, h.lafr, h.term, E.decode(rec).payload) == (3, 1, 0, 1, b"d")
+
+
+def test_roll_by_size_waits_for_a_clean_boundary():
+    w = writer(fragment_max_entries=2)
+    c = Checker(w)
+    for _ in range(3):
+        w.add(b"x")
+    r = c.check()
+    assert sent_to(r)[0] == [0, 1] and r.ensemble_change is None
+    for eid in (0, 1):
+        for i in range(3):
+            c.ack(eid, i)
+    assert w.proposal.reason is ChangeReason.ROLL and w.proposal.first_entry == 2
+    w.on_ensemble_changed(2, ["b2", "b3", "b4"])
+    r = c.check()
+    assert {s.bookie_id: s.entry_ids for s in r.sends} == {"b2": [2], "b3": [2], "b4": [2]}
+    assert w.fragment_first == 2 and w.fragment_entries == 1
+
+
+def test_close_only_with_no_pending_adds():
+    w = writer()
+    w.add(b"x")
+    assert not w.close_allowed()
+    with pytest.raises(InvalidTransition):
+        w.close()
+    for i in range(3):
+        w.on_ack(0, i)
+    assert w.close_allowed() and w.close() == 0 and w.state is WriterState.CLOSED
+
+
+def test_state_table_refuses_close_during_a_change():
+    w = writer()
+    w.add(b"x")
+    w.on_bookie_failed(0)
+    assert w.state is WriterState.CHANGING_ENSEMBLE
+    with pytest.raises(InvalidTransition) as ei:
+        w.close()
+    assert ei.value.state is WriterState.CHANGING_ENSEMBLE
+    w.on_ensemble_change_rejected()
+    assert w.state is WriterState.FENCED and [e for e, _ in w.ready().failed] == [0]
