@@ -67,13 +67,14 @@ class BookieService(pb_grpc.BookieServicer):
         async def read_frames():
             try:
                 async for frame in request_iterator:
-                    size = len(frame.entries)
-                    status, msg, headers = storage.validate_frame(frame.entries)
+                    entries = frame.entries  # each access of a bytes field copies it: once
+                    size = len(entries)
+                    status, msg, headers = storage.validate_frame(entries)
                     if status is not Status.OK:
                         acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=status, message=msg))
                         continue
                     try:
-                        refused, durable = storage.admit_frame(frame.entries, headers)
+                        refused, durable = storage.admit_frame(entries, headers)
                     except Exception as e:  # never let a frame kill the stream
                         log.exception("add frame failed")
                         acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=Status.INTERNAL_ERROR, message=str(e)))
