@@ -75,16 +75,19 @@ def frame_record(rtype: int, body: bytes | memoryview) -> bytes:
     return head + struct.pack("<I", crc)
 
 
-def body_intact(rtype: int, body: memoryview) -> bool:
-    """The CRCs of an entry-bearing body (the journal CRC does not cover it)."""
+def verified_headers(rtype: int, body: memoryview) -> list[E.EntryHeader] | None:
+    """Parses and checks the entry records of an entry-bearing body (the
+    journal CRC does not cover them); None if any is torn or corrupt.  Header
+    offsets are relative to the first entry record."""
     try:
         start = 4 + 8 * struct.unpack_from("<I", body, 0)[0] if rtype == R_RELOCATED else 0
         recs = body[start:]
-        for h in E.iter_headers(recs):
+        headers = list(E.iter_headers(recs))
+        for h in headers:
             E.verify(recs, h)
     except (E.MalformedEntry, E.ChecksumMismatch, struct.error):
-        return False
-    return True
+        return None
+    return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +111,7 @@ class ScannedRecord:
     segment: int
     body_offset: int  # of the body in the segment file
     end: Position     # just past the record
+    headers: list | None = None  # entry-bearing records: their parsed headers
 
 
 class JournalWriteError(OSError):
@@ -223,14 +227,18 @@ class Journal:
                 if body_off + blen > len(data):
                     break
                 body = mv[body_off : body_off + blen]
+                headers = None
                 if rtype in ENTRY_RECORD_TYPES:
-                    if zlib.crc32(mv[off : off + 8]) != crc or not body_intact(rtype, body):
+                    if zlib.crc32(mv[off : off + 8]) != crc:
+                        break
+                    headers = verified_headers(rtype, body)
+                    if headers is None:
                         break
                 elif zlib.crc32(body, zlib.crc32(mv[off : off + 8])) != crc:
                     break
                 off = body_off + blen
                 self.scan_end = Position(seg, off)
-                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end)
+                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, headers)
             if off != len(data):
                 log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
                 self.scan_end = Position(seg, off)

@@ -245,6 +245,7 @@ class BookieService(pb_grpc.BookieServicer):
             replayed_bytes=self.storage.replayed_bytes,
             journal_fsyncs=self.storage.journal.fsyncs,
             journal_bytes=self.storage.journal.bytes_appended,
+            replay_seconds=self.storage.replay_seconds,
         )
 
 

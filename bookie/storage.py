@@ -21,6 +21,7 @@ import logging
 import os
 import shutil
 import struct
+import time
 import zlib
 from collections import defaultdict
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ class Storage:
         self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         self.replayed_bytes = 0
         self.replayed_records = 0
+        self.replay_seconds = 0.0
         self.applied_end = Position(1, 0)
         self.last_usage = 0.0
 
@@ -89,10 +91,12 @@ class Storage:
         start = self.checkpoint_pos
         if segs and start.segment < segs[0]:
             start = Position(segs[0], 0)
+        t0 = time.perf_counter()
         for rec in self.journal.scan(start):
             self._replay(rec)
             self.replayed_records += 1
             self.replayed_bytes += len(rec.body)
+        self.replay_seconds = time.perf_counter() - t0
         end = self.journal.scan_end
         if not segs:
             end = Position(max(start.segment, 1), 0)
@@ -106,7 +110,7 @@ class Storage:
 
     def _replay(self, rec) -> None:
         if rec.rtype == R_ENTRIES:
-            self._apply_entries(rec.body, rec.segment, rec.body_offset)
+            self._apply_entries(rec.body, rec.segment, rec.body_offset, rec.headers)
         elif rec.rtype == R_STATE:
             lid, term, fenced = STATE_BODY.unpack(rec.body)
             self.core.apply_state(lid, term, bool(fenced))
@@ -114,7 +118,7 @@ class Storage:
             lid, has_range, first, last = DELETE_BODY.unpack(rec.body)
             self.core.delete(lid, (first, last) if has_range else None)
         elif rec.rtype == R_RELOCATED:
-            self._apply_relocated(rec.body, rec.segment, rec.body_offset)
+            self._apply_relocated(rec.body, rec.segment, rec.body_offset, rec.headers)
         else:
             raise ValueError(f"unknown journal record type {rec.rtype}")
 
@@ -147,12 +151,12 @@ class Storage:
         self.live_bytes[seg] += live
         return touched
 
-    def _apply_relocated(self, body, seg: int, body_off: int) -> None:
+    def _apply_relocated(self, body, seg: int, body_off: int, headers=None) -> None:
         (n,) = struct.unpack_from("<I", body, 0)
         olds = struct.unpack_from(f"<{n}Q", body, 4)
         rec_start = 4 + 8 * n
         records = body[rec_start:]
-        for old, h in zip(olds, E.iter_headers(records)):
+        for old, h in zip(olds, headers if headers is not None else E.iter_headers(records)):
             new = pack_location(seg, body_off + rec_start + h.offset)
             if self.core.apply_relocation(h.ledger_id, h.entry_id, old, new, h.size):
                 self.live_bytes[old >> 40] -= h.size

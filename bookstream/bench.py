@@ -36,6 +36,12 @@ def add_parser(sub) -> None:
     b.add_argument("--dir", type=Path, default=None, help="where to put the data (default: a temp dir)")
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     b.set_defaults(func=cmd_bench_bookie)
+    r = bsub.add_parser("replay", help="journal replay speed of a bookie restarted after kill -9")
+    r.add_argument("--mb", type=int, default=512, help="journal to write before the kill")
+    r.add_argument("--sizes", default="100,65536")
+    r.add_argument("--dir", type=Path, default=None)
+    r.add_argument("--out", type=Path, default=None)
+    r.set_defaults(func=cmd_bench_replay)
 
 
 def raw_disk_rate(path: Path, write_bytes: int, seconds: float) -> float:
@@ -141,4 +147,57 @@ def cmd_bench_bookie(args: argparse.Namespace) -> int:
     if args.out:
         args.out.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {args.out}")
+    return 0
+
+
+def cmd_bench_replay(args: argparse.Namespace) -> int:
+    """Writes --mb of journal, kill -9, restarts: replayed MB/s (no
+    checkpoint, so the whole journal is replayed)."""
+    from bookstream.processes import BookieProcess
+    from stream.bookie_client import BookieClient
+
+    results = []
+    print(f"{'size':>7} {'journal MB':>10} {'replay s':>9} {'replay MB/s':>12} {'entries/s':>12}", flush=True)
+    for size in (int(x) for x in args.sizes.split(",")):
+        base = Path(tempfile.mkdtemp(prefix="bookstream-replay-", dir=args.dir))
+        b = BookieProcess(base / "bookie", log_level="WARNING",
+                          extra_args=["--checkpoint-bytes", str(1 << 50)]).start()
+        batch = max(1, min(1000, (4 << 20) // (size + E.HEADER_SIZE)))
+        total = (args.mb << 20) // ((size + E.HEADER_SIZE) * batch)
+
+        async def fill():
+            c = BookieClient(b.address)
+            frames = [build_frames(k + 1, size, batch, 1)[0] for k in range(min(total, 64))]
+            window = set()
+            for i in range(total):
+                # each pass over the prebuilt frames rewrites them: same bytes,
+                # same replay work
+                window.add(c.add_frame(frames[i % len(frames)]))
+                if len(window) >= 8:
+                    done, window = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.gather(*window)
+            await c.close()
+
+        asyncio.run(fill())
+        b.kill()
+        b.start(timeout=600)
+
+        async def info():
+            c = BookieClient(b.address)
+            try:
+                return await c.info()
+            finally:
+                await c.close()
+
+        inf = asyncio.run(info())
+        b.stop()
+        mbps = inf.replayed_bytes / inf.replay_seconds / 1e6 if inf.replay_seconds else 0.0
+        eps = total * batch / inf.replay_seconds if inf.replay_seconds else 0.0
+        results.append({"entry_bytes": size, "replayed_bytes": inf.replayed_bytes,
+                        "replay_seconds": inf.replay_seconds, "mb_per_s": mbps, "entries_per_s": eps})
+        print(f"{size:>7} {inf.replayed_bytes / 1e6:>10.0f} {inf.replay_seconds:>9.2f} {mbps:>12.0f} {eps:>12,.0f}",
+              flush=True)
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": "replay", "command": " ".join(sys.argv),
+                                        "results": results}, indent=2) + "\n")
     return 0

@@ -195,7 +195,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class InfoResponse(_message.Message):
     REPLAYED_BYTES_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_FSYNCS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -220,4 +221,5 @@ class InfoResponse(_message.Message):
     replayed_bytes: int
     journal_fsyncs: int
     journal_bytes: int
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ...) -> None: ...
+    replay_seconds: float
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ...) -> None: ...
