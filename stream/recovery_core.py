@@ -15,6 +15,13 @@ Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
    every write quorum).  Coverage out of reach: ABORTED.
 2. Freeze LAC = the highest LAC reported; start reading at
    max(highest LAFR + 1, first entry of the last fragment) (BookKeeper #2615).
+   Classic mode (the seed: "takes the highest [LAC] response as the entry id
+   to start reading forward from") starts at max(highest LAC + 1, first
+   entry of the last fragment): a classic writer does not track the LAFR
+   (every record carries -1), every entry up to a reported LAC reached Qa
+   and stays readable, and one writer wrote each entry id once, so there is
+   nothing to make whole below it.  Starting at the fragment's first entry
+   would re-read and rewrite the whole fragment, one fenced read at a time.
 3. Read forward one entry at a time over its write set in the last fragment's
    ensemble only (``stream.quorum.EntryReadOutcome``): RECOVERABLE -> write it
    back to its whole write set (recovery add: term, REQ_RECOVERY, frozen LAC;
@@ -57,6 +64,7 @@ from dataclasses import dataclass, field
 
 from bookie import entry as entry_codec
 from bookie.core import Status
+from stream import mutations
 from stream.quorum import CoverageTracker, EntryReadOutcome, ReadOutcome, validate_quorums, write_set
 
 DEFAULT_MAX_INFLIGHT_WRITES = 1000
@@ -248,6 +256,7 @@ class RecoveryCore:
         self._step(RecoveryEvent.START)
         for i, b in enumerate(self.read_ensemble):
             self._o_fencing.append(FencingRead(i, b, self.ledger_id, self.term, self.fence))
+        mutations.strip_read_terms(self._o_fencing)  # tests only (stream/mutations.py)
 
     def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1) -> None:
         """A fencing LAC read's answer; ``status=None``: timed out."""
@@ -267,7 +276,8 @@ class RecoveryCore:
         if self.coverage.covered:
             self._step(RecoveryEvent.COVERED)
             self.frozen_lac, self.frozen_lafr = self.lac_seen, self.lafr_seen
-            self.start_entry = max(self.lafr_seen + 1, self.fragment_first)
+            done_below = self.lafr_seen if self.unbounded else self.lac_seen
+            self.start_entry = max(done_below + 1, self.fragment_first)
             self._read(self.start_entry)
 
     def on_read_response(self, entry_id: int, bookie_index: int, status: Status | None,
@@ -313,6 +323,7 @@ class RecoveryCore:
             return
         assert bookie_index in wb.targets, (entry_id, bookie_index)
         wb.acked.add(bookie_index)
+        mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
         self._progress()
 
     def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
@@ -376,6 +387,7 @@ class RecoveryCore:
         self.read_entry, self.read = eid, EntryReadOutcome(self.Qw, self.Qa, ws)
         for i in ws:
             self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term, self.fence))
+        mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
 
     def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
         assert eid not in self.writes
@@ -392,6 +404,7 @@ class RecoveryCore:
         # The truncate flag already did its work on every bookie; resending it
         # would delete the entries above, which this recovery still has to read.
         flags = e.data_flags & ~entry_codec.FLAG_TRUNCATE
+        flags = mutations.writeback_flags(flags, e.data_flags)  # tests only (stream/mutations.py)
         rec = entry_codec.encode(self.ledger_id, eid, e.payload, lac=self.frozen_lac, lafr=self.frozen_lafr,
                                  data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term)
         self.recovered.append(eid)
@@ -410,7 +423,9 @@ class RecoveryCore:
                 self.ledger_id, eid, b"", lac=self.frozen_lac, lafr=self.frozen_lafr,
                 data_flags=entry_codec.FLAG_NOOP | entry_codec.FLAG_TRUNCATE,
                 req_flags=entry_codec.REQ_RECOVERY, term=self.term)
+            noop = mutations.recovery_noop(noop)  # tests only (stream/mutations.py)
             self._write(eid, noop, tuple(range(self.E)))  # every bookie, not just Qw
+        mutations.after_end_found(self)  # tests only (stream/mutations.py)
         self._progress()
 
     def _progress(self) -> None:

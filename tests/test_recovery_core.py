@@ -55,6 +55,14 @@ def test_start_is_max_of_lafr_plus_1_and_fragment_first(lafr, first, start):
     assert {x.entry_id for x in r.ready().reads} == {start}
 
 
+@pytest.mark.parametrize("unbounded,lac,lafr,first,start", [
+    (True, 7, 3, 0, 4), (False, 7, -1, 0, 8), (False, 7, 3, 10, 10), (False, -1, -1, 0, 0)])
+def test_classic_mode_starts_at_lac_plus_1(unbounded, lac, lafr, first, start):
+    r = core(first=first, term=0 if not unbounded else 2, fence=not unbounded, unbounded=unbounded)
+    fence_all(r, lac=lac, lafr=lafr)
+    assert {x.entry_id for x in r.ready().reads} == {start}
+
+
 def test_one_ok_recovers_and_writes_back_to_the_whole_write_set():
     r = core(e=4, qw=3, qa=2)
     fence_all(r, lac=0, lafr=-1)

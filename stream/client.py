@@ -1,0 +1,345 @@
+"""The classic-ledger client: ``BookKeeperClient`` (asyncio) and
+``SyncBookKeeperClient`` (the same methods, blocking, over a background
+event-loop thread).
+
+    async with BookKeeperClient("127.0.0.1:2379", "default") as bk:
+        async with await bk.create_ledger(3, 2, 2) as lh:
+            eid = await lh.add_entry(b"hello")
+        rh = await bk.open_ledger(lh.ledger_id, recovery=False)
+        entries = await rh.read_entries(0, rh.last_add_confirmed)
+
+Metadata calls (etcd, blocking) run in worker threads; bookie calls go over
+one ``BookieClient`` per bookie, shared by every handle of the client.
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
+from metadata.registration import BookieRegistry
+from metadata.store import MetadataStore
+from stream import errors as err
+from stream.bookie_client import BookieClient, BookieUnavailable
+from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
+from stream.placement import PlacementPolicy, get_policy
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ClientConfig:
+    add_timeout: float = 10.0              # a bookie that does not ack a frame by then has failed
+    read_timeout: float = 5.0              # per read RPC
+    speculative_read_timeout: float = 0.1  # ask another replica after this
+    max_pending_adds: int = 10_000         # the writer's window
+    read_concurrency: int = 64             # per handle, entry-by-entry reads in flight
+    recovery_attempts: int = 3             # recovery runs that may abort (then LedgerRecoveryFailed)
+    metadata_attempts: int = 10            # CAS retries
+    metadata_timeout: float = 5.0
+    quarantine_s: float = 30.0             # a failed bookie is not chosen again for this long
+    placement: str = "random"
+
+
+class BookKeeperClient:
+    def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
+                 config: ClientConfig | None = None, *, store: MetadataStore | None = None, **overrides):
+        self.config = dataclasses.replace(config or ClientConfig(), **overrides)
+        self.cluster = cluster
+        self._own_store = store is None
+        self.store = store or MetadataStore(etcd_endpoints, timeout=self.config.metadata_timeout)
+        self.ledgers = LedgerStore(self.store, cluster)
+        self.registry = BookieRegistry(self.store, cluster)
+        self.placement = get_policy(self.config.placement)
+        self._addresses: dict[str, str] = {}
+        self._bookies: dict[str, BookieClient] = {}
+        self._failed: dict[str, float] = {}
+        self._closed = False
+        self._lock: asyncio.Lock | None = None
+
+    @property
+    def placement_lock(self) -> asyncio.Lock:
+        """Serialises replacements, so two never pick the same bookie."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    # -- plumbing -----------------------------------------------------------------
+
+    async def meta_call(self, fn: Callable, *args, **kw) -> Any:
+        """A blocking metadata call in a worker thread; errors translated."""
+        if self._closed:
+            raise err.ClientClosed("client is closed")
+        try:
+            return await asyncio.to_thread(fn, *args, **kw)
+        except Exception as e:
+            raise err.translate(e) from e
+
+    def mark_failed(self, bookie_id: str) -> None:
+        self._failed[bookie_id] = time.monotonic()
+
+    def quarantined(self) -> set[str]:
+        now = time.monotonic()
+        for b, t in list(self._failed.items()):
+            if now - t > self.config.quarantine_s:
+                del self._failed[b]
+        return set(self._failed)
+
+    async def _registrations(self, writable_only: bool) -> list:
+        regs = await self.meta_call(self.registry.list_bookies, writable_only)
+        for r in regs:
+            self._set_address(r.bookie_id, r.address)
+        return regs
+
+    def _set_address(self, bookie_id: str, address: str) -> None:
+        if self._addresses.get(bookie_id) != address:
+            self._addresses[bookie_id] = address
+            old = self._bookies.pop(bookie_id, None)
+            if old is not None:
+                asyncio.ensure_future(old.close())
+
+    def bookie_now(self, bookie_id: str) -> BookieClient | None:
+        """The bookie's client if its address is known (no I/O)."""
+        bc = self._bookies.get(bookie_id)
+        if bc is None:
+            addr = self._addresses.get(bookie_id)
+            if addr is None:
+                return None
+            bc = self._bookies[bookie_id] = BookieClient(addr)
+        return bc
+
+    async def bookie(self, bookie_id: str) -> BookieClient | None:
+        """The bookie's client; re-reads the registrations on a miss (None
+        if the bookie is not registered: dead for longer than its TTL)."""
+        bc = self.bookie_now(bookie_id)
+        if bc is None:
+            try:
+                await self._registrations(False)
+            except err.MetadataUnavailable:
+                return None
+            bc = self.bookie_now(bookie_id)
+        return bc
+
+    async def choose_bookies(self, n: int, exclude: Iterable[str] = (),
+                             policy: PlacementPolicy | str | None = None) -> list[str]:
+        regs = await self._registrations(True)
+        pol = self.placement if policy is None else get_policy(policy)
+        return pol.choose(regs, n, exclude)
+
+    # -- ledgers --------------------------------------------------------------------
+
+    async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
+                            placement: PlacementPolicy | str | None = None,
+                            custom: dict[str, str] | None = None) -> LedgerHandle:
+        """A new OPEN ledger on E distinct writable bookies; its writer handle.
+        Raises InvalidLedgerConfig unless E >= Qw >= Qa >= 1, NotEnoughBookies."""
+        try:
+            validate_config(ensemble_size, write_quorum, ack_quorum)
+        except Exception as e:
+            raise err.translate(e) from e
+        pol = self.placement if placement is None else get_policy(placement)
+        ensemble = await self.choose_bookies(ensemble_size, self.quarantined(), pol)
+        header = LedgerMetadata(ensemble_size, write_quorum, ack_quorum, mode=LedgerMode.CLASSIC,
+                                custom=dict(custom or {}))
+        meta, rev = await self.meta_call(self.ledgers.create, header, ensemble)
+        log.info("created ledger %s on %s (E%d Qw%d Qa%d)", meta.ledger_id, ensemble, ensemble_size,
+                 write_quorum, ack_quorum)
+        return LedgerHandle(self, meta, rev, writable=True, placement=pol)
+
+    async def open_ledger(self, ledger_id: int, recovery: bool = True) -> LedgerHandle:
+        """A read handle.  ``recovery=True`` fences the ledger and closes it
+        at its last entry (the old writer's adds then fail with
+        LedgerFenced); ``recovery=False`` never fences: it reads the LAC from
+        a covering quorum and can tail the ledger while it is written."""
+        meta, rev = await self.meta_call(self.ledgers.read, ledger_id)
+        if meta.mode is not LedgerMode.CLASSIC:
+            raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not a classic ledger")
+        if recovery:
+            if meta.state is not LedgerState.CLOSED:
+                meta, rev = await recover_ledger(self, ledger_id)
+            return LedgerHandle(self, meta, rev, writable=False)
+        lac = -1
+        if meta.state is not LedgerState.CLOSED:
+            lac = await read_lac_covering(self, meta)
+        return LedgerHandle(self, meta, rev, writable=False, lac=lac)
+
+    async def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return (await self.meta_call(self.ledgers.read, ledger_id))[0]
+
+    async def delete_ledger(self, ledger_id: int) -> None:
+        """Deletes the metadata (NoSuchLedger if absent), then, best effort,
+        the entries on every bookie of every fragment."""
+        meta, rev = await self.meta_call(self.ledgers.read, ledger_id)
+        await self.meta_call(self.ledgers.delete, ledger_id)
+        bookies = {b for f in meta.fragments for b in f.ensemble}
+
+        async def one(bid: str) -> None:
+            bc = await self.bookie(bid)
+            if bc is not None:
+                try:
+                    await bc.delete(ledger_id, timeout=self.config.read_timeout)
+                except (BookieUnavailable, asyncio.TimeoutError) as e:
+                    log.info("ledger %s: delete on %s failed: %s (its GC has the last word)", ledger_id, bid, e)
+
+        await asyncio.gather(*(one(b) for b in bookies))
+
+    async def list_ledgers(self) -> list[int]:
+        return await self.meta_call(lambda: list(self.ledgers.list_ledgers()))
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        bookies, self._bookies = list(self._bookies.values()), {}
+        await asyncio.gather(*(b.close() for b in bookies), return_exceptions=True)
+        self._closed = True
+        if self._own_store:
+            await asyncio.to_thread(self.store.close)
+
+    async def __aenter__(self) -> "BookKeeperClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+# -- the blocking facade -------------------------------------------------------------------
+
+class SyncLedgerHandle:
+    """A LedgerHandle driven from other threads (see SyncBookKeeperClient)."""
+
+    def __init__(self, sync: "SyncBookKeeperClient", handle: LedgerHandle):
+        self._s = sync
+        self.handle = handle
+
+    @property
+    def ledger_id(self) -> int:
+        return self.handle.ledger_id
+
+    @property
+    def last_add_confirmed(self) -> int:
+        return self.handle.last_add_confirmed
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self.handle.metadata
+
+    @property
+    def is_closed(self) -> bool:
+        return self.handle.is_closed
+
+    def add_entry(self, payload: bytes) -> int:
+        return self._s._run(self.handle.add_entry(payload))
+
+    def add_entry_async(self, payload: bytes) -> concurrent.futures.Future:
+        """Queued in call order; the future resolves to the entry id."""
+        out: concurrent.futures.Future = concurrent.futures.Future()
+
+        def go() -> None:
+            try:
+                fut = self.handle.add_entry_async(payload)
+            except Exception as e:
+                out.set_exception(e)
+                return
+
+            def done(f: asyncio.Future) -> None:
+                if f.cancelled():
+                    out.cancel()
+                elif f.exception() is not None:
+                    out.set_exception(f.exception())
+                else:
+                    out.set_result(f.result())
+            fut.add_done_callback(done)
+
+        self._s._loop.call_soon_threadsafe(go)
+        return out
+
+    def close(self) -> None:
+        self._s._run(self.handle.close())
+
+    def read_entries(self, first: int, last: int):
+        return self._s._run(self.handle.read_entries(first, last))
+
+    def read_entry(self, entry_id: int):
+        return self._s._run(self.handle.read_entry(entry_id))
+
+    def read_last_add_confirmed(self) -> int:
+        return self._s._run(self.handle.read_last_add_confirmed())
+
+    def long_poll_last_add_confirmed(self, previous: int, timeout: float) -> int:
+        return self._s._run(self.handle.long_poll_last_add_confirmed(previous, timeout))
+
+    def tail(self, start: int = 0, *, poll_timeout: float = 1.0) -> Iterator:
+        agen = self.handle.tail(start, poll_timeout=poll_timeout)
+        while True:
+            try:
+                yield self._s._run(agen.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def __enter__(self) -> "SyncLedgerHandle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class SyncBookKeeperClient:
+    """BookKeeperClient's methods, blocking: the async client runs on an
+    event loop in a background thread."""
+
+    def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
+                 config: ClientConfig | None = None, **overrides):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bookkeeper-client", daemon=True)
+        self._thread.start()
+
+        async def make() -> BookKeeperClient:
+            return BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
+
+        self.client = self._run(make())
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
+                      **kw) -> SyncLedgerHandle:
+        return SyncLedgerHandle(self, self._run(self.client.create_ledger(ensemble_size, write_quorum,
+                                                                           ack_quorum, **kw)))
+
+    def open_ledger(self, ledger_id: int, recovery: bool = True) -> SyncLedgerHandle:
+        return SyncLedgerHandle(self, self._run(self.client.open_ledger(ledger_id, recovery)))
+
+    def delete_ledger(self, ledger_id: int) -> None:
+        self._run(self.client.delete_ledger(ledger_id))
+
+    def list_ledgers(self) -> list[int]:
+        return self._run(self.client.list_ledgers())
+
+    def ledger_metadata(self, ledger_id: int) -> LedgerMetadata:
+        return self._run(self.client.ledger_metadata(ledger_id))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.client.close(), timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> "SyncBookKeeperClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+__all__ = ["ClientConfig", "BookKeeperClient", "SyncBookKeeperClient", "SyncLedgerHandle", "LedgerHandle"]

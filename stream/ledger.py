@@ -1,0 +1,883 @@
+"""Classic ledgers over gRPC and etcd: thin asyncio adapters around the pure
+protocol cores.
+
+- :class:`_Writer` drives :class:`stream.writer_core.WriterCore` (classic
+  mode: term 0, released at the LAC, ensemble changes from LAC+1).  Every
+  input (an add, a bookie's ack, an error, a timeout, a published ensemble
+  change) goes into the core; its ``Ready`` is drained once per event-loop
+  turn, so all adds of a turn leave as one frame per bookie (pipelining).
+  An ensemble change the core proposes is published here: replacements from
+  the placement policy, one fragment CASed into etcd with
+  ``LedgerStore.add_fragment``; a lost CAS re-reads the metadata and, unless
+  the ledger is still OPEN, fails the outstanding adds (fenced).
+- :class:`_RecoveryDriver` drives :class:`stream.recovery_core.RecoveryCore`
+  (classic: the fence flag, no term, no truncate no-op): fencing LAC reads,
+  read-forward, write-back, bookie replacement.  :func:`recover_ledger` wraps
+  it in the metadata steps: CAS to IN_RECOVERY, run, CAS to CLOSED with the
+  last entry (and the ensemble change, if any); a lost final CAS re-reads and
+  adopts a CLOSED ledger's last entry, so concurrent recoverers converge.
+- :class:`LedgerHandle` is what applications hold: adds and close for the
+  writer, and for everyone reads up to the LAC (speculative: another replica
+  is asked when one is slow or fails; checksums verified; nothing skipped),
+  LAC reads from a covering quorum (never fencing) and long-poll tailing.
+
+The adapters decide nothing about the protocol: acks, LAC, what to resend,
+when to change the ensemble, what recovery reads, writes and concludes all
+come from the cores.
+"""
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from stream import errors as err
+from stream.bookie_client import BookieUnavailable
+from stream.quorum import CoverageTracker, write_set
+from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
+from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
+from stream.writer_core import TERMINAL as WRITER_TERMINAL
+from stream.writer_core import EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stream.client import BookKeeperClient
+
+log = logging.getLogger(__name__)
+
+FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
+RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
+
+
+def _status(code: int) -> Status | None:
+    try:
+        return Status(code)
+    except ValueError:
+        return None
+
+
+def _frames(records: list[bytes], ids: list[int]):
+    """Splits one bookie's batch into frames of at most FRAME_BYTES."""
+    start, size = 0, 0
+    for k, rec in enumerate(records):
+        if size and size + len(rec) > FRAME_BYTES:
+            yield ids[start:k], records[start:k]
+            start, size = k, 0
+        size += len(rec)
+    if start < len(records):
+        yield ids[start:], records[start:]
+
+
+# -- the writer ---------------------------------------------------------------------
+
+class _Writer:
+    def __init__(self, handle: "LedgerHandle"):
+        self.h = handle
+        self.client = handle.client
+        self.cfg = handle.client.config
+        meta = handle._meta
+        frag = meta.last_fragment
+        assert frag is not None and meta.state is LedgerState.OPEN
+        self.core = WriterCore(meta.ledger_id, 0, meta.ensemble_size, meta.write_quorum, meta.ack_quorum,
+                               frag.first_entry, list(frag.ensemble), guaranteed_write_quorum=False,
+                               max_pending=self.cfg.max_pending_adds)
+        self.loop = asyncio.get_running_loop()
+        self.futures: dict[int, asyncio.Future] = {}
+        self._scheduled = False
+        self._waiters: list[asyncio.Future] = []
+        self._fail_error: BaseException | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self.frames_sent = 0
+        self.ensemble_changes = 0
+
+    # -- inputs ----------------------------------------------------------------
+
+    def add(self, payload: bytes) -> asyncio.Future:
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        try:
+            eid = self.core.add(payload)
+        except WriterError as e:
+            raise self._map(e) from None
+        fut = self.loop.create_future()
+        self.futures[eid] = fut
+        self._schedule()
+        return fut
+
+    def _bookie_failed(self, index: int, bookie_id: str) -> None:
+        core = self.core
+        if core.state in WRITER_TERMINAL or core.ensemble[index] != bookie_id:
+            return  # already replaced, or the writer is done
+        log.info("ledger %s: bookie %s (index %d) failed", core.ledger_id, bookie_id, index)
+        self.client.mark_failed(bookie_id)
+        core.on_bookie_failed(index)
+        self._schedule()
+
+    def _fail(self, e: BaseException) -> None:
+        self._fail_error = e
+        self.core.fail(str(e))
+        self._schedule()
+
+    def _map(self, e: BaseException) -> BaseException:
+        if isinstance(e, WriterFailed) and self._fail_error is not None:
+            return self._fail_error
+        return err.translate(e)
+
+    # -- outputs ---------------------------------------------------------------
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._drain)
+
+    def _drain(self) -> None:
+        self._scheduled = False
+        r = self.core.ready()
+        for eid in r.acked:
+            f = self.futures.pop(eid, None)
+            if f is not None and not f.done():
+                f.set_result(eid)
+        for eid, e in r.failed:
+            f = self.futures.pop(eid, None)
+            if f is not None and not f.done():
+                f.set_exception(self._map(e))
+        for s in r.sends:
+            self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
+        if r.ensemble_change is not None:
+            self._spawn(self._change(r.ensemble_change))
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def progress(self) -> asyncio.Future:
+        """Resolves at the next drain (an ack, a failure, a change...)."""
+        w = self.loop.create_future()
+        self._waiters.append(w)
+        return w
+
+    def _spawn(self, coro) -> None:
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
+        bc = self.client.bookie_now(bookie_id)
+        if bc is None:
+            self.loop.call_soon(self._bookie_failed, index, bookie_id)
+            return
+        for fids, frecs in _frames(records, ids):
+            try:
+                fut = bc.add_frame(b"".join(frecs))
+            except Exception:  # pragma: no cover - a broken channel
+                log.exception("add_frame failed")
+                self.loop.call_soon(self._bookie_failed, index, bookie_id)
+                return
+            self.frames_sent += 1
+            timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
+            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
+
+    def _frame_timeout(self, index: int, bookie_id: str, fut: asyncio.Future) -> None:
+        if not fut.done():
+            self._bookie_failed(index, bookie_id)
+
+    def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
+        timer.cancel()
+        if fut.cancelled() or fut.exception() is not None:
+            self._bookie_failed(index, bookie_id)
+            return
+        ack = fut.result()
+        errors = {e.index: e for e in ack.errors}
+        whole = _status(ack.status) if ack.status != Status.OK and not errors else None
+        for k, eid in enumerate(ids):
+            e = errors.get(k)
+            if e is not None:
+                st, term = _status(e.status) or Status.INTERNAL_ERROR, e.term
+            else:
+                st, term = whole or Status.OK, 0
+            self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
+        self._schedule()
+
+    # -- ensemble change ---------------------------------------------------------
+
+    def _live(self, prop: EnsembleChange) -> bool:
+        return self.core.proposal is prop and self.core.state is WriterState.CHANGING_ENSEMBLE
+
+    async def _change(self, prop: EnsembleChange) -> None:
+        try:
+            await self._publish_change(prop)
+        except Exception as e:
+            log.exception("ledger %s: ensemble change failed", self.core.ledger_id)
+            if self._live(prop):
+                self._fail(err.translate(e))
+        self._schedule()
+
+    async def _publish_change(self, prop: EnsembleChange) -> None:
+        lid = self.core.ledger_id
+        client = self.client
+        async with client.placement_lock:
+            for attempt in range(self.cfg.metadata_attempts):
+                if not self._live(prop):
+                    return
+                exclude = set(prop.ensemble) | client.quarantined()
+                try:
+                    picks = await client.choose_bookies(len(prop.replace), exclude, self.h.placement)
+                except err.NotEnoughBookies as e:
+                    if self._live(prop):
+                        self._fail(e)
+                    return
+                new = list(prop.ensemble)
+                for i, b in zip(prop.replace, picks):
+                    new[i] = b
+                frag = Fragment(prop.first_entry, tuple(new))
+                try:
+                    meta, rev = await client.meta_call(client.ledgers.add_fragment, lid, frag,
+                                                       self.h._meta, self.h._rev)
+                except (err.MetadataConflict, err.MetadataUnavailable) as e:
+                    # A lost CAS, or an unknown outcome: the metadata decides.
+                    if isinstance(e, err.MetadataUnavailable):
+                        await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+                    try:
+                        meta, rev = await client.meta_call(client.ledgers.read, lid)
+                    except err.MetadataUnavailable:
+                        continue
+                    self.h._set_meta(meta, rev)
+                    if meta.state is not LedgerState.OPEN:
+                        log.info("ledger %s: ensemble change rejected, ledger is %s", lid, meta.state.name)
+                        if self._live(prop):
+                            self.core.on_ensemble_change_rejected()
+                        return
+                    if meta.last_fragment != frag:
+                        continue
+                self.h._set_meta(meta, rev)
+                if self._live(prop):
+                    log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
+                             [prop.ensemble[i] for i in prop.replace])
+                    self.ensemble_changes += 1
+                    self.core.on_ensemble_changed(prop.first_entry, new)
+                return
+        if self._live(prop):
+            self._fail(err.MetadataConflict(f"ledger {lid}: ensemble change CAS kept failing"))
+
+    def cancel(self) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+
+
+# -- recovery -----------------------------------------------------------------------
+
+class _RecoveryDriver:
+    """Runs one RecoveryCore over the last fragment of ``meta``."""
+
+    def __init__(self, client: "BookKeeperClient", meta: LedgerMetadata):
+        self.client = client
+        self.cfg = client.config
+        self.meta = meta
+        frag = meta.last_fragment
+        assert frag is not None
+        self.lid = meta.ledger_id
+        self.core = RecoveryCore(meta.ledger_id, frag.first_entry, list(frag.ensemble), meta.ensemble_size,
+                                 meta.write_quorum, meta.ack_quorum, term=0, fence=True, unbounded=False)
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+        self._tasks: set[asyncio.Task] = set()
+        self._scheduled = False
+        self._replace_lock = asyncio.Lock()
+
+    async def run(self) -> RecoveryResult:
+        for b in self.core.read_ensemble:
+            await self.client.bookie(b)  # fill the address cache; unknown ones fail fast
+        self.core.start()
+        self._pump()
+        try:
+            await self.done
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+        st = self.core.state
+        if st is RecoveryState.DONE:
+            return self.core.result
+        if st is RecoveryState.FENCED_OUT:
+            raise err.LedgerFenced(f"ledger {self.lid}: recovery fenced out: {self.core.reason}")
+        raise err.LedgerRecoveryFailed(f"ledger {self.lid}: recovery aborted: {self.core.reason}")
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._pump)
+
+    def _spawn(self, coro) -> None:
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        r = self.core.ready()
+        for f in r.fencing_reads:
+            self._spawn(self._fencing_read(f))
+        for rd in r.reads:
+            self._spawn(self._read(rd))
+        batches: dict[tuple[int, str], list] = {}
+        for w in r.writes:
+            batches.setdefault((w.bookie_index, w.bookie_id), []).append(w)
+        for (index, bid), ws in batches.items():
+            self._spawn(self._write(index, bid, ws))
+        for rp in r.replacements:
+            self._spawn(self._replace(rp))
+        if self.core.state in RECOVERY_TERMINAL and not self.done.done():
+            self.done.set_result(None)
+
+    async def _fencing_read(self, f) -> None:
+        bc = self.client.bookie_now(f.bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{f.bookie_id}: no address")
+            resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
+            self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            self.client.mark_failed(f.bookie_id)
+            self.core.on_lac_response(f.bookie_index, None)
+        self._schedule()
+
+    async def _read(self, rd) -> None:
+        bc = self.client.bookie_now(rd.bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{rd.bookie_id}: no address")
+            resp = await bc.read_entry(rd.ledger_id, rd.entry_id, term=rd.term, fence=rd.fence,
+                                       timeout=self.cfg.read_timeout)
+            st = _status(resp.status)
+            self.core.on_read_response(rd.entry_id, rd.bookie_index, st,
+                                       bytes(resp.entry) if st is Status.OK else None)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            self.client.mark_failed(rd.bookie_id)
+            self.core.on_read_response(rd.entry_id, rd.bookie_index, None)
+        self._schedule()
+
+    async def _write(self, index: int, bookie_id: str, writes: list) -> None:
+        bc = self.client.bookie_now(bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{bookie_id}: no address")
+            ids = [w.entry_id for w in writes]
+            for fids, frecs in _frames([w.record for w in writes], ids):
+                ack = await asyncio.wait_for(bc.add_frame(b"".join(frecs)), self.cfg.add_timeout)
+                errors = {e.index: e for e in ack.errors}
+                whole = _status(ack.status) if ack.status != Status.OK and not errors else None
+                for k, eid in enumerate(fids):
+                    e = errors.get(k)
+                    st = (_status(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
+                    self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            self.client.mark_failed(bookie_id)
+            for w in writes:
+                self.core.on_write_ack(w.entry_id, index, None, bookie_id=bookie_id)
+        self._schedule()
+
+    async def _replace(self, rp) -> None:
+        async with self._replace_lock:
+            if self.core.state in RECOVERY_TERMINAL:
+                return
+            self.client.mark_failed(rp.bookie_id)
+            exclude = set(self.core.ensemble) | set(self.core.read_ensemble) | self.client.quarantined()
+            try:
+                (new,) = await self.client.choose_bookies(1, exclude, None)
+            except err.BookKeeperError as e:
+                self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
+            else:
+                if self.core.state not in RECOVERY_TERMINAL:
+                    log.info("ledger %s: recovery replaces %s with %s", self.lid, rp.bookie_id, new)
+                    self.core.on_bookie_replaced(rp.bookie_index, new)
+        self._schedule()
+
+
+async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[LedgerMetadata, int]:
+    """Classic fencing recovery: returns the CLOSED metadata and its revision.
+
+    1. OPEN -> IN_RECOVERY by CAS (already IN_RECOVERY: another recoverer,
+       or one that crashed; recover anyway).
+    2. Run the recovery core over the last fragment (fence, read forward,
+       write back).
+    3. CAS to CLOSED with the last entry, publishing the ensemble change of
+       the recovery writes with it.  A lost CAS re-reads: a CLOSED ledger's
+       last entry is adopted (concurrent recoverers converge on it).
+    """
+    cfg = client.config
+    meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+    aborted: err.BookKeeperError | None = None
+    runs = 0
+    for _ in range(cfg.metadata_attempts + cfg.recovery_attempts):
+        if meta.state is LedgerState.CLOSED:
+            log.info("ledger %s: closed at %d", ledger_id, meta.last_entry)
+            return meta, rev
+        if meta.state is LedgerState.OPEN:
+            try:
+                new = meta.with_(state=LedgerState.IN_RECOVERY)
+                rev = await client.meta_call(client.ledgers.update_header, new, rev)
+                meta = new
+            except (err.MetadataConflict, err.MetadataUnavailable):
+                meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+                continue
+        if runs >= cfg.recovery_attempts:
+            break
+        runs += 1
+        try:
+            result = await _RecoveryDriver(client, meta).run()
+        except err.LedgerRecoveryFailed as e:
+            aborted = e
+            log.info("%s (attempt %d)", e, runs)
+            await asyncio.sleep(0.1 * runs)
+            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+            continue
+        closed = meta.with_(state=LedgerState.CLOSED, last_entry=result.last_entry)
+        try:
+            log.info("ledger %s: recovered %d entries, closing at %d", ledger_id, len(result.recovered),
+                     result.last_entry)
+            if result.ensemble_change is not None:
+                first, ens = result.ensemble_change
+                return await client.meta_call(client.ledgers.add_fragment, ledger_id, Fragment(first, ens),
+                                              closed, rev)
+            rev = await client.meta_call(client.ledgers.update_header, closed, rev)
+            return closed, rev
+        except (err.MetadataConflict, err.MetadataUnavailable):
+            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+    raise aborted or err.LedgerRecoveryFailed(f"ledger {ledger_id}: recovery did not complete")
+
+
+# -- the handle -----------------------------------------------------------------------
+
+class LedgerHandle:
+    """A ledger opened by this client: the writer's handle (from
+    ``create_ledger``) or a reader's (from ``open_ledger``)."""
+
+    def __init__(self, client: "BookKeeperClient", meta: LedgerMetadata, rev: int, *, writable: bool,
+                 lac: int = -1, placement=None):
+        self.client = client
+        self.ledger_id: int = meta.ledger_id
+        self._meta, self._rev = meta, rev
+        self._lac = meta.last_entry if meta.state is LedgerState.CLOSED else lac
+        self.placement = placement
+        self._writer: _Writer | None = _Writer(self) if writable else None
+        self._closed = False
+        self._close_task: asyncio.Future | None = None
+        self._read_sem = asyncio.Semaphore(client.config.read_concurrency)
+
+    # -- state -------------------------------------------------------------------
+
+    @property
+    def metadata(self) -> LedgerMetadata:
+        return self._meta
+
+    @property
+    def writable(self) -> bool:
+        return self._writer is not None and self._writer.core.state not in WRITER_TERMINAL
+
+    @property
+    def last_add_confirmed(self) -> int:
+        """The LAC as this handle knows it (the writer's own, a reader's last
+        read, a closed ledger's last entry)."""
+        if self._meta.state is LedgerState.CLOSED:
+            return self._meta.last_entry
+        if self._writer is not None:
+            return max(self._lac, self._writer.core.lac)
+        return self._lac
+
+    @property
+    def is_closed(self) -> bool:
+        return self._meta.state is LedgerState.CLOSED
+
+    @property
+    def length_entries(self) -> int:
+        return self.last_add_confirmed + 1
+
+    def _set_meta(self, meta: LedgerMetadata, rev: int) -> None:
+        if rev >= self._rev:
+            self._meta, self._rev = meta, rev
+
+    # -- adds --------------------------------------------------------------------
+
+    def add_entry_async(self, payload: bytes) -> asyncio.Future:
+        """Queues an add; the future resolves to its entry id once it (and
+        every lower entry) reached Qa bookies.  Raises TooManyPendingAdds
+        when the window is full, LedgerClosed/LedgerFenced after the end."""
+        if self._writer is None:
+            raise err.LedgerClosed(f"ledger {self.ledger_id} is open read-only")
+        if self._closed and self._writer.core.state is not WriterState.CLOSED:
+            raise err.LedgerClosed(f"ledger {self.ledger_id} is closing")
+        return self._writer.add(payload)
+
+    async def add_entry(self, payload: bytes) -> int:
+        """Adds one entry and waits for its ack; waits for room in the window."""
+        while True:
+            try:
+                fut = self.add_entry_async(payload)
+            except err.TooManyPendingAdds:
+                await self._writer.progress()
+                continue
+            return await fut
+
+    # -- close -------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Closes the ledger (writer) or releases the handle (reader).
+
+        Waits for every pending add, then CASes the metadata to CLOSED with
+        the last acknowledged entry: retried while OPEN; IN_RECOVERY is an
+        error (LedgerInRecovery); CLOSED at the same entry is success, at
+        another one an error (CloseMismatch).  Concurrent calls share one
+        close."""
+        if self._writer is None:
+            self._closed = True
+            return
+        if self._close_task is None:
+            self._closed = True
+            self._close_task = asyncio.ensure_future(self._close_writer())
+        await asyncio.shield(self._close_task)
+
+    async def _close_writer(self) -> None:
+        w = self._writer
+        core = w.core
+        while not (core.close_allowed() or core.state in WRITER_TERMINAL):
+            await w.progress()
+        # OPEN: close the core (no pending add is left).  FENCED or FAILED:
+        # the last acknowledged entry is the LAC; the metadata decides
+        # whether that close succeeds (a recoverer may have closed it there).
+        last = core.close() if core.state is WriterState.OPEN else core.lac
+        try:
+            await self._close_metadata(last)
+        finally:
+            w.cancel()
+
+    async def _close_metadata(self, last: int) -> None:
+        client = self.client
+        meta, rev = self._meta, self._rev
+        for _ in range(client.config.metadata_attempts):
+            if meta.state is LedgerState.CLOSED:
+                self._set_meta(meta, rev)
+                if meta.last_entry == last:
+                    return
+                raise err.CloseMismatch(self.ledger_id, last, meta.last_entry)
+            if meta.state is LedgerState.IN_RECOVERY:
+                self._set_meta(meta, rev)
+                raise err.LedgerInRecovery(f"ledger {self.ledger_id} is being recovered by another client")
+            closed = meta.with_(state=LedgerState.CLOSED, last_entry=last)
+            try:
+                rev = await client.meta_call(client.ledgers.update_header, closed, rev)
+                self._set_meta(closed, rev)
+                return
+            except (err.MetadataConflict, err.MetadataUnavailable):
+                meta, rev = await client.meta_call(client.ledgers.read, self.ledger_id)
+        raise err.MetadataConflict(f"ledger {self.ledger_id}: close CAS kept failing")
+
+    async def __aenter__(self) -> "LedgerHandle":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            await self.close()
+            return
+        try:  # do not mask the body's error
+            await self.close()
+        except err.BookKeeperError as e:
+            log.info("ledger %s: close after an error failed: %s", self.ledger_id, e)
+
+    # -- metadata ------------------------------------------------------------------
+
+    async def refresh_metadata(self) -> LedgerMetadata:
+        meta, rev = await self.client.meta_call(self.client.ledgers.read, self.ledger_id)
+        self._set_meta(meta, rev)
+        if meta.state is LedgerState.CLOSED:
+            self._lac = max(self._lac, meta.last_entry)
+        return self._meta
+
+    # -- LAC -------------------------------------------------------------------------
+
+    async def read_last_add_confirmed(self) -> int:
+        """The LAC from a covering quorum of the last fragment's bookies
+        (Qw - Qa + 1 of every write quorum): never fences, never goes down."""
+        if self._meta.state is LedgerState.CLOSED:
+            return self._meta.last_entry
+        if self._writer is not None and self._writer.core.state not in WRITER_TERMINAL:
+            return self.last_add_confirmed
+        lac = await read_lac_covering(self.client, self._meta)
+        self._lac = max(self._lac, lac)
+        return self._lac
+
+    async def long_poll_last_add_confirmed(self, previous: int, timeout: float) -> int:
+        """Waits until a bookie of the last fragment reports a LAC above
+        ``previous`` (any bookie's LAC is a confirmed one), or ``timeout``;
+        on a timeout the metadata is re-read (a close ends the tail)."""
+        if self.last_add_confirmed > previous:
+            return self.last_add_confirmed
+        frag = self._meta.last_fragment
+        tasks = []
+        for bid in frag.ensemble:
+            bc = await self.client.bookie(bid)
+            if bc is not None:
+                tasks.append(asyncio.ensure_future(bc.long_poll_lac(self.ledger_id, previous, timeout)))
+        try:
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, timeout=timeout + 5.0,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    break
+                for t in done:
+                    if t.cancelled() or t.exception() is not None:
+                        continue
+                    resp = t.result()
+                    if resp.status == Status.OK and resp.lac > previous:
+                        self._lac = max(self._lac, resp.lac)
+                if self._lac > previous:
+                    return self._lac
+        finally:
+            for t in tasks:
+                t.cancel()
+        await self.refresh_metadata()
+        return self.last_add_confirmed
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def read_entry(self, entry_id: int) -> entry_codec.Entry:
+        return (await self.read_entries(entry_id, entry_id))[0]
+
+    async def read_entries(self, first: int, last: int) -> list[entry_codec.Entry]:
+        """Entries ``first..last`` in order, every one of them, checksums
+        verified.  Never past the LAC (ReadBeyondLac); the LAC is refreshed
+        once if ``last`` is beyond the known one."""
+        if not (isinstance(first, int) and isinstance(last, int)) or first < 0 or last < first:
+            raise ValueError(f"bad entry range {first}..{last}")
+        if last > self.last_add_confirmed and self._meta.state is not LedgerState.CLOSED:
+            if self._writer is None:
+                await self.read_last_add_confirmed()
+                if last > self._lac:
+                    await self.refresh_metadata()
+        bound = self.last_add_confirmed
+        if last > bound:
+            raise err.ReadBeyondLac(self.ledger_id, last, bound)
+        out: dict[int, entry_codec.Entry] = {}
+        if self._meta.write_quorum == self._meta.ensemble_size and last > first:
+            await self._read_ranges(first, last, out)
+        todo = [e for e in range(first, last + 1) if e not in out]
+        if todo:
+            results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
+            for eid, r in zip(todo, results):
+                if isinstance(r, BaseException):
+                    raise r
+                out[eid] = r
+        return [out[e] for e in range(first, last + 1)]
+
+    async def _read_ranges(self, first: int, last: int, out: dict) -> None:
+        """Qw = E: every bookie of a fragment holds all its entries, so one
+        streamed range read per fragment serves most of them; whatever it
+        does not deliver is read entry by entry."""
+        frags = self._meta.fragments
+        for k, f in enumerate(frags):
+            f_last = frags[k + 1].first_entry - 1 if k + 1 < len(frags) else last
+            a, b = max(first, f.first_entry), min(last, f_last)
+            if a > b:
+                continue
+            q = self.client.quarantined()
+            healthy = [x for x in f.ensemble if x not in q]
+            if not healthy:
+                continue
+            bid = healthy[self.ledger_id % len(healthy)]  # spread readers of different ledgers
+            bc = await self.client.bookie(bid)
+            if bc is None:
+                continue
+            cfg = self.client.config
+            stream = bc.read_range(self.ledger_id, a, b, max_frame_bytes=RANGE_FRAME_BYTES)
+            nxt = a
+            try:
+                while True:
+                    # A slow first answer hands over to the speculative
+                    # entry-by-entry reads; so does a stall later on.
+                    wait = cfg.speculative_read_timeout * 5 if nxt == a else cfg.read_timeout
+                    try:
+                        resp = await asyncio.wait_for(stream.__anext__(), wait)
+                    except StopAsyncIteration:
+                        break
+                    except asyncio.TimeoutError:
+                        self.client.mark_failed(bid)
+                        log.info("ledger %s: range read from %s too slow", self.ledger_id, bc.address)
+                        break
+                    for h in entry_codec.iter_headers(resp.entries):
+                        e = entry_codec.decode(resp.entries, offset=h.offset)
+                        if e.ledger_id != self.ledger_id or e.entry_id != nxt:
+                            raise entry_codec.MalformedEntry(f"range read returned {e.entry_id}, wanted {nxt}")
+                        out[nxt] = e
+                        nxt += 1
+                    if resp.status != Status.OK:
+                        break
+            except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
+                log.info("ledger %s: range read from %s stopped: %s", self.ledger_id, bc.address, e)
+            finally:
+                await stream.aclose()
+
+    async def _read_one_bounded(self, eid: int) -> entry_codec.Entry:
+        async with self._read_sem:
+            return await self._read_one(eid)
+
+    async def _read_one(self, eid: int) -> entry_codec.Entry:
+        for attempt in range(2):
+            frag = await self._fragment_for(eid)
+            try:
+                return await self._read_replicas(eid, frag)
+            except err.EntryMissing:
+                if attempt:
+                    raise
+                await self.refresh_metadata()  # a fragment we had not loaded?
+                if self._fragment_or_none(eid) == frag:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _fragment_or_none(self, eid: int) -> Fragment | None:
+        try:
+            return self._meta.fragment_at(eid)
+        except LookupError:
+            return None
+
+    async def _fragment_for(self, eid: int) -> Fragment:
+        f = self._fragment_or_none(eid)
+        if f is None:
+            await self.refresh_metadata()
+            f = self._fragment_or_none(eid)
+            if f is None:
+                raise err.ReadFailed(self.ledger_id, eid, f"ledger {self.ledger_id}: no fragment holds entry {eid}")
+        return f
+
+    async def _read_replicas(self, eid: int, frag: Fragment) -> entry_codec.Entry:
+        """Speculative read: ask one replica; when it is slow (past
+        ``speculative_read_timeout``) or fails, ask the next as well; the
+        first verified answer wins."""
+        meta, cfg = self._meta, self.client.config
+        q = self.client.quarantined()
+        replicas = [frag.ensemble[i] for i in write_set(eid, meta.ensemble_size, meta.write_quorum)]
+        replicas.sort(key=lambda b: b in q)  # healthy first, write-set order otherwise
+        pending: set[asyncio.Task] = set()
+        outcomes: list[str] = []
+        nxt = 0
+
+        def start_next() -> None:
+            nonlocal nxt
+            pending.add(asyncio.ensure_future(self._read_from(replicas[nxt], eid)))
+            nxt += 1
+
+        start_next()
+        try:
+            while pending:
+                timeout = cfg.speculative_read_timeout if nxt < len(replicas) else None
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    start_next()
+                    continue
+                for t in done:
+                    kind, value = t.result()
+                    if kind == "ok":
+                        return value
+                    outcomes.append(kind)
+                    if nxt < len(replicas):
+                        start_next()
+        finally:
+            for t in pending:
+                t.cancel()
+        if outcomes and all(k == "missing" for k in outcomes):
+            raise err.EntryMissing(self.ledger_id, eid, f"ledger {self.ledger_id}: no replica of entry {eid} "
+                                                        f"({replicas}) holds it")
+        if "bad" in outcomes:
+            raise err.BadChecksum(f"ledger {self.ledger_id}: entry {eid}: bad checksum on {replicas}")
+        raise err.ReadFailed(self.ledger_id, eid)
+
+    async def _read_from(self, bookie_id: str, eid: int) -> tuple[str, object]:
+        bc = await self.client.bookie(bookie_id)
+        if bc is None:
+            return "error", f"{bookie_id}: no address"
+        try:
+            resp = await bc.read_entry(self.ledger_id, eid, timeout=self.client.config.read_timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self.client.mark_failed(bookie_id)
+            return "error", str(e)
+        st = _status(resp.status)
+        if st is Status.OK:
+            try:
+                e = entry_codec.decode(resp.entry)
+            except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as x:
+                return "bad", str(x)
+            if e.ledger_id != self.ledger_id or e.entry_id != eid:
+                return "bad", f"got entry {e.ledger_id}/{e.entry_id}"
+            return "ok", e
+        if st in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
+            return "missing", st.name
+        if st is Status.CHECKSUM_MISMATCH:
+            return "bad", resp.message
+        return "error", f"{bookie_id}: {st.name if st else resp.status}"
+
+    async def tail(self, start: int = 0, *, poll_timeout: float = 1.0,
+                   batch: int = 1000) -> AsyncIterator[entry_codec.Entry]:
+        """Every entry from ``start`` on, in order, as the LAC moves; ends
+        once the ledger is closed and its last entry was yielded."""
+        nxt = start
+        while True:
+            lac = self.last_add_confirmed
+            if nxt <= lac:
+                for e in await self.read_entries(nxt, min(lac, nxt + batch - 1)):
+                    yield e
+                    nxt = e.entry_id + 1
+                continue
+            if self._meta.state is LedgerState.CLOSED:
+                return
+            await self.long_poll_last_add_confirmed(lac, poll_timeout)
+
+
+async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) -> int:
+    """The highest LAC among a covering set of the last fragment's bookies
+    (stream.quorum.CoverageTracker), with plain reads: no fence, no term.
+
+    A fragment starts at the LAC + 1 of the change that made it, so its
+    first entry - 1 is a confirmed lower bound even before its bookies hold
+    anything."""
+    frag = meta.last_fragment
+    tracker = CoverageTracker(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+    best = frag.first_entry - 1
+    timeout = client.config.read_timeout
+
+    async def one(bid: str):
+        bc = await client.bookie(bid)
+        if bc is None:
+            return None
+        try:
+            return await bc.read_lac(meta.ledger_id, timeout=timeout)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            client.mark_failed(bid)
+            return None
+
+    tasks = {asyncio.ensure_future(one(b)): i for i, b in enumerate(frag.ensemble)}
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                i, resp = tasks[t], t.result()
+                st = _status(resp.status) if resp is not None else None
+                if st is Status.OK:
+                    best = max(best, resp.lac)
+                    tracker.on_response(i)
+                elif st is Status.NO_SUCH_LEDGER:
+                    tracker.on_response(i)
+                else:
+                    tracker.on_failure(i)
+            if tracker.covered:
+                return best
+            if tracker.impossible:
+                break
+    finally:
+        for t in tasks:
+            t.cancel()
+    raise err.QuorumTimeout(f"ledger {meta.ledger_id}: no covering quorum answered the LAC read")
+
+
+__all__ = ["LedgerHandle", "recover_ledger", "read_lac_covering"]

@@ -1,0 +1,246 @@
+"""Ledgers to logs (the seed's "Ledgers to logs"): a named log is an ordered
+list of classic ledgers, kept in etcd under ``logs/<name>`` (a LogRecord)
+and changed only by compare-and-swap.
+
+Becoming the leader (:meth:`LogWriter.open`):
+
+1. read the list;
+2. fence (recover) its last two ledgers: the old leader may be writing to
+   the second-to-last while it adds the last one to the list;
+3. create a new ledger;
+4. CAS the list with the new ledger appended; on a lost CAS start again at 1
+   (the unused ledger is deleted).
+
+No write is served before step 4 succeeded: the writer's ledger handle is
+only reachable once the CAS is done.
+
+Rolling (:meth:`LogWriter.roll`): create a ledger, CAS the list with it,
+switch appends to it, then close the previous ledger (appends keep going to
+the previous ledger while the metadata is updated).  A lost CAS means
+another node took over: :class:`~stream.errors.NotLeader`.
+
+Truncating (:meth:`LogWriter.truncate`): CAS the list without its first
+ledgers, then delete them.  Reading (:class:`LogReader`): every ledger of
+the list in order, closed ones up to their last entry, open ones up to
+their LAC.  Positions are ``(ledger_id, entry_id)``; since a ledger is
+created after reading a list that holds its predecessor, ids increase along
+the list and positions compare in log order.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import NamedTuple
+
+from bookie.entry import Entry
+from bookstream_pb import metadata_pb2 as mpb
+from metadata.layout import KeyLayout
+from metadata.store import Versioned
+from stream import errors as err
+from stream.client import BookKeeperClient
+from stream.ledger import LedgerHandle
+
+log = logging.getLogger(__name__)
+
+
+class LogPosition(NamedTuple):
+    ledger_id: int
+    entry_id: int
+
+
+class _Record:
+    def __init__(self, client: BookKeeperClient, name: str):
+        self.client = client
+        self.name = name
+        self.key = KeyLayout(client.cluster).log_key(name)
+
+    async def read(self) -> tuple[list[int], int | None]:
+        """The ledger ids and the key's mod_revision (None: no such log)."""
+        v: Versioned | None = await self.client.meta_call(self.client.store.get, self.key)
+        if v is None:
+            return [], None
+        rec = mpb.LogRecord()
+        rec.ParseFromString(v.value)
+        return list(rec.ledger_ids), v.mod_revision
+
+    async def cas(self, ids: list[int], revision: int | None) -> int:
+        """Writes the list if the key is still at ``revision`` (None: absent);
+        raises MetadataConflict otherwise."""
+        data = mpb.LogRecord(name=self.name, ledger_ids=ids).SerializeToString(deterministic=True)
+        st = self.client.store
+        if revision is None:
+            return await self.client.meta_call(st.create, self.key, data)
+        return await self.client.meta_call(st.cas, self.key, data, revision)
+
+
+class LogWriter:
+    """The would-be leader of log ``name``.  ``await open()`` makes it the
+    leader (or raises); then ``append`` / ``roll`` / ``truncate``."""
+
+    def __init__(self, client: BookKeeperClient, name: str, ensemble_size: int = 3, write_quorum: int = 2,
+                 ack_quorum: int = 2, *, max_attempts: int = 10):
+        self.client = client
+        self.name = name
+        self.config = (ensemble_size, write_quorum, ack_quorum)
+        self.max_attempts = max_attempts
+        self._rec = _Record(client, name)
+        self._ids: list[int] = []
+        self._rev: int | None = None
+        self._current: LedgerHandle | None = None
+        self._lost: BaseException | None = None
+        self._meta_lock = asyncio.Lock()
+
+    @property
+    def ledger_ids(self) -> list[int]:
+        return list(self._ids)
+
+    @property
+    def current_ledger(self) -> LedgerHandle | None:
+        return self._current
+
+    async def open(self) -> "LogWriter":
+        for attempt in range(self.max_attempts):
+            ids, rev = await self._rec.read()
+            for lid in ids[-2:]:  # fence: recover (and close) the last two ledgers
+                try:
+                    await self.client.open_ledger(lid, recovery=True)
+                except err.NoSuchLedger:
+                    pass  # deleted by a truncation racing with us: nothing to fence
+            new = await self.client.create_ledger(*self.config)
+            try:
+                rev2 = await self._rec.cas(ids + [new.ledger_id], rev)
+            except err.MetadataConflict:
+                log.info("log %s: lost the list CAS (attempt %d), starting again", self.name, attempt + 1)
+                await self._discard(new)
+                continue
+            except BaseException:
+                await self._discard(new)
+                raise
+            self._ids, self._rev, self._current, self._lost = ids + [new.ledger_id], rev2, new, None
+            log.info("log %s: leader, writing ledger %s (list %s)", self.name, new.ledger_id, self._ids)
+            return self
+        raise err.NotLeader(f"log {self.name}: the list kept changing ({self.max_attempts} attempts)")
+
+    async def _discard(self, lh: LedgerHandle) -> None:
+        try:
+            await self.client.delete_ledger(lh.ledger_id)
+        except err.BookKeeperError as e:  # an orphan ledger, not in any list
+            log.warning("log %s: could not delete unused ledger %s: %s", self.name, lh.ledger_id, e)
+
+    def _check(self) -> LedgerHandle:
+        if self._lost is not None:
+            raise err.NotLeader(f"log {self.name}: leadership lost: {self._lost}")
+        if self._current is None:
+            raise err.NotLeader(f"log {self.name}: not opened as leader")
+        return self._current
+
+    def append_async(self, payload: bytes) -> asyncio.Future:
+        """The future resolves to the entry's LogPosition."""
+        lh = self._check()
+        fut = lh.add_entry_async(payload)
+        out = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future) -> None:
+            if out.done():
+                return
+            if f.exception() is not None:
+                e = f.exception()
+                if isinstance(e, err.LedgerFenced) and self._lost is None:
+                    self._lost = e
+                out.set_exception(e)
+            else:
+                out.set_result(LogPosition(lh.ledger_id, f.result()))
+        fut.add_done_callback(done)
+        return out
+
+    async def append(self, payload: bytes) -> LogPosition:
+        while True:
+            try:
+                return await self.append_async(payload)
+            except err.TooManyPendingAdds:
+                await self._current._writer.progress()
+
+    async def roll(self) -> LedgerHandle:
+        """Creates a ledger, CASes it into the list, switches appends to it,
+        then closes the previous ledger."""
+        async with self._meta_lock:
+            old = self._check()
+            new = await self.client.create_ledger(*self.config)
+            try:
+                rev = await self._rec.cas(self._ids + [new.ledger_id], self._rev)
+            except err.MetadataConflict as e:
+                await self._discard(new)
+                self._lost = e
+                raise err.NotLeader(f"log {self.name}: the list changed: another leader took over") from e
+            except BaseException:
+                await self._discard(new)
+                raise
+            self._ids, self._rev, self._current = self._ids + [new.ledger_id], rev, new
+        await old.close()  # after its pending adds; appends already go to `new`
+        return new
+
+    async def truncate(self, keep_from: int) -> list[int]:
+        """Removes every ledger before ledger ``keep_from`` from the list
+        (CAS), then deletes them.  The current ledger is always kept."""
+        async with self._meta_lock:
+            self._check()
+            if keep_from not in self._ids:
+                raise ValueError(f"ledger {keep_from} is not in log {self.name}")
+            k = self._ids.index(keep_from)
+            gone, keep = self._ids[:k], self._ids[k:]
+            if not gone:
+                return []
+            try:
+                self._rev = await self._rec.cas(keep, self._rev)
+            except err.MetadataConflict as e:
+                self._lost = e
+                raise err.NotLeader(f"log {self.name}: the list changed: another leader took over") from e
+            self._ids = keep
+        for lid in gone:
+            try:
+                await self.client.delete_ledger(lid)
+            except err.NoSuchLedger:
+                pass
+        return gone
+
+    async def close(self) -> None:
+        """Closes the current ledger (the log stays; a next leader opens it)."""
+        if self._current is not None:
+            lh, self._current = self._current, None
+            await lh.close()
+
+    async def __aenter__(self) -> "LogWriter":
+        return await self.open()
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class LogReader:
+    """Reads a log across its ledgers, never fencing."""
+
+    def __init__(self, client: BookKeeperClient, name: str):
+        self.client = client
+        self._rec = _Record(client, name)
+
+    async def ledger_ids(self) -> list[int]:
+        return (await self._rec.read())[0]
+
+    async def read_all(self, start: LogPosition | None = None) -> list[tuple[LogPosition, Entry]]:
+        """Every readable entry from ``start`` on, in log order."""
+        out: list[tuple[LogPosition, Entry]] = []
+        for lid in await self.ledger_ids():
+            if start is not None and lid < start.ledger_id:
+                continue
+            try:
+                h = await self.client.open_ledger(lid, recovery=False)
+            except err.NoSuchLedger:
+                continue  # truncated meanwhile
+            first = start.entry_id if start is not None and lid == start.ledger_id else 0
+            last = h.last_add_confirmed
+            if last >= first:
+                out.extend((LogPosition(lid, e.entry_id), e) for e in await h.read_entries(first, last))
+        return out
+
+
+__all__ = ["LogWriter", "LogReader", "LogPosition"]

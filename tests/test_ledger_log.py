@@ -1,0 +1,102 @@
+"""Ledgers to logs: leadership by fencing + CAS on the ledger list, rolling,
+truncation, reading across ledgers, and duelling leaders."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from metadata.ledgers import LedgerState
+from stream import errors as se
+from stream.client import BookKeeperClient
+from stream.log import LogPosition, LogReader, LogWriter
+from tests.conftest import run
+from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
+from tests.test_ledger import start_bookies
+
+
+@pytest.fixture(scope="module")
+def env(etcd_server, tmp_path_factory):
+    name = f"log-{uuid.uuid4().hex[:8]}"
+    procs = start_bookies(tmp_path_factory.mktemp("logs"), etcd_server.endpoint, name, 3)
+    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=name)
+    for p in procs:
+        p.kill()
+
+
+def client(env):
+    return BookKeeperClient(env.endpoint, env.cluster)
+
+
+def test_open_roll_truncate_and_read_across_ledgers(env):
+    name = f"log-{uuid.uuid4().hex[:6]}"
+
+    async def go():
+        async with client(env) as bk:
+            w = await LogWriter(bk, name).open()
+            first = w.current_ledger.ledger_id
+            pos = [await w.append(b"a%d" % i) for i in range(5)]
+            assert pos == [LogPosition(first, i) for i in range(5)]
+            # appends issued before the roll land in the old ledger, after it in the new
+            pending = [w.append_async(b"a%d" % i) for i in range(5, 10)]
+            new = await w.roll()
+            pos += await asyncio.gather(*pending)
+            pos += [await w.append(b"b%d" % i) for i in range(5)]
+            assert w.ledger_ids == [first, new.ledger_id] and new.ledger_id > first
+            assert pos == sorted(pos) and pos[-1] == LogPosition(new.ledger_id, 4)
+            assert (await bk.ledger_metadata(first)).state is LedgerState.CLOSED
+            got = await LogReader(bk, name).read_all()
+            # the open ledger is read up to its LAC: b4 carried LAC 3
+            assert [e.payload for _, e in got] == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(4)]
+            assert [p for p, _ in got] == pos[:len(got)]
+            await w.roll()
+            assert await w.truncate(new.ledger_id) == [first]
+            assert await LogReader(bk, name).ledger_ids() == w.ledger_ids and first not in w.ledger_ids
+            with pytest.raises(se.NoSuchLedger):
+                await bk.ledger_metadata(first)
+            await w.close()
+            # a next leader fences and closes what is there, and starts a new ledger
+            w2 = await LogWriter(bk, name).open()
+            assert len(w2.ledger_ids) == 3
+            got = await LogReader(bk, name).read_all()
+            assert [e.payload for _, e in got] == [b"b%d" % i for i in range(5)]
+            await w2.close()
+    run(go())
+
+
+def test_duelling_leaders_only_the_last_one_writes(env):
+    name = f"duel-{uuid.uuid4().hex[:6]}"
+
+    async def go():
+        async with client(env) as ca, client(env) as cb:
+            a = await LogWriter(ca, name).open()
+            acked = [(await a.append(b"A%d" % i), b"A%d" % i) for i in range(20)]
+            b = await LogWriter(cb, name).open()  # B fences A's ledger
+            with pytest.raises(se.LedgerFenced):
+                await a.append(b"A-late")
+            with pytest.raises(se.NotLeader):
+                await a.roll()  # the list moved on: A may not change it
+            acked += [(await b.append(b"B%d" % i), b"B%d" % i) for i in range(20)]
+            # A re-elects itself: B is fenced in turn
+            await a.open()
+            with pytest.raises(se.LedgerFenced):
+                await b.append(b"B-late")
+            acked += [(await a.append(b"A2-%d" % i), b"A2-%d" % i) for i in range(5)]
+            # both at once: each open either wins its CAS or starts again, so
+            # both end up opened, and only the later one can write
+            await asyncio.gather(a.open(), b.open())
+            results = await asyncio.gather(a.append(b"x"), b.append(b"y"), return_exceptions=True)
+            ok = [r for r in results if not isinstance(r, BaseException)]
+            assert len(ok) == 1 and all(isinstance(r, se.LedgerFenced) for r in results if r not in ok)
+            winner_payload = b"x" if not isinstance(results[0], BaseException) else b"y"
+            acked.append((ok[0], winner_payload))
+            readers = [await LogReader(c, name).read_all() for c in (ca, cb)]
+            assert readers[0] == readers[1]
+            got = readers[0]
+            # every acknowledged append is there, in order, and nothing else but
+            # entries fenced before any ack (none here: every add was awaited)
+            assert [(p, e.payload) for p, e in got[:len(acked) - 1]] == acked[:-1]
+            assert [p for p, _ in got] == sorted(p for p, _ in got)
+    run(go())

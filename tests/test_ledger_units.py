@@ -1,0 +1,195 @@
+"""Ledger client pieces without processes: error translation, placement."""
+from __future__ import annotations
+
+import random
+from types import SimpleNamespace
+
+import pytest
+
+from metadata import errors as me
+from stream import errors as se
+from stream import writer_core as wc
+from stream.bookie_client import BookieUnavailable
+from stream.placement import LeastLoadedPlacement, RandomPlacement, get_policy
+
+
+def reg(bid, free=0, ro=False):
+    return SimpleNamespace(bookie_id=bid, free_bytes=free, read_only=ro, address=f"{bid}:1")
+
+
+@pytest.mark.parametrize("low,high,retriable", [
+    (me.NoSuchLedger(5), se.NoSuchLedger, False),
+    (me.InvalidLedgerConfig("x"), se.InvalidLedgerConfig, False),
+    (me.MetadataUnavailable("x"), se.MetadataUnavailable, True),
+    (me.BadVersion("k", 1, None), se.MetadataConflict, True),
+    (wc.WriterFenced("x", wc.WriterState.FENCED), se.LedgerFenced, False),
+    (wc.WriterClosed("x", wc.WriterState.CLOSED), se.LedgerClosed, False),
+    (wc.WindowFull("x", wc.WriterState.OPEN), se.TooManyPendingAdds, True),
+    (wc.WriterFailed("x", wc.WriterState.FAILED), se.AddFailed, False),
+    (BookieUnavailable("x"), se.QuorumTimeout, True),
+])
+def test_translate_maps_lower_layers_to_typed_errors(low, high, retriable):
+    out = se.translate(low)
+    assert type(out) is high and out.retriable is retriable and out.__cause__ is low
+
+
+def test_every_error_has_retriable():
+    for name in se.__all__:
+        obj = getattr(se, name)
+        if isinstance(obj, type):
+            assert isinstance(obj.retriable, bool), name
+    assert se.LedgerRecoveryFailed.retriable and se.NotEnoughBookies.retriable
+    assert not se.LedgerFenced.retriable and not se.EntryMissing.retriable
+    err = ValueError("x")
+    assert se.translate(err) is err
+
+
+def test_placement_distinct_writable_not_excluded():
+    cands = [reg("a"), reg("b"), reg("c", ro=True), reg("d"), reg("a")]
+    p = RandomPlacement(random.Random(1))
+    for _ in range(50):
+        got = p.choose(cands, 2, exclude={"d"})
+        assert sorted(got) == ["a", "b"]
+    with pytest.raises(se.NotEnoughBookies) as ei:
+        p.choose(cands, 3, exclude={"d"})
+    assert ei.value.needed == 3 and ei.value.available == 2 and ei.value.retriable
+
+
+def test_random_placement_spreads():
+    cands = [reg(f"b{i}") for i in range(6)]
+    p = RandomPlacement(random.Random(7))
+    seen = {tuple(sorted(p.choose(cands, 3))) for _ in range(100)}
+    assert len(seen) > 5
+
+
+def test_least_loaded_prefers_free_bytes():
+    cands = [reg("a", 10), reg("b", 300), reg("c", 200), reg("d", 5)]
+    assert LeastLoadedPlacement().choose(cands, 2) == ["b", "c"]
+    assert LeastLoadedPlacement().choose(cands, 2, exclude={"b"}) == ["c", "a"]
+
+
+def test_get_policy():
+    assert get_policy("random").name == "random"
+    assert get_policy("least_loaded").name == "least_loaded"
+    assert get_policy(None).name == "random"
+    with pytest.raises(se.InvalidLedgerConfig):
+        get_policy("nope")
+    with pytest.raises(se.InvalidLedgerConfig):
+        get_policy(object())
+
+
+# -- speculative reads against fake bookies ---------------------------------------
+
+import asyncio  # noqa: E402
+
+from bookie import entry as E  # noqa: E402
+from bookie.core import Status  # noqa: E402
+from bookstream_pb import bookie_pb2 as bpb  # noqa: E402
+from metadata.ledgers import Fragment, LedgerMetadata  # noqa: E402
+from stream.client import ClientConfig  # noqa: E402
+from stream.ledger import LedgerHandle  # noqa: E402
+
+LID = 7
+
+
+class FakeBookie:
+    def __init__(self, mode):
+        self.mode, self.asked = mode, []
+
+    async def read_entry(self, lid, eid, timeout=None, **kw):
+        self.asked.append(eid)
+        if self.mode == "slow":
+            await asyncio.Event().wait()
+        if self.mode == "down":
+            raise BookieUnavailable("down")
+        if self.mode == "missing":
+            return bpb.ReadEntryResponse(status=Status.NO_SUCH_ENTRY)
+        rec = bytearray(E.encode(LID, eid, b"payload-%d" % eid))
+        if self.mode == "corrupt":
+            rec[-1] ^= 0xFF
+        if self.mode == "wrong":
+            rec = bytearray(E.encode(LID, eid + 1, b"payload-%d" % eid))
+        return bpb.ReadEntryResponse(status=Status.OK, entry=bytes(rec))
+
+
+class FakeClient:
+    def __init__(self, modes):
+        self.config = ClientConfig(speculative_read_timeout=0.05, read_timeout=30)
+        self.bookies = {b: FakeBookie(m) for b, m in modes.items()}
+        self.failed = set()
+        self.meta = LedgerMetadata(3, 2, 2, ledger_id=LID, fragment_count=1, last_fragment_first_entry=0,
+                                   fragments=(Fragment(0, tuple(modes)),))
+        self.ledgers = SimpleNamespace(read=lambda lid: (self.meta, 1))
+
+    async def meta_call(self, fn, *a):
+        return fn(*a)
+
+    def quarantined(self):
+        return set(self.failed)
+
+    def mark_failed(self, b):
+        self.failed.add(b)
+
+    async def bookie(self, b):
+        return self.bookies[b]
+
+
+def read(modes, eid=0):
+    async def go():
+        c = FakeClient(modes)
+        h = LedgerHandle(c, c.meta, 1, writable=False, lac=10)
+        t0 = asyncio.get_running_loop().time()
+        try:
+            e = await asyncio.wait_for(h.read_entry(eid), 5)  # fails, never hangs
+            return e, c, asyncio.get_running_loop().time() - t0
+        except Exception as e:
+            return e, c, None
+    return asyncio.run(go())
+
+
+def test_speculative_read_asks_the_next_replica_when_one_is_slow():
+    # entry 0's write set is (a, b): a never answers
+    e, c, took = read({"a": "slow", "b": "ok", "c": "ok"})
+    assert e.payload == b"payload-0" and c.bookies["a"].asked == [0] and c.bookies["b"].asked == [0]
+    assert took < 5  # far below the read timeout: the speculative timeout fired
+    assert c.bookies["c"].asked == []  # not in the write set
+
+
+@pytest.mark.parametrize("first", ["down", "corrupt", "wrong", "missing"])
+def test_a_failing_replica_hands_over_at_once(first):
+    e, c, _ = read({"a": first, "b": "ok", "c": "ok"})
+    assert e.payload == b"payload-0" and c.bookies["b"].asked == [0]
+
+
+def test_all_replicas_corrupt_is_bad_checksum_all_missing_is_entry_missing():
+    e, _, _ = read({"a": "corrupt", "b": "corrupt", "c": "ok"})
+    assert isinstance(e, se.BadChecksum)
+    e, _, _ = read({"a": "missing", "b": "missing", "c": "ok"})
+    assert isinstance(e, se.EntryMissing) and not e.retriable
+    e, _, _ = read({"a": "down", "b": "missing", "c": "ok"})
+    assert isinstance(e, se.ReadFailed) and e.retriable
+
+
+def test_a_failed_replica_is_asked_last_next_time():
+    async def go():
+        c = FakeClient({"a": "down", "b": "ok", "c": "ok"})
+        h = LedgerHandle(c, c.meta, 1, writable=False, lac=10)
+        await h.read_entry(0)
+        assert c.failed == {"a"}
+        await h.read_entry(3)  # write set (a, b) again
+        assert c.bookies["a"].asked == [0]  # b answered first this time
+    asyncio.run(go())
+
+
+def test_reads_beyond_the_lac_of_a_closed_ledger_are_refused():
+    async def go():
+        c = FakeClient({"a": "ok", "b": "ok", "c": "ok"})
+        from metadata.ledgers import LedgerState
+        c.meta = c.meta.with_(state=LedgerState.CLOSED, last_entry=4)
+        h = LedgerHandle(c, c.meta, 1, writable=False)
+        assert [x.entry_id for x in await h.read_entries(0, 4)] == [0, 1, 2, 3, 4]
+        with pytest.raises(se.ReadBeyondLac):
+            await h.read_entries(3, 5)
+        with pytest.raises(ValueError):
+            await h.read_entries(3, 2)
+    asyncio.run(go())
