@@ -73,6 +73,8 @@ class Storage:
         self.checkpoint_pos = Position(1, 0)
         self._since_checkpoint = 0
         self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        # ledger -> normal adds admitted but not yet durable (fence barrier)
+        self._pending_adds: dict[int, int] = {}
         self.replayed_bytes = 0
         self.replayed_records = 0
         self.replay_seconds = 0.0
@@ -214,15 +216,32 @@ class Storage:
             headers = list(E.iter_headers(body))
         else:
             body = entries
-        return refused, self._append(R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, headers))
+        pending: dict[int, int] = {}
+        for h in headers:
+            if not h.is_recovery:
+                pending[h.ledger_id] = pending.get(h.ledger_id, 0) + 1
+        for lid, n in pending.items():
+            self._pending_adds[lid] = self._pending_adds.get(lid, 0) + n
 
-    def _append(self, rtype: int, body, apply) -> asyncio.Future:
+        def settle() -> None:
+            for lid, n in pending.items():
+                left = self._pending_adds[lid] - n
+                if left:
+                    self._pending_adds[lid] = left
+                else:
+                    del self._pending_adds[lid]
+
+        return refused, self._append(
+            R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, headers), settle)
+
+    def _append(self, rtype: int, body, apply, settle=None) -> asyncio.Future:
         """Journals a record; `apply(body, segment, body_offset)` runs once it
         is durable.  Durable records are applied strictly in journal order
         (sync futures resolve in append order and their callbacks run
         first), which is also the order replay applies them in, so the live
         state and the replayed state never differ.  The returned future may
-        be cancelled by a caller without skipping the apply."""
+        be cancelled by a caller without skipping the apply.  `settle()` runs
+        once the record is applied or has failed."""
         off = self.journal.append(rtype, body)
         seg = self.journal.current_segment
         end = Position(seg, off + len(body))
@@ -230,6 +249,8 @@ class Storage:
         fut = self.journal.sync()
 
         def done(f: asyncio.Future) -> None:
+            if settle is not None:
+                settle()
             if f.cancelled() or f.exception() is not None:
                 return
             if apply is not None:
@@ -253,14 +274,18 @@ class Storage:
     async def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
         """A term-carrying or fencing request.  The term and fence change at
         once (so later requests of an older writer are refused at once), and
-        are journalled before the answer goes out.  In every case the request
-        waits for a journal barrier: an add admitted before it is durable and
-        readable when it returns, so a recovery read never misses it."""
+        are journalled before the answer goes out.  While normal adds of the
+        ledger admitted before it are not yet durable, it also waits for them
+        (a journal barrier): they are readable when it answers, so a recovery
+        read never answers NO_SUCH_ENTRY for an entry an older writer is about
+        to see acked.  Pending *recovery* adds need no wait: a recoverer only
+        writes back entries that exist elsewhere.  With nothing pending, a
+        recovery read at an unchanged term answers at once."""
         v = self.core.fence(ledger_id, term, fence)
         if v.status is Status.OK and v.state_changed:
             st = self.core.ledgers[ledger_id]
             await self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
-        else:
+        elif ledger_id in self._pending_adds:
             await self.journal.sync()
         return v
 
