@@ -153,6 +153,26 @@ class BookieCore:
         st.index.put(entry_id, new_loc, length)
         return True
 
+    def admit_lac(self, ledger_id: int, term: int) -> Verdict:
+        """An explicit LAC from the writer: the same term and fence rules as
+        a normal add (it never creates a ledger: NO_SUCH_LEDGER)."""
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return Verdict(Status.NO_SUCH_LEDGER)
+        if term < st.term:
+            return Verdict(Status.INVALID_TERM, st.term)
+        if st.fenced:
+            return Verdict(Status.FENCED, st.term)
+        return Verdict(Status.OK, st.term)
+
+    def apply_lac(self, ledger_id: int, lac: int, lafr: int) -> None:
+        """Once durable (and on replay): LAC and LAFR only go up."""
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return
+        st.lac = max(st.lac, lac)
+        st.lafr = max(st.lafr, lafr)
+
     # -- term-carrying and fencing requests ----------------------------------
 
     def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:

@@ -46,9 +46,11 @@ R_ENTRIES = 1     # body: entry records, as received
 R_STATE = 2       # body: STATE_BODY
 R_DELETE = 3      # body: DELETE_BODY
 R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
+R_LAC = 5         # body: LAC_BODY (an explicit LAC)
 
 STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
 DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
+LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
 IOV_MAX = 512

@@ -214,6 +214,16 @@ class BookieService(pb_grpc.BookieServicer):
         await self.storage.wait_lac(request.ledger_id, request.previous_lac, timeout)
         return self._lac_response(request.ledger_id)
 
+    async def WriteLac(self, request, context):
+        if request.lac < -1 or request.lafr < -1:
+            return pb.WriteLacResponse(status=Status.BAD_REQUEST, message="LAC and LAFR must be >= -1")
+        try:
+            v = await self.storage.write_lac(request.ledger_id, request.lac, request.lafr, request.term)
+        except Exception as e:
+            log.exception("LAC write failed")
+            return pb.WriteLacResponse(status=Status.INTERNAL_ERROR, message=str(e))
+        return pb.WriteLacResponse(status=v.status, term=v.term)
+
     # -- deletion and info -----------------------------------------------------
 
     async def Delete(self, request, context):

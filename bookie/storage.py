@@ -32,6 +32,8 @@ from bookie.core import BookieCore, LedgerState, Status, Verdict
 from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
+    LAC_BODY,
+    R_LAC,
     R_DELETE,
     R_ENTRIES,
     R_RELOCATED,
@@ -119,6 +121,8 @@ class Storage:
         elif rec.rtype == R_DELETE:
             lid, has_range, first, last = DELETE_BODY.unpack(rec.body)
             self.core.delete(lid, (first, last) if has_range else None)
+        elif rec.rtype == R_LAC:
+            self.core.apply_lac(*LAC_BODY.unpack(rec.body))
         elif rec.rtype == R_RELOCATED:
             self._apply_relocated(rec.body, rec.segment, rec.body_offset, rec.headers)
         else:
@@ -287,6 +291,17 @@ class Storage:
             await self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
         elif ledger_id in self._pending_adds:
             await self.journal.sync()
+        return v
+
+    async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int) -> Verdict:
+        """An explicit LAC: journalled (a bookie's LAC never goes down, not
+        even across a restart), then applied and long-pollers woken."""
+        v = self.core.admit_lac(ledger_id, term)
+        if v.status is Status.OK:
+            def apply(_b, _s, _o):
+                self.core.apply_lac(ledger_id, lac, lafr)
+                self._wake_lac(ledger_id)
+            await self._append(R_LAC, LAC_BODY.pack(ledger_id, lac, lafr), apply)
         return v
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> int:

@@ -168,6 +168,28 @@ class LongPollLacRequest(_message.Message):
     timeout_ms: int
     def __init__(self, ledger_id: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
+class WriteLacRequest(_message.Message):
+    __slots__ = ("ledger_id", "lac", "lafr", "term")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    LAC_FIELD_NUMBER: _ClassVar[int]
+    LAFR_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    lac: int
+    lafr: int
+    term: int
+    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., lafr: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class WriteLacResponse(_message.Message):
+    __slots__ = ("status", "term", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    term: int
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class DeleteRequest(_message.Message):
     __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]

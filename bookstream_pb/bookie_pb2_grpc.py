@@ -59,6 +59,11 @@ class BookieStub:
                 request_serializer=bookie__pb2.LongPollLacRequest.SerializeToString,
                 response_deserializer=bookie__pb2.ReadLacResponse.FromString,
                 _registered_method=True)
+        self.WriteLac = channel.unary_unary(
+                '/bookstream.v1.Bookie/WriteLac',
+                request_serializer=bookie__pb2.WriteLacRequest.SerializeToString,
+                response_deserializer=bookie__pb2.WriteLacResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/bookstream.v1.Bookie/Delete',
                 request_serializer=bookie__pb2.DeleteRequest.SerializeToString,
@@ -104,6 +109,12 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WriteLac(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -143,6 +154,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.LongPollLac,
                     request_deserializer=bookie__pb2.LongPollLacRequest.FromString,
                     response_serializer=bookie__pb2.ReadLacResponse.SerializeToString,
+            ),
+            'WriteLac': grpc.unary_unary_rpc_method_handler(
+                    servicer.WriteLac,
+                    request_deserializer=bookie__pb2.WriteLacRequest.FromString,
+                    response_serializer=bookie__pb2.WriteLacResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -290,6 +306,33 @@ class Bookie:
             '/bookstream.v1.Bookie/LongPollLac',
             bookie__pb2.LongPollLacRequest.SerializeToString,
             bookie__pb2.ReadLacResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WriteLac(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bookstream.v1.Bookie/WriteLac',
+            bookie__pb2.WriteLacRequest.SerializeToString,
+            bookie__pb2.WriteLacResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -119,6 +119,11 @@ class BookieClient:
         req = pb.LongPollLacRequest(ledger_id=ledger_id, previous_lac=previous_lac, timeout_ms=int(timeout_s * 1000))
         return await self._unary(self.stub.LongPollLac, req, timeout_s + 10.0)
 
+    async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int = 0,
+                        timeout: float | None = 10.0) -> pb.WriteLacResponse:
+        req = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, lafr=lafr, term=term)
+        return await self._unary(self.stub.WriteLac, req, timeout)
+
     async def read_range(self, ledger_id: int, first: int, last: int, *,
                          max_frame_bytes: int = 0) -> AsyncIterator[pb.ReadRangeResponse]:
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,

@@ -459,3 +459,26 @@ def test_restart_replays_only_what_follows_the_checkpoint(bookies):
     assert info.replayed_records == 7 and info.entries == 1070
     assert run(with_client(b.address, lambda c: read_payload(c, 50, 999))) == (OK, b"L50E999T0")
     assert run(with_client(b.address, lambda c: read_payload(c, 51, 69))) == (OK, b"L51E69T0")
+
+
+def test_explicit_lac_wakes_long_polls_persists_and_obeys_terms(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(60, i, term=1, lac=i - 1) for i in range(3)))).status == OK
+        assert (await c.read_lac(60)).lac == 1        # entry 2 carries LAC 1
+        poll = asyncio.ensure_future(c.long_poll_lac(60, previous_lac=1, timeout_s=30))
+        await asyncio.sleep(0)
+        r = await c.write_lac(60, lac=2, lafr=2, term=1)
+        assert r.status == OK
+        assert (await asyncio.wait_for(poll, 10)).lac == 2
+        assert (await c.write_lac(61, 0, 0, term=1)).status == Status.NO_SUCH_LEDGER
+        assert (await c.read_lac(60, term=2)).status == OK
+        r = await c.write_lac(60, lac=5, lafr=5, term=1)   # an old writer
+        assert r.status == Status.INVALID_TERM and r.term == 2
+        assert (await c.stub.WriteLac(pb.WriteLacRequest(ledger_id=60, lac=-7, term=2))).status == Status.BAD_REQUEST
+    run(with_client(b.address, go))
+    b.kill()
+    b.start()
+    r = run(with_client(b.address, lambda c: c.read_lac(60)))
+    assert (r.lac, r.lafr) == (2, 2)  # never goes down, not even across kill -9
