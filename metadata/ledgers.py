@@ -386,6 +386,17 @@ class LedgerStore:
             width *= 4
         raise AssertionError("unreachable: the window reaches entry 0 within the probe limit")
 
+    def fragment_span(self, ledger_id: int, entry_id: int) -> tuple[Fragment, int | None]:
+        """The fragment covering ``entry_id`` and the first entry of the
+        fragment after it (None for the newest), so a reader knows how far
+        the fragment reaches without listing the others: two small reads."""
+        frag = self.fragment_for(ledger_id, entry_id)
+        nxt = self.store.range(self.layout.fragments_prefix(ledger_id), limit=1,
+                               start_after=self.layout.fragment_key(ledger_id, frag.first_entry))
+        if not nxt:
+            return frag, None
+        return frag, Fragment.from_bytes(nxt[0][1].value).first_entry
+
     # -- updates --------------------------------------------------------------
 
     def update_header(self, meta: LedgerMetadata, expected_revision: int) -> int:

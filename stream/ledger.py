@@ -28,20 +28,24 @@ come from the cores.
 from __future__ import annotations
 
 import asyncio
+import bisect
+import dataclasses
 import functools
 import logging
 from typing import TYPE_CHECKING, AsyncIterator
 
+from sortedcontainers import SortedDict
+
 from bookie import entry as entry_codec
 from bookie.core import Status
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.quorum import CoverageTracker, write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
-from stream.writer_core import EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
+from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.client import BookKeeperClient
@@ -73,6 +77,20 @@ def _frames(records: list[bytes], ids: list[int]):
 
 # -- the writer ---------------------------------------------------------------------
 
+@dataclasses.dataclass(frozen=True)
+class WriterOptions:
+    """How a writer writes: classic (term 0, released at the LAC, changes
+    from LAC+1) or a term's writer on an unbounded ledger (guaranteed write
+    quorum, appends after the recovery's no-op, fragments rolled by size)."""
+
+    term: int = 0
+    next_entry: int | None = None
+    guaranteed_write_quorum: bool = False
+    fragment_max_entries: int | None = None
+    fragment_max_bytes: int | None = None
+    explicit_lac: bool = True   # tell the ensemble the LAC once adds go quiet
+
+
 class _Writer:
     def __init__(self, handle: "LedgerHandle"):
         self.h = handle
@@ -81,9 +99,15 @@ class _Writer:
         meta = handle._meta
         frag = meta.last_fragment
         assert frag is not None and meta.state is LedgerState.OPEN
-        self.core = WriterCore(meta.ledger_id, 0, meta.ensemble_size, meta.write_quorum, meta.ack_quorum,
-                               frag.first_entry, list(frag.ensemble), guaranteed_write_quorum=False,
-                               max_pending=self.cfg.max_pending_adds)
+        o = handle._writer_options
+        self.options = o
+        self.core = WriterCore(meta.ledger_id, o.term, meta.ensemble_size, meta.write_quorum, meta.ack_quorum,
+                               frag.first_entry, list(frag.ensemble), next_entry=o.next_entry,
+                               guaranteed_write_quorum=o.guaranteed_write_quorum,
+                               max_pending=self.cfg.max_pending_adds,
+                               fragment_max_entries=o.fragment_max_entries,
+                               fragment_max_bytes=o.fragment_max_bytes)
+        self._lac_told = self.core.lac
         self.loop = asyncio.get_running_loop()
         self.futures: dict[int, asyncio.Future] = {}
         self._scheduled = False
@@ -146,6 +170,13 @@ class _Writer:
                 f.set_exception(self._map(e))
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
+        if (self.options.explicit_lac and not r.sends and r.lac > self._lac_told
+                and r.state is WriterState.OPEN):
+            # Adds went quiet: the last entries' LAC would otherwise reach
+            # the bookies only with the next add.
+            self._lac_told = r.lac
+            for bid in self.core.ensemble:
+                self._spawn(self._write_lac(bid, r.lac, r.lafr))
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
         waiters, self._waiters = self._waiters, []
@@ -179,6 +210,18 @@ class _Writer:
             self.frames_sent += 1
             timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
             fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
+
+    async def _write_lac(self, bookie_id: str, lac: int, lafr: int) -> None:
+        bc = self.client.bookie_now(bookie_id)
+        if bc is None:
+            return
+        try:
+            resp = await bc.write_lac(self.core.ledger_id, lac, lafr, self.core.term, timeout=self.cfg.add_timeout)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            return  # advisory: the next entry carries the LAC anyway
+        if resp.status == Status.INVALID_TERM:
+            self.core.on_invalid_term(resp.term)
+            self._schedule()
 
     def _frame_timeout(self, index: int, bookie_id: str, fut: asyncio.Future) -> None:
         if not fut.done():
@@ -222,7 +265,12 @@ class _Writer:
             for attempt in range(self.cfg.metadata_attempts):
                 if not self._live(prop):
                     return
-                exclude = set(prop.ensemble) | client.quarantined()
+                # A failure replaces bookies with ones outside the ensemble; a
+                # roll chooses the whole next ensemble afresh, so a stream
+                # spreads over the cluster as it grows.
+                exclude = client.quarantined()
+                if prop.reason is not ChangeReason.ROLL:
+                    exclude |= set(prop.ensemble)
                 try:
                     picks = await client.choose_bookies(len(prop.replace), exclude, self.h.placement)
                 except err.NotEnoughBookies as e:
@@ -245,10 +293,12 @@ class _Writer:
                     except err.MetadataUnavailable:
                         continue
                     self.h._set_meta(meta, rev)
-                    if meta.state is not LedgerState.OPEN:
-                        log.info("ledger %s: ensemble change rejected, ledger is %s", lid, meta.state.name)
+                    if meta.state is not LedgerState.OPEN or meta.term != self.core.term:
+                        # recovery started, or a newer term's writer took over
+                        log.info("ledger %s: ensemble change rejected, ledger is %s at term %d", lid,
+                                 meta.state.name, meta.term)
                         if self._live(prop):
-                            self.core.on_ensemble_change_rejected()
+                            self.core.on_ensemble_change_rejected(meta.term)
                         return
                     if meta.last_fragment != frag:
                         continue
@@ -273,14 +323,18 @@ class _RecoveryDriver:
     """Runs one RecoveryCore over the last fragment of ``meta``."""
 
     def __init__(self, client: "BookKeeperClient", meta: LedgerMetadata):
+        """Classic ledgers are fenced; an unbounded ledger is recovered with
+        the term in ``meta`` (already raised in etcd by the caller)."""
         self.client = client
         self.cfg = client.config
         self.meta = meta
         frag = meta.last_fragment
         assert frag is not None
         self.lid = meta.ledger_id
+        unbounded = meta.mode is LedgerMode.UNBOUNDED
         self.core = RecoveryCore(meta.ledger_id, frag.first_entry, list(frag.ensemble), meta.ensemble_size,
-                                 meta.write_quorum, meta.ack_quorum, term=0, fence=True, unbounded=False)
+                                 meta.write_quorum, meta.ack_quorum, term=meta.term if unbounded else 0,
+                                 fence=not unbounded, unbounded=unbounded)
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()
         self._tasks: set[asyncio.Task] = set()
@@ -455,10 +509,16 @@ class LedgerHandle:
     ``create_ledger``) or a reader's (from ``open_ledger``)."""
 
     def __init__(self, client: "BookKeeperClient", meta: LedgerMetadata, rev: int, *, writable: bool,
-                 lac: int = -1, placement=None):
+                 lac: int = -1, placement=None, writer_options: WriterOptions | None = None):
         self.client = client
         self.ledger_id: int = meta.ledger_id
         self._meta, self._rev = meta, rev
+        self._writer_options = writer_options or WriterOptions()
+        # A ledger read without all its fragments (a long-lived stream) looks
+        # them up as reads need them: first entry -> (fragment, end), where
+        # end is the next fragment's first entry.
+        self._lazy_fragments = not meta.fragments_complete
+        self._spans: SortedDict = SortedDict()
         self._lac = meta.last_entry if meta.state is LedgerState.CLOSED else lac
         self.placement = placement
         self._writer: _Writer | None = _Writer(self) if writable else None
@@ -588,7 +648,10 @@ class LedgerHandle:
     # -- metadata ------------------------------------------------------------------
 
     async def refresh_metadata(self) -> LedgerMetadata:
-        meta, rev = await self.client.meta_call(self.client.ledgers.read, self.ledger_id)
+        if self._lazy_fragments:
+            meta, rev = await self.client.meta_call(self.client.ledgers.read, self.ledger_id, fragments="last")
+        else:
+            meta, rev = await self.client.meta_call(self.client.ledgers.read, self.ledger_id)
         self._set_meta(meta, rev)
         if meta.state is LedgerState.CLOSED:
             self._lac = max(self._lac, meta.last_entry)
@@ -675,12 +738,14 @@ class LedgerHandle:
         """Qw = E: every bookie of a fragment holds all its entries, so one
         streamed range read per fragment serves most of them; whatever it
         does not deliver is read entry by entry."""
-        frags = self._meta.fragments
-        for k, f in enumerate(frags):
-            f_last = frags[k + 1].first_entry - 1 if k + 1 < len(frags) else last
-            a, b = max(first, f.first_entry), min(last, f_last)
-            if a > b:
-                continue
+        nxt_frag = first
+        while nxt_frag <= last:
+            try:
+                f, end = await self._span(nxt_frag)
+            except err.ReadFailed:
+                return  # the entry-by-entry reads report it
+            a, b = nxt_frag, last if end is None else min(last, end - 1)
+            nxt_frag = b + 1
             q = self.client.quarantined()
             healthy = [x for x in f.ensemble if x not in q]
             if not healthy:
@@ -736,19 +801,49 @@ class LedgerHandle:
         raise AssertionError("unreachable")
 
     def _fragment_or_none(self, eid: int) -> Fragment | None:
-        try:
-            return self._meta.fragment_at(eid)
-        except LookupError:
-            return None
+        span = self._span_now(eid)
+        return span[0] if span is not None else None
+
+    def _span_now(self, eid: int) -> tuple[Fragment, int | None] | None:
+        """The fragment holding ``eid`` and the next fragment's first entry
+        (None: the newest), from what this handle holds; None if unknown."""
+        meta = self._meta
+        last = meta.last_fragment
+        if last is not None and eid >= last.first_entry:
+            return last, None
+        if not self._lazy_fragments:
+            frags = meta.fragments
+            i = bisect.bisect_right([f.first_entry for f in frags], eid) - 1
+            return (frags[i], frags[i + 1].first_entry) if i >= 0 else None
+        i = self._spans.bisect_right(eid) - 1
+        if i >= 0:
+            frag, end = self._spans.peekitem(i)[1]
+            if eid < end:
+                return frag, end
+        return None
+
+    async def _span(self, eid: int) -> tuple[Fragment, int | None]:
+        span = self._span_now(eid)
+        if span is None and self._lazy_fragments and eid >= self._meta.trimmed_before:
+            try:
+                frag, end = await self.client.meta_call(self.client.ledgers.fragment_span, self.ledger_id, eid)
+            except err.BookKeeperError:
+                frag = None
+            if frag is not None:
+                if end is None:  # the store's newest fragment: our metadata is behind
+                    await self.refresh_metadata()
+                    return self._span_now(eid) or (frag, None)
+                self._spans[frag.first_entry] = (frag, end)
+                return frag, end
+        if span is None:
+            await self.refresh_metadata()
+            span = self._span_now(eid)
+        if span is None:
+            raise err.ReadFailed(self.ledger_id, eid, f"ledger {self.ledger_id}: no fragment holds entry {eid}")
+        return span
 
     async def _fragment_for(self, eid: int) -> Fragment:
-        f = self._fragment_or_none(eid)
-        if f is None:
-            await self.refresh_metadata()
-            f = self._fragment_or_none(eid)
-            if f is None:
-                raise err.ReadFailed(self.ledger_id, eid, f"ledger {self.ledger_id}: no fragment holds entry {eid}")
-        return f
+        return (await self._span(eid))[0]
 
     async def _read_replicas(self, eid: int, frag: Fragment) -> entry_codec.Entry:
         """Speculative read: ask one replica; when it is slow (past

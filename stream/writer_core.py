@@ -342,6 +342,13 @@ class WriterCore:
             return
         self._fence("ensemble change rejected by the metadata", WriterEvent.CHANGE_REJECTED, term)
 
+    def on_invalid_term(self, term: int) -> None:
+        """A bookie answered a request other than an add (an explicit LAC)
+        with INVALID_TERM: a newer term took the ledger over."""
+        if self.state in TERMINAL:
+            return
+        self._fence(f"a newer term ({term}) took the ledger over", WriterEvent.INVALID_TERM, term)
+
     def fail(self, reason: str) -> None:
         """Gives up: fails every add not yet acknowledged."""
         if self.state in TERMINAL:

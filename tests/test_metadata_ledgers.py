@@ -288,3 +288,17 @@ def test_corrupt_header_is_reported(store, cluster):
     store.put(ls.layout.ledger_header_key(meta.ledger_id), b"\xff\xff not a protobuf")
     with pytest.raises(CorruptMetadata):
         ls.read(meta.ledger_id, fragments="last")
+
+
+def test_fragment_span_gives_the_covering_fragment_and_where_it_ends(store, cluster):
+    from metadata.ledgers import Fragment, LedgerMetadata, LedgerStore
+
+    ls = LedgerStore(store, cluster)
+    meta, rev = ls.create(LedgerMetadata(3, 3, 2), ("a", "b", "c"))
+    lid = meta.ledger_id
+    for first in (10, 25, 40):
+        meta, rev = ls.add_fragment(lid, Fragment(first, ("a", "b", "d")), meta, rev)
+    assert ls.fragment_span(lid, 0) == (Fragment(0, ("a", "b", "c")), 10)
+    assert ls.fragment_span(lid, 24) == (Fragment(10, ("a", "b", "d")), 25)
+    assert ls.fragment_span(lid, 39)[1] == 40
+    assert ls.fragment_span(lid, 1000) == (Fragment(40, ("a", "b", "d")), None)
