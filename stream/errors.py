@@ -162,6 +162,24 @@ class ClientClosed(BookKeeperError):
 
 # -- translation ----------------------------------------------------------------
 
+# -- streams ---------------------------------------------------------------------
+
+class NoSuchStream(BookKeeperError, LookupError):
+    """No stream of that name (open it as a writer to create it)."""
+
+    def __init__(self, name: str):
+        super().__init__(f"no stream named {name!r}")
+        self.name = name
+
+
+class PositionTrimmed(BookKeeperError):
+    """The position lies below the stream's trim point: its entries are gone."""
+
+    def __init__(self, name: str, position, trimmed_before: int):
+        super().__init__(f"stream {name!r}: {position} is below the trim point (entry {trimmed_before})")
+        self.name, self.position, self.trimmed_before = name, position, trimmed_before
+
+
 def translate(exc: BaseException) -> BaseException:
     """The ``stream.errors`` type for an error of a lower layer (returned
     unchanged when it already is one, or is not an error we know)."""
@@ -187,7 +205,8 @@ def translate(exc: BaseException) -> BaseException:
         out = BookKeeperError(str(exc))
         out.retriable = exc.retriable
     elif isinstance(exc, wc.WriterFenced):
-        out = LedgerFenced(str(exc))
+        # a term's writer was fenced by a newer term; a classic one by recovery
+        out = WriterFenced(str(exc), exc.term) if exc.term else LedgerFenced(str(exc))
     elif isinstance(exc, wc.WriterClosed):
         out = LedgerClosed(str(exc))
     elif isinstance(exc, wc.WindowFull):
@@ -207,5 +226,6 @@ __all__ = [
     "LedgerClosed", "LedgerInRecovery", "CloseMismatch", "NotWriter", "WriterFenced", "NotLeader",
     "TooManyPendingAdds",
     "AddFailed", "QuorumTimeout", "LedgerRecoveryFailed", "ReadBeyondLac", "BadChecksum", "ReadFailed",
-    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "ClientClosed", "translate",
+    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "ClientClosed", "NoSuchStream",
+    "PositionTrimmed", "translate",
 ]

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -26,3 +27,12 @@ def bookies(tmp_path):
 def run(coro):
     """Runs a coroutine to completion in a fresh event loop."""
     return asyncio.run(coro)
+
+
+def start_bookies(base, etcd, cluster_name, n, first=0, extra_args=()):
+    """n bookie processes registered in `cluster_name`, started in parallel."""
+    def one(i):
+        return BookieProcess(base / f"b{i}", etcd=etcd, cluster=cluster_name,
+                             extra_args=["--registration-ttl", "3", *extra_args]).start()
+    with ThreadPoolExecutor(n) as ex:
+        return list(ex.map(one, range(first, first + n)))

@@ -10,7 +10,6 @@ import asyncio
 import os
 import signal
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import pytest
@@ -20,16 +19,8 @@ from metadata.ledgers import LedgerState
 from stream import errors as se
 from stream.client import BookKeeperClient, SyncBookKeeperClient
 from stream.quorum import write_set
-from tests.conftest import run
+from tests.conftest import run, start_bookies
 from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
-
-
-def start_bookies(base, etcd, cluster_name, n, first=0):
-    def one(i):
-        return BookieProcess(base / f"b{i}", etcd=etcd, cluster=cluster_name,
-                             extra_args=["--registration-ttl", "3"]).start()
-    with ThreadPoolExecutor(n) as ex:
-        return list(ex.map(one, range(first, first + n)))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from stream.client import BookKeeperClient
 from stream.log import LogPosition, LogReader, LogWriter
 from tests.conftest import run
 from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
-from tests.test_ledger import start_bookies
+from tests.conftest import start_bookies
 
 
 @pytest.fixture(scope="module")

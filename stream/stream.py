@@ -1,0 +1,732 @@
+"""Streams: the main API.  A stream is one unbounded, term-based ledger,
+written by one writer at a time.
+
+    with StreamClient("127.0.0.1:2379") as sc:
+        with sc.open_writer("orders") as w:          # takes the stream over
+            pos = w.append(b"order 1")               # -> Position
+        with sc.open_reader("orders", Position.EARLIEST) as r:
+            for rec in r.read(timeout=1.0):
+                print(rec.position, rec.payload)
+
+Opening a writer *takes the stream over* (../shared/seeds/unbounded-ledgers-
+terms.txt, ../shared/notes/protocol-rules.md):
+
+1. the stream's term is incremented in etcd by CAS, with the state set to
+   IN_RECOVERY;
+2. recovery runs on the last fragment with the new term: LAC/LAFR reads that
+   carry the term (so the previous writer's adds now fail with INVALID_TERM),
+   coverage Qw - Qa + 1 per write quorum, read forward from LAFR + 1, write
+   back, and a truncate-flagged no-op at the first absent entry that every
+   bookie of the fragment must acknowledge;
+3. the state goes back to OPEN by CAS (with the recovery's ensemble change,
+   if a bookie had to be replaced), and appends continue after the no-op.
+
+The writer and the recovery are the same code as classic ledgers'
+(``stream.ledger``: one write path, one recovery path, one read path),
+driven in term mode: guaranteed write quorum, fragments rolled by size onto
+a freshly chosen ensemble.  Readers read up to the LAC and never see no-ops.
+
+``AsyncStreamClient`` is the asyncio form; ``StreamClient`` the blocking one
+(its event loop runs in a background thread, and appends cross over to it in
+batches: ``linger`` and ``max_batch_bytes``).
+"""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import functools
+import logging
+import struct
+import threading
+from typing import AsyncIterator, Iterator
+
+from bookstream_pb import metadata_pb2 as mpb
+from metadata import errors as me
+from metadata.layout import KeyLayout
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from stream import errors as err
+from stream.bookie_client import BookieUnavailable
+from stream.client import BookKeeperClient, ClientConfig
+from stream.ledger import LedgerHandle, WriterOptions, _RecoveryDriver, read_lac_covering
+from stream.placement import get_policy
+
+log = logging.getLogger(__name__)
+
+
+# -- positions -------------------------------------------------------------------------
+
+@functools.total_ordering
+class Position:
+    """A place in a stream: opaque, comparable, serializable.
+
+    ``Position.EARLIEST`` sorts before every position and ``Position.LATEST``
+    after every one.  ``bytes(p)`` / ``Position.from_bytes`` and ``str(p)`` /
+    ``Position.parse`` round-trip."""
+
+    __slots__ = ("_v",)
+    _EARLIEST_V = -1
+    _LATEST_V = (1 << 63) - 1
+    EARLIEST: "Position"
+    LATEST: "Position"
+    _FMT = struct.Struct(">q")
+
+    def __init__(self, entry_id: int):
+        if not isinstance(entry_id, int) or not (self._EARLIEST_V <= entry_id <= self._LATEST_V):
+            raise ValueError(f"bad position {entry_id!r}")
+        self._v = entry_id
+
+    @property
+    def entry_id(self) -> int:
+        if self.is_sentinel:
+            raise ValueError(f"{self} names no entry")
+        return self._v
+
+    @property
+    def is_sentinel(self) -> bool:
+        return self._v in (self._EARLIEST_V, self._LATEST_V)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Position) and self._v == other._v
+
+    def __lt__(self, other: "Position") -> bool:
+        if not isinstance(other, Position):
+            return NotImplemented
+        return self._v < other._v
+
+    def __hash__(self) -> int:
+        return hash(("Position", self._v))
+
+    def __repr__(self) -> str:
+        return f"Position({self})"
+
+    def __str__(self) -> str:
+        if self._v == self._EARLIEST_V:
+            return "earliest"
+        if self._v == self._LATEST_V:
+            return "latest"
+        return str(self._v)
+
+    def __bytes__(self) -> bytes:
+        return self._FMT.pack(self._v)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Position":
+        if len(data) != 8:
+            raise ValueError(f"not a serialized Position: {data!r}")
+        return cls(cls._FMT.unpack(data)[0])
+
+    @classmethod
+    def parse(cls, text: str) -> "Position":
+        if text == "earliest":
+            return cls.EARLIEST
+        if text == "latest":
+            return cls.LATEST
+        return cls(int(text))
+
+
+Position.EARLIEST = Position(Position._EARLIEST_V)
+Position.LATEST = Position(Position._LATEST_V)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Record:
+    position: Position
+    payload: bytes
+
+
+# -- configuration ------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+    """How a stream is created (E/Qw/Qa) and written."""
+
+    ensemble_size: int = 3
+    write_quorum: int = 3
+    ack_quorum: int = 2
+    fragment_size_bytes: int = 256 << 20   # roll the fragment at this size (0: never)
+    fragment_size_entries: int = 0         # ... or at this many entries (0: never)
+    placement: str = "random"
+    linger: float = 0.001                  # blocking API: gather appends this long
+    max_batch_bytes: int = 1 << 20         # ... or until this many bytes
+
+
+# -- take-over ------------------------------------------------------------------------------
+
+async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadata, int, int]:
+    """Makes this client the ledger's writer in a new term.  Returns the
+    OPEN metadata, its revision, and the first entry id to append at.
+
+    Raises WriterFenced when a newer term takes over meanwhile, and
+    LedgerRecoveryFailed (retriable) when recovery could not finish."""
+    cfg = bk.config
+    failure: BaseException | None = None
+    for attempt in range(cfg.metadata_attempts + cfg.recovery_attempts):
+        meta, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
+        if meta.mode is not LedgerMode.UNBOUNDED:
+            raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not an unbounded ledger")
+        mine = meta.with_(term=meta.term + 1, state=LedgerState.IN_RECOVERY)
+        try:
+            rev = await bk.meta_call(bk.ledgers.update_header, mine, rev)
+        except (err.MetadataConflict, err.MetadataUnavailable) as e:
+            failure = e
+            continue
+        log.info("ledger %s: taking over at term %d", ledger_id, mine.term)
+        try:
+            result = await _RecoveryDriver(bk, mine).run()
+        except err.LedgerFenced as e:  # a newer term's reads reached the bookies first
+            raise err.WriterFenced(f"ledger {ledger_id}: a newer term took over during recovery: {e}") from e
+        except err.LedgerRecoveryFailed as e:
+            failure = e
+            log.info("%s (attempt %d)", e, attempt + 1)
+            await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+            continue
+        opened = mine.with_(state=LedgerState.OPEN)
+        for _ in range(cfg.metadata_attempts):
+            try:
+                if result.ensemble_change is not None:
+                    first, ens = result.ensemble_change
+                    meta, rev = await bk.meta_call(bk.ledgers.add_fragment, ledger_id, Fragment(first, tuple(ens)),
+                                                   opened, rev)
+                else:
+                    rev = await bk.meta_call(bk.ledgers.update_header, opened, rev)
+                    meta = opened
+                log.info("ledger %s: term %d open; recovered %d entries, appends from %d", ledger_id,
+                         meta.term, len(result.recovered), result.next_entry)
+                return meta, rev, result.next_entry
+            except (err.MetadataConflict, err.MetadataUnavailable) as e:
+                failure = e
+                cur, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
+                if cur.term != mine.term:
+                    raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term) from e
+                if cur.state is LedgerState.OPEN:  # our CAS went through before the error
+                    return cur, rev, result.next_entry
+        break
+    raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: take-over did not complete: {failure}")
+
+
+# -- the asyncio API --------------------------------------------------------------------------
+
+class AsyncStreamClient:
+    """Streams over one BookKeeperClient (etcd + the bookies)."""
+
+    def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
+                 config: ClientConfig | None = None, **overrides):
+        self.bk = BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
+        self.layout = KeyLayout(cluster)
+
+    # -- names ---------------------------------------------------------------------------------
+
+    async def _lookup(self, name: str) -> int | None:
+        key = self.layout.stream_key(name)
+        v = await self.bk.meta_call(self.bk.store.get, key)
+        if v is None:
+            return None
+        rec = mpb.StreamRecord()
+        rec.ParseFromString(v.value)
+        return rec.ledger_id
+
+    async def _create(self, name: str, config: StreamConfig) -> int:
+        """Creates the stream's ledger and names it; if another client named
+        one first, its ledger wins and ours is deleted."""
+        bk = self.bk
+        policy = get_policy(config.placement)
+        ensemble = await bk.choose_bookies(config.ensemble_size, bk.quarantined(), policy)
+        header = LedgerMetadata(config.ensemble_size, config.write_quorum, config.ack_quorum,
+                                mode=LedgerMode.UNBOUNDED,
+                                fragment_size_bytes=config.fragment_size_bytes,
+                                fragment_size_entries=config.fragment_size_entries,
+                                custom={"stream": name})
+        meta, _ = await bk.meta_call(bk.ledgers.create, header, ensemble)
+        rec = mpb.StreamRecord(name=name, ledger_id=meta.ledger_id)
+        try:
+            await bk.meta_call(bk.store.create, self.layout.stream_key(name), rec.SerializeToString())
+            log.info("created stream %r: ledger %s on %s", name, meta.ledger_id, ensemble)
+            return meta.ledger_id
+        except err.MetadataConflict:
+            await bk.meta_call(bk.ledgers.delete, meta.ledger_id)
+            lid = await self._lookup(name)
+            if lid is None:
+                raise
+            return lid
+
+    async def _ledger_of(self, name: str) -> int:
+        lid = await self._lookup(name)
+        if lid is None:
+            raise err.NoSuchStream(name)
+        return lid
+
+    # -- writers and readers ---------------------------------------------------------------------
+
+    async def open_writer(self, name: str, config: StreamConfig | None = None, *,
+                          create: bool = True) -> "AsyncStreamWriter":
+        """Takes the stream over as its writer (creating it if missing and
+        ``create``).  The previous writer, if any, is fenced: its next adds
+        fail with WriterFenced."""
+        config = config or StreamConfig()
+        try:
+            lid = await self._lookup(name)
+        except Exception as e:
+            raise err.translate(e) from e
+        if lid is None:
+            if not create:
+                raise err.NoSuchStream(name)
+            lid = await self._create(name, config)
+        meta, rev, next_entry = await take_over(self.bk, lid)
+        opts = WriterOptions(
+            term=meta.term, next_entry=next_entry, guaranteed_write_quorum=True,
+            fragment_max_entries=meta.fragment_size_entries or None,
+            fragment_max_bytes=meta.fragment_size_bytes or None)
+        handle = LedgerHandle(self.bk, meta, rev, writable=True, placement=get_policy(config.placement),
+                              writer_options=opts, lac=next_entry - 1)
+        return AsyncStreamWriter(self, name, handle)
+
+    async def open_reader(self, name: str, start: Position = Position.EARLIEST, *,
+                          inclusive: bool = True) -> "AsyncStreamReader":
+        """A reader from ``start`` (EARLIEST, LATEST, or a position, itself
+        included or not).  Never fences the writer."""
+        lid = await self._ledger_of(name)
+        meta, rev = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
+        lac = await read_lac_covering(self.bk, meta)
+        handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
+        reader = AsyncStreamReader(self, name, handle)
+        reader.seek(start, inclusive=inclusive)
+        return reader
+
+    # -- retention and admin --------------------------------------------------------------------------
+
+    async def trim(self, name: str, before: Position) -> int:
+        """Removes the fragments wholly below ``before`` from the metadata,
+        then has their bookies delete those entries.  Positions below
+        ``before`` become unreadable (PositionTrimmed).  The fragment holding
+        ``before`` is kept.  Returns the number of fragments removed."""
+        if before.is_sentinel:
+            raise ValueError("trim needs a concrete position")
+        bk = self.bk
+        lid = await self._ledger_of(name)
+        for _ in range(bk.config.metadata_attempts):
+            meta, rev = await bk.meta_call(bk.ledgers.read, lid, fragments="last")
+            target = min(before.entry_id, meta.last_fragment.first_entry)
+            try:
+                keep = (await bk.meta_call(bk.ledgers.fragment_for, lid, target)).first_entry
+            except me.NoFragment:
+                keep = None
+            except err.BookKeeperError:
+                keep = None
+            doomed = []
+            if keep is not None:
+                rows = await bk.meta_call(bk.store.range, bk.ledgers.layout.fragments_prefix(lid))
+                doomed = [f for f in (Fragment.from_bytes(v.value) for _, v in rows) if f.first_entry < keep]
+            try:
+                await bk.meta_call(bk.ledgers.remove_fragments_before, lid, before.entry_id, meta, rev)
+            except err.MetadataConflict:
+                continue
+            if doomed:
+                await self._delete_on_bookies(lid, {b for f in doomed for b in f.ensemble}, keep - 1)
+            log.info("stream %r: trimmed before %s (%d fragments)", name, before, len(doomed))
+            return len(doomed)
+        raise err.MetadataConflict(f"stream {name!r}: trim CAS kept failing")
+
+    async def _delete_on_bookies(self, lid: int, bookies: set[str], last: int) -> None:
+        async def one(bid: str) -> None:
+            bc = await self.bk.bookie(bid)
+            if bc is None:
+                return  # a dead bookie: its data goes with it, or with its GC
+            try:
+                await bc.delete(lid, (0, last), timeout=self.bk.config.read_timeout)
+            except (BookieUnavailable, asyncio.TimeoutError) as e:
+                log.info("ledger %s: trim on %s failed: %s", lid, bid, e)
+
+        await asyncio.gather(*(one(b) for b in bookies))
+
+    async def stream_info(self, name: str) -> dict:
+        lid = await self._ledger_of(name)
+        meta, _ = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
+        return {"name": name, "ledger_id": lid, "term": meta.term, "state": meta.state.name,
+                "fragments": meta.fragment_count, "trimmed_before": meta.trimmed_before,
+                "ensemble": list(meta.last_fragment.ensemble),
+                "E": meta.ensemble_size, "Qw": meta.write_quorum, "Qa": meta.ack_quorum}
+
+    async def list_streams(self) -> list[str]:
+        rows = await self.bk.meta_call(self.bk.store.range, self.layout.streams_prefix())
+        return sorted(self.layout.parse_stream_key(k) for k, _ in rows)
+
+    async def delete_stream(self, name: str) -> None:
+        lid = await self._ledger_of(name)
+        await self.bk.meta_call(self.bk.store.delete, self.layout.stream_key(name))
+        await self.bk.delete_ledger(lid)
+
+    async def close(self) -> None:
+        await self.bk.close()
+
+    async def __aenter__(self) -> "AsyncStreamClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class AsyncStreamWriter:
+    """The stream's writer for one term."""
+
+    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle):
+        self.client, self.name, self.handle = client, name, handle
+
+    @property
+    def term(self) -> int:
+        return self.handle.metadata.term
+
+    @property
+    def ledger_id(self) -> int:
+        return self.handle.ledger_id
+
+    def append_async(self, payload: bytes) -> asyncio.Future:
+        """Queues an append; the future resolves to its Position once it
+        (and every earlier append) is acknowledged by Qa bookies.  Raises
+        TooManyPendingAdds when the window is full."""
+        fut = self.handle.add_entry_async(payload)
+        out = asyncio.get_running_loop().create_future()
+
+        def done(f: asyncio.Future) -> None:
+            if out.done():
+                return
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
+                out.set_exception(err.translate(f.exception()))
+            else:
+                out.set_result(Position(f.result()))
+
+        fut.add_done_callback(done)
+        return out
+
+    async def append(self, payload: bytes) -> Position:
+        """Appends and waits for the acknowledgement (waits for room in the
+        window when it is full)."""
+        try:
+            return Position(await self.handle.add_entry(payload))
+        except Exception as e:
+            raise err.translate(e) from e
+
+    async def flush(self) -> None:
+        """Waits until every append issued so far is acknowledged (or failed)."""
+        w = self.handle._writer
+        while w is not None and w.futures:
+            await asyncio.gather(*list(w.futures.values()), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flushes and stops writing.  The stream stays OPEN: the next writer
+        takes it over with a new term."""
+        await self.flush()
+        w = self.handle._writer
+        if w is not None:
+            w.cancel()
+            self.handle._closed = True
+
+    async def __aenter__(self) -> "AsyncStreamWriter":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+class AsyncStreamReader:
+    """Reads a stream in order, up to the LAC; tails it with long polls."""
+
+    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5):
+        self.client, self.name, self.handle = client, name, handle
+        self.poll_timeout = poll_timeout
+        self._next = 0          # the next entry id to read
+        self._latest = False    # a LATEST start, resolved on the first read
+        self._buffer: list[Record] = []
+
+    @property
+    def position(self) -> Position:
+        """The position of the next entry to be read."""
+        return Position(self._next)
+
+    def seek(self, position: Position, *, inclusive: bool = True) -> None:
+        self._buffer = []
+        self._latest = position == Position.LATEST
+        if position == Position.EARLIEST:
+            self._next = self.handle.metadata.trimmed_before
+        elif not self._latest:
+            self._next = position.entry_id + (0 if inclusive else 1)
+        if not self._latest and self._next < self.handle.metadata.trimmed_before:
+            raise err.PositionTrimmed(self.name, position, self.handle.metadata.trimmed_before)
+
+    async def _lac(self, timeout: float) -> int:
+        h = self.handle
+        lac = await h.read_last_add_confirmed()
+        if lac < self._next and timeout > 0:
+            lac = await h.long_poll_last_add_confirmed(lac, timeout)
+        return lac
+
+    async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
+        """The next records up to the LAC, at most ``max_records``; waits up
+        to ``timeout`` seconds for new ones when there are none (a long poll).
+        No-op entries are never returned."""
+        if self._buffer:
+            out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
+            return out
+        if self._latest:
+            self._next = await self.handle.read_last_add_confirmed() + 1
+            self._latest = False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
+            if lac >= self._next:
+                last = min(lac, self._next + max_records - 1)
+                try:
+                    entries = await self.handle.read_entries(self._next, last)
+                except (err.ReadFailed, err.EntryMissing) as e:
+                    meta = await self.handle.refresh_metadata()
+                    if self._next < meta.trimmed_before:
+                        raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
+                    raise
+                self._next = last + 1
+                out = [Record(Position(e.entry_id), e.payload) for e in entries if not e.is_noop]
+                if out:
+                    return out
+                continue  # only no-ops: read on
+            if loop.time() >= deadline:
+                return []
+
+    async def next(self, timeout: float | None = None) -> Record | None:
+        """The next record; None if none came within ``timeout`` (None: wait
+        for ever)."""
+        while not self._buffer:
+            t = self.poll_timeout if timeout is None else timeout
+            self._buffer = await self.read(1000, t)
+            if not self._buffer and timeout is not None:
+                return None
+        return self._buffer.pop(0)
+
+    def __aiter__(self) -> AsyncIterator[Record]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Record]:
+        while True:
+            yield await self.next()
+
+    async def close(self) -> None:
+        self._buffer = []
+
+    async def __aenter__(self) -> "AsyncStreamReader":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+
+# -- the blocking API ----------------------------------------------------------------------------
+
+class StreamClient:
+    """The blocking Stream API: an AsyncStreamClient on an event loop in a
+    background thread."""
+
+    def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
+                 config: ClientConfig | None = None, **overrides):
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="bookstream-client", daemon=True)
+        self._thread.start()
+
+        async def make() -> AsyncStreamClient:
+            return AsyncStreamClient(etcd_endpoints, cluster, config, **overrides)
+
+        self.aio = self._run(make())
+
+    def _run(self, coro, timeout: float | None = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def open_writer(self, name: str, config: StreamConfig | None = None, *, create: bool = True) -> "StreamWriter":
+        config = config or StreamConfig()
+        return StreamWriter(self, self._run(self.aio.open_writer(name, config, create=create)), config)
+
+    def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True) -> "StreamReader":
+        return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive)))
+
+    def trim(self, name: str, before: Position) -> int:
+        return self._run(self.aio.trim(name, before))
+
+    def stream_info(self, name: str) -> dict:
+        return self._run(self.aio.stream_info(name))
+
+    def list_streams(self) -> list[str]:
+        return self._run(self.aio.list_streams())
+
+    def delete_stream(self, name: str) -> None:
+        self._run(self.aio.delete_stream(name))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.aio.close(), timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+    def __enter__(self) -> "StreamClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+class StreamWriter:
+    """The blocking writer.  Appends from the caller's thread are gathered
+    into batches (``linger`` seconds, or ``max_batch_bytes``) and handed to
+    the event loop in one call, so a batch costs one thread hop."""
+
+    def __init__(self, sc: StreamClient, aw: AsyncStreamWriter, config: StreamConfig):
+        self._sc, self.aio = sc, aw
+        self.linger, self.max_batch_bytes = config.linger, config.max_batch_bytes
+        self._lock = threading.Lock()
+        self._batch: list[tuple[bytes, concurrent.futures.Future]] = []
+        self._batch_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._closed = False
+
+    @property
+    def term(self) -> int:
+        return self.aio.term
+
+    def append_async(self, payload: bytes) -> concurrent.futures.Future:
+        """Queues an append; the future resolves to its Position."""
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        if self._closed:
+            raise err.LedgerClosed(f"stream {self.aio.name!r}: writer closed")
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            first = not self._batch
+            self._batch.append((bytes(payload), fut))
+            self._batch_bytes += len(payload)
+            full = self._batch_bytes >= self.max_batch_bytes
+        if full:
+            self._sc._loop.call_soon_threadsafe(self._hand_over)
+        elif first:
+            self._sc._loop.call_soon_threadsafe(self._arm)
+        return fut
+
+    def _arm(self) -> None:
+        """On the loop: hand the batch over after the linger time."""
+        if self._timer is None:
+            self._timer = self._sc._loop.call_later(self.linger, self._hand_over)
+
+    def _hand_over(self) -> None:
+        """On the loop: every queued append goes to the async writer, in order."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        with self._lock:
+            batch, self._batch, self._batch_bytes = self._batch, [], 0
+        for k, (payload, fut) in enumerate(batch):
+            try:
+                af = self.aio.append_async(payload)
+            except err.TooManyPendingAdds:
+                # window full: wait for room, keep the order for the rest
+                rest = batch[k:]
+                self._sc._loop.create_task(self._append_slowly(rest))
+                return
+            except Exception as e:
+                fut.set_exception(err.translate(e))
+                continue
+            af.add_done_callback(functools.partial(_copy_result, fut))
+
+    async def _append_slowly(self, batch) -> None:
+        for payload, fut in batch:
+            try:
+                fut.set_result(await self.aio.append(payload))
+            except Exception as e:
+                fut.set_exception(err.translate(e))
+
+    def append(self, payload: bytes) -> Position:
+        """Appends and waits for the acknowledgement."""
+        fut = self.append_async(payload)
+        self.flush_batch()
+        return fut.result()
+
+    def flush_batch(self) -> None:
+        """Hands the queued appends to the writer now (no linger)."""
+        self._sc._loop.call_soon_threadsafe(self._hand_over)
+
+    def flush(self) -> None:
+        """Waits until every append issued so far is acknowledged."""
+        done = threading.Event()
+
+        def go() -> None:
+            self._hand_over()
+            t = self._sc._loop.create_task(self.aio.flush())
+            t.add_done_callback(lambda _: done.set())
+
+        self._sc._loop.call_soon_threadsafe(go)
+        done.wait()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        self._sc._run(self.aio.close())
+
+    def __enter__(self) -> "StreamWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _copy_result(target: concurrent.futures.Future, source: asyncio.Future) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
+
+
+class StreamReader:
+    """The blocking reader; iterating it tails the stream for ever."""
+
+    def __init__(self, sc: StreamClient, ar: AsyncStreamReader):
+        self._sc, self.aio = sc, ar
+
+    @property
+    def position(self) -> Position:
+        return self.aio.position
+
+    def seek(self, position: Position, *, inclusive: bool = True) -> None:
+        self._sc._run(_call(self.aio.seek, position, inclusive=inclusive))
+
+    def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
+        return self._sc._run(self.aio.read(max_records, timeout))
+
+    def next(self, timeout: float | None = None) -> Record | None:
+        return self._sc._run(self.aio.next(timeout))
+
+    def __iter__(self) -> Iterator[Record]:
+        while True:
+            yield self.next()
+
+    def close(self) -> None:
+        self._sc._run(self.aio.close())
+
+    def __enter__(self) -> "StreamReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def _call(fn, *args, **kw):
+    return fn(*args, **kw)
+
+
+__all__ = ["Position", "Record", "StreamConfig", "StreamClient", "StreamWriter", "StreamReader",
+           "AsyncStreamClient", "AsyncStreamWriter", "AsyncStreamReader", "take_over"]

@@ -1,0 +1,467 @@
+"""Streams end to end: real bookie processes and etcd.
+
+Take-over after a writer crash, duelling writers, the seed's divergence
+counterexample replayed on real bookies, rolling by size, trim, tailing
+readers across rolls and ensemble changes, a restart of every bookie, and a
+stream with very many fragments.
+"""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from types import SimpleNamespace
+
+import pytest
+
+from bookie import entry as E
+from bookie.core import Status
+from bookstream_pb import metadata_pb2 as mpb
+from metadata.ledgers import Fragment, LedgerStore
+from metadata.store import Put
+from stream import errors as se
+from stream import mutations
+from stream.bookie_client import BookieClient
+from stream.quorum import write_set
+from stream.stream import AsyncStreamClient, Position, StreamClient, StreamConfig
+from tests.conftest import run, start_bookies
+from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
+
+
+@pytest.fixture(scope="module")
+def shared(etcd_server, tmp_path_factory):
+    name = f"stream-shared-{uuid.uuid4().hex[:8]}"
+    procs = start_bookies(tmp_path_factory.mktemp("streams"), etcd_server.endpoint, name, 4)
+    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=name, bookies=procs)
+    for p in procs:
+        p.kill()
+
+
+@pytest.fixture
+def own(etcd_server, tmp_path, cluster):
+    procs = []
+
+    def start(n, extra_args=()):
+        procs.extend(start_bookies(tmp_path, etcd_server.endpoint, cluster, n, first=len(procs),
+                                   extra_args=extra_args))
+        return procs
+
+    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=cluster, start=start, bookies=procs)
+    for p in procs:
+        try:
+            os.kill(p.pid, signal.SIGCONT)
+        except (ProcessLookupError, AssertionError):
+            pass
+        p.kill()
+
+
+def sname() -> str:
+    return f"s-{uuid.uuid4().hex[:8]}"
+
+
+def aclient(env, **kw) -> AsyncStreamClient:
+    return AsyncStreamClient(env.endpoint, env.cluster, **kw)
+
+
+async def read_all(sc: AsyncStreamClient, name: str, start=Position.EARLIEST) -> list:
+    r = await sc.open_reader(name, start)
+    out = []
+    while True:
+        got = await r.read(1000)
+        if not got:
+            return out
+        out.extend(got)
+
+
+async def replicas(env, sc: AsyncStreamClient, name: str, entry_id: int) -> dict[str, tuple]:
+    """What every bookie of the entry's write set holds for it."""
+    info = await sc.stream_info(name)
+    frag = await sc.bk.meta_call(sc.bk.ledgers.fragment_for, info["ledger_id"], entry_id)
+    out = {}
+    for i in write_set(entry_id, info["E"], info["Qw"]):
+        bid = frag.ensemble[i]
+        bc = await sc.bk.bookie(bid)
+        r = await bc.read_entry(info["ledger_id"], entry_id)
+        out[bid] = (Status(r.status), E.decode(r.entry).payload if r.status == Status.OK else None)
+    return out
+
+
+# -- the API ----------------------------------------------------------------------------
+
+
+def test_produce_and_consume_with_the_blocking_api(shared):
+    name = sname()
+    with StreamClient(shared.endpoint, shared.cluster) as sc:
+        with sc.open_writer(name) as w:
+            assert w.term == 1
+            positions = [w.append(b"m%d" % i) for i in range(10)]
+            futs = [w.append_async(b"m%d" % i) for i in range(10, 500)]
+            w.flush()
+            positions += [f.result() for f in futs]
+        assert positions == sorted(positions) and len(set(positions)) == 500
+        assert positions[0] > Position.EARLIEST and positions[-1] < Position.LATEST
+        with sc.open_reader(name) as r:
+            got = r.read(1000)
+            assert [x.payload for x in got] == [b"m%d" % i for i in range(500)]  # no no-ops
+            assert [x.position for x in got] == positions
+            assert r.read(10, timeout=0.2) == []                               # nothing more yet
+            r.seek(positions[100], inclusive=False)
+            assert r.next(timeout=1).payload == b"m101"
+        with sc.open_reader(name, positions[250]) as r:
+            assert r.next(timeout=1).position == positions[250]
+        assert name in sc.list_streams()
+
+
+def test_positions_are_opaque_comparable_and_serializable():
+    ps = [Position.EARLIEST, Position(0), Position(7), Position(1 << 40), Position.LATEST]
+    assert ps == sorted(ps[::-1])
+    for p in ps:
+        assert Position.from_bytes(bytes(p)) == p and Position.parse(str(p)) == p
+    with pytest.raises(ValueError):
+        Position(-5)
+    with pytest.raises(ValueError):
+        Position.LATEST.entry_id
+
+
+def test_asyncio_api_tail_and_latest(shared):
+    name = sname()
+
+    async def go():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name)
+            await asyncio.gather(*(w.append_async(b"old%d" % i) for i in range(20)))
+            r_all = await sc.open_reader(name, Position.EARLIEST)
+            r_new = await sc.open_reader(name, Position.LATEST)
+            seen = []
+
+            async def tail():
+                async for rec in r_new:
+                    seen.append(rec.payload)
+                    if len(seen) == 30:
+                        return
+
+            t = asyncio.create_task(tail())
+            for i in range(30):
+                await w.append(b"new%d" % i)
+            await asyncio.wait_for(t, 20)
+            assert seen == [b"new%d" % i for i in range(30)]  # LATEST: only what came after
+            got = []
+            while len(got) < 50:
+                got += await r_all.read(100, timeout=5)
+            assert [x.payload for x in got] == [b"old%d" % i for i in range(20)] + seen
+            await w.close()
+    run(go())
+
+
+def test_reading_a_missing_stream_and_bad_input_give_typed_errors(shared):
+    async def go():
+        async with aclient(shared) as sc:
+            with pytest.raises(se.NoSuchStream):
+                await sc.open_reader("no-such-stream-" + uuid.uuid4().hex)
+            with pytest.raises(se.NoSuchStream):
+                await sc.open_writer("no-such-stream-" + uuid.uuid4().hex, create=False)
+            with pytest.raises(se.InvalidLedgerConfig):
+                await sc.open_writer(sname(), StreamConfig(ensemble_size=2, write_quorum=3, ack_quorum=2))
+            with pytest.raises(se.NotEnoughBookies):
+                await sc.open_writer(sname(), StreamConfig(ensemble_size=9, write_quorum=3, ack_quorum=2))
+    run(go())
+
+
+# -- take-over ----------------------------------------------------------------------------
+
+
+WRITER_SCRIPT = textwrap.dedent("""
+    import sys
+    from stream.stream import StreamClient
+    endpoint, cluster, name = sys.argv[1:4]
+    sc = StreamClient(endpoint, cluster)
+    w = sc.open_writer(name)
+    i = 0
+    while True:
+        futs = [(i + k, w.append_async(b"w1-%d" % (i + k))) for k in range(50)]
+        for k, f in futs:
+            print(k, f.result().entry_id, flush=True)
+        i += 50
+""")
+
+
+def test_writer_crash_then_take_over_loses_nothing_acknowledged(shared):
+    name = sname()
+    proc = subprocess.Popen([sys.executable, "-c", WRITER_SCRIPT, shared.endpoint, shared.cluster, name],
+                            stdout=subprocess.PIPE, text=True)
+    acked = {}
+    try:
+        for line in proc.stdout:
+            k, eid = map(int, line.split())
+            acked[eid] = b"w1-%d" % k
+            if len(acked) >= 700:
+                break
+    finally:
+        proc.kill()  # kill -9 with appends in flight
+        proc.wait()
+
+    async def go():
+        async with aclient(shared) as sc:
+            w2 = await sc.open_writer(name)
+            assert w2.term == 2
+            p = await w2.append(b"w2-first")
+            got = await read_all(sc, name)
+            by_eid = {r.position.entry_id: r.payload for r in got}
+            for eid, payload in acked.items():
+                assert by_eid.get(eid) == payload, eid
+            assert got[-1].payload == b"w2-first" and got[-1].position == p
+            # everything the new writer recovered sits below its first append
+            assert all(r.position < p for r in got[:-1])
+            # a second reader agrees record for record
+            assert await read_all(sc, name) == got
+    run(go())
+
+
+def test_two_writers_fight_the_older_gets_a_typed_error(shared):
+    name = sname()
+
+    async def go():
+        async with aclient(shared) as a, aclient(shared) as b:
+            w1 = await a.open_writer(name)
+            ok1 = [await w1.append(b"a%d" % i) for i in range(5)]
+            w2 = await b.open_writer(name)              # takes over: term 2
+            assert (w1.term, w2.term) == (1, 2)
+            with pytest.raises(se.WriterFenced) as e:
+                await w1.append(b"a-late")
+            assert not e.value.retriable and isinstance(e.value, se.NotWriter)
+            ok2 = [await w2.append(b"b%d" % i) for i in range(5)]
+            w1b = await a.open_writer(name)             # the application takes over again
+            assert w1b.term == 3
+            with pytest.raises(se.WriterFenced):
+                await w2.append(b"b-late")
+            ok3 = [await w1b.append(b"c%d" % i) for i in range(5)]
+            got = await read_all(b, name)
+            assert [r.payload for r in got] == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)] + \
+                [b"c%d" % i for i in range(5)]
+            assert [r.position for r in got] == ok1 + ok2 + ok3
+            assert (await b.stream_info(name))["term"] == 3
+    run(go())
+
+
+@pytest.mark.parametrize("mutant", [None, mutations.NOOP_WITHOUT_TRUNCATE])
+def test_the_seeds_counterexample_does_not_diverge_on_real_bookies(own, mutant):
+    """c1 writes entries; entries 2 and 3 reach b1 only.  c2 takes over
+    while b1 is stopped: b2 and b3 say entry 2 does not exist, so recovery
+    ends with a truncate no-op at 2, which must reach b1 too.  b1's stale
+    entry 3 is then gone, so c2's new entry 3 cannot diverge from it.
+
+    The control run strips the no-op's truncate flag (a mutant): b1 then
+    keeps its stale entry 3, below the new writer's LAC once it appends."""
+    procs = own.start(3)
+    name = sname()
+
+    async def go():
+        async with aclient(own) as c1, aclient(own) as c2:
+            w1 = await c1.open_writer(name, StreamConfig(3, 3, 2))
+            assert (await w1.append(b"A")).entry_id == 1            # entry 0: the take-over no-op
+            info = await c1.stream_info(name)
+            lid = info["ledger_id"]
+            by_id = {p.bookie_id: p for p in procs}
+            b1, b2, b3 = (by_id[b] for b in info["ensemble"])
+            # c1's entries 2 and 3 reach b1 only (never acknowledged)
+            raw = BookieClient(b1.address)
+            stale = b"".join(E.encode(lid, e, b"stale-%d" % e, lac=1, term=1) for e in (2, 3))
+            assert (await raw.add(stale)).status == Status.OK
+            os.kill(b1.pid, signal.SIGSTOP)
+            take = asyncio.ensure_future(c2.open_writer(name))
+            # wait until the no-op at 2 is on b2 (recovery is past its reads)
+            peek = BookieClient(b2.address)
+            deadline = time.monotonic() + 20
+            while True:
+                r = await peek.read_entry(lid, 2)
+                if r.status == Status.OK and E.decode(r.entry).is_noop:
+                    break
+                assert time.monotonic() < deadline, "recovery never wrote its no-op"
+                await asyncio.sleep(0.01)
+            assert not take.done()  # the no-op must reach every bookie, b1 included
+            os.kill(b1.pid, signal.SIGCONT)
+            w2 = await asyncio.wait_for(take, 30)
+            r2 = await raw.read_entry(lid, 2)
+            assert r2.status == Status.OK and E.decode(r2.entry).is_noop
+            r3 = await raw.read_entry(lid, 3)
+            if mutant:
+                # nothing removed b1's stale entry 3: it now sits where the new
+                # writer's entry 3 goes, a divergence as soon as b1 misses it
+                assert r3.status == Status.OK and E.decode(r3.entry).payload == b"stale-3"
+                return
+            assert r3.status == Status.NO_SUCH_ENTRY           # the truncate removed the stale entry
+            p = await w2.append(b"C")
+            assert p.entry_id == 3
+            got = await read_all(c2, name)
+            assert [r.payload for r in got] == [b"A", b"C"]
+            await w2.flush()
+            assert set((await replicas(own, c2, name, 3)).values()) <= {(Status.OK, b"C")}
+            await raw.close()
+            await peek.close()
+
+    if mutant:
+        with mutations.mutated(mutant):
+            run(go())
+    else:
+        run(go())
+
+
+# -- fragments: rolling, trimming, tailing ------------------------------------------------------
+
+
+def test_rolling_by_size_spreads_the_stream_and_trim_removes_old_fragments(shared):
+    name = sname()
+
+    async def go():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name, StreamConfig(3, 2, 2, fragment_size_entries=40))
+            ps = []
+            for i in range(0, 400, 20):
+                ps += await asyncio.gather(*(w.append_async(b"r%d" % k) for k in range(i, i + 20)))
+            info = await sc.stream_info(name)
+            assert info["fragments"] >= 8
+            lid = info["ledger_id"]
+            frags = [Fragment.from_bytes(v.value) for _, v in
+                     await sc.bk.meta_call(sc.bk.store.range, sc.bk.ledgers.layout.fragments_prefix(lid))]
+            assert len({f.ensemble for f in frags}) > 1            # fresh ensembles over 4 bookies
+            got = await read_all(sc, name)
+            assert [r.payload for r in got] == [b"r%d" % k for k in range(400)]
+
+            # trim below entry 200: whole fragments below it go, from etcd and the bookies
+            cut = ps[200]
+            removed = await sc.trim(name, cut)
+            assert removed >= 3
+            info2 = await sc.stream_info(name)
+            assert info2["trimmed_before"] == cut.entry_id
+            keys = await sc.bk.meta_call(sc.bk.store.range, sc.bk.ledgers.layout.fragments_prefix(lid))
+            left = [Fragment.from_bytes(v.value) for _, v in keys]
+            # the header's count matches the keys (a roll may have added one since)
+            assert len(left) == info2["fragments"] and len(left) <= info["fragments"] + 1 - removed
+            # the fragment holding the cut is the oldest left
+            assert left[0].first_entry <= cut.entry_id < (left[1].first_entry if len(left) > 1 else 1 << 62)
+            assert [f for f in frags if f.first_entry < left[0].first_entry][-removed:] and \
+                all(f not in left for f in frags if f.first_entry < left[0].first_entry)
+            with pytest.raises(se.PositionTrimmed):
+                await sc.open_reader(name, ps[10])
+            rest = await read_all(sc, name)                  # EARLIEST is now the trim point
+            assert [r.payload for r in rest] == [b"r%d" % k for k in range(200, 400)]
+            old = frags[0]                                   # its bookies deleted the data
+            for bid in old.ensemble:
+                bc = await sc.bk.bookie(bid)
+                assert (await bc.read_entry(lid, 1)).status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
+            await w.append(b"after-trim")
+            assert (await read_all(sc, name, ps[399]))[-1].payload == b"after-trim"
+    run(go())
+
+
+def test_readers_tail_while_the_writer_rolls_and_changes_ensembles(own):
+    procs = own.start(5)
+    name = sname()
+
+    async def go():
+        async with aclient(own, add_timeout=2.0) as sc, aclient(own) as rc:
+            w = await sc.open_writer(name, StreamConfig(3, 3, 2, fragment_size_entries=60))
+            await w.append(b"t0")
+            readers = [await rc.open_reader(name) for _ in range(2)]
+            seen = [[], []]
+
+            async def tail(k):
+                async for rec in readers[k]:
+                    seen[k].append(rec.payload)
+                    if len(seen[k]) == 600:
+                        return
+
+            tails = [asyncio.create_task(tail(k)) for k in range(2)]
+            for i in range(1, 600, 25):
+                await asyncio.gather(*(w.append_async(b"t%d" % k) for k in range(i, min(i + 25, 600))))
+                if i == 301:  # kill a bookie of the current ensemble: an ensemble change
+                    cur = (await sc.stream_info(name))["ensemble"]
+                    victim = next(p for p in procs if p.bookie_id == cur[0])
+                    victim.kill()
+            await asyncio.wait_for(asyncio.gather(*tails), 60)
+            want = [b"t%d" % k for k in range(600)]
+            assert seen[0] == want and seen[1] == want
+            assert (await sc.stream_info(name))["fragments"] >= 10
+    run(go())
+
+
+def test_restart_of_every_bookie_keeps_the_stream(own):
+    procs = own.start(3)
+    name = sname()
+
+    async def go_write():
+        async with aclient(own) as sc:
+            w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+            return await asyncio.gather(*(w.append_async(b"x%d" % i) for i in range(300)))
+
+    ps = run(go_write())
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.start()
+
+    async def go_check():
+        async with aclient(own) as sc:
+            w = await sc.open_writer(name)
+            nxt = await w.append(b"after")
+            got = await read_all(sc, name)
+            assert [r.payload for r in got] == [b"x%d" % i for i in range(300)] + [b"after"]
+            assert [r.position for r in got[:300]] == list(ps) and nxt > ps[-1]
+    run(go_check())
+
+
+def test_a_stream_with_very_many_fragments_opens_appends_and_reads(shared, store):
+    """100,000 fragments in etcd (written straight into the key layout, each
+    over the same 3 bookies): open, append and read touch only the newest few."""
+    n = 100_000
+    name = sname()
+
+    async def setup():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+            await w.append(b"seed")
+            info = await sc.stream_info(name)
+            await w.close()
+            return info
+
+    info = run(setup())
+    lid, ens = info["ledger_id"], tuple(info["ensemble"])
+    ls = LedgerStore(store, shared.cluster)
+    layout = ls.layout
+    # fragments k*10 for k = 1..n over the same ensemble: the stream's
+    # entries 0..1 stay in fragment 0; the new writer starts far above
+    t0 = time.monotonic()
+    batch = []
+    for k in range(1, n + 1):
+        batch.append(Put(layout.fragment_key(lid, k * 10), Fragment(k * 10, ens).to_bytes()))
+        if len(batch) == 120:
+            store.txn([], batch)
+            batch = []
+    if batch:
+        store.txn([], batch)
+    meta, rev = ls.read(lid, fragments="last")
+    hdr = meta.with_(fragment_count=n + 1, last_fragment_first_entry=n * 10)
+    ls.update_header(hdr, rev)
+    setup_s = time.monotonic() - t0
+
+    async def go():
+        async with aclient(shared) as sc:
+            t = time.monotonic()
+            w = await sc.open_writer(name)
+            p = await w.append(b"far")
+            r = await sc.open_reader(name, p)
+            got = await r.read(10, timeout=5)
+            elapsed = time.monotonic() - t
+            # the oldest entries are still there, found through fragment 0
+            first = await (await sc.open_reader(name, Position.EARLIEST)).read(2)
+            return p, got, elapsed, first
+
+    p, got, elapsed, first = run(go())
+    assert p.entry_id > n * 10 and [x.payload for x in got] == [b"far"]
+    assert [x.payload for x in first] == [b"seed"]
+    print(f"\n{n} fragments: setup {setup_s:.1f}s, open+append+read {elapsed:.2f}s")
