@@ -236,6 +236,13 @@ class BookieRegistry:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not self.store.wait_deleted(holder_key, remaining):
                         raise BookieIdInUse(rec.bookie_id, holder) from None
+                    # Waiting may have outlasted our own (not yet kept alive)
+                    # lease: start from a fresh one.
+                    try:
+                        lease.revoke()
+                    except MetadataError:
+                        pass
+                    lease = self.store.lease(ttl)
             raise BookieIdInUse(rec.bookie_id, None)
         except BaseException:
             try:

@@ -68,14 +68,20 @@ def aclient(env, **kw) -> AsyncStreamClient:
     return AsyncStreamClient(env.endpoint, env.cluster, **kw)
 
 
-async def read_all(sc: AsyncStreamClient, name: str, start=Position.EARLIEST) -> list:
+async def read_all(sc: AsyncStreamClient, name: str, start=Position.EARLIEST, *, until=None) -> list:
+    """Every record up to the LAC.  With ``until`` (a payload), long-polls
+    until that record is read: an append is acknowledged before its LAC
+    reaches the bookies (with the next entry, or the writer's explicit LAC
+    once adds go quiet), so a reader sees it a moment later."""
     r = await sc.open_reader(name, start)
     out = []
     while True:
-        got = await r.read(1000)
-        if not got:
-            return out
+        got = await r.read(1000, timeout=10 if until is not None else 0)
         out.extend(got)
+        if until is None and not got:
+            return out
+        if until is not None and (any(x.payload == until for x in got) or not got):
+            return out
 
 
 async def replicas(env, sc: AsyncStreamClient, name: str, entry_id: int) -> dict[str, tuple]:
@@ -210,7 +216,7 @@ def test_writer_crash_then_take_over_loses_nothing_acknowledged(shared):
             w2 = await sc.open_writer(name)
             assert w2.term == 2
             p = await w2.append(b"w2-first")
-            got = await read_all(sc, name)
+            got = await read_all(sc, name, until=b"w2-first")
             by_eid = {r.position.entry_id: r.payload for r in got}
             for eid, payload in acked.items():
                 assert by_eid.get(eid) == payload, eid
@@ -218,7 +224,7 @@ def test_writer_crash_then_take_over_loses_nothing_acknowledged(shared):
             # everything the new writer recovered sits below its first append
             assert all(r.position < p for r in got[:-1])
             # a second reader agrees record for record
-            assert await read_all(sc, name) == got
+            assert await read_all(sc, name, until=b"w2-first") == got
     run(go())
 
 
@@ -240,7 +246,7 @@ def test_two_writers_fight_the_older_gets_a_typed_error(shared):
             with pytest.raises(se.WriterFenced):
                 await w2.append(b"b-late")
             ok3 = [await w1b.append(b"c%d" % i) for i in range(5)]
-            got = await read_all(b, name)
+            got = await read_all(b, name, until=b"c4")
             assert [r.payload for r in got] == [b"a%d" % i for i in range(5)] + [b"b%d" % i for i in range(5)] + \
                 [b"c%d" % i for i in range(5)]
             assert [r.position for r in got] == ok1 + ok2 + ok3
@@ -297,7 +303,7 @@ def test_the_seeds_counterexample_does_not_diverge_on_real_bookies(own, mutant):
             assert r3.status == Status.NO_SUCH_ENTRY           # the truncate removed the stale entry
             p = await w2.append(b"C")
             assert p.entry_id == 3
-            got = await read_all(c2, name)
+            got = await read_all(c2, name, until=b"C")
             assert [r.payload for r in got] == [b"A", b"C"]
             await w2.flush()
             assert set((await replicas(own, c2, name, 3)).values()) <= {(Status.OK, b"C")}
@@ -329,7 +335,7 @@ def test_rolling_by_size_spreads_the_stream_and_trim_removes_old_fragments(share
             frags = [Fragment.from_bytes(v.value) for _, v in
                      await sc.bk.meta_call(sc.bk.store.range, sc.bk.ledgers.layout.fragments_prefix(lid))]
             assert len({f.ensemble for f in frags}) > 1            # fresh ensembles over 4 bookies
-            got = await read_all(sc, name)
+            got = await read_all(sc, name, until=b"r399")
             assert [r.payload for r in got] == [b"r%d" % k for k in range(400)]
 
             # trim below entry 200: whole fragments below it go, from etcd and the bookies
@@ -348,14 +354,14 @@ def test_rolling_by_size_spreads_the_stream_and_trim_removes_old_fragments(share
                 all(f not in left for f in frags if f.first_entry < left[0].first_entry)
             with pytest.raises(se.PositionTrimmed):
                 await sc.open_reader(name, ps[10])
-            rest = await read_all(sc, name)                  # EARLIEST is now the trim point
+            rest = await read_all(sc, name, until=b"r399")   # EARLIEST is now the trim point
             assert [r.payload for r in rest] == [b"r%d" % k for k in range(200, 400)]
             old = frags[0]                                   # its bookies deleted the data
             for bid in old.ensemble:
                 bc = await sc.bk.bookie(bid)
                 assert (await bc.read_entry(lid, 1)).status in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER)
             await w.append(b"after-trim")
-            assert (await read_all(sc, name, ps[399]))[-1].payload == b"after-trim"
+            assert (await read_all(sc, name, ps[399], until=b"after-trim"))[-1].payload == b"after-trim"
     run(go())
 
 
@@ -409,7 +415,7 @@ def test_restart_of_every_bookie_keeps_the_stream(own):
         async with aclient(own) as sc:
             w = await sc.open_writer(name)
             nxt = await w.append(b"after")
-            got = await read_all(sc, name)
+            got = await read_all(sc, name, until=b"after")
             assert [r.payload for r in got] == [b"x%d" % i for i in range(300)] + [b"after"]
             assert [r.position for r in got[:300]] == list(ps) and nxt > ps[-1]
     run(go_check())
