@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import sys
@@ -42,6 +43,7 @@ def add_parser(sub) -> None:
     r.add_argument("--dir", type=Path, default=None)
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
+    add_client_parsers(bsub)
 
 
 def raw_disk_rate(path: Path, write_bytes: int, seconds: float) -> float:
@@ -199,5 +201,162 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
               flush=True)
     if args.out:
         args.out.write_text(json.dumps({"benchmark": "replay", "command": " ".join(sys.argv),
+                                        "results": results}, indent=2) + "\n")
+    return 0
+
+
+# -- the client benchmarks: ledgers and streams on a local cluster ----------------------------
+
+
+def add_client_parsers(bsub) -> None:
+    s = bsub.add_parser("stream", help="stream appends/s and latency, tail reads/s, take-over time")
+    s.add_argument("--sizes", default="100,1024")
+    s.add_argument("--seconds", type=float, default=5.0)
+    s.add_argument("--window", type=int, default=5000, help="appends in flight")
+    s.add_argument("--takeover-lengths", default="1000,1000000",
+                   help="stream lengths (entries) to measure take-over on")
+    s.add_argument("--bookies", type=int, default=3)
+    s.add_argument("--dir", type=Path, default=None)
+    s.add_argument("--out", type=Path, default=None)
+    s.set_defaults(func=cmd_bench_stream)
+    lg = bsub.add_parser("ledger", help="classic ledger appends/s and latency (E3 Qw3 Qa2)")
+    lg.add_argument("--sizes", default="100,1024")
+    lg.add_argument("--seconds", type=float, default=5.0)
+    lg.add_argument("--window", type=int, default=5000)
+    lg.add_argument("--dir", type=Path, default=None)
+    lg.add_argument("--out", type=Path, default=None)
+    lg.set_defaults(func=cmd_bench_ledger)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def _closed_loop(append_async, size: int, seconds: float, window: int) -> dict:
+    """Appends as fast as acks allow with `window` in flight; latency is
+    measured per append, from the call to its ack."""
+    payload = os.urandom(size)
+    loop = asyncio.get_running_loop()
+    lat: list[float] = []
+    inflight: set = set()
+    done_count = 0
+    t0 = time.perf_counter()
+    room = asyncio.Event()
+
+    def on_done(t_start, f):
+        nonlocal done_count
+        inflight.discard(f)
+        if not f.cancelled() and f.exception() is None:
+            lat.append(time.perf_counter() - t_start)
+            done_count += 1
+        room.set()
+
+    while time.perf_counter() - t0 < seconds:
+        while len(inflight) < window:
+            f = append_async(payload)
+            inflight.add(f)
+            f.add_done_callback(functools.partial(on_done, time.perf_counter()))
+        room.clear()
+        await room.wait()
+    if inflight:
+        await asyncio.gather(*list(inflight), return_exceptions=True)
+    el = time.perf_counter() - t0
+    return {"appends_per_s": done_count / el, "mb_per_s": done_count * size / el / 1e6,
+            "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "seconds": el}
+
+
+def _cluster(args, n: int):
+    from bookstream.standalone import Standalone
+
+    base = Path(tempfile.mkdtemp(prefix="bookstream-bench-", dir=args.dir))
+    return Standalone(base, bookies=n, base_port=0, log_level="WARNING").start()
+
+
+def cmd_bench_stream(args: argparse.Namespace) -> int:
+    from stream.stream import AsyncStreamClient, Position, StreamConfig
+
+    results: dict = {"appends": [], "tail": [], "takeover": []}
+    cluster = _cluster(args, args.bookies)
+
+    async def go():
+        async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
+                                     max_pending_adds=max(10_000, args.window * 2)) as sc:
+            print(f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}")
+            for size in (int(x) for x in args.sizes.split(",")):
+                name = f"bench-{size}-{os.getpid()}"
+                w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+                r = await _closed_loop(w.append_async, size, args.seconds, args.window)
+                r["entry_bytes"] = size
+                results["appends"].append(r)
+                print(f"{size:>6} {r['appends_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
+                      f"{r['p99_ms']:>7.2f}", flush=True)
+                await w.close()
+                # catch-up read of what was written, as a tailing reader does it
+                rd = await sc.open_reader(name, Position.EARLIEST)
+                n, t0 = 0, time.perf_counter()
+                while True:
+                    got = await rd.read(5000)
+                    if not got:
+                        break
+                    n += len(got)
+                el = time.perf_counter() - t0
+                results["tail"].append({"entry_bytes": size, "entries": n, "entries_per_s": n / el})
+                print(f"{'':>6} tail read: {n:,} entries at {n / el:,.0f} entries/s", flush=True)
+            for length in (int(x) for x in args.takeover_lengths.split(",")):
+                name = f"bench-takeover-{length}-{os.getpid()}"
+                w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+                payload = b"x" * 100
+                sent = 0
+                while sent < length:
+                    k = min(args.window, length - sent)
+                    await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
+                    sent += k
+                # the old writer is abandoned (a crash as far as the stream knows)
+                t0 = time.perf_counter()
+                w2 = await sc.open_writer(name)
+                el = time.perf_counter() - t0
+                await w2.close()
+                await w.close()
+                results["takeover"].append({"entries": length, "seconds": el})
+                print(f"take-over of a stream of {length:,} entries: {el * 1e3:.1f} ms", flush=True)
+
+    try:
+        asyncio.run(go())
+    finally:
+        cluster.stop()
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": "stream", "command": " ".join(sys.argv),
+                                        "results": results}, indent=2) + "\n")
+    return 0
+
+
+def cmd_bench_ledger(args: argparse.Namespace) -> int:
+    from stream.client import BookKeeperClient
+
+    results = []
+    cluster = _cluster(args, 3)
+
+    async def go():
+        async with BookKeeperClient(cluster.etcd_endpoint, cluster.cluster,
+                                    max_pending_adds=max(10_000, args.window * 2)) as bk:
+            print(f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}")
+            for size in (int(x) for x in args.sizes.split(",")):
+                lh = await bk.create_ledger(3, 3, 2)
+                r = await _closed_loop(lh.add_entry_async, size, args.seconds, args.window)
+                r["entry_bytes"] = size
+                results.append(r)
+                print(f"{size:>6} {r['appends_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
+                      f"{r['p99_ms']:>7.2f}", flush=True)
+                await lh.close()
+
+    try:
+        asyncio.run(go())
+    finally:
+        cluster.stop()
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": "ledger", "command": " ".join(sys.argv),
                                         "results": results}, indent=2) + "\n")
     return 0
