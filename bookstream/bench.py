@@ -239,7 +239,6 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int) -> 
     """Appends as fast as acks allow with `window` in flight; latency is
     measured per append, from the call to its ack."""
     payload = os.urandom(size)
-    loop = asyncio.get_running_loop()
     lat: list[float] = []
     inflight: set = set()
     done_count = 0

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import uuid
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 
 from bookstream.processes import BookieProcess
+from tests.etcd_fixture import cluster, etcd_server, prefix, store  # noqa: F401  (fixtures for every module)
 
 
 @pytest.fixture
@@ -36,3 +41,34 @@ def start_bookies(base, etcd, cluster_name, n, first=0, extra_args=()):
                              extra_args=["--registration-ttl", "3", *extra_args]).start()
     with ThreadPoolExecutor(n) as ex:
         return list(ex.map(one, range(first, first + n)))
+
+
+@pytest.fixture(scope="module")
+def shared(etcd_server, tmp_path_factory, request):
+    """Four bookies in a cluster of the test module's own, for the tests that
+    do not hurt bookies."""
+    name = f"{request.module.__name__.rsplit('.', 1)[-1]}-{uuid.uuid4().hex[:8]}".replace("_", "-")
+    procs = start_bookies(tmp_path_factory.mktemp("shared"), etcd_server.endpoint, name, 4)
+    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=name, bookies=procs)
+    for p in procs:
+        p.kill()
+
+
+@pytest.fixture
+def own(etcd_server, tmp_path, cluster):
+    """start(n): n fresh bookies in a cluster of this test's own (killed,
+    and resumed first if stopped, at the end)."""
+    procs: list[BookieProcess] = []
+
+    def start(n, extra_args=()):
+        procs.extend(start_bookies(tmp_path, etcd_server.endpoint, cluster, n, first=len(procs),
+                                   extra_args=extra_args))
+        return procs
+
+    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=cluster, start=start, bookies=procs)
+    for p in procs:
+        try:
+            os.kill(p.pid, signal.SIGCONT)
+        except (ProcessLookupError, AssertionError):
+            pass
+        p.kill()

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 
 from bookie import entry as E
 from bookie.core import Status
-from bookie.journal import RECORD_HEADER, R_ENTRIES, frame_record
+from bookie.journal import R_ENTRIES, frame_record
 from bookstream_pb import bookie_pb2 as pb
 from stream.bookie_client import BookieClient
 from tests.conftest import run

@@ -10,7 +10,6 @@ from bookstream.standalone import Standalone
 from metadata.registration import BookieRegistry, MembershipChange
 from stream.bookie_client import BookieClient
 from tests.conftest import run
-from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
 
 
 class Events:

@@ -9,45 +9,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import uuid
-from types import SimpleNamespace
 
 import pytest
 
-from bookstream.processes import BookieProcess
 from metadata.ledgers import LedgerState
 from stream import errors as se
 from stream.client import BookKeeperClient, SyncBookKeeperClient
 from stream.quorum import write_set
-from tests.conftest import run, start_bookies
-from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def shared(etcd_server, tmp_path_factory):
-    name = f"ledger-shared-{uuid.uuid4().hex[:8]}"
-    procs = start_bookies(tmp_path_factory.mktemp("shared"), etcd_server.endpoint, name, 4)
-    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=name, bookies=procs)
-    for p in procs:
-        p.kill()
-
-
-@pytest.fixture
-def own(etcd_server, tmp_path, cluster):
-    """start(n): n fresh bookies in a cluster of this test's own."""
-    procs: list[BookieProcess] = []
-
-    def start(n):
-        procs.extend(start_bookies(tmp_path, etcd_server.endpoint, cluster, n, first=len(procs)))
-        return procs
-
-    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=cluster, start=start, bookies=procs)
-    for p in procs:
-        try:
-            os.kill(p.pid, signal.SIGCONT)
-        except (ProcessLookupError, AssertionError):
-            pass
-        p.kill()
+from tests.conftest import run
 
 
 def client(env, **kw) -> BookKeeperClient:

@@ -13,7 +13,6 @@ from stream import errors as se
 from stream.client import BookKeeperClient
 from stream.log import LogPosition, LogReader, LogWriter
 from tests.conftest import run
-from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
 from tests.conftest import start_bookies
 
 

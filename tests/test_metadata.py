@@ -30,7 +30,7 @@ from metadata.store import (
     exists,
     mod_revision_is,
 )
-from tests.etcd_fixture import Collector, cluster, etcd_server, prefix, store  # noqa: F401
+from tests.etcd_fixture import Collector
 
 WAIT = 10.0  # deadline for events that should come within a second or two
 

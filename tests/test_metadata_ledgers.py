@@ -17,7 +17,6 @@ from metadata.errors import (
 )
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, LedgerStore
 from metadata.store import MetadataStore
-from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
 
 E3 = ("b1", "b2", "b3")
 

@@ -14,7 +14,7 @@ from bookstream_pb import metadata_pb2 as pb
 from metadata.cluster import get_cluster_info, init_cluster
 from metadata.errors import BookieIdInUse, InvalidName, LeaseExpired, MetadataError, RegistrationLost
 from metadata.registration import BookieRegistry, MembershipChange, MembershipEvent
-from tests.etcd_fixture import Collector, cluster, etcd_server, store  # noqa: F401
+from tests.etcd_fixture import Collector
 
 WAIT = 10.0
 REPO = Path(__file__).resolve().parent.parent

@@ -15,13 +15,11 @@ import sys
 import textwrap
 import time
 import uuid
-from types import SimpleNamespace
 
 import pytest
 
 from bookie import entry as E
 from bookie.core import Status
-from bookstream_pb import metadata_pb2 as mpb
 from metadata.ledgers import Fragment, LedgerStore
 from metadata.store import Put
 from stream import errors as se
@@ -29,35 +27,7 @@ from stream import mutations
 from stream.bookie_client import BookieClient
 from stream.quorum import write_set
 from stream.stream import AsyncStreamClient, Position, StreamClient, StreamConfig
-from tests.conftest import run, start_bookies
-from tests.etcd_fixture import cluster, etcd_server, store  # noqa: F401
-
-
-@pytest.fixture(scope="module")
-def shared(etcd_server, tmp_path_factory):
-    name = f"stream-shared-{uuid.uuid4().hex[:8]}"
-    procs = start_bookies(tmp_path_factory.mktemp("streams"), etcd_server.endpoint, name, 4)
-    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=name, bookies=procs)
-    for p in procs:
-        p.kill()
-
-
-@pytest.fixture
-def own(etcd_server, tmp_path, cluster):
-    procs = []
-
-    def start(n, extra_args=()):
-        procs.extend(start_bookies(tmp_path, etcd_server.endpoint, cluster, n, first=len(procs),
-                                   extra_args=extra_args))
-        return procs
-
-    yield SimpleNamespace(endpoint=etcd_server.endpoint, cluster=cluster, start=start, bookies=procs)
-    for p in procs:
-        try:
-            os.kill(p.pid, signal.SIGCONT)
-        except (ProcessLookupError, AssertionError):
-            pass
-        p.kill()
+from tests.conftest import run
 
 
 def sname() -> str:
