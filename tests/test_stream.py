@@ -441,3 +441,26 @@ def test_a_stream_with_very_many_fragments_opens_appends_and_reads(shared, store
     assert p.entry_id > n * 10 and [x.payload for x in got] == [b"far"]
     assert [x.payload for x in first] == [b"seed"]
     print(f"\n{n} fragments: setup {setup_s:.1f}s, open+append+read {elapsed:.2f}s")
+
+
+def test_take_over_replaces_an_unreachable_bookie_of_the_last_fragment(own):
+    """The truncate no-op must reach every bookie of the last fragment; one
+    that cannot be reached is replaced by an ensemble change published with
+    recovery's final CAS, so it cannot keep dirty entries in the fragment."""
+    procs = own.start(4)
+    name = sname()
+
+    async def go():
+        async with aclient(own) as c1, aclient(own, add_timeout=1.0, read_timeout=1.0) as c2:
+            w1 = await c1.open_writer(name, StreamConfig(3, 3, 2))
+            await asyncio.gather(*(w1.append_async(b"v%d" % i) for i in range(50)))
+            before = (await c1.stream_info(name))["ensemble"]
+            stuck = next(p for p in procs if p.bookie_id == before[1])
+            os.kill(stuck.pid, signal.SIGSTOP)
+            w2 = await c2.open_writer(name)
+            info = await c2.stream_info(name)
+            assert stuck.bookie_id not in info["ensemble"] and info["fragments"] == 2
+            await w2.append(b"after")
+            got = await read_all(c2, name, until=b"after")
+            assert [r.payload for r in got] == [b"v%d" % i for i in range(50)] + [b"after"]
+    run(go())
