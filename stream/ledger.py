@@ -519,6 +519,8 @@ class LedgerHandle:
         # end is the next fragment's first entry.
         self._lazy_fragments = not meta.fragments_complete
         self._spans: SortedDict = SortedDict()
+        self._meta_changed: asyncio.Event | None = None
+        self._unwatch = None
         self._lac = meta.last_entry if meta.state is LedgerState.CLOSED else lac
         self.placement = placement
         self._writer: _Writer | None = _Writer(self) if writable else None
@@ -590,6 +592,7 @@ class LedgerHandle:
         error (LedgerInRecovery); CLOSED at the same entry is success, at
         another one an error (CloseMismatch).  Concurrent calls share one
         close."""
+        self._stop_watching()
         if self._writer is None:
             self._closed = True
             return
@@ -672,22 +675,25 @@ class LedgerHandle:
 
     async def long_poll_last_add_confirmed(self, previous: int, timeout: float) -> int:
         """Waits until a bookie of the last fragment reports a LAC above
-        ``previous`` (any bookie's LAC is a confirmed one), or ``timeout``;
-        on a timeout the metadata is re-read (a close ends the tail)."""
+        ``previous`` (any bookie's LAC is a confirmed one), or the ledger's
+        metadata changes (a new fragment: the LAC moves on other bookies; a
+        close), or ``timeout``.  Then returns the LAC as known."""
         if self.last_add_confirmed > previous:
             return self.last_add_confirmed
+        changed = self._watch_metadata()
         frag = self._meta.last_fragment
         tasks = []
         for bid in frag.ensemble:
             bc = await self.client.bookie(bid)
             if bc is not None:
                 tasks.append(asyncio.ensure_future(bc.long_poll_lac(self.ledger_id, previous, timeout)))
+        meta_task = asyncio.ensure_future(changed.wait())
         try:
-            pending = set(tasks)
-            while pending:
+            pending = set(tasks) | {meta_task}
+            while pending - {meta_task}:
                 done, pending = await asyncio.wait(pending, timeout=timeout + 5.0,
                                                    return_when=asyncio.FIRST_COMPLETED)
-                if not done:
+                if not done or meta_task in done:
                     break
                 for t in done:
                     if t.cancelled() or t.exception() is not None:
@@ -698,10 +704,38 @@ class LedgerHandle:
                 if self._lac > previous:
                     return self._lac
         finally:
-            for t in tasks:
+            for t in tasks + [meta_task]:
                 t.cancel()
+        changed.clear()
         await self.refresh_metadata()
+        if self._meta.last_fragment != frag and self._meta.state is not LedgerState.CLOSED:
+            # a new fragment: its bookies hold the LAC now
+            self._lac = max(self._lac, await read_lac_covering(self.client, self._meta))
         return self.last_add_confirmed
+
+    def _watch_metadata(self) -> asyncio.Event:
+        """An event set whenever the ledger's header changes in etcd (every
+        fragment change and state change CASes it), watched from the revision
+        this handle last read, so no change is missed."""
+        if self._meta_changed is None:
+            loop = asyncio.get_running_loop()
+            self._meta_changed = ev = asyncio.Event()
+
+            def on_change(_event) -> None:
+                loop.call_soon_threadsafe(ev.set)
+
+            key = self.client.ledgers.layout.ledger_header_key(self.ledger_id)
+            try:
+                self._unwatch = self.client.store.watch_key(key, on_change, start_revision=self._rev + 1,
+                                                            on_error=lambda _e: loop.call_soon_threadsafe(ev.set))
+            except Exception as e:  # no watch: long polls still time out and re-read
+                log.info("ledger %s: no metadata watch: %s", self.ledger_id, e)
+        return self._meta_changed
+
+    def _stop_watching(self) -> None:
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
 
     # -- reads -------------------------------------------------------------------------
 

@@ -512,6 +512,7 @@ class AsyncStreamReader:
 
     async def close(self) -> None:
         self._buffer = []
+        await self.handle.close()
 
     async def __aenter__(self) -> "AsyncStreamReader":
         return self
