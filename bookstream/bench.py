@@ -215,6 +215,8 @@ def add_client_parsers(bsub) -> None:
     s.add_argument("--window", type=int, default=5000, help="appends in flight")
     s.add_argument("--takeover-lengths", default="1000,1000000",
                    help="stream lengths (entries) to measure take-over on")
+    s.add_argument("--open-loop-rate", type=float, default=10_000,
+                   help="appends/s offered for the open-loop latency figure (0: skip)")
     s.add_argument("--bookies", type=int, default=3)
     s.add_argument("--dir", type=Path, default=None)
     s.add_argument("--out", type=Path, default=None)
@@ -267,6 +269,43 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int) -> 
             "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "seconds": el}
 
 
+async def _open_loop(append_async, size: int, seconds: float, rate: float) -> dict:
+    """Appends offered at a fixed rate, whatever the acks do (open loop);
+    each latency runs from the append's *scheduled* time to its ack, so a
+    stall counts against every append it delays (no coordinated omission)."""
+    payload = os.urandom(size)
+    lat: list[float] = []
+    failed = 0
+    futs = []
+    interval = 1.0 / rate
+    t0 = time.perf_counter()
+    n = int(seconds * rate)
+
+    def on_done(t_sched, f):
+        nonlocal failed
+        if f.cancelled() or f.exception() is not None:
+            failed += 1
+        else:
+            lat.append(time.perf_counter() - t_sched)
+
+    k = 0
+    while k < n:
+        now = time.perf_counter()
+        due = min(n, int((now - t0) / interval) + 1)
+        while k < due:  # every append whose time has come (a burst after a stall)
+            t_sched = t0 + k * interval
+            f = append_async(payload)
+            f.add_done_callback(functools.partial(on_done, t_sched))
+            futs.append(f)
+            k += 1
+        await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+    await asyncio.gather(*futs, return_exceptions=True)
+    el = time.perf_counter() - t0
+    return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el,
+            "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
+            "p999_ms": _pct(lat, 0.999) * 1e3}
+
+
 def _cluster(args, n: int):
     from bookstream.standalone import Standalone
 
@@ -277,7 +316,7 @@ def _cluster(args, n: int):
 def cmd_bench_stream(args: argparse.Namespace) -> int:
     from stream.stream import AsyncStreamClient, Position, StreamConfig
 
-    results: dict = {"appends": [], "tail": [], "takeover": []}
+    results: dict = {"appends": [], "tail": [], "takeover": [], "open_loop": []}
     cluster = _cluster(args, args.bookies)
 
     async def go():
@@ -304,6 +343,14 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 el = time.perf_counter() - t0
                 results["tail"].append({"entry_bytes": size, "entries": n, "entries_per_s": n / el})
                 print(f"{'':>6} tail read: {n:,} entries at {n / el:,.0f} entries/s", flush=True)
+            if args.open_loop_rate:
+                w = await sc.open_writer(f"bench-open-loop-{os.getpid()}", StreamConfig(3, 3, 2))
+                r = await _open_loop(w.append_async, 1024, args.seconds, args.open_loop_rate)
+                await w.close()
+                results["open_loop"].append(r)
+                print(f"open loop, 1 KiB at {args.open_loop_rate:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
+                      f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms ({r['completed']:,} acked, "
+                      f"{r['failed']} failed)", flush=True)
             for length in (int(x) for x in args.takeover_lengths.split(",")):
                 name = f"bench-takeover-{length}-{os.getpid()}"
                 w = await sc.open_writer(name, StreamConfig(3, 3, 2))
