@@ -1,7 +1,7 @@
 """The deterministic simulation harness (sim/): the real protocol cores over
 simulated bookies, network, disks and metadata, with faults.
 
-- 800 seeded runs (seeds 0..799) plus 250 hypothesis runs: every step is
+- 1,000 seeded runs (seeds 0..999) plus 250 hypothesis runs: every step is
   checked as a spec action and the spec's invariants hold on the real state.
   A failure prints ``python -m sim --seed N ...`` that replays it exactly.
 - The seed's counterexample, scripted, does not diverge; with the truncate
@@ -9,6 +9,9 @@ simulated bookies, network, disks and metadata, with faults.
 - Every mutation of stream/mutations.py is found within a bounded number of
   seeds: by the trace check (its first broken spec action), and by the
   invariants alone (which invariant).
+- Known bug (strict xfail): a bookie re-used by an ensemble change keeps an
+  older term's entries (the spec's EnsembleChange prepares it; nothing here
+  does); scripted, and found by the random "reuse" profile at seed 7358.
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ from sim.scripted import reused_bookie, seed_counterexample
 from sim.spec import Model, SpecViolation
 from stream import mutations as M
 
-CHUNKS, CHUNK = 8, 100   # seeded runs: 800
+CHUNKS, CHUNK = 10, 100  # seeded runs: 1,000
 
 
 @pytest.mark.parametrize("chunk", range(CHUNKS))
@@ -66,10 +69,14 @@ def test_seed_counterexample_does_not_diverge():
 
 
 @pytest.mark.parametrize("mutation", [M.NOOP_WITHOUT_TRUNCATE, M.SKIP_TRUNCATE_NOOP])
-def test_seed_counterexample_diverges_without_truncation(mutation):
+def test_seed_counterexample_diverges_without_truncation(mutation, monkeypatch):
     with M.mutated(mutation), pytest.raises(Violation) as ei:
         seed_counterexample(check_trace=False)
-    assert ei.value.invariant == "NoDivergence"
+    assert ei.value.invariant == "TruncatedAtFinish"  # b0 keeps c0's entries above the end
+    monkeypatch.setattr("sim.invariants.State.recovery_finished", lambda *a: None)
+    with M.mutated(mutation), pytest.raises(Violation) as ei:
+        seed_counterexample(check_trace=False)
+    assert ei.value.invariant == "NoDivergence"      # ... and they diverge from c1's
     with M.mutated(mutation), pytest.raises(Violation) as ei:
         seed_counterexample(check_trace=True)
     assert ei.value.invariant.startswith("trace:")
@@ -82,6 +89,11 @@ def test_seed_counterexample_diverges_without_truncation(mutation):
                           "first entry; nothing in the implementation does)")
 def test_a_reused_bookie_holds_no_stale_entries():
     reused_bookie(check_trace=False)
+
+
+@pytest.mark.xfail(strict=True, raises=Violation, reason="the same bug, found by a random run (Scenario.reuse)")
+def test_reuse_profile_seed_7358():
+    sim.run(Scenario.reuse(7358))
 
 
 # -- mutants ------------------------------------------------------------------------------
@@ -105,13 +117,15 @@ TRACE_FINDS = {
     M.WRITEBACK_KEEPS_TRUNCATE: (20, {"trace:ClientSendAdd"}),
 }
 
-# mutation -> (seeds searched, the invariants that may catch it first), trace checking off
+# mutation -> (seeds searched, the invariants that may catch it first), trace checking off.
+# (First hits when written: 6, 19, 6, 33, 370.)
+DATA_LOSS = {"NoDivergence", "AckedDurable", "ReadersAgree", "AckedReadable"}
 INVARIANT_FINDS = {
-    M.SKIP_TRUNCATE_NOOP: (260, {"NoDivergence", "AckedDurable", "ReadersAgree"}),
-    M.TRUNCATE_WITHOUT_GWQ: (20, {"LafrFullyReplicated", "NoDivergence", "AckedDurable"}),
-    M.RECOVERY_READS_WITHOUT_TERM: (120, {"NoDivergence", "AckedDurable", "ReadersAgree"}),
-    M.WRITEBACK_KEEPS_TRUNCATE: (120, {"LafrFullyReplicated", "NoDivergence", "AckedDurable"}),
-    # NOOP_WITHOUT_TRUNCATE: found by the invariants in the scripted seed counterexample (above).
+    M.SKIP_TRUNCATE_NOOP: (150, {"TruncatedAtFinish"} | DATA_LOSS),
+    M.NOOP_WITHOUT_TRUNCATE: (150, {"TruncatedAtFinish"} | DATA_LOSS),
+    M.TRUNCATE_WITHOUT_GWQ: (150, {"LafrFullyReplicated", "TruncatedAtFinish"} | DATA_LOSS),
+    M.RECOVERY_READS_WITHOUT_TERM: (200, DATA_LOSS),
+    M.WRITEBACK_KEEPS_TRUNCATE: (600, {"LafrFullyReplicated", "TruncatedAtFinish"} | DATA_LOSS),
 }
 
 
@@ -123,7 +137,7 @@ def test_trace_checking_finds_every_mutant(mutation):
     assert e.invariant in expected, (mutation, e.invariant, e.detail)
 
 
-@pytest.mark.parametrize("mutation", sorted(INVARIANT_FINDS))
+@pytest.mark.parametrize("mutation", M.ALL)
 def test_invariants_alone_find_the_mutant(mutation):
     bound, expected = INVARIANT_FINDS[mutation]
     e = first_violation(mutation, range(bound), check_trace=False)

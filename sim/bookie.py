@@ -1,0 +1,200 @@
+"""A simulated bookie: the real ``bookie.core.BookieCore`` over a simulated disk.
+
+Durability follows ``bookie/storage.py`` exactly:
+
+- an add is admitted on receipt (``admit_add``: term/fence rules; raises the
+  in-memory term), appended to the journal's *unsynced* tail, and applied
+  (``apply_add``: index, LAC/LAFR, truncation) only once a simulated fsync
+  made it durable; its answer goes out after that;
+- a term-carrying or fencing read (``fence``) changes the term/fence at once;
+  a change is journalled and answered once durable (which makes every add
+  admitted before it durable and applied first); an unchanged state waits
+  for such a barrier only while *normal* adds of the ledger are pending
+  (``Storage.fence``);
+- a plain read (term 0, no fence flag) answers from the applied state;
+- a crash drops the unsynced tail (and with it the in-memory term raises of
+  adds admitted but not yet durable); a restart rebuilds a fresh
+  ``BookieCore`` by replaying the durable journal through ``apply_add`` /
+  ``apply_state``, as ``Storage.open`` does.  No disk is ever lost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bookie import entry as E
+from bookie.core import BookieCore, Status
+
+# journal record kinds
+J_ADD = 0
+J_STATE = 1
+J_LAC = 2
+
+
+@dataclass(slots=True)
+class AddResult:
+    """The answer to one entry of an add frame."""
+
+    entry_id: int
+    status: Status
+    term: int = 0
+
+
+@dataclass(slots=True)
+class _PendingFrame:
+    results: list[AddResult]
+    waiting: int                     # accepted entries not yet durable
+    reply: object                    # callback(results)
+
+
+@dataclass(slots=True)
+class SimBookie:
+    bid: str
+    ledger_id: int
+    core: BookieCore = field(default_factory=BookieCore)
+    # durable: (J_ADD, record) | (J_STATE, lid, term, fenced) | (J_LAC, lid, lac, lafr)
+    journal: list[tuple] = field(default_factory=list)
+    unsynced: list[tuple] = field(default_factory=list)    # (record, header, frame) | ((lac, lafr), None, frame)
+    up: bool = True
+    incarnation: int = 0
+    durable_term: int = 0                                  # the term a restart would rebuild
+    fsyncs: int = 0
+    truncated: int = 0                                     # entries a truncate no-op removed
+
+    # -- adds ---------------------------------------------------------------------
+
+    def add_frame(self, records: list[bytes], reply) -> list[bool]:
+        """Admits each record; returns which were admitted.  The frame is
+        answered once those are durable (at once if none was)."""
+        frame = _PendingFrame([], 0, reply)
+        for rec in records:
+            h = E.parse_header(rec)
+            v = self.core.admit_add(h)
+            if v.status is Status.OK:
+                frame.results.append(AddResult(h.entry_id, Status.OK))
+                frame.waiting += 1
+                self.unsynced.append((rec, h, frame))
+            else:
+                frame.results.append(AddResult(h.entry_id, v.status, v.term))
+        if frame.waiting == 0:
+            reply(frame.results)
+        return [r.status is Status.OK for r in frame.results]
+
+    def write_lac(self, lac: int, lafr: int, term: int, reply):
+        """``Storage.write_lac``: admitted like an add (term, fence; never
+        creates the ledger), journalled, applied once durable."""
+        v = self.core.admit_lac(self.ledger_id, term)
+        if v.status is Status.OK:
+            self.unsynced.append(((lac, lafr), None, _PendingFrame([AddResult(-1, Status.OK)], 1, reply)))
+        return v
+
+    def fsync(self) -> list[tuple[bytes, object]]:
+        """Makes the unsynced tail durable and applies it in journal order;
+        answers the frames it completes.  Returns what it applied, for the
+        trace: (record, header) for an add, ((lac, lafr), None) for an
+        explicit LAC."""
+        applied = []
+        done = []
+        for rec, h, frame in self.unsynced:
+            if h is None:
+                lac, lafr = rec
+                self.journal.append((J_LAC, self.ledger_id, lac, lafr))
+                self.core.apply_lac(self.ledger_id, lac, lafr)
+            else:
+                loc = len(self.journal)
+                self.journal.append((J_ADD, rec))
+                if h.is_truncate:
+                    st = self.core.ledgers.get(self.ledger_id)
+                    self.truncated += sum(1 for _ in st.index.iter_from(h.entry_id + 1, 1 << 62)) if st else 0
+                self.core.apply_add(h, loc, len(rec))
+                self.durable_term = max(self.durable_term, h.term)
+            applied.append((rec, h))
+            frame.waiting -= 1
+            if frame.waiting == 0:
+                done.append(frame)
+        self.unsynced = []
+        self.fsyncs += 1
+        for frame in done:
+            frame.reply(frame.results)
+        return applied
+
+    # -- reads ----------------------------------------------------------------------
+
+    def fence_request(self, term: int, fence: bool):
+        """``Storage.fence`` for a term-carrying or fencing read: the term and
+        fence change at once.  Returns (verdict, barrier): "state" when the
+        change must be journalled (its sync makes everything before it durable
+        first), "sync" while normal adds of the ledger admitted before it are
+        not yet durable, None otherwise (pending *recovery* adds need no
+        wait).  The caller fsyncs for a barrier, then calls journal_state()
+        for "state", then answers."""
+        v = self.core.fence(self.ledger_id, term, fence)
+        if v.status is Status.OK and v.state_changed:
+            return v, "state"
+        if any(h is not None and not h.is_recovery for _, h, _ in self.unsynced):
+            return v, "sync"
+        return v, None
+
+    def journal_state(self) -> None:
+        assert not self.unsynced, "the state record goes after the adds before it"
+        st = self.core.ledgers[self.ledger_id]
+        self.journal.append((J_STATE, self.ledger_id, st.term, st.fenced))
+        self.durable_term = max(self.durable_term, st.term)
+
+    def lac_answer(self) -> tuple[Status, int, int, int]:
+        """(status, lac, lafr, term) from the applied state."""
+        info = self.core.lac_info(self.ledger_id)
+        if info is None:
+            return Status.NO_SUCH_LEDGER, -1, -1, 0
+        return Status.OK, info.lac, info.lafr, info.term
+
+    def entry_answer(self, entry_id: int) -> tuple[Status, bytes | None]:
+        """(status, record) from the applied state."""
+        status, loc = self.core.lookup(self.ledger_id, entry_id)
+        if status is not Status.OK:
+            return status, None
+        kind, rec = self.journal[loc[0]]
+        assert kind == J_ADD
+        return Status.OK, rec
+
+    # -- crash and restart -----------------------------------------------------------
+
+    def crash(self) -> int:
+        """Loses the unsynced tail and all memory; rebuilds the core from the
+        durable journal (what a restart will serve).  Returns how many
+        admitted adds were lost."""
+        lost = len(self.unsynced)
+        self.unsynced = []
+        self.up = False
+        self.incarnation += 1
+        self.core = self.replay()
+        return lost
+
+    def restart(self) -> None:
+        assert not self.up
+        self.up = True
+
+    def replay(self) -> BookieCore:
+        core = BookieCore()
+        for loc, rec in enumerate(self.journal):
+            if rec[0] == J_ADD:
+                core.apply_add(E.parse_header(rec[1]), loc, len(rec[1]))
+            elif rec[0] == J_LAC:
+                core.apply_lac(*rec[1:])
+            else:
+                _, lid, term, fenced = rec
+                core.apply_state(lid, term, fenced)
+        return core
+
+    # -- state, for invariants and the trace checker -----------------------------------
+
+    def record_at(self, loc: int) -> bytes:
+        kind, rec = self.journal[loc]
+        assert kind == J_ADD
+        return rec
+
+    def entries(self) -> dict[int, int]:
+        """entry id -> journal location, of the applied (durable) entries."""
+        st = self.core.ledgers.get(self.ledger_id)
+        if st is None:
+            return {}
+        return {eid: loc for eid, loc, _ in st.index.iter_all()}

@@ -1,0 +1,608 @@
+"""Simulated clients: the adapter glue around the real protocol cores, the
+same job stream/ledger.py does over gRPC and etcd.
+
+A ``SimClient`` is a would-be writer.  Its life (unbounded mode):
+
+1. take-over: CAS the metadata to term + 1 and IN_RECOVERY;
+2. run a ``RecoveryCore`` with that term over the last fragment: its
+   fencing reads, recovery reads and recovery writes become messages, the
+   answers (or timeouts) go back in; a bookie replacement picks a live spare;
+3. on DONE, CAS the metadata to OPEN (with the recovery's ensemble change);
+   on a lost CAS (a newer term), withdraw;
+4. be the writer: a ``WriterCore`` (guaranteed write quorum) from the
+   recovery's next entry; adds at random times; its sends become frames;
+   timeouts mark bookies failed; an ensemble change proposal is published by
+   CAS (rejected: withdraw);
+5. INVALID_TERM, FENCED_OUT, ABORTED, FAILED, a crash: back to idle, and
+   maybe take over again later.
+
+Classic mode: term 0, the creator writes and may close (CAS to CLOSED with its
+LAC); other clients recover with the fence flag and close at the last
+recovered entry.
+
+Every core input is recorded as a spec action (sim/spec.py) and the model's
+client is compared with the core's state after it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bookie.core import Status
+from sim.metadata import CLOSED, IN_RECOVERY, OPEN, with_fragment
+from sim.spec import SpecViolation, value_of
+from stream.quorum import ABSENT_STATUSES
+from stream.recovery_core import TERMINAL as REC_TERMINAL
+from stream.recovery_core import RecoveryCore, RecoveryState
+from stream.writer_core import TERMINAL as W_TERMINAL
+from stream.writer_core import ChangeReason, WindowFull, WriterCore, WriterState
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sim.world import Request, World
+
+LIVE_RECOVERY = (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING)
+
+
+class SimClient:
+    def __init__(self, world: "World", name: str):
+        self.w = world
+        self.name = name
+        self.inc = 0                    # incarnation: a crash starts a new one
+        self.term = 0
+        self.frags: tuple = ()          # this client's view (cl[c].frags)
+        self.rec: RecoveryCore | None = None
+        self.writer: WriterCore | None = None
+        self.payloads: dict[int, bytes] = {}
+        self.adds_left = 0
+        self.seq = 0
+        self._proposal = None           # the writer's proposal already traced
+        self.finishing = False          # the final CAS is scheduled
+        self.closing = False
+        self._lac_told = -1              # the explicit LAC last sent (stream/ledger.py explicit_lac)
+
+    # -- state ------------------------------------------------------------------------------
+
+    @property
+    def phase(self) -> str:
+        if self.rec is not None and self.rec.state in LIVE_RECOVERY:
+            return self.rec.state.value
+        if self.rec is not None and self.rec.state is RecoveryState.DONE:
+            return "finishing"  # DONE, final CAS not yet made
+        if self.writer is not None and self.writer.state not in W_TERMINAL:
+            return "open"
+        return "idle"
+
+    def abstract(self) -> dict:
+        """cl[c] from the cores (see the mapping table in sim/spec.py)."""
+        ph = self.phase
+        if ph == "idle":
+            return {"phase": "idle"}
+        if self.rec is not None and ph != "open":
+            r = self.rec
+            ens = r.ensemble
+            out = {"phase": ph, "term": r.term, "frags": self.frags, "lac": r.lac_seen, "lafr": r.lafr_seen,
+                   "val": {e: value_of(wb.record) for e, wb in r.writes.items()},
+                   "ack": {e: {ens[i] for i in wb.acked} for e, wb in r.writes.items()}}
+            if ph == "fencing":
+                out["fenced"] = {r.read_ensemble[i] for i in r.coverage.responders}
+                del out["val"], out["ack"]
+            elif ph == "reading":
+                out["next"] = r.read_entry
+                out["nosuch"] = ({r.read_ensemble[i] for i, st in r.read.answered.items() if st in ABSENT_STATUSES}
+                                 if r.read is not None else set())
+            else:
+                out["next"] = r.end_entry
+            return out
+        wr = self.writer
+        ens = wr.ensemble
+        return {"phase": "open", "term": wr.term, "frags": self.frags, "lac": wr.lac, "lafr": wr.lafr,
+                "lap": wr.next_entry - 1,
+                "val": {e: ("data", p.payload) for e, p in wr.pending.items()},
+                "ack": {e: {ens[i] for i in p.acks} for e, p in wr.pending.items()}}
+
+    def compare(self) -> None:
+        m = self.w.model
+        if m is None:
+            return
+        mc = m.cl[self.name]
+        real = self.abstract()
+        diffs = {}
+        for k, v in real.items():
+            mv = getattr(mc, k)
+            if k == "ack":
+                mv = {e: s for e, s in mv.items() if e in mc.val}
+            if mv != v:
+                diffs[k] = (mv, v)
+        if diffs:
+            raise SpecViolation("state", f"client {self.name}: spec != implementation: {diffs}")
+
+    # -- scheduling (random mode) ---------------------------------------------------------------
+
+    def schedule_activity(self) -> None:
+        w = self.w
+        if w.now > w.sc.horizon:
+            return
+        w.at(max(1, int(w.rng.expovariate(1 / w.sc.takeover_mean))), self._tick, self.inc)
+
+    def _tick(self, inc: int) -> None:
+        if inc != self.inc:
+            return
+        if self.phase == "idle" and not self.finishing:
+            self.takeover()
+        elif (self.phase == "open" and not self.w.unbounded and self.adds_left == 0
+              and self.w.chance(0.5)):
+            self.close()
+        self.schedule_activity()
+
+    def become_creator(self, term: int, frags: tuple) -> None:
+        sc = self.w.sc
+        self.term, self.frags = term, frags
+        first, ens = frags[-1]
+        self.writer = WriterCore(7, term, sc.E, sc.Qw, sc.Qa, first, list(ens), next_entry=0,
+                                 guaranteed_write_quorum=self.w.unbounded, max_pending=sc.window,
+                                 fragment_max_entries=sc.roll_entries or None)
+        self._start_writing()
+
+    def _start_writing(self) -> None:
+        self.adds_left = self.w.sc.entries
+        self._proposal = None
+        self._lac_told = self.writer.lac
+        if not self.w.scripted:
+            self._schedule_add()
+
+    def _schedule_add(self) -> None:
+        w = self.w
+        if w.now > w.sc.horizon:
+            return
+        w.at(max(1, int(w.rng.expovariate(1 / w.sc.add_interval))), self._add_tick, self.inc, self.writer)
+
+    def _add_tick(self, inc: int, writer) -> None:
+        if inc != self.inc or writer is not self.writer or self.phase != "open" or self.adds_left <= 0:
+            return
+        self.add()  # WindowFull: try again later
+        if self.adds_left > 0:
+            self._schedule_add()
+
+    # -- take-over and recovery -------------------------------------------------------------------
+
+    def takeover(self) -> bool:
+        w = self.w
+        m, ver = w.metastore.read()
+        if m.state == CLOSED:
+            return False
+        t = m.term + 1 if w.unbounded else m.term
+        if w.unbounded and t > w.sc.max_terms:
+            return False
+        if not w.metastore.cas(m.with_(state=IN_RECOVERY, term=t), ver):
+            return False
+        w.count("takeovers")
+        w.step("StartTakeover", self.name, t)
+        w.compare_meta()
+        self.writer = None
+        self.term, self.frags = t, m.frags
+        first, ens = m.last_frag
+        self.rec = RecoveryCore(7, first, list(ens), w.sc.E, w.sc.Qw, w.sc.Qa, term=t,
+                                fence=not w.unbounded, unbounded=w.unbounded)
+        self.rec.start()
+        self.pump_recovery()
+        return True
+
+    def pump_recovery(self) -> None:
+        rec, w = self.rec, self.w
+        if rec is None:
+            return
+        r = rec.ready()
+        for f in r.fencing_reads:
+            w.step("ClientSendRead", self.name, f.bookie_id, None, f.term, f.fence)
+            w.request(self.name, self.inc, f.bookie_id, "lac", {"term": f.term, "fence": f.fence},
+                      {"rec": rec, "index": f.bookie_index}, self._on_lac, self._on_lac_timeout, w.sc.timeout)
+        for x in r.reads:
+            w.step("ClientSendRead", self.name, x.bookie_id, x.entry_id, x.term, x.fence)
+            w.request(self.name, self.inc, x.bookie_id, "read",
+                      {"entry": x.entry_id, "term": x.term, "fence": x.fence},
+                      {"rec": rec, "index": x.bookie_index}, self._on_read, self._on_read_timeout, w.sc.timeout)
+        batches: dict[tuple[int, str], list] = {}
+        for wr in r.writes:
+            batches.setdefault((wr.bookie_index, wr.bookie_id), []).append(wr)
+        for (index, bid), ws in batches.items():
+            for x in ws:
+                w.step("ClientSendAdd", self.name, bid, x.entry_id, x.record)
+            w.request(self.name, self.inc, bid, "add", {"records": [x.record for x in ws]},
+                      {"rec": rec, "index": index, "ids": [x.entry_id for x in ws]},
+                      self._on_rec_add, self._on_rec_add_timeout, w.sc.timeout)
+        for rp in r.replacements:
+            w.at(w.sc.meta_delay, self._replace, rec, rp)
+        if rec.state is RecoveryState.DONE and not self.finishing:
+            self.finishing = True
+            w.at(w.sc.meta_delay, self._finish, rec)
+        elif rec.state in (RecoveryState.ABORTED, RecoveryState.FENCED_OUT):
+            w.count("recovery_" + rec.state.value)
+            self.rec = None
+
+    def _live_rec(self, req: "Request") -> RecoveryCore | None:
+        rec = req.ctx["rec"]
+        if req.src_inc != self.inc or rec is not self.rec:
+            return None
+        return rec
+
+    def _after_rec_input(self, rec: RecoveryCore, before: RecoveryState) -> None:
+        """Records the transitions an input caused, then compares."""
+        w = self.w
+        if rec.state is RecoveryState.READING and before is RecoveryState.FENCING:
+            w.step("StartReading", self.name, rec.start_entry)
+        if rec.state in (RecoveryState.ABORTED, RecoveryState.FENCED_OUT) and before in LIVE_RECOVERY:
+            if rec.state is RecoveryState.ABORTED:
+                w.step("Withdraw", self.name)
+        self.pump_recovery()
+        self.compare()
+
+    def _on_lac(self, req: "Request", reply) -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        status, lac, lafr, _term = reply
+        before, idx, bid = rec.state, req.ctx["index"], req.bid
+        if before is RecoveryState.FENCING:
+            if status is Status.INVALID_TERM:
+                self.w.step("Rejected", self.name)
+            elif status in (Status.OK, Status.NO_SUCH_LEDGER):
+                self.w.step("ClientFenceAnswer", self.name, bid, lac, lafr)
+        rec.on_lac_response(idx, status, lac, lafr)
+        self._after_rec_input(rec, before)
+
+    def _on_lac_timeout(self, req: "Request") -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        before = rec.state
+        rec.on_lac_response(req.ctx["index"], None)
+        self._after_rec_input(rec, before)
+
+    def _on_read(self, req: "Request", reply) -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        status, record, _term = reply
+        n, idx, bid, before = req.body["entry"], req.ctx["index"], req.bid, rec.state
+        if before is RecoveryState.READING and n == rec.read_entry:
+            if status is Status.INVALID_TERM:
+                self.w.step("Rejected", self.name)
+            elif status is Status.OK or status in ABSENT_STATUSES:
+                out = self.w.step("ClientReadAnswer", self.name, bid, n,
+                                  value_of(record) if status is Status.OK else None)
+                if out == "data_loss":
+                    self.w.count("recovery_data_loss_abort")
+        rec.on_read_response(n, idx, status, record if status is Status.OK else None)
+        self._after_rec_input(rec, before)
+
+    def _on_read_timeout(self, req: "Request") -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        before = rec.state
+        rec.on_read_response(req.body["entry"], req.ctx["index"], None)
+        self._after_rec_input(rec, before)
+
+    def _on_rec_add(self, req: "Request", results) -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        idx, bid = req.ctx["index"], req.bid
+        for res in results:
+            before = rec.state
+            live = rec.state not in REC_TERMINAL and rec.state is not RecoveryState.INIT
+            mine = live and rec.ensemble[idx] == bid
+            if res.status is Status.OK:
+                counted = mine and res.entry_id in rec.writes and idx not in rec.replacing
+                self.w.step("ClientAddAnswer", self.name, bid, res.entry_id, counted)
+            elif mine and res.status is Status.INVALID_TERM:
+                self.w.step("Rejected", self.name)
+            elif mine and idx not in rec.replacing:
+                self.w.step("DropAcks", self.name, {bid}, 0, False)
+            rec.on_write_ack(res.entry_id, idx, res.status, bookie_id=bid)
+            self._after_rec_input(rec, before)
+
+    def _on_rec_add_timeout(self, req: "Request") -> None:
+        rec = self._live_rec(req)
+        if rec is None:
+            return
+        idx, bid = req.ctx["index"], req.bid
+        before = rec.state
+        if (rec.state in LIVE_RECOVERY and rec.ensemble[idx] == bid and idx not in rec.replacing):
+            self.w.step("DropAcks", self.name, {bid}, 0, False)
+        for eid in req.ctx["ids"]:
+            rec.on_write_ack(eid, idx, None, bookie_id=bid)
+        self._after_rec_input(rec, before)
+
+    def _replace(self, rec: RecoveryCore, rp) -> None:
+        if rec is not self.rec or rec.state not in LIVE_RECOVERY or rp.bookie_index not in rec.replacing:
+            return
+        w = self.w
+        used = set(rec.ensemble) | set(rec.read_ensemble)
+        spare = [b for b in w.up_bookies() if b not in used]
+        before = rec.state
+        if not spare:
+            w.count("recovery_no_spare")
+            rec.abort(f"no bookie to replace {rp.bookie_id}")
+        else:
+            nb = w.rng.choice(spare)
+            old = rec.ensemble[rp.bookie_index]
+            ens = list(rec.ensemble)
+            ens[rp.bookie_index] = nb
+            w.step("EnsembleChange", self.name, rec.start_entry, tuple(ens), {old: nb})
+            self.frags = with_fragment(self.frags, rec.start_entry, tuple(ens))
+            rec.on_bookie_replaced(rp.bookie_index, nb)
+            w.count("recovery_replacements")
+        self._after_rec_input(rec, before)
+
+    def _finish(self, rec: RecoveryCore) -> None:
+        self.finishing = False
+        if rec is not self.rec or rec.state is not RecoveryState.DONE:
+            return
+        w = self.w
+        res = rec.result
+        m, ver = w.metastore.read()
+        frags = m.frags
+        if res.ensemble_change is not None and m.state == IN_RECOVERY and m.term == self.term:
+            first, ens = res.ensemble_change
+            frags = with_fragment(m.frags, first, ens)
+            assert frags == self.frags, (frags, self.frags)
+        self.rec = None
+        if w.unbounded:
+            if m.term == self.term and m.state == IN_RECOVERY:
+                assert w.metastore.cas(m.with_(state=OPEN, frags=frags), ver)
+                w.step("Finish", self.name)
+                if w.check_invariants:
+                    w.inv.recovery_finished(self.term, res.next_entry - 1, frags[-1][1])
+                w.compare_meta()
+                w.count("recoveries_done")
+                first, ens = frags[-1]
+                self.frags = frags
+                self.writer = WriterCore(7, self.term, w.sc.E, w.sc.Qw, w.sc.Qa, first, list(ens),
+                                         next_entry=res.next_entry, guaranteed_write_quorum=True,
+                                         max_pending=w.sc.window, fragment_max_entries=w.sc.roll_entries or None)
+                self._start_writing()
+            else:
+                w.step("NoticeTakeover", self.name)
+        else:
+            if m.state == IN_RECOVERY:
+                assert w.metastore.cas(m.with_(state=CLOSED, last=res.last_entry, frags=frags), ver)
+                w.count("recoveries_done")
+            w.step("Finish", self.name)
+            w.compare_meta()
+        self.compare()
+
+    # -- the writer ---------------------------------------------------------------------------------
+
+    def add(self) -> int | None:
+        """One add from the application (scripted tests call it directly)."""
+        wr, w = self.writer, self.w
+        if wr is None or self.phase != "open":
+            return None
+        self.seq += 1
+        payload = f"{self.name}/t{self.term}/#{self.seq}".encode()
+        try:
+            eid = wr.add(payload)
+        except WindowFull:
+            w.count("window_full")
+            self.seq -= 1
+            return None
+        self.adds_left -= 1
+        self.payloads[eid] = payload
+        w.step("WriterAdd", self.name, eid, ("data", payload), w.sc.window)
+        w.count("adds")
+        self.pump_writer()
+        return eid
+
+    def pump_writer(self) -> None:
+        wr, w = self.writer, self.w
+        if wr is None:
+            return
+        prop = wr.proposal
+        if prop is not None and prop is not self._proposal and prop.reason is ChangeReason.FAILURE:
+            w.step("DropAcks", self.name, {prop.ensemble[i] for i in prop.replace}, prop.first_entry, True)
+        r = wr.ready()
+        for eid in r.acked:
+            v = ("data", self.payloads[eid])
+            if eid in w.acked and w.acked[eid] != v:
+                from sim.invariants import InvariantViolation
+                raise InvariantViolation("AckedUnique", f"entry {eid} acknowledged as {v}, earlier as {w.acked[eid]}")
+            w.acked[eid] = v
+            w.count("acked")
+        for s in r.sends:
+            for eid, record in zip(s.entry_ids, s.records):
+                w.step("ClientSendAdd", self.name, s.bookie_id, eid, record)
+            w.request(self.name, self.inc, s.bookie_id, "add", {"records": s.records},
+                      {"writer": wr, "index": s.bookie_index, "ids": list(s.entry_ids)},
+                      self._on_add, self._on_add_timeout, w.sc.timeout)
+        if not r.sends and r.lac > self._lac_told and r.state is WriterState.OPEN:
+            # Adds went quiet: tell the ensemble the LAC (stream/ledger.py explicit_lac).
+            self._lac_told = r.lac
+            for bid in wr.ensemble:
+                w.step("ClientSendLac", self.name, bid, r.lac, r.lafr, wr.term)
+                w.request(self.name, self.inc, bid, "wlac", {"lac": r.lac, "lafr": r.lafr, "term": wr.term},
+                          {"writer": wr}, self._on_lac_written, None, w.sc.timeout)
+        if prop is not None and prop is not self._proposal:
+            self._proposal = prop
+            w.at(w.sc.meta_delay, self._publish_change, wr, prop)
+        if wr.state in W_TERMINAL and wr.state is not WriterState.CLOSED:
+            w.count("writer_" + wr.state.value)
+            self.writer = None
+        if r.acked and w.check_invariants:
+            w.inv.acked_changed()
+
+    def _live_writer(self, req: "Request") -> WriterCore | None:
+        wr = req.ctx["writer"]
+        if req.src_inc != self.inc or wr is not self.writer:
+            return None
+        return wr
+
+    def _on_add(self, req: "Request", results) -> None:
+        wr = self._live_writer(req)
+        if wr is None:
+            return
+        idx, bid = req.ctx["index"], req.bid
+        for res in results:
+            live = wr.state not in W_TERMINAL
+            mine = live and wr.ensemble[idx] == bid
+            if res.status is Status.OK:
+                counted = mine and res.entry_id in wr.pending and idx not in wr.failed
+                self.w.step("ClientAddAnswer", self.name, bid, res.entry_id, counted)
+            elif mine and res.status in (Status.INVALID_TERM, Status.FENCED):
+                self.w.step("Rejected", self.name)
+            wr.on_ack(res.entry_id, idx, res.status, bookie_id=bid, term=res.term)
+            self.pump_writer()
+            self.compare()
+
+    def _on_lac_written(self, req: "Request", reply) -> None:
+        wr = self._live_writer(req)
+        status, term = reply
+        if wr is None or status is not Status.INVALID_TERM or wr.state in W_TERMINAL:
+            return  # advisory: the next entry carries the LAC anyway
+        self.w.step("Rejected", self.name)
+        wr.on_invalid_term(term)
+        self.pump_writer()
+        self.compare()
+
+    def _on_add_timeout(self, req: "Request") -> None:
+        wr = self._live_writer(req)
+        if wr is None or wr.state in W_TERMINAL or wr.ensemble[req.ctx["index"]] != req.bid:
+            return
+        self.w.count("writer_bookie_failed")
+        wr.on_bookie_failed(req.ctx["index"])
+        self.pump_writer()
+        self.compare()
+
+    def _publish_change(self, wr: WriterCore, prop) -> None:
+        if wr is not self.writer or wr.proposal is not prop or wr.state is not WriterState.CHANGING_ENSEMBLE:
+            return
+        w = self.w
+        m, ver = w.metastore.read()
+        ours = m.state == OPEN and (m.term == self.term or not w.unbounded)
+        if not ours:
+            w.step("NoticeTakeover", self.name)
+            wr.on_ensemble_change_rejected(m.term)
+            self.pump_writer()
+            self.compare()
+            return
+        if prop.reason is ChangeReason.FAILURE:
+            spare = [b for b in w.up_bookies() if b not in prop.ensemble]
+            n = len(prop.replace)
+        else:
+            spare = list(w.up_bookies())
+            n = w.sc.E
+        if len(spare) < n:
+            w.count("writer_no_spare")
+            w.step("Withdraw", self.name)
+            wr.fail("not enough bookies for an ensemble change")
+            self.pump_writer()
+            self.compare()
+            return
+        picks = w.rng.sample(spare, n)
+        new = list(prop.ensemble)
+        for i, b in zip(prop.replace, picks):
+            new[i] = b
+        frags = with_fragment(m.frags, prop.first_entry, tuple(new))
+        assert w.metastore.cas(m.with_(frags=frags), ver)
+        if prop.reason is ChangeReason.FAILURE:
+            w.step("EnsembleChange", self.name, prop.first_entry, tuple(new),
+                   {prop.ensemble[i]: new[i] for i in prop.replace})
+        else:
+            w.step("RollFragment", self.name, prop.first_entry, tuple(new))
+        w.count("ensemble_changes")
+        self.frags = frags
+        wr.on_ensemble_changed(prop.first_entry, new)
+        w.compare_meta()
+        self.pump_writer()
+        self.compare()
+
+    def close(self) -> None:
+        """Classic: the writer closes with no pending adds, CAS OPEN -> CLOSED."""
+        wr, w = self.writer, self.w
+        if wr is None or w.unbounded or not wr.close_allowed():
+            return
+        m, ver = w.metastore.read()
+        if m.state != OPEN:
+            w.step("NoticeTakeover", self.name)
+            wr.on_ensemble_change_rejected()
+            self.writer = None
+            self.compare()
+            return
+        last = wr.close()
+        assert w.metastore.cas(m.with_(state=CLOSED, last=last), ver)
+        w.step("WriterClose", self.name, last)
+        w.count("writer_closed")
+        self.writer = None
+        w.compare_meta()
+        self.compare()
+
+    # -- crash ------------------------------------------------------------------------------------------
+
+    def crash(self) -> None:
+        """The client loses everything; a new incarnation starts idle."""
+        self.w.count("client_crashes")
+        self.w.step("Withdraw", self.name)
+        self.inc += 1
+        self.rec = self.writer = None
+        self._proposal = None
+        self.finishing = False
+        self.compare()
+        if not self.w.scripted:
+            self.schedule_activity()
+
+
+class SimReader:
+    """Reads committed entries (at or below a LAC some bookie reported, or an
+    acknowledged one) from their write set in the metadata, one replica at a
+    time, with plain reads; records what it read."""
+
+    def __init__(self, world: "World", name: str):
+        self.w = world
+        self.name = name
+
+    def schedule_reads(self, n: int) -> None:
+        w = self.w
+        for _ in range(n):
+            w.at(w.rng.randint(1, w.sc.horizon + 500), self.read_some)
+
+    def read_some(self) -> None:
+        w = self.w
+        bound = w.committed_bound()
+        if bound < 0:
+            return
+        self.read(w.rng.randint(0, bound), bound)
+
+    def read(self, n: int, bound: int) -> None:
+        from sim.metadata import frag_of
+        from stream.quorum import write_set
+
+        w = self.w
+        ens = frag_of(w.meta.frags, n)[1]
+        replicas = [ens[i] for i in write_set(n, w.sc.E, w.sc.Qw)]
+        w.rng.shuffle(replicas)
+        self._next(n, bound, replicas, 0, [])
+
+    def _next(self, n: int, bound: int, replicas: list[str], k: int, outcomes: list[str]) -> None:
+        w = self.w
+        if k == len(replicas):
+            w.count("reads_unavailable" if "error" in outcomes else "reads_missing")
+            if w.check_invariants and all(o == "missing" for o in outcomes):
+                w.inv.read_missing(n, bound, replicas)
+            return
+
+        def on_reply(req, reply):
+            status, record, _ = reply
+            if status is Status.OK:
+                w.count("reads_ok")
+                if w.check_invariants:
+                    w.inv.read_value(n, value_of(record), req.bid)
+                return
+            self._next(n, bound, replicas, k + 1, outcomes + ["missing" if status in ABSENT_STATUSES else "error"])
+
+        def on_timeout(req):
+            self._next(n, bound, replicas, k + 1, outcomes + ["error"])
+
+        w.request(self.name, 0, replicas[k], "read", {"entry": n, "term": 0, "fence": False}, {},
+                  on_reply, on_timeout, w.sc.timeout)
+
+
+__all__ = ["SimClient", "SimReader"]

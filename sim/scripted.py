@@ -1,0 +1,75 @@
+"""Fixed scenarios, scripted step by step on the simulated world (no random
+faults; every message takes one tick; links are blocked by hand).
+
+- ``seed_counterexample``: the divergence counterexample of
+  ../shared/seeds/unbounded-ledgers-terms.txt and protocol-rules.md ("Why the
+  truncate flag matters"), on the real cores.
+- ``reused_bookie``: a bookie replaced during a recovery keeps the old term's
+  uncommitted entries; a later ensemble change of the new writer picks it
+  again; it then holds a stale value for an entry the new writer commits
+  without it (the spec's EnsembleChange prepares the new bookie; the
+  implementation has no such step).
+"""
+from __future__ import annotations
+
+from sim.scenario import Scenario
+from sim.world import World
+
+SCRIPTED = dict(p_loss=0.0, p_slow=0.0, delay_min=1, delay_max=1, fsync_min=0, fsync_max=0, crashes=0,
+                client_crashes=0, partitions=0, reads=0, timeout=30, E=3, Qw=3, Qa=2, clients=2)
+
+
+def seed_counterexample(*, check_trace: bool = True) -> World:
+    """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1 and 2 reach b0 only.
+    2. c1 takes over with term 2; b0 does not answer its reads, but takes its
+       writes: b1 and b2 say entry 1 does not exist: a truncate no-op at 1.
+    3. c1 writes entry 2; b1 and b2 acknowledge it (b0 unreachable).
+    Without the truncate flag, b0 keeps c0's entry 2: divergence at 2."""
+    w = World(Scenario(seed=0, bookies=3, **SCRIPTED), scripted=True, check_trace=check_trace)
+    c0, c1 = w.clients["c0"], w.clients["c1"]
+    w.do(c0.add)
+    w.run(until=10)
+    assert set(w.acked) == {0}
+    w.blocked |= {("c0", "b1", "add"), ("c0", "b2", "add")}
+    w.do(c0.add)
+    w.do(c0.add)
+    w.run(until=20)
+    w.blocked |= {("c1", "b0", "lac"), ("c1", "b0", "read")}
+    assert w.do(c1.takeover)
+    w.run(until=200)
+    w.blocked |= {("c1", "b0", "add")}
+    w.do(c1.add)
+    w.run(until=300)
+    w.run()
+    return w
+
+
+def reused_bookie(*, check_trace: bool = True) -> World:
+    """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1..3 reach b0 only.
+    2. c1 takes over with term 2; b0 is unreachable: the recovery replaces it
+       with b3 and truncates at 1 on b3, b1, b2; b0 keeps c0's 1..3.
+    3. c1 writes entry 2; b1 fails: the change from 2 picks the only spare, b0,
+       which still holds c0's entry 2 (and 3) while c1's entry 2 is committed."""
+    w = World(Scenario(seed=0, bookies=4, **SCRIPTED), scripted=True, check_trace=check_trace)
+    c0, c1 = w.clients["c0"], w.clients["c1"]
+    w.do(c0.add)
+    w.run(until=10)
+    w.blocked |= {("c0", "b1", "add"), ("c0", "b2", "add")}
+    for _ in range(3):
+        w.do(c0.add)
+    w.run(until=20)
+    w.blocked |= {("c1", "b0", "lac"), ("c1", "b0", "read"), ("c1", "b0", "add")}
+    assert w.do(c1.takeover)
+    w.run(until=200)
+    assert w.meta.last_frag == (0, ("b3", "b1", "b2")), w.meta
+    w.blocked -= {("c1", "b0", "add")}
+    w.blocked |= {("c1", "b1", "add")}
+    w.do(c1.add)
+    w.run(until=300)
+    w.blocked -= {("c1", "b1", "add")}
+    w.do(c1.add)
+    w.run()
+    return w
+
+
+SCRIPTS = {"seed_counterexample": seed_counterexample, "reused_bookie": reused_bookie}
