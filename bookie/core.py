@@ -191,6 +191,18 @@ class BookieCore:
         st.fenced = st.fenced or fence
         return Verdict(Status.OK, st.term, changed)
 
+    def prepare(self, ledger_id: int, first_entry: int, term: int) -> Verdict:
+        """A bookie joining a fragment (term mode) that starts at
+        ``first_entry``: the term rule of :meth:`fence` (a lower term gets
+        INVALID_TERM; the ledger's term is raised).  Once the change is
+        journalled, :meth:`apply_prepare` deletes the entries >= first_entry:
+        an older term's leftovers, never entries of the new fragment."""
+        assert first_entry >= 0
+        return self.fence(ledger_id, term, False)
+
+    def apply_prepare(self, ledger_id: int, first_entry: int) -> Removed:
+        return self.delete(ledger_id, (first_entry, (1 << 63) - 1)) if ledger_id in self.ledgers else []
+
     def apply_state(self, ledger_id: int, term: int, fenced: bool) -> None:
         """Replay of a journalled state change."""
         st = self.ledgers.setdefault(ledger_id, LedgerState())

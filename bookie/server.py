@@ -224,6 +224,16 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.WriteLacResponse(status=Status.INTERNAL_ERROR, message=str(e))
         return pb.WriteLacResponse(status=v.status, term=v.term)
 
+    async def Prepare(self, request, context):
+        if request.first_entry < 0:
+            return pb.PrepareResponse(status=Status.BAD_REQUEST, message="bad first entry")
+        try:
+            v, n = await self.storage.prepare(request.ledger_id, request.first_entry, request.term)
+        except Exception as e:
+            log.exception("prepare failed")
+            return pb.PrepareResponse(status=Status.INTERNAL_ERROR, message=str(e))
+        return pb.PrepareResponse(status=v.status, term=v.term, entries_deleted=n)
+
     # -- deletion and info -----------------------------------------------------
 
     async def Delete(self, request, context):

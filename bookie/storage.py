@@ -304,6 +304,29 @@ class Storage:
             await self._append(R_LAC, LAC_BODY.pack(ledger_id, lac, lafr), apply)
         return v
 
+    async def prepare(self, ledger_id: int, first_entry: int, term: int) -> tuple[Verdict, int]:
+        """Prepares this bookie to join a fragment starting at `first_entry`
+        (bookie/core.py `prepare`): the term is raised and journalled, then
+        the entries >= first_entry are deleted, in journal order after every
+        add admitted before (so an older writer's pending add is deleted too).
+        Returns the verdict and how many entries went."""
+        v = self.core.prepare(ledger_id, first_entry, term)
+        if v.status is not Status.OK:
+            return v, 0
+        if v.state_changed:
+            st = self.core.ledgers[ledger_id]
+            self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
+        body = DELETE_BODY.pack(ledger_id, True, first_entry, (1 << 63) - 1)
+        count = []
+
+        def apply(_b, _s, _o):
+            removed = self.core.apply_prepare(ledger_id, first_entry)
+            self._dead(removed)
+            count.append(len(removed))
+
+        await self._append(R_DELETE, body, apply)
+        return v, (count[0] if count else 0)
+
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> int:
         """Deletes a ledger or a range of its entries, once the deletion is
         durable and in journal order with the adds around it."""

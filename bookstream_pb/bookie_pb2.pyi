@@ -190,6 +190,28 @@ class WriteLacResponse(_message.Message):
     message: str
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
+class PrepareRequest(_message.Message):
+    __slots__ = ("ledger_id", "first_entry", "term")
+    LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ledger_id: int
+    first_entry: int
+    term: int
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+
+class PrepareResponse(_message.Message):
+    __slots__ = ("status", "term", "entries_deleted", "message")
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    ENTRIES_DELETED_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    status: StatusCode
+    term: int
+    entries_deleted: int
+    message: str
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., entries_deleted: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
 class DeleteRequest(_message.Message):
     __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class BookieStub:
                 request_serializer=bookie__pb2.WriteLacRequest.SerializeToString,
                 response_deserializer=bookie__pb2.WriteLacResponse.FromString,
                 _registered_method=True)
+        self.Prepare = channel.unary_unary(
+                '/bookstream.v1.Bookie/Prepare',
+                request_serializer=bookie__pb2.PrepareRequest.SerializeToString,
+                response_deserializer=bookie__pb2.PrepareResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/bookstream.v1.Bookie/Delete',
                 request_serializer=bookie__pb2.DeleteRequest.SerializeToString,
@@ -115,6 +120,12 @@ class BookieServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Prepare(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -159,6 +170,11 @@ def add_BookieServicer_to_server(servicer, server):
                     servicer.WriteLac,
                     request_deserializer=bookie__pb2.WriteLacRequest.FromString,
                     response_serializer=bookie__pb2.WriteLacResponse.SerializeToString,
+            ),
+            'Prepare': grpc.unary_unary_rpc_method_handler(
+                    servicer.Prepare,
+                    request_deserializer=bookie__pb2.PrepareRequest.FromString,
+                    response_serializer=bookie__pb2.PrepareResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -333,6 +349,33 @@ class Bookie:
             '/bookstream.v1.Bookie/WriteLac',
             bookie__pb2.WriteLacRequest.SerializeToString,
             bookie__pb2.WriteLacResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prepare(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/bookstream.v1.Bookie/Prepare',
+            bookie__pb2.PrepareRequest.SerializeToString,
+            bookie__pb2.PrepareResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -28,6 +28,7 @@ from bookie.core import BookieCore, Status
 J_ADD = 0
 J_STATE = 1
 J_LAC = 2
+J_PREP = 3
 
 
 @dataclass(slots=True)
@@ -117,6 +118,21 @@ class SimBookie:
             frame.reply(frame.results)
         return applied
 
+    def prepare(self, first_entry: int, term: int):
+        """``Storage.prepare`` for a bookie joining a fragment: the term rule
+        of a fencing read, then the entries >= first_entry go, journalled
+        after everything admitted before (the caller fsyncs first, so this
+        bookie's unsynced tail is empty)."""
+        assert not self.unsynced, "prepare goes after the adds admitted before it"
+        v = self.core.prepare(self.ledger_id, first_entry, term)
+        if v.status is Status.OK:
+            st = self.core.ledgers[self.ledger_id]
+            self.journal.append((J_STATE, self.ledger_id, st.term, st.fenced))
+            self.journal.append((J_PREP, self.ledger_id, first_entry))
+            self.durable_term = max(self.durable_term, st.term)
+            self.core.apply_prepare(self.ledger_id, first_entry)
+        return v
+
     # -- reads ----------------------------------------------------------------------
 
     def fence_request(self, term: int, fence: bool):
@@ -180,6 +196,8 @@ class SimBookie:
                 core.apply_add(E.parse_header(rec[1]), loc, len(rec[1]))
             elif rec[0] == J_LAC:
                 core.apply_lac(*rec[1:])
+            elif rec[0] == J_PREP:
+                core.apply_prepare(rec[1], rec[2])
             else:
                 _, lid, term, fenced = rec
                 core.apply_state(lid, term, fenced)

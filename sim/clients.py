@@ -325,6 +325,10 @@ class SimClient:
             rec.abort(f"no bookie to replace {rp.bookie_id}")
         else:
             nb = w.rng.choice(spare)
+            if w.unbounded and not self._prepare([nb], rec.start_entry, rec.term):
+                rec.abort(f"replacement {nb} refused its preparation: a newer term")
+                self._after_rec_input(rec, before)
+                return
             old = rec.ensemble[rp.bookie_index]
             ens = list(rec.ensemble)
             ens[rp.bookie_index] = nb
@@ -501,6 +505,12 @@ class SimClient:
         new = list(prop.ensemble)
         for i, b in zip(prop.replace, picks):
             new[i] = b
+        joining = [b for b in new if b not in prop.ensemble]
+        if w.unbounded and not self._prepare(joining, prop.first_entry, wr.term):
+            wr.on_invalid_term(w.metastore.read()[0].term)
+            self.pump_writer()
+            self.compare()
+            return
         frags = with_fragment(m.frags, prop.first_entry, tuple(new))
         assert w.metastore.cas(m.with_(frags=frags), ver)
         if prop.reason is ChangeReason.FAILURE:
@@ -514,6 +524,25 @@ class SimClient:
         w.compare_meta()
         self.pump_writer()
         self.compare()
+
+    def _prepare(self, bookies: list[str], first: int, term: int) -> bool:
+        """stream.ledger.prepare_bookies: each joining bookie raises its term
+        and drops what it holds from `first` on (after a journal barrier).
+        False if one refused (a newer term).  Synchronous here: the change
+        that follows is one step of the glue."""
+        w = self.w
+        for b in bookies:
+            sb = w.bookies[b]
+            w._fsync(b, sb.incarnation)
+            v = sb.prepare(first, term)
+            accepted = v.status is Status.OK
+            w.step("BookiePrepare", b, first, term, accepted)
+            w.compare_bookie(b)
+            if w.check_invariants:
+                w.inv.bookie_changed(b)
+            if not accepted:
+                return False
+        return True
 
     def close(self) -> None:
         """Classic: the writer closes with no pending adds, CAS OPEN -> CLOSED."""

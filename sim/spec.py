@@ -72,8 +72,8 @@ NOOP = ("noop",)
 # Where this transcription follows the implementation rather than the spec text.
 DEVIATIONS = {
     "ensemble_prepare": "EnsembleChange: the spec prepares the new bookie (raises its term and deletes its "
-                        "entries from the fragment's first entry); the implementation has no such step "
-                        "(the spec's mutant ensemble_no_prepare)",
+                        "entries from the fragment's first entry) inside the change; the implementation "
+                        "does it as a bookie step (BookiePrepare) just before",
     "rule3": "EnsembleChange rule 3: the spec keeps b while it acked any entry in LAFR+1..LAC; the "
              "implementation (protocol-rules.md) only while one of those is still below Qw",
     "change_first": "EnsembleChange: a writer's new fragment starts at LAFR+1 as of its proposal (spec: at "
@@ -348,6 +348,19 @@ class Model:
         ok = exists and term >= k.term and not k.fenced
         self._need(ok == accepted, a, f"{b} (term {k.term}, fenced {k.fenced}) "
                                       f"{'accepted' if accepted else 'refused'} an explicit LAC of term {term}")
+
+    def BookiePrepare(self, b: str, first: int, term: int, accepted: bool) -> None:
+        """The spec's EnsembleChange prepares a joining bookie: its term is
+        raised and its entries from the fragment's first entry on are deleted
+        (here a bookie step of its own, just before the change)."""
+        a, k = "BookiePrepare", self.bk[b]
+        self._need(b not in self.crashed, a, f"{b} crashed")
+        self._need((term >= k.term) == accepted, a, f"{b} (term {k.term}) "
+                                                    f"{'accepted' if accepted else 'refused'} term {term}")
+        if accepted:
+            k.term = term
+            for i in [i for i in k.ents if i >= first]:
+                del k.ents[i]
 
     def BookieStoreLac(self, b: str, lac: int, lafr: int) -> None:
         k = self.bk[b]

@@ -124,6 +124,11 @@ class BookieClient:
         req = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, lafr=lafr, term=term)
         return await self._unary(self.stub.WriteLac, req, timeout)
 
+    async def prepare(self, ledger_id: int, first_entry: int, term: int,
+                      timeout: float | None = 10.0) -> pb.PrepareResponse:
+        req = pb.PrepareRequest(ledger_id=ledger_id, first_entry=first_entry, term=term)
+        return await self._unary(self.stub.Prepare, req, timeout)
+
     async def read_range(self, ledger_id: int, first: int, last: int, *,
                          max_frame_bytes: int = 0) -> AsyncIterator[pb.ReadRangeResponse]:
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,

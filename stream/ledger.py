@@ -280,6 +280,14 @@ class _Writer:
                 new = list(prop.ensemble)
                 for i, b in zip(prop.replace, picks):
                     new[i] = b
+                joining = [b for b in new if b not in prop.ensemble]
+                verdict = await prepare_bookies(client, lid, prop.first_entry, self.core.term, joining)
+                if verdict > 0:  # INVALID_TERM: a newer term took over
+                    if self._live(prop):
+                        self.core.on_invalid_term(verdict)
+                    return
+                if verdict == PREPARE_FAILED:
+                    continue  # a joining bookie failed: choose again (it is quarantined)
                 frag = Fragment(prop.first_entry, tuple(new))
                 try:
                     meta, rev = await client.meta_call(client.ledgers.add_fragment, lid, frag,
@@ -443,10 +451,50 @@ class _RecoveryDriver:
             except err.BookKeeperError as e:
                 self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
             else:
-                if self.core.state not in RECOVERY_TERMINAL:
+                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new])
+                if verdict > 0:
+                    self.core.abort(f"term {verdict} took over while replacing {rp.bookie_id}")
+                elif verdict == PREPARE_FAILED:
+                    self.core.abort(f"replacement {new} for {rp.bookie_id} could not be prepared")
+                elif self.core.state not in RECOVERY_TERMINAL:
                     log.info("ledger %s: recovery replaces %s with %s", self.lid, rp.bookie_id, new)
                     self.core.on_bookie_replaced(rp.bookie_index, new)
         self._schedule()
+
+
+PREPARED, PREPARE_FAILED = 0, -1
+
+
+async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entry: int, term: int,
+                          bookies: list[str]) -> int:
+    """Prepares bookies joining a fragment that starts at ``first_entry`` of a
+    term-based ledger (bookie/core.py ``prepare``: the term is raised, and
+    whatever an older term left at ``first_entry`` and above is deleted).
+    Classic ledgers (term 0) have one writer per entry id and need none.
+
+    Returns PREPARED when all are, the newer term (> 0) when one answered
+    INVALID_TERM, PREPARE_FAILED when one could not be prepared (it is then
+    quarantined)."""
+    if term == 0 or not bookies:
+        return PREPARED
+
+    async def one(bid: str) -> int:
+        bc = await client.bookie(bid)
+        if bc is None:
+            return PREPARE_FAILED
+        try:
+            r = await bc.prepare(ledger_id, first_entry, term, timeout=client.config.add_timeout)
+        except (BookieUnavailable, asyncio.TimeoutError):
+            return PREPARE_FAILED
+        if r.status == Status.INVALID_TERM:
+            return max(1, int(r.term))
+        return PREPARED if r.status == Status.OK else PREPARE_FAILED
+
+    results = await asyncio.gather(*(one(b) for b in bookies))
+    for bid, r in zip(bookies, results):
+        if r == PREPARE_FAILED:
+            client.mark_failed(bid)
+    return max(results) if any(r > 0 for r in results) else min(results)
 
 
 async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[LedgerMetadata, int]:

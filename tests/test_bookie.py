@@ -482,3 +482,30 @@ def test_explicit_lac_wakes_long_polls_persists_and_obeys_terms(bookies):
     b.start()
     r = run(with_client(b.address, lambda c: c.read_lac(60)))
     assert (r.lac, r.lafr) == (2, 2)  # never goes down, not even across kill -9
+
+
+def test_prepare_raises_the_term_and_deletes_from_the_first_entry_on(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(70, i, term=1) for i in range(10)))).status == OK
+        r = await c.prepare(70, 6, term=3)
+        assert r.status == OK and r.term == 3 and r.entries_deleted == 4
+        assert (await c.read_entry(70, 5)).status == OK
+        assert (await c.read_entry(70, 6)).status == Status.NO_SUCH_ENTRY
+        assert (await c.add(rec(70, 6, term=2))).status == Status.INVALID_TERM   # an older writer
+        r = await c.prepare(70, 0, term=2)                                         # ... or its prepare
+        assert r.status == Status.INVALID_TERM and r.term == 3
+        assert (await c.read_entry(70, 0)).status == OK                            # nothing deleted
+        assert (await c.prepare(71, 0, term=1)).status == OK                       # unknown: fenced at 1
+        assert (await c.add(rec(71, 0, term=0))).status == Status.INVALID_TERM
+        assert (await c.stub.Prepare(pb.PrepareRequest(ledger_id=70, first_entry=-1, term=9))).status == \
+            Status.BAD_REQUEST
+    run(with_client(b.address, go))
+    b.kill()
+    b.start()
+
+    async def after(c):
+        assert (await c.read_entry(70, 6)).status == Status.NO_SUCH_ENTRY
+        assert (await c.read_lac(70)).term == 3
+    run(with_client(b.address, after))

@@ -9,9 +9,10 @@ simulated bookies, network, disks and metadata, with faults.
 - Every mutation of stream/mutations.py is found within a bounded number of
   seeds: by the trace check (its first broken spec action), and by the
   invariants alone (which invariant).
-- Known bug (strict xfail): a bookie re-used by an ensemble change keeps an
-  older term's entries (the spec's EnsembleChange prepares it; nothing here
-  does); scripted, and found by the random "reuse" profile at seed 7358.
+- A bug this harness found, now fixed and kept as regressions: a bookie
+  re-used by an ensemble change kept an older term's entries (the spec's
+  EnsembleChange prepares it; the implementation now does, with the bookie's
+  Prepare request); scripted, and the random "reuse" profile at seed 7358.
 """
 from __future__ import annotations
 
@@ -82,16 +83,10 @@ def test_seed_counterexample_diverges_without_truncation(mutation, monkeypatch):
     assert ei.value.invariant.startswith("trace:")
 
 
-@pytest.mark.xfail(strict=True, raises=Violation,
-                   reason="known bug: a bookie that left the ensemble keeps an old term's uncommitted entries "
-                          "and is re-used by a later ensemble change without being prepared (the spec's "
-                          "EnsembleChange raises its term and deletes its entries from the new fragment's "
-                          "first entry; nothing in the implementation does)")
 def test_a_reused_bookie_holds_no_stale_entries():
     reused_bookie(check_trace=False)
 
 
-@pytest.mark.xfail(strict=True, raises=Violation, reason="the same bug, found by a random run (Scenario.reuse)")
 def test_reuse_profile_seed_7358():
     sim.run(Scenario.reuse(7358))
 
