@@ -48,6 +48,7 @@ class SimClient:
         self.name = name
         self.inc = 0                    # incarnation: a crash starts a new one
         self.term = 0
+        self._retry_scheduled = False
         self.frags: tuple = ()          # this client's view (cl[c].frags)
         self.rec: RecoveryCore | None = None
         self.writer: WriterCore | None = None
@@ -428,11 +429,22 @@ class SimClient:
         if prop is not None and prop is not self._proposal:
             self._proposal = prop
             w.at(w.sc.meta_delay, self._publish_change, wr, prop)
+        if wr.held and not self._retry_scheduled:
+            # rule 3 holds the change: give the failed bookies another chance
+            self._retry_scheduled = True
+            w.at(w.sc.timeout, self._retry_held, wr)
         if wr.state in W_TERMINAL and wr.state is not WriterState.CLOSED:
             w.count("writer_" + wr.state.value)
             self.writer = None
         if r.acked and w.check_invariants:
             w.inv.acked_changed()
+
+    def _retry_held(self, wr: WriterCore) -> None:
+        self._retry_scheduled = False
+        if wr is self.writer and wr.retry_held():
+            self.w.count("writer_retries")
+            self.pump_writer()
+            self.compare()
 
     def _live_writer(self, req: "Request") -> WriterCore | None:
         wr = req.ctx["writer"]

@@ -12,8 +12,9 @@ NoDivergence       every entry at or below the committed bound (any bookie's
 AckedDurable       every acknowledged entry is on >= Qa bookies of its write
                    set in the metadata, with its acknowledged value
 AckedUnique        an entry id is never acknowledged with two values
-LafrFullyReplicated entries up to a bookie's LAFR or a live writer's LAFR are
-                   on every bookie of their write set
+LafrFullyReplicated entries up to a bookie's LAFR, or up to the LAFR of the
+                   writer of the current term, are on every bookie of their
+                   write set
 ReadersAgree       all readers that read entry n got the same value, and the
                    acknowledged one
 AckedReadable      a committed entry never reads as missing on every replica
@@ -164,7 +165,11 @@ class State:
                 raise InvariantViolation("LafrFullyReplicated", f"entry {n} <= a bookie's LAFR {lafr}: "
                                                                 f"{_fmt_held(held)}")
         for c in w.clients.values():
-            if c.phase == "open":
+            # A writer's own LAFR is a claim about its ensemble while it is
+            # the ledger's writer; once a newer term took over, the new
+            # term's fragments govern those entries (and a bookie re-joining
+            # them is prepared: its older copies go).
+            if c.phase == "open" and (not w.unbounded or c.term == m.term):
                 for n in range(c.writer.lafr + 1):
                     held = self._holders(n, c.frags)
                     if any(x is None for _, x in held):

@@ -108,6 +108,7 @@ class _Writer:
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
         self._lac_told = self.core.lac
+        self._retry_timer: asyncio.TimerHandle | None = None
         self.loop = asyncio.get_running_loop()
         self.futures: dict[int, asyncio.Future] = {}
         self._scheduled = False
@@ -179,10 +180,20 @@ class _Writer:
                 self._spawn(self._write_lac(bid, r.lac, r.lafr))
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
+        if self.core.held and self._retry_timer is None:
+            # Rule 3 holds the ensemble change (every failed bookie still
+            # holds an ack a committed entry needs): retry them after a while.
+            self._retry_timer = self.loop.call_later(self.cfg.add_timeout / 2, self._retry_held)
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    def _retry_held(self) -> None:
+        self._retry_timer = None
+        if self.core.retry_held():
+            log.info("ledger %s: retrying failed bookies the ensemble change waits for", self.core.ledger_id)
+            self._schedule()
 
     def progress(self) -> asyncio.Future:
         """Resolves at the next drain (an ack, a failure, a change...)."""
@@ -323,6 +334,8 @@ class _Writer:
     def cancel(self) -> None:
         for t in list(self._tasks):
             t.cancel()
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
 
 
 # -- recovery -----------------------------------------------------------------------

@@ -342,6 +342,30 @@ class WriterCore:
             return
         self._fence("ensemble change rejected by the metadata", WriterEvent.CHANGE_REJECTED, term)
 
+    @property
+    def held(self) -> bool:
+        """An ensemble change is held by rule 3: every failed bookie still
+        holds an ack a committed entry below Qw needs.  Nothing moves until
+        one of them answers again: see :meth:`retry_held`."""
+        return (self.state is WriterState.OPEN and self.proposal is None and bool(self.failed)
+                and all(self._needed(i) for i in self.failed))
+
+    def retry_held(self) -> bool:
+        """Liveness while :attr:`held`: gives the failed bookies another
+        chance (the adapter calls this after a back-off).  Every sent,
+        unreleased entry they have not acked is sent to them again; a bookie
+        that fails again is marked failed again.  Returns whether anything
+        was resent."""
+        if not self.held:
+            return False
+        retried, self.failed = self.failed, {}
+        for eid in range(self.release_mark + 1, self.next_to_send):
+            p = self.pending[eid]
+            for i in write_set(eid, self.E, self.Qw):
+                if i in retried and i not in p.acks:
+                    self._queue_send(i, eid, p.record)
+        return True
+
     def on_invalid_term(self, term: int) -> None:
         """A bookie answered a request other than an add (an explicit LAC)
         with INVALID_TERM: a newer term took the ledger over."""

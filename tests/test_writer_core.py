@@ -179,6 +179,26 @@ def test_rule3_a_needed_bookie_is_not_replaced_until_its_entry_reaches_qw():
     assert r.released == [0] and r.ensemble_change.replace == (1,) and r.ensemble_change.first_entry == 1
 
 
+def test_a_change_held_by_rule3_on_every_failed_bookie_is_retried():
+    """Entries 0 and 1 committed with copies {b0, b2} and {b1, b2}; then b0
+    and b1 fail.  Each is needed by one entry (rule 3), so no change can be
+    proposed: the writer is held.  retry_held gives them another chance and
+    resends what they miss; their acks unblock everything."""
+    w = writer()
+    w.add(b"x"), w.add(b"y")
+    w.ready()
+    w.on_ack(0, 0), w.on_ack(0, 2), w.on_ack(1, 1), w.on_ack(1, 2)
+    w.on_bookie_failed(0), w.on_bookie_failed(1)
+    r = w.ready()
+    assert r.acked == [0, 1] and r.ensemble_change is None and w.held
+    assert w.retry_held() and not w.held and not w.failed
+    assert sent_to(w.ready()) == {1: [0], 0: [1]}  # what each one misses
+    w.on_ack(0, 1), w.on_ack(1, 0)
+    r = w.ready()
+    assert r.lafr == 1 and r.released == [0, 1]
+    assert not w.retry_held()  # nothing held: a no-op
+
+
 def test_window_bound_is_backpressure():
     w = writer(max_pending=3)
     for _ in range(3):
