@@ -316,26 +316,23 @@ class Storage:
         if v.state_changed:
             st = self.core.ledgers[ledger_id]
             self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
-        body = DELETE_BODY.pack(ledger_id, True, first_entry, (1 << 63) - 1)
-        count = []
-
-        def apply(_b, _s, _o):
-            removed = self.core.apply_prepare(ledger_id, first_entry)
-            self._dead(removed)
-            count.append(len(removed))
-
-        await self._append(R_DELETE, body, apply)
-        return v, (count[0] if count else 0)
+        return v, await self._journal_delete(ledger_id, (first_entry, (1 << 63) - 1),
+                                             lambda: self.core.apply_prepare(ledger_id, first_entry))
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> int:
         """Deletes a ledger or a range of its entries, once the deletion is
         durable and in journal order with the adds around it."""
+        return await self._journal_delete(ledger_id, entry_range, lambda: self.core.delete(ledger_id, entry_range))
+
+    async def _journal_delete(self, ledger_id: int, entry_range: tuple[int, int] | None, remove) -> int:
+        """Journals a deletion; `remove()` runs once it is durable, in journal
+        order.  Returns how many entries went."""
         first, last = entry_range if entry_range else (0, 0)
         body = DELETE_BODY.pack(ledger_id, entry_range is not None, first, last)
         count = []
 
         def apply(_body, _seg, _off):
-            removed = self.core.delete(ledger_id, entry_range)
+            removed = remove()
             self._dead(removed)
             count.append(len(removed))
 

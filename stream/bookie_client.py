@@ -14,12 +14,12 @@ from typing import AsyncIterator
 import grpc
 
 from bookie.core import Status
+from bookie.server import MAX_MESSAGE_BYTES
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 64 << 20
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

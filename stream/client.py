@@ -211,6 +211,36 @@ class BookKeeperClient:
 
 # -- the blocking facade -------------------------------------------------------------------
 
+class BackgroundLoop:
+    """An asyncio event loop in a daemon thread: what the blocking facades
+    (SyncBookKeeperClient, stream.StreamClient) run their async clients on."""
+
+    def __init__(self, name: str):
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, coro, timeout: float | None = None):
+        """Runs a coroutine on the loop and waits for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @property
+    def closed(self) -> bool:
+        return self.loop.is_closed()
+
+    def close(self, last=None) -> None:
+        """Runs `last` (a coroutine: the client's close) then stops the loop."""
+        if self.loop.is_closed():
+            return
+        try:
+            if last is not None:
+                self.run(last, timeout=30)
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(10)
+            self.loop.close()
+
+
 class SyncLedgerHandle:
     """A LedgerHandle driven from other threads (see SyncBookKeeperClient)."""
 
@@ -296,9 +326,8 @@ class SyncBookKeeperClient:
 
     def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
                  config: ClientConfig | None = None, **overrides):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bookkeeper-client", daemon=True)
-        self._thread.start()
+        self._bg = BackgroundLoop("bookkeeper-client")
+        self._loop = self._bg.loop
 
         async def make() -> BookKeeperClient:
             return BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
@@ -306,7 +335,7 @@ class SyncBookKeeperClient:
         self.client = self._run(make())
 
     def _run(self, coro, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._bg.run(coro, timeout)
 
     def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2,
                       **kw) -> SyncLedgerHandle:
@@ -326,14 +355,8 @@ class SyncBookKeeperClient:
         return self._run(self.client.ledger_metadata(ledger_id))
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self.client.close(), timeout=30)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+        if not self._bg.closed:
+            self._bg.close(self.client.close())
 
     def __enter__(self) -> "SyncBookKeeperClient":
         return self
@@ -342,4 +365,4 @@ class SyncBookKeeperClient:
         self.close()
 
 
-__all__ = ["ClientConfig", "BookKeeperClient", "SyncBookKeeperClient", "SyncLedgerHandle", "LedgerHandle"]
+__all__ = ["BackgroundLoop", "ClientConfig", "BookKeeperClient", "SyncBookKeeperClient", "SyncLedgerHandle", "LedgerHandle"]

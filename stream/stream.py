@@ -47,7 +47,7 @@ from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
-from stream.client import BookKeeperClient, ClientConfig
+from stream.client import BackgroundLoop, BookKeeperClient, ClientConfig
 from stream.ledger import LedgerHandle, WriterOptions, _RecoveryDriver, read_lac_covering
 from stream.placement import get_policy
 
@@ -529,9 +529,8 @@ class StreamClient:
 
     def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
                  config: ClientConfig | None = None, **overrides):
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="bookstream-client", daemon=True)
-        self._thread.start()
+        self._bg = BackgroundLoop("bookstream-client")
+        self._loop = self._bg.loop
 
         async def make() -> AsyncStreamClient:
             return AsyncStreamClient(etcd_endpoints, cluster, config, **overrides)
@@ -539,7 +538,7 @@ class StreamClient:
         self.aio = self._run(make())
 
     def _run(self, coro, timeout: float | None = None):
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+        return self._bg.run(coro, timeout)
 
     def open_writer(self, name: str, config: StreamConfig | None = None, *, create: bool = True) -> "StreamWriter":
         config = config or StreamConfig()
@@ -561,14 +560,8 @@ class StreamClient:
         self._run(self.aio.delete_stream(name))
 
     def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self.aio.close(), timeout=30)
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
+        if not self._bg.closed:
+            self._bg.close(self.aio.close())
 
     def __enter__(self) -> "StreamClient":
         return self
