@@ -244,6 +244,10 @@ class _Writer:
             self._bookie_failed(index, bookie_id)
             return
         ack = fut.result()
+        if ack.status == Status.OK and not ack.errors:
+            self.core.on_acks(ids, index, bookie_id=bookie_id)
+            self._schedule()
+            return
         errors = {e.index: e for e in ack.errors}
         whole = _status(ack.status) if ack.status != Status.OK and not errors else None
         for k, eid in enumerate(ids):

@@ -25,6 +25,8 @@
 """
 from __future__ import annotations
 
+import functools
+
 import enum
 
 from bookie.core import Status
@@ -59,8 +61,13 @@ def validate_quorums(ensemble_size: int, write_quorum: int, ack_quorum: int) -> 
 def write_set(entry_id: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
     """The ensemble indexes of an entry's write quorum."""
     assert entry_id >= 0, entry_id
+    return _write_set(entry_id % ensemble_size, ensemble_size, write_quorum)
+
+
+@functools.lru_cache(maxsize=4096)
+def _write_set(start: int, ensemble_size: int, write_quorum: int) -> tuple[int, ...]:
+    # there are only E distinct write sets: computed once each (hot path)
     assert 1 <= write_quorum <= ensemble_size <= MAX_ENSEMBLE
-    start = entry_id % ensemble_size
     ws = tuple((start + k) % ensemble_size for k in range(write_quorum))
     assert len(set(ws)) == write_quorum
     return ws

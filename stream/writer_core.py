@@ -297,6 +297,27 @@ class WriterCore:
         self._advance()
         self._maybe_propose()
 
+    def on_acks(self, entry_ids: list[int], bookie_index: int, *, bookie_id: str | None = None) -> None:
+        """OK answers of one bookie for a frame of entries: the same as
+        ``on_ack`` for each, with the LAC/LAFR advance done once."""
+        assert 0 <= bookie_index < self.E, bookie_index
+        if self.state in TERMINAL:
+            return
+        if bookie_id is not None and bookie_id != self.ensemble[bookie_index]:
+            return  # stale: from a bookie no longer at that index
+        if bookie_index in self.failed:
+            return  # from a bookie declared failed
+        self._step(WriterEvent.ACK)
+        pending, E, Qw = self.pending, self.E, self.Qw
+        for eid in entry_ids:
+            assert eid < self.next_to_send, f"ack for unsent entry {eid}"
+            p = pending.get(eid)
+            if p is not None:
+                assert bookie_index in write_set(eid, E, Qw), (eid, bookie_index)
+                p.acks.add(bookie_index)
+        self._advance()
+        self._maybe_propose()
+
     def on_bookie_failed(self, bookie_index: int) -> None:
         """An error or a timeout from a bookie of the current ensemble."""
         assert 0 <= bookie_index < self.E, bookie_index

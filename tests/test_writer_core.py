@@ -283,3 +283,24 @@ def test_state_table_refuses_close_during_a_change():
     assert ei.value.state is WriterState.CHANGING_ENSEMBLE
     w.on_ensemble_change_rejected()
     assert w.state is WriterState.FENCED and [e for e, _ in w.ready().failed] == [0]
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_frame_acks_equal_entry_by_entry_acks(data):
+    """on_acks (a frame's OK answers at once) is on_ack for each entry."""
+    a, b = writer(4, 3, 2), writer(4, 3, 2)
+    n = data.draw(st.integers(1, 30))
+    for w in (a, b):
+        for i in range(n):
+            w.add(b"p%d" % i)
+        w.ready()
+    for _ in range(data.draw(st.integers(1, 25))):
+        idx = data.draw(st.integers(0, 3))
+        mine = [e for e in range(n) if idx in write_set(e, 4, 3)]
+        frame = sorted(data.draw(st.sets(st.sampled_from(mine), max_size=6))) if mine else []
+        a.on_acks(frame, idx)
+        for e in frame:
+            b.on_ack(e, idx)
+        ra, rb = a.ready(), b.ready()
+        assert (ra.lac, ra.lafr, ra.acked, ra.released) == (rb.lac, rb.lafr, rb.acked, rb.released)
