@@ -32,7 +32,7 @@ import bisect
 import dataclasses
 import functools
 import logging
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from sortedcontainers import SortedDict
 
@@ -89,6 +89,8 @@ class WriterOptions:
     fragment_max_entries: int | None = None
     fragment_max_bytes: int | None = None
     explicit_lac: bool = True   # tell the ensemble the LAC once adds go quiet
+    # what an add's future resolves to, from its entry id (streams: a Position)
+    result: "Callable[[int], object] | None" = None
 
 
 class _Writer:
@@ -161,10 +163,11 @@ class _Writer:
     def _drain(self) -> None:
         self._scheduled = False
         r = self.core.ready()
+        result = self.options.result
         for eid in r.acked:
             f = self.futures.pop(eid, None)
             if f is not None and not f.done():
-                f.set_result(eid)
+                f.set_result(eid if result is None else result(eid))
         for eid, e in r.failed:
             f = self.futures.pop(eid, None)
             if f is not None and not f.done():

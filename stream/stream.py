@@ -276,7 +276,7 @@ class AsyncStreamClient:
         opts = WriterOptions(
             term=meta.term, next_entry=next_entry, guaranteed_write_quorum=True,
             fragment_max_entries=meta.fragment_size_entries or None,
-            fragment_max_bytes=meta.fragment_size_bytes or None)
+            fragment_max_bytes=meta.fragment_size_bytes or None, result=Position)
         handle = LedgerHandle(self.bk, meta, rev, writable=True, placement=get_policy(config.placement),
                               writer_options=opts, lac=next_entry - 1)
         return AsyncStreamWriter(self, name, handle)
@@ -384,27 +384,16 @@ class AsyncStreamWriter:
         """Queues an append; the future resolves to its Position once it
         (and every earlier append) is acknowledged by Qa bookies.  Raises
         TooManyPendingAdds when the window is full."""
-        fut = self.handle.add_entry_async(payload)
-        out = asyncio.get_running_loop().create_future()
-
-        def done(f: asyncio.Future) -> None:
-            if out.done():
-                return
-            if f.cancelled():
-                out.cancel()
-            elif f.exception() is not None:
-                out.set_exception(err.translate(f.exception()))
-            else:
-                out.set_result(Position(f.result()))
-
-        fut.add_done_callback(done)
-        return out
+        try:
+            return self.handle.add_entry_async(payload)  # resolves to a Position (WriterOptions.result)
+        except Exception as e:
+            raise err.translate(e) from e
 
     async def append(self, payload: bytes) -> Position:
         """Appends and waits for the acknowledgement (waits for room in the
         window when it is full)."""
         try:
-            return Position(await self.handle.add_entry(payload))
+            return await self.handle.add_entry(payload)
         except Exception as e:
             raise err.translate(e) from e
 
