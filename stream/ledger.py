@@ -53,6 +53,10 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
+# Frames in flight per bookie before new entries wait for one to be acked:
+# under load entries gather into larger frames (a frame costs far more than
+# its bytes), with no added latency when the writer is quiet.
+MAX_INFLIGHT_FRAMES = 4
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
 
 
@@ -111,6 +115,8 @@ class _Writer:
                                fragment_max_bytes=o.fragment_max_bytes)
         self._lac_told = self.core.lac
         self._retry_timer: asyncio.TimerHandle | None = None
+        self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
+        self._backlog: dict[str, tuple[int, list, list]] = {}  # bookie id -> (index, ids, records)
         self.loop = asyncio.get_running_loop()
         self.futures: dict[int, asyncio.Future] = {}
         self._scheduled = False
@@ -210,6 +216,14 @@ class _Writer:
         t.add_done_callback(self._tasks.discard)
 
     def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
+        if self._inflight.get(bookie_id, 0) >= MAX_INFLIGHT_FRAMES:
+            held = self._backlog.setdefault(bookie_id, (index, [], []))
+            held[1].extend(ids)
+            held[2].extend(records)
+            return
+        self._transmit(index, bookie_id, ids, records)
+
+    def _transmit(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
         bc = self.client.bookie_now(bookie_id)
         if bc is None:
             self.loop.call_soon(self._bookie_failed, index, bookie_id)
@@ -222,6 +236,7 @@ class _Writer:
                 self.loop.call_soon(self._bookie_failed, index, bookie_id)
                 return
             self.frames_sent += 1
+            self._inflight[bookie_id] = self._inflight.get(bookie_id, 0) + 1
             timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
             fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
 
@@ -243,6 +258,11 @@ class _Writer:
 
     def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
         timer.cancel()
+        self._inflight[bookie_id] -= 1
+        held = self._backlog.pop(bookie_id, None)
+        if held is not None:
+            if self.core.ensemble[held[0]] == bookie_id:  # else replaced: the core resends elsewhere
+                self._transmit(held[0], bookie_id, held[1], held[2])
         if fut.cancelled() or fut.exception() is not None:
             self._bookie_failed(index, bookie_id)
             return
