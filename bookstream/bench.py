@@ -306,6 +306,20 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
             "p999_ms": _pct(lat, 0.999) * 1e3}
 
 
+APPEND_HEADER = f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}"
+
+
+def _append_row(size: int, r: dict) -> str:
+    return (f"{size:>6} {r['appends_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
+            f"{r['p99_ms']:>7.2f}")
+
+
+def _write_results(args, name: str, results) -> None:
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": name, "command": " ".join(sys.argv),
+                                        "results": results}, indent=2) + "\n")
+
+
 def _cluster(args, n: int):
     from bookstream.standalone import Standalone
 
@@ -322,15 +336,14 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
-            print(f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}")
+            print(APPEND_HEADER)
             for size in (int(x) for x in args.sizes.split(",")):
                 name = f"bench-{size}-{os.getpid()}"
                 w = await sc.open_writer(name, StreamConfig(3, 3, 2))
                 r = await _closed_loop(w.append_async, size, args.seconds, args.window)
                 r["entry_bytes"] = size
                 results["appends"].append(r)
-                print(f"{size:>6} {r['appends_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
-                      f"{r['p99_ms']:>7.2f}", flush=True)
+                print(_append_row(size, r), flush=True)
                 await w.close()
                 # catch-up read of what was written, as a tailing reader does it
                 rd = await sc.open_reader(name, Position.EARLIEST)
@@ -373,9 +386,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         asyncio.run(go())
     finally:
         cluster.stop()
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "stream", "command": " ".join(sys.argv),
-                                        "results": results}, indent=2) + "\n")
+    _write_results(args, "stream", results)
     return 0
 
 
@@ -388,21 +399,18 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
     async def go():
         async with BookKeeperClient(cluster.etcd_endpoint, cluster.cluster,
                                     max_pending_adds=max(10_000, args.window * 2)) as bk:
-            print(f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}")
+            print(APPEND_HEADER)
             for size in (int(x) for x in args.sizes.split(",")):
                 lh = await bk.create_ledger(3, 3, 2)
                 r = await _closed_loop(lh.add_entry_async, size, args.seconds, args.window)
                 r["entry_bytes"] = size
                 results.append(r)
-                print(f"{size:>6} {r['appends_per_s']:>11,.0f} {r['mb_per_s']:>7.1f} {r['p50_ms']:>7.2f} "
-                      f"{r['p99_ms']:>7.2f}", flush=True)
+                print(_append_row(size, r), flush=True)
                 await lh.close()
 
     try:
         asyncio.run(go())
     finally:
         cluster.stop()
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "ledger", "command": " ".join(sys.argv),
-                                        "results": results}, indent=2) + "\n")
+    _write_results(args, "ledger", results)
     return 0

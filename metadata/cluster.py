@@ -4,21 +4,15 @@ from __future__ import annotations
 import time
 import uuid
 
-from google.protobuf.message import DecodeError
 
 from bookstream_pb import metadata_pb2 as pb
-from metadata.errors import CorruptMetadata, KeyExists
+from metadata.errors import CorruptMetadata, KeyExists, decode_message
 from metadata.layout import LAYOUT_VERSION, KeyLayout
 from metadata.store import MetadataStore
 
 
 def _decode(data: bytes) -> pb.ClusterInfo:
-    msg = pb.ClusterInfo()
-    try:
-        msg.ParseFromString(data)
-    except DecodeError as exc:
-        raise CorruptMetadata(f"undecodable ClusterInfo: {exc}") from exc
-    return msg
+    return decode_message(pb.ClusterInfo, data)
 
 
 def get_cluster_info(store: MetadataStore, cluster: str) -> pb.ClusterInfo | None:

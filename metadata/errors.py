@@ -110,6 +110,18 @@ class CorruptMetadata(MetadataError):
     count that disagrees with the header, ...)."""
 
 
+def decode_message(message_type, data: bytes):
+    """Parses a stored protobuf value; CorruptMetadata if it does not parse."""
+    from google.protobuf.message import DecodeError
+
+    msg = message_type()
+    try:
+        msg.ParseFromString(data)
+    except DecodeError as exc:
+        raise CorruptMetadata(f"undecodable {message_type.DESCRIPTOR.name}: {exc}") from exc
+    return msg
+
+
 class NoSuchLedger(MetadataError):
     """The ledger's header key does not exist."""
 

@@ -27,10 +27,10 @@ import enum
 import time
 from typing import Iterator, Literal, Mapping, Sequence
 
-from google.protobuf.message import DecodeError
 
 from bookstream_pb import metadata_pb2 as pb
 from metadata.errors import (
+    decode_message,
     BadVersion,
     CorruptMetadata,
     InvalidLedgerConfig,
@@ -89,12 +89,7 @@ class Fragment:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Fragment":
-        msg = pb.Fragment()
-        try:
-            msg.ParseFromString(data)
-        except DecodeError as exc:
-            raise CorruptMetadata(f"undecodable Fragment: {exc}") from exc
-        return cls.from_proto(msg)
+        return cls.from_proto(decode_message(pb.Fragment, data))
 
 
 def validate_config(ensemble_size: int, write_quorum: int, ack_quorum: int) -> None:
@@ -237,12 +232,7 @@ class LedgerMetadata:
 
     @classmethod
     def from_header_bytes(cls, data: bytes, fragments: Sequence[Fragment] = ()) -> "LedgerMetadata":
-        msg = pb.LedgerHeader()
-        try:
-            msg.ParseFromString(data)
-        except DecodeError as exc:
-            raise CorruptMetadata(f"undecodable LedgerHeader: {exc}") from exc
-        return cls.from_header(msg, fragments)
+        return cls.from_header(decode_message(pb.LedgerHeader, data), fragments)
 
 
 FragmentsToRead = Literal["all", "last", "none"]

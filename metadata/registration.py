@@ -21,10 +21,10 @@ import threading
 import time
 from typing import Callable
 
-from google.protobuf.message import DecodeError
 
 from bookstream_pb import metadata_pb2 as pb
 from metadata.errors import (
+    decode_message,
     BookieIdInUse,
     CorruptMetadata,
     LeaseExpired,
@@ -51,12 +51,7 @@ _log = logging.getLogger(__name__)
 
 
 def _decode(data: bytes) -> pb.BookieRegistration:
-    msg = pb.BookieRegistration()
-    try:
-        msg.ParseFromString(data)
-    except DecodeError as exc:
-        raise CorruptMetadata(f"undecodable BookieRegistration: {exc}") from exc
-    return msg
+    return decode_message(pb.BookieRegistration, data)
 
 
 class MembershipChange(enum.Enum):
