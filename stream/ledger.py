@@ -738,6 +738,20 @@ class LedgerHandle:
 
     # -- metadata ------------------------------------------------------------------
 
+    async def refresh_if_changed(self) -> None:
+        """Re-reads the metadata if the header moved since this handle read
+        it (one point read of the header when it did not).
+
+        Call it after learning a LAC and before reading up to it: a fragment
+        is published before any entry of it is acknowledged, so the metadata
+        read after a LAC covers every entry up to that LAC.  Reading with
+        older metadata could ask a bookie that has left the entry's ensemble,
+        which may still hold an older term's value for that id."""
+        key = self.client.ledgers.layout.ledger_header_key(self.ledger_id)
+        cur = await self.client.meta_call(self.client.store.get, key)
+        if cur is None or cur.mod_revision != self._rev:
+            await self.refresh_metadata()
+
     async def refresh_metadata(self) -> LedgerMetadata:
         if self._lazy_fragments:
             meta, rev = await self.client.meta_call(self.client.ledgers.read, self.ledger_id, fragments="last")
@@ -914,10 +928,14 @@ class LedgerHandle:
             frag = await self._fragment_for(eid)
             try:
                 return await self._read_replicas(eid, frag)
-            except err.EntryMissing:
+            except (err.EntryMissing, err.ReadFailed):
+                # Missing, or missing on some replicas and unreachable on the
+                # rest: the entry may have moved to a fragment this handle
+                # has not seen yet (an ensemble change from LAFR+1 moves
+                # entries the old ensemble only partly holds).
                 if attempt:
                     raise
-                await self.refresh_metadata()  # a fragment we had not loaded?
+                await self.refresh_metadata()
                 if self._fragment_or_none(eid) == frag:
                     raise
         raise AssertionError("unreachable")

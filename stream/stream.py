@@ -449,6 +449,9 @@ class AsyncStreamReader:
         lac = await h.read_last_add_confirmed()
         if lac < self._next and timeout > 0:
             lac = await h.long_poll_last_add_confirmed(lac, timeout)
+        if lac >= self._next:
+            # metadata read after the LAC covers every entry up to it
+            await h.refresh_if_changed()
         return lac
 
     async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
