@@ -5,7 +5,7 @@ An entry travels, is journalled and is served back as the same bytes: a
 proto/bookie.proto).  The CRC-32 covers bytes [8, 42) of the header (ledger id,
 entry id, LAC, LAFR, data flags) and the payload: what the entry *is*.  The
 term and the RECOVERY_ADD flag describe how a record was sent, so they sit
-outside the checksum and a recovery write-back may change them.
+outside the checksum.
 """
 from __future__ import annotations
 
@@ -32,9 +32,6 @@ REQ_FLAGS_MASK = REQ_RECOVERY
 MAX_LEDGER_ID = (1 << 64) - 1
 MAX_ENTRY_ID = (1 << 63) - 1
 
-_TERM_OFFSET = 44
-_REQ_FLAGS = struct.Struct("<H")
-_TERM = struct.Struct("<Q")
 
 
 class MalformedEntry(ValueError):
@@ -113,14 +110,6 @@ def encode(
     head = ENTRY_HEADER.pack(len(payload), 0, ledger_id, entry_id, lac, lafr, data_flags, req_flags, term)
     crc = zlib.crc32(payload, zlib.crc32(head[CHECKSUM_START:CHECKSUM_END]))
     return struct.pack("<II", len(payload), crc) + head[8:] + payload
-
-
-def with_request(record: bytes | memoryview, *, term: int, req_flags: int) -> bytes:
-    """A copy of a signed record resent with another term and request flags."""
-    out = bytearray(record)
-    _REQ_FLAGS.pack_into(out, 42, req_flags)
-    _TERM.pack_into(out, _TERM_OFFSET, term)
-    return bytes(out)
 
 
 def parse_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:

@@ -139,11 +139,11 @@ class Journal:
         segs = self.segments()
         self._seg = segs[-1] if segs else 1
         self._write_fd = -1
+        self._write_seg = -1
         self._tail = 0  # logical end of the current segment (including pending)
         self._durable = Position(self._seg, 0)
         self._disk_bytes = 0       # durable bytes in segment files
         self._inflight_bytes = 0   # handed to the flusher, not yet durable
-        self.last_error: BaseException | None = None
         self.bytes_appended = 0
         self.fsyncs = 0
 
@@ -283,10 +283,6 @@ class Journal:
         self._tail = 0
         # the flusher opens the new segment when it reaches its first chunk
 
-    @property
-    def pending_bytes(self) -> int:
-        return self._pending_bytes
-
     def sync(self) -> asyncio.Future:
         """A future done once every record appended so far is durable."""
         loop = asyncio.get_running_loop()
@@ -316,7 +312,6 @@ class Journal:
             # Records buffered since were placed after the lost bytes, so they
             # are dropped too: every waiter learns its records are not durable.
             log.error("journal write failed: %s", exc)
-            self.last_error = exc
             for w in waiters + self._waiters:
                 if not w.done():
                     w.set_exception(JournalWriteError(exc.errno if isinstance(exc, OSError) else None, str(exc)))
@@ -354,8 +349,6 @@ class Journal:
                     pass
                 raise
             self._durable = Position(seg, written)
-
-    _write_seg = -1
 
     def _open_write_segment(self, seg: int) -> None:
         if self._write_fd >= 0:

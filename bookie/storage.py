@@ -81,7 +81,6 @@ class Storage:
         self.replayed_records = 0
         self.replay_seconds = 0.0
         self.applied_end = Position(1, 0)
-        self.last_usage = 0.0
 
     # -- start-up ------------------------------------------------------------
 
@@ -269,10 +268,6 @@ class Storage:
             if lid in self._lac_waiters:
                 self._wake_lac(lid)
 
-    async def durable(self) -> None:
-        """Waits until everything appended so far is durable and applied."""
-        await self.journal.sync()
-
     # -- state changes -------------------------------------------------------------
 
     async def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
@@ -432,7 +427,6 @@ class Storage:
         frac = 1.0 - free / total if total else 1.0
         if self.config.max_storage_bytes:
             frac = max(frac, used / self.config.max_storage_bytes)
-        self.last_usage = frac
         before = self.core.read_only
         if not before and frac >= self.config.disk_usage_threshold:
             self.core.read_only = True
@@ -457,14 +451,6 @@ class Storage:
         pos = self.applied_end
         snapshot = self._snapshot(pos)  # in the loop thread: consistent
         await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, snapshot)
-        self.checkpoint_pos = pos
-        self._since_checkpoint = 0
-        return pos
-
-    def checkpoint_sync(self) -> Position:
-        """The blocking form, for a clean shutdown after the loop stopped."""
-        pos = self.applied_end
-        self._write_checkpoint(self._snapshot(pos))
         self.checkpoint_pos = pos
         self._since_checkpoint = 0
         return pos

@@ -13,7 +13,6 @@ from typing import AsyncIterator
 
 import grpc
 
-from bookie.core import Status
 from bookie.server import MAX_MESSAGE_BYTES
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -161,6 +160,3 @@ class BookieClient:
                 self._stream_task.cancel()
         await self.channel.close()
 
-
-def status_name(code: int) -> str:
-    return Status(code).name
