@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from stream.errors import TooManyPendingAdds
 
 MAX_FRAME_BYTES = 16 << 20
 
@@ -213,6 +214,8 @@ def add_client_parsers(bsub) -> None:
     s.add_argument("--sizes", default="100,1024")
     s.add_argument("--seconds", type=float, default=5.0)
     s.add_argument("--window", type=int, default=5000, help="appends in flight")
+    s.add_argument("--batch", type=int, default=1,
+                   help="appends per call (append_many_async; 1: append_async per record)")
     s.add_argument("--takeover-lengths", default="1000,1000000",
                    help="stream lengths (entries) to measure take-over on")
     s.add_argument("--open-loop-rate", type=float, default=10_000,
@@ -237,10 +240,13 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def _closed_loop(append_async, size: int, seconds: float, window: int) -> dict:
-    """Appends as fast as acks allow with `window` in flight; latency is
-    measured per append, from the call to its ack."""
+async def _closed_loop(append_async, size: int, seconds: float, window: int, *, wait_for_room,
+                       append_many_async=None, wait_for_room_many=None, batch: int = 1) -> dict:
+    """Appends as fast as acks allow with `window` appends in flight;
+    latency is measured per call (one append, or a batch of `batch` appends
+    through `append_many_async`), from the call to its ack."""
     payload = os.urandom(size)
+    payloads = [payload] * batch
     lat: list[float] = []
     inflight: set = set()
     done_count = 0
@@ -252,12 +258,16 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int) -> 
         inflight.discard(f)
         if not f.cancelled() and f.exception() is None:
             lat.append(time.perf_counter() - t_start)
-            done_count += 1
+            done_count += batch
         room.set()
 
+    calls = max(1, window // batch)
     while time.perf_counter() - t0 < seconds:
-        while len(inflight) < window:
-            f = append_async(payload)
+        while len(inflight) < calls:
+            try:
+                f = append_async(payload) if batch == 1 else append_many_async(payloads)
+            except TooManyPendingAdds:  # acked at the LAC, not yet freed (at the LAFR)
+                f = asyncio.ensure_future(wait_for_room(payload) if batch == 1 else wait_for_room_many(payloads))
             inflight.add(f)
             f.add_done_callback(functools.partial(on_done, time.perf_counter()))
         room.clear()
@@ -265,7 +275,7 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int) -> 
     if inflight:
         await asyncio.gather(*list(inflight), return_exceptions=True)
     el = time.perf_counter() - t0
-    return {"appends_per_s": done_count / el, "mb_per_s": done_count * size / el / 1e6,
+    return {"appends_per_s": done_count / el, "mb_per_s": done_count * size / el / 1e6, "batch": batch,
             "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "seconds": el}
 
 
@@ -340,7 +350,9 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
             for size in (int(x) for x in args.sizes.split(",")):
                 name = f"bench-{size}-{os.getpid()}"
                 w = await sc.open_writer(name, StreamConfig(3, 3, 2))
-                r = await _closed_loop(w.append_async, size, args.seconds, args.window)
+                r = await _closed_loop(w.append_async, size, args.seconds, args.window, wait_for_room=w.append,
+                                       append_many_async=w.append_many_async, wait_for_room_many=w.append_many,
+                                       batch=args.batch)
                 r["entry_bytes"] = size
                 results["appends"].append(r)
                 print(_append_row(size, r), flush=True)
@@ -402,7 +414,8 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
             print(APPEND_HEADER)
             for size in (int(x) for x in args.sizes.split(",")):
                 lh = await bk.create_ledger(3, 3, 2)
-                r = await _closed_loop(lh.add_entry_async, size, args.seconds, args.window)
+                r = await _closed_loop(lh.add_entry_async, size, args.seconds, args.window,
+                                       wait_for_room=lh.add_entry)
                 r["entry_bytes"] = size
                 results.append(r)
                 print(_append_row(size, r), flush=True)

@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -61,6 +62,8 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)
     p.add_argument("--registration-ttl", type=int, default=10)
+    p.add_argument("--metadata-wait", type=float, default=30.0,
+                   help="seconds to keep retrying registration while etcd is unavailable")
     p.add_argument("--segment-size", type=int, default=StorageConfig.segment_size)
     p.add_argument("--checkpoint-bytes", type=int, default=StorageConfig.checkpoint_bytes)
     p.add_argument("--max-entry-size", type=int, default=StorageConfig.max_entry_size)
@@ -101,11 +104,27 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
 def _registration_factory(args: argparse.Namespace):
     if not args.etcd:
         return None
+    from metadata.errors import MetadataUnavailable
     from metadata.registration import BookieRegistry
     from metadata.store import MetadataStore
     from bookstream_pb import metadata_pb2 as mpb
 
     def register(server: BookieServer):
+        # etcd may still be starting (or slow to answer, on a loaded
+        # machine): keep trying for a while before giving up.
+        deadline = time.monotonic() + args.metadata_wait
+        delay = 0.1
+        while True:
+            try:
+                return register_once(server)
+            except MetadataUnavailable as e:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning("registration: %s; retrying in %.1f s", e, delay)
+                time.sleep(delay)  # back-off before a retry
+                delay = min(2.0, delay * 2)
+
+    def register_once(server: BookieServer):
         store = MetadataStore(args.etcd.split(","))
         registry = BookieRegistry(store, args.cluster)
         used, free, total = server.storage.disk_usage()
@@ -118,7 +137,11 @@ def _registration_factory(args: argparse.Namespace):
         )
         # After a crash, the previous registration lives on until its lease
         # expires: wait for it rather than refuse to start.
-        return registry.register(reg, ttl=args.registration_ttl, wait_for_stale=2.0 * args.registration_ttl)
+        try:
+            return registry.register(reg, ttl=args.registration_ttl, wait_for_stale=2.0 * args.registration_ttl)
+        except BaseException:
+            store.close()
+            raise
 
     return register
 

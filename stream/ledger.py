@@ -28,6 +28,7 @@ come from the cores.
 from __future__ import annotations
 
 import asyncio
+import collections
 import bisect
 import dataclasses
 import functools
@@ -95,6 +96,8 @@ class WriterOptions:
     explicit_lac: bool = True   # tell the ensemble the LAC once adds go quiet
     # what an add's future resolves to, from its entry id (streams: a Position)
     result: "Callable[[int], object] | None" = None
+    # what a batch's future resolves to, from its first and last entry ids
+    result_range: "Callable[[int, int], object] | None" = None
 
 
 class _Writer:
@@ -118,7 +121,8 @@ class _Writer:
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, tuple[int, list, list]] = {}  # bookie id -> (index, ids, records)
         self.loop = asyncio.get_running_loop()
-        self.futures: dict[int, asyncio.Future] = {}
+        # (last entry, first entry, single add, future) per add call, in entry order
+        self.futures: collections.deque[tuple[int, int, bool, asyncio.Future]] = collections.deque()
         self._scheduled = False
         self._waiters: list[asyncio.Future] = []
         self._fail_error: BaseException | None = None
@@ -129,16 +133,33 @@ class _Writer:
     # -- inputs ----------------------------------------------------------------
 
     def add(self, payload: bytes) -> asyncio.Future:
-        if not isinstance(payload, (bytes, bytearray, memoryview)):
-            raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
+        """One add; the future resolves to ``options.result(entry id)``."""
+        return self.add_many((payload,), one=True)
+
+    def add_many(self, payloads, *, one: bool = False) -> asyncio.Future:
+        """Consecutive adds (all or none queued); one future for them all,
+        resolving to ``options.result_range(first, last)`` once the last is
+        acknowledged (acks are in order), or failing if any of them fails."""
+        for p in payloads:
+            if not isinstance(p, (bytes, bytearray, memoryview)):
+                raise TypeError(f"payload must be bytes, got {type(p).__name__}")
+        fut = self.loop.create_future()
+        if not payloads:
+            fut.set_result(self._resolve(self.core.next_entry, self.core.next_entry - 1, False))
+            return fut
         try:
-            eid = self.core.add(payload)
+            first = self.core.add_many(payloads)
         except WriterError as e:
             raise self._map(e) from None
-        fut = self.loop.create_future()
-        self.futures[eid] = fut
+        self.futures.append((first + len(payloads) - 1, first, one, fut))
         self._schedule()
         return fut
+
+    def _resolve(self, first: int, last: int, one: bool):
+        o = self.options
+        if one:
+            return first if o.result is None else o.result(first)
+        return range(first, last + 1) if o.result_range is None else o.result_range(first, last)
 
     def _bookie_failed(self, index: int, bookie_id: str) -> None:
         core = self.core
@@ -169,15 +190,24 @@ class _Writer:
     def _drain(self) -> None:
         self._scheduled = False
         r = self.core.ready()
-        result = self.options.result
-        for eid in r.acked:
-            f = self.futures.pop(eid, None)
-            if f is not None and not f.done():
-                f.set_result(eid if result is None else result(eid))
-        for eid, e in r.failed:
-            f = self.futures.pop(eid, None)
-            if f is not None and not f.done():
-                f.set_exception(self._map(e))
+        futures = self.futures
+        if r.acked:
+            top = r.acked[-1]
+            while futures and futures[0][0] <= top:
+                last, first, one, f = futures.popleft()
+                if not f.done():
+                    f.set_result(self._resolve(first, last, one))
+        if r.failed:
+            # every pending add fails at once (the writer ended); a batch
+            # partly acknowledged fails too: its acknowledged part stays
+            low, e = r.failed[0]
+            e = self._map(e)
+            doomed = []
+            while futures and futures[-1][0] >= low:
+                doomed.append(futures.pop()[3])
+            for f in reversed(doomed):
+                if not f.done():
+                    f.set_exception(e)
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
         if (self.options.explicit_lac and not r.sends and r.lac > self._lac_told
@@ -654,11 +684,34 @@ class LedgerHandle:
         """Queues an add; the future resolves to its entry id once it (and
         every lower entry) reached Qa bookies.  Raises TooManyPendingAdds
         when the window is full, LedgerClosed/LedgerFenced after the end."""
+        return self._writable().add(payload)
+
+    def _writable(self) -> _Writer:
         if self._writer is None:
             raise err.LedgerClosed(f"ledger {self.ledger_id} is open read-only")
         if self._closed and self._writer.core.state is not WriterState.CLOSED:
             raise err.LedgerClosed(f"ledger {self.ledger_id} is closing")
-        return self._writer.add(payload)
+        return self._writer
+
+    def add_entries_async(self, payloads: "Sequence[bytes]") -> asyncio.Future:
+        """Queues consecutive adds (all or none); one future resolves to
+        their entry ids (a range) once the last reached Qa bookies, or fails
+        if any of them fails.  TooManyPendingAdds when they do not all fit."""
+        w = self._writable()
+        if len(payloads) > w.core.max_pending:
+            raise ValueError(f"{len(payloads)} entries in one batch: more than the window "
+                             f"({w.core.max_pending} pending adds)")
+        return w.add_many(payloads)
+
+    async def add_entries(self, payloads: "Sequence[bytes]"):
+        """Adds a batch and waits for its ack; waits for room in the window."""
+        while True:
+            try:
+                fut = self.add_entries_async(payloads)
+            except err.TooManyPendingAdds:
+                await self._writer.progress()
+                continue
+            return await fut
 
     async def add_entry(self, payload: bytes) -> int:
         """Adds one entry and waits for its ack; waits for room in the window."""
@@ -906,10 +959,8 @@ class LedgerHandle:
                         self.client.mark_failed(bid)
                         log.info("ledger %s: range read from %s too slow", self.ledger_id, bc.address)
                         break
-                    for h in entry_codec.iter_headers(resp.entries):
-                        e = entry_codec.decode(resp.entries, offset=h.offset)
-                        if e.ledger_id != self.ledger_id or e.entry_id != nxt:
-                            raise entry_codec.MalformedEntry(f"range read returned {e.entry_id}, wanted {nxt}")
+                    # (each access of a protobuf bytes field copies it: once)
+                    for e in entry_codec.decode_run(resp.entries, self.ledger_id, nxt):
                         out[nxt] = e
                         nxt += 1
                     if resp.status != Status.OK:

@@ -33,13 +33,15 @@ batches: ``linger`` and ``max_batch_bytes``).
 from __future__ import annotations
 
 import asyncio
+import collections.abc
 import concurrent.futures
 import dataclasses
 import functools
+import itertools
 import logging
 import struct
 import threading
-from typing import AsyncIterator, Iterator
+from typing import AsyncIterator, Iterator, Sequence
 
 from bookstream_pb import metadata_pb2 as mpb
 from metadata import errors as me
@@ -127,6 +129,29 @@ class Position:
 
 Position.EARLIEST = Position(Position._EARLIEST_V)
 Position.LATEST = Position(Position._LATEST_V)
+
+
+class Positions(collections.abc.Sequence):
+    """The positions of a batch of consecutive appends (built on demand)."""
+
+    __slots__ = ("first", "last")
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last = first, last
+
+    def __len__(self) -> int:
+        return self.last - self.first + 1
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [Position(e) for e in range(self.first, self.last + 1)[i]]
+        n = len(self)
+        if not -n <= i < n:
+            raise IndexError(i)
+        return Position(self.first + (i % n))
+
+    def __repr__(self) -> str:
+        return f"Positions({self.first}..{self.last})"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -276,7 +301,8 @@ class AsyncStreamClient:
         opts = WriterOptions(
             term=meta.term, next_entry=next_entry, guaranteed_write_quorum=True,
             fragment_max_entries=meta.fragment_size_entries or None,
-            fragment_max_bytes=meta.fragment_size_bytes or None, result=Position)
+            fragment_max_bytes=meta.fragment_size_bytes or None, result=Position,
+            result_range=Positions)
         handle = LedgerHandle(self.bk, meta, rev, writable=True, placement=get_policy(config.placement),
                               writer_options=opts, lac=next_entry - 1)
         return AsyncStreamWriter(self, name, handle)
@@ -389,6 +415,25 @@ class AsyncStreamWriter:
         except Exception as e:
             raise err.translate(e) from e
 
+    def append_many_async(self, payloads: "Sequence[bytes]") -> asyncio.Future:
+        """Queues consecutive appends (all or none: TooManyPendingAdds when
+        they do not all fit the window); one future resolves to their
+        ``Positions`` once the last is acknowledged, or fails if any fails
+        (the writer then ended; appends before the failure may be durable:
+        a reader or the next writer's recovery tells).  The fast path: one
+        future per batch instead of one per record."""
+        try:
+            return self.handle.add_entries_async(payloads)
+        except Exception as e:
+            raise err.translate(e) from e
+
+    async def append_many(self, payloads: "Sequence[bytes]") -> "Positions":
+        """Appends a batch and waits for it (waits for room in the window)."""
+        try:
+            return await self.handle.add_entries(payloads)
+        except Exception as e:
+            raise err.translate(e) from e
+
     async def append(self, payload: bytes) -> Position:
         """Appends and waits for the acknowledgement (waits for room in the
         window when it is full)."""
@@ -401,7 +446,7 @@ class AsyncStreamWriter:
         """Waits until every append issued so far is acknowledged (or failed)."""
         w = self.handle._writer
         while w is not None and w.futures:
-            await asyncio.gather(*list(w.futures.values()), return_exceptions=True)
+            await asyncio.gather(*[f[3] for f in w.futures], return_exceptions=True)
 
     async def close(self) -> None:
         """Flushes and stops writing.  The stream stays OPEN: the next writer
@@ -610,25 +655,36 @@ class StreamWriter:
             self._timer = None
         with self._lock:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
-        for k, (payload, fut) in enumerate(batch):
+        # One add call per batch (one asyncio future, not one per append);
+        # a batch larger than half the window goes in slices.
+        step = max(1, self.aio.handle.client.config.max_pending_adds // 2)
+        for k in range(0, len(batch), step):
+            part = batch[k:k + step]
             try:
-                af = self.aio.append_async(payload)
+                af = self.aio.append_many_async([p for p, _ in part])
             except err.TooManyPendingAdds:
                 # window full: wait for room, keep the order for the rest
-                rest = batch[k:]
-                self._sc._loop.create_task(self._append_slowly(rest))
+                self._sc._loop.create_task(self._append_slowly(batch[k:], step))
                 return
             except Exception as e:
-                fut.set_exception(err.translate(e))
+                e = err.translate(e)
+                for _, fut in part:
+                    _settle(fut, exc=e)
                 continue
-            af.add_done_callback(functools.partial(_copy_result, fut))
+            af.add_done_callback(functools.partial(_copy_results, [f for _, f in part]))
 
-    async def _append_slowly(self, batch) -> None:
-        for payload, fut in batch:
+    async def _append_slowly(self, batch, step: int) -> None:
+        for k in range(0, len(batch), step):
+            part = batch[k:k + step]
             try:
-                fut.set_result(await self.aio.append(payload))
+                positions = await self.aio.append_many([p for p, _ in part])
             except Exception as e:
-                fut.set_exception(err.translate(e))
+                e = err.translate(e)
+                for _, fut in part:
+                    _settle(fut, exc=e)
+            else:
+                for (_, fut), pos in zip(part, positions):
+                    _settle(fut, pos)
 
     def append(self, payload: bytes) -> Position:
         """Appends and waits for the acknowledgement."""
@@ -666,15 +722,25 @@ class StreamWriter:
         self.close()
 
 
-def _copy_result(target: concurrent.futures.Future, source: asyncio.Future) -> None:
-    if target.done():
-        return
+def _copy_results(targets: list[concurrent.futures.Future], source: asyncio.Future) -> None:
+    """A batch's outcome, to the futures of its appends."""
     if source.cancelled():
-        target.cancel()
-    elif source.exception() is not None:
-        target.set_exception(source.exception())
-    else:
-        target.set_result(source.result())
+        for t in targets:
+            t.cancel()
+        return
+    e = source.exception()
+    for t, pos in zip(targets, source.result() if e is None else itertools.repeat(None)):
+        _settle(t, pos, e)
+
+
+def _settle(fut: concurrent.futures.Future, result=None, exc: BaseException | None = None) -> None:
+    try:
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(result)
+    except concurrent.futures.InvalidStateError:
+        pass  # the application cancelled it
 
 
 class StreamReader:

@@ -256,17 +256,25 @@ class WriterCore:
 
     def add(self, payload: bytes) -> int:
         """Assigns the next entry id; raises WindowFull when the window is full."""
+        return self.add_many((payload,))
+
+    def add_many(self, payloads) -> int:
+        """Assigns consecutive entry ids to ``payloads`` (all or none) and
+        returns the first; raises WindowFull when they do not all fit."""
         if self.state in TERMINAL:
             raise self._terminal_error("add refused")
-        if len(self.pending) >= self.max_pending:
-            raise WindowFull(f"{len(self.pending)} adds pending (limit {self.max_pending})", self.state)
+        n = len(payloads)
+        if len(self.pending) + n > self.max_pending:
+            raise WindowFull(f"{len(self.pending)} adds pending, {n} more (limit {self.max_pending})", self.state)
         self._step(WriterEvent.ADD)
-        eid = self.next_entry
-        assert eid not in self.pending
-        self.pending[eid] = _Pending(eid, bytes(payload))
-        self.next_entry += 1
+        first = eid = self.next_entry
+        pending = self.pending
+        for payload in payloads:
+            pending[eid] = _Pending(eid, bytes(payload))
+            eid += 1
+        self.next_entry = eid
         self._pump()
-        return eid
+        return first
 
     def on_ack(self, entry_id: int, bookie_index: int, status: Status = Status.OK, *,
                bookie_id: str | None = None, term: int = 0) -> None:
@@ -308,12 +316,14 @@ class WriterCore:
         if bookie_index in self.failed:
             return  # from a bookie declared failed
         self._step(WriterEvent.ACK)
-        pending, E, Qw = self.pending, self.E, self.Qw
+        if not entry_ids:
+            return
+        assert entry_ids[-1] < self.next_to_send, f"ack for unsent entry {entry_ids[-1]}"
+        get, E, Qw = self.pending.get, self.E, self.Qw
         for eid in entry_ids:
-            assert eid < self.next_to_send, f"ack for unsent entry {eid}"
-            p = pending.get(eid)
+            p = get(eid)
             if p is not None:
-                assert bookie_index in write_set(eid, E, Qw), (eid, bookie_index)
+                assert E == Qw or bookie_index in write_set(eid, E, Qw), (eid, bookie_index)
                 p.acks.add(bookie_index)
         self._advance()
         self._maybe_propose()
@@ -461,39 +471,68 @@ class WriterCore:
         # after each input, so a batch never exceeds twice the window.
         assert len(s.records) <= 2 * self.max_pending, "ready() not drained"
 
+    def _send_run(self, index: int, ids: range, records: list[bytes]) -> None:
+        s = self._out_sends.get(index)
+        if s is None:
+            s = self._out_sends[index] = Send(index, self.ensemble[index])
+        assert not s.entry_ids or s.entry_ids[-1] < ids[0]
+        s.entry_ids.extend(ids)
+        s.records.extend(records)
+        assert len(s.records) <= 2 * self.max_pending, "ready() not drained"
+
     def _roll_due(self) -> bool:
         return ((self.fragment_max_entries is not None and self.fragment_entries >= self.fragment_max_entries)
                 or (self.fragment_max_bytes is not None and self.fragment_bytes >= self.fragment_max_bytes))
 
     def _pump(self) -> None:
         """Sends added entries, in order, unless a change is due or under way."""
-        while (self.next_to_send < self.next_entry and self.state is WriterState.OPEN
-               and not self.failed and not self._roll_due()):
-            eid = self.next_to_send
-            p = self.pending[eid]
-            assert p.record is None
-            p.record = entry_codec.encode(self.ledger_id, eid, p.payload, lac=self.lac,
-                                          lafr=self.lafr, term=self.term)
-            for i in write_set(eid, self.E, self.Qw):
-                self._queue_send(i, eid, p.record)
-            self.next_to_send += 1
-            self.fragment_entries += 1
-            self.fragment_bytes += len(p.payload)
+        if self.next_to_send < self.next_entry and self.state is WriterState.OPEN and not self.failed:
+            first = eid = self.next_to_send
+            batch: list[_Pending] = []
+            pending = self.pending
+            while eid < self.next_entry and not self._roll_due():
+                p = pending[eid]
+                assert p.record is None
+                batch.append(p)
+                self.fragment_entries += 1
+                self.fragment_bytes += len(p.payload)
+                eid += 1
+            if batch:
+                records = entry_codec.encode_run(self.ledger_id, first, [p.payload for p in batch],
+                                                 lac=self.lac, lafr=self.lafr, term=self.term)
+                self.next_to_send = eid
+                E, Qw = self.E, self.Qw
+                if E == Qw:  # every bookie gets every entry
+                    ids = range(first, eid)
+                    for i in range(E):
+                        self._send_run(i, ids, records)
+                    for p, rec in zip(batch, records):
+                        p.record = rec
+                else:
+                    for p, rec in zip(batch, records):
+                        p.record = rec
+                        for i in write_set(p.entry_id, E, Qw):
+                            self._queue_send(i, p.entry_id, rec)
         self._maybe_propose()
 
     def _advance(self) -> None:
         """LAC and LAFR move up contiguously from their previous values."""
         lac0, lafr0 = self.lac, self.lafr
-        while self.lac + 1 < self.next_to_send and len(self.pending[self.lac + 1].acks) >= self.Qa:
-            self.lac += 1
-            self._out_acked.append(self.lac)
+        pending, lac, Qa, Qw = self.pending, self.lac, self.Qa, self.Qw
+        while lac + 1 < self.next_to_send and len(pending[lac + 1].acks) >= Qa:
+            lac += 1
+        self.lac = lac
+        self._out_acked.extend(range(lac0 + 1, lac + 1))
         if self.gwq:
-            while self.lafr + 1 <= self.lac and len(self.pending[self.lafr + 1].acks) >= self.Qw:
-                self.lafr += 1
-        for eid in range(lafr0 + 1 if self.gwq else lac0 + 1, self.release_mark + 1):
-            p = self.pending.pop(eid)
-            assert len(p.acks) >= (self.Qw if self.gwq else self.Qa), (eid, p.acks)
-            self._out_released.append(eid)
+            lafr = self.lafr
+            while lafr + 1 <= lac and len(pending[lafr + 1].acks) >= Qw:
+                lafr += 1
+            self.lafr = lafr
+        released = range(lafr0 + 1 if self.gwq else lac0 + 1, self.release_mark + 1)
+        for eid in released:
+            p = pending.pop(eid)
+            assert len(p.acks) >= (Qw if self.gwq else Qa), (eid, p.acks)
+        self._out_released.extend(released)
         assert self.lac >= lac0 and self.lafr >= lafr0 and self.lafr <= self.lac
 
     def _needed(self, index: int) -> bool:

@@ -1,11 +1,13 @@
 """Ledger client pieces without processes: error translation, placement."""
 from __future__ import annotations
 
+import os
 import random
 from types import SimpleNamespace
 
 import pytest
 
+from bookie import entry as E
 from metadata import errors as me
 from stream import errors as se
 from stream import writer_core as wc
@@ -193,3 +195,34 @@ def test_reads_beyond_the_lac_of_a_closed_ledger_are_refused():
         with pytest.raises(ValueError):
             await h.read_entries(3, 2)
     asyncio.run(go())
+
+
+# -- batch codecs (the writer's and the reader's hot paths) ------------------------------
+
+
+def test_encode_run_and_decode_run_match_the_one_at_a_time_codec():
+    payloads = [os.urandom(n) for n in (0, 1, 52, 100, 4096)]
+    recs = E.encode_run(9, 40, payloads, lac=38, lafr=37, term=4)
+    assert recs == [E.encode(9, 40 + i, p, lac=38, lafr=37, term=4) for i, p in enumerate(payloads)]
+    got = E.decode_run(b"".join(recs), 9, 40)
+    assert got == [E.decode(r) for r in recs]
+    assert [g.payload for g in got] == payloads and E.decode_run(b"", 9, 40) == []
+
+
+@pytest.mark.parametrize("damage", ["crc", "gap", "ledger", "truncated", "flags"])
+def test_decode_run_rejects_damaged_or_foreign_frames(damage):
+    recs = [E.encode(9, 40 + i, b"payload %d" % i, lac=39) for i in range(3)]
+    if damage == "gap":
+        recs[1] = E.encode(9, 42, b"x")
+    elif damage == "ledger":
+        recs[2] = E.encode(8, 42, b"x")
+    buf = bytearray(b"".join(recs))
+    if damage == "crc":
+        buf[-1] ^= 1
+    elif damage == "truncated":
+        del buf[-3:]
+    elif damage == "flags":
+        buf[42] = 0xFF  # request flags of the first record: unknown bits
+    expected = E.ChecksumMismatch if damage == "crc" else E.MalformedEntry
+    with pytest.raises(expected):
+        E.decode_run(bytes(buf), 9, 40)

@@ -464,3 +464,51 @@ def test_take_over_replaces_an_unreachable_bookie_of_the_last_fragment(own):
             got = await read_all(c2, name, until=b"after")
             assert [r.payload for r in got] == [b"v%d" % i for i in range(50)] + [b"after"]
     run(go())
+
+
+def test_append_many_returns_positions_in_order_and_fails_whole_after_a_take_over(shared):
+    name = sname()
+
+    async def go():
+        async with aclient(shared, max_pending_adds=100) as sc, aclient(shared) as other:
+            w = await sc.open_writer(name)
+            first = await w.append(b"one")
+            batch = [b"m%d" % i for i in range(40)]
+            ps = await w.append_many(batch)
+            assert len(ps) == 40 and list(ps) == [Position(first.entry_id + 1 + i) for i in range(40)]
+            assert ps[-1] == Position(first.entry_id + 40) and ps[1:3] == [ps[1], ps[2]]
+            assert list(await w.append_many([])) == []
+            futs = [w.append_many_async([b"f%d-%d" % (k, i) for i in range(10)]) for k in range(5)]
+            got = await asyncio.gather(*futs)
+            assert [p.entry_id for ps_ in got for p in ps_] == list(range(42, 92))
+            with pytest.raises(se.TooManyPendingAdds):
+                w.append_many_async([b"x"] * 30)  # no ack is handled between these calls: 120 > 100
+                w.append_many_async([b"y"] * 30)
+                w.append_many_async([b"z"] * 30)
+                w.append_many_async([b"w"] * 30)
+            with pytest.raises(ValueError):
+                w.append_many_async([b"x"] * 101)   # more than the window, ever
+            await w.flush()
+            got = await read_all(other, name)
+            assert [r.payload for r in got][:91] == [b"one"] + batch + [b"f%d-%d" % (k, i) for k in range(5)
+                                                                         for i in range(10)]
+            w2 = await other.open_writer(name)        # takes over: w's next batch fails as a whole
+            with pytest.raises(se.WriterFenced):
+                await w.append_many([b"late1", b"late2"])
+            assert (await w2.append_many([b"after"]))[0].entry_id > ps[-1].entry_id
+            await w2.close()
+    run(go())
+
+
+def test_the_blocking_writer_hands_batches_over_and_resolves_every_append(shared):
+    name = sname()
+    with StreamClient(shared.endpoint, shared.cluster, max_pending_adds=64) as sc:
+        with sc.open_writer(name, StreamConfig(linger=0.05)) as w:
+            futs = [w.append_async(b"r%d" % i) for i in range(500)]   # batches above half the window
+            positions = [f.result(timeout=30) for f in futs]
+        assert [p.entry_id for p in positions] == list(range(positions[0].entry_id, positions[0].entry_id + 500))
+        with sc.open_reader(name) as r:
+            got = []
+            while len(got) < 500:
+                got += r.read(1000, timeout=5)
+        assert [x.payload for x in got] == [b"r%d" % i for i in range(500)]

@@ -304,3 +304,54 @@ def test_frame_acks_equal_entry_by_entry_acks(data):
             b.on_ack(e, idx)
         ra, rb = a.ready(), b.ready()
         assert (ra.lac, ra.lafr, ra.acked, ra.released) == (rb.lac, rb.lafr, rb.acked, rb.released)
+
+
+# -- batches ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("e,qw,qa", [(3, 3, 2), (5, 3, 2), (4, 2, 1)])
+def test_add_many_sends_what_adds_one_at_a_time_send(e, qw, qa):
+    payloads = [b"p%d" % i * (i % 4) for i in range(23)]
+    one, many = writer(e, qw, qa), writer(e, qw, qa)
+    for p in payloads:
+        one.add(p)
+    assert many.add_many(payloads) == 0 and many.next_entry == one.next_entry == 23
+
+    def sends(w):
+        return {s.bookie_index: (s.bookie_id, s.entry_ids, s.records) for s in w.ready().sends}
+
+    got, want = sends(many), sends(one)
+    assert got == want
+    for i, (_, ids, recs) in got.items():
+        assert ids == [x for x in range(23) if i in write_set(x, e, qw)]
+        assert [E.decode(r).payload for r in recs] == [payloads[x] for x in ids]
+    for i, (_, ids, _) in got.items():  # acks per frame, as the adapter gives them
+        many.on_acks(ids, i)
+        one.on_acks(ids, i)
+    a, b = many.ready(), one.ready()
+    assert (a.lac, a.lafr, a.acked, a.released) == (b.lac, b.lafr, b.acked, b.released) == (
+        22, 22, list(range(23)), list(range(23)))
+
+
+def test_add_many_is_all_or_none_against_the_window():
+    w = writer(max_pending=10)
+    w.add_many([b"x"] * 8)
+    with pytest.raises(WindowFull):
+        w.add_many([b"y"] * 3)
+    assert w.next_entry == 8 and len(w.pending) == 8  # nothing of the refused batch was queued
+    assert w.add_many([b"z"] * 2) == 8
+
+
+def test_add_many_stops_sending_at_a_roll_and_sends_the_rest_after_the_change():
+    w = writer(fragment_max_entries=3)
+    w.add_many([b"a%d" % i for i in range(5)])
+    r = w.ready()
+    assert sent_to(r) == {0: [0, 1, 2], 1: [0, 1, 2], 2: [0, 1, 2]}
+    for i in range(3):
+        w.on_acks([0, 1, 2], i)
+    r = w.ready()
+    assert r.ensemble_change is not None and r.ensemble_change.reason is ChangeReason.ROLL
+    assert r.ensemble_change.first_entry == 3
+    w.on_ensemble_changed(3, ["c0", "c1", "c2"])
+    r = w.ready()
+    assert {s.bookie_id: s.entry_ids for s in r.sends} == {"c0": [3, 4], "c1": [3, 4], "c2": [3, 4]}
