@@ -37,6 +37,7 @@ LAC, LAFR                      never go down
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 
 from bookie.entry import EntryHeader
@@ -140,6 +141,26 @@ class BookieCore:
         if old is not None:
             dead.append(old)
         return dead
+
+    def apply_run(self, hs: list[EntryHeader], locs: array, lens: array) -> Removed:
+        """``apply_add`` for consecutive entries of one ledger, none of them a
+        truncate no-op (the usual content of a frame): the same state after
+        it, with the ledger looked up and the index extended once."""
+        h0 = hs[0]
+        st = self.ledgers.get(h0.ledger_id)
+        if st is None:
+            st = self.ledgers[h0.ledger_id] = LedgerState()
+        term, lac, lafr = st.term, st.lac, st.lafr
+        for h in hs:
+            assert h.ledger_id == h0.ledger_id and not h.is_truncate
+            if h.term > term:
+                term = h.term
+            if h.lac > lac:
+                lac = h.lac
+            if h.lafr > lafr:
+                lafr = h.lafr
+        st.term, st.lac, st.lafr = term, lac, lafr
+        return st.index.put_run(h0.entry_id, locs, lens)
 
     def apply_relocation(self, ledger_id: int, entry_id: int, old_loc: int, new_loc: int, length: int) -> bool:
         """Compaction moved a record: follow it, unless the entry changed

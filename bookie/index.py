@@ -104,6 +104,23 @@ class LedgerIndex:
         self._last = runs.peekitem(-1)[1]
         return None
 
+    def put_run(self, first: int, locs: array, lens: array) -> Removed:
+        """``put`` for consecutive entries from ``first``; returns what they
+        replaced.  Appending after the highest run (the usual case) extends
+        its arrays once."""
+        last = self._last
+        if last is not None and first == last.end:
+            last.locs.extend(locs)
+            last.lens.extend(lens)
+            self._count += len(locs)
+            return []
+        dead = []
+        for k in range(len(locs)):
+            old = self.put(first + k, locs[k], lens[k])
+            if old is not None:
+                dead.append(old)
+        return dead
+
     def get(self, entry_id: int) -> tuple[int, int] | None:
         run = self._run_containing(entry_id)
         if run is None:

@@ -83,10 +83,7 @@ def verified_headers(rtype: int, body: memoryview) -> list[E.EntryHeader] | None
     offsets are relative to the first entry record."""
     try:
         start = 4 + 8 * struct.unpack_from("<I", body, 0)[0] if rtype == R_RELOCATED else 0
-        recs = body[start:]
-        headers = list(E.iter_headers(recs))
-        for h in headers:
-            E.verify(recs, h)
+        headers = E.scan(body[start:])
     except (E.MalformedEntry, E.ChecksumMismatch, struct.error):
         return None
     return headers

@@ -23,6 +23,7 @@ import shutil
 import struct
 import time
 import zlib
+from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,19 +142,34 @@ class Storage:
 
     def _apply_entries(self, body, seg: int, body_off: int, headers=None) -> set[int]:
         """Applies an R_ENTRIES body in order (its headers, if already
-        parsed); returns the ledgers touched."""
+        parsed); returns the ledgers touched.  Runs of consecutive entries of
+        one ledger are applied at once (``BookieCore.apply_run``)."""
+        hs = headers if headers is not None else list(E.iter_headers(body))
         touched = set()
-        apply_add = self.core.apply_add
-        live = 0
+        core = self.core
         base = seg << 40 | body_off
-        for h in (headers if headers is not None else E.iter_headers(body)):
-            size = h.size
-            dead = apply_add(h, base + h.offset, size)
+        i, n = 0, len(hs)
+        while i < n:
+            h = hs[i]
+            j = i + 1
+            if not h.data_flags & E.FLAG_TRUNCATE:
+                lid, nxt = h.ledger_id, h.entry_id + 1
+                while j < n and hs[j].ledger_id == lid and hs[j].entry_id == nxt and not (
+                        hs[j].data_flags & E.FLAG_TRUNCATE):
+                    j += 1
+                    nxt += 1
+            if j - i == 1:
+                dead = core.apply_add(h, base + h.offset, E.HEADER_SIZE + h.payload_len)
+            else:
+                run = hs[i:j]
+                dead = core.apply_run(run, array("Q", [base + x.offset for x in run]),
+                                      array("I", [E.HEADER_SIZE + x.payload_len for x in run]))
             if dead:
                 self._dead(dead)
-            live += size
             touched.add(h.ledger_id)
-        self.live_bytes[seg] += live
+            i = j
+        last = hs[-1] if hs else None
+        self.live_bytes[seg] += (last.offset + E.HEADER_SIZE + last.payload_len - hs[0].offset) if last else 0
         return touched
 
     def _apply_relocated(self, body, seg: int, body_off: int, headers=None) -> None:
@@ -173,18 +189,15 @@ class Storage:
         """Parses and verifies a whole frame before any of it is admitted: a
         malformed frame changes nothing."""
         try:
-            headers = list(E.iter_headers(entries))
+            headers = E.scan(entries, self.config.max_entry_size)
+        except E.EntryTooLarge as e:
+            return Status.TOO_LARGE, str(e), []
         except E.MalformedEntry as e:
             return Status.BAD_REQUEST, str(e), []
+        except E.ChecksumMismatch as e:
+            return Status.CHECKSUM_MISMATCH, str(e), []
         if not headers:
             return Status.BAD_REQUEST, "empty frame", []
-        for h in headers:
-            if h.payload_len > self.config.max_entry_size:
-                return Status.TOO_LARGE, f"entry {h.entry_id} of ledger {h.ledger_id} is {h.payload_len} bytes", []
-            try:
-                E.verify(entries, h)
-            except E.ChecksumMismatch as e:
-                return Status.CHECKSUM_MISMATCH, str(e), []
         return Status.OK, "", headers
 
     def admit_frame(

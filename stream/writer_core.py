@@ -504,7 +504,7 @@ class WriterCore:
                 E, Qw = self.E, self.Qw
                 if E == Qw:  # every bookie gets every entry
                     ids = range(first, eid)
-                    for i in range(E):
+                    for i in write_set(first, E, Qw):  # the order entry by entry would give
                         self._send_run(i, ids, records)
                     for p, rec in zip(batch, records):
                         p.record = rec

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
+import hypothesis
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
@@ -142,3 +143,27 @@ class BookieModel(RuleBasedStateMachine):
 
 TestBookieCore = BookieModel.TestCase
 TestBookieCore.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+@settings(max_examples=200, deadline=None)
+@hypothesis.given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 8), st.integers(0, 3),
+                                     st.integers(-1, 25), st.integers(-1, 25)), max_size=10))
+def test_apply_run_is_apply_add_entry_by_entry(runs):
+    """A frame's run of consecutive entries applied at once leaves the same
+    term, LAC, LAFR and index as applying them one by one."""
+    from array import array
+    one, many = BookieCore(), BookieCore()
+    loc = 0
+    for first, n, term, lac, lafr in runs:
+        hs = [E.parse_header(E.encode(5, first + k, b"p", lac=lac, lafr=min(lafr, lac) if lafr >= 0 else -1,
+                                      term=term)) for k in range(n)]
+        locs = array("Q", range(loc, loc + n))
+        lens = array("I", [E.HEADER_SIZE + 1] * n)
+        loc += n
+        want = []
+        for h, lo, ln in zip(hs, locs, lens):
+            want += one.apply_add(h, lo, ln)
+        assert many.apply_run(hs, locs, lens) == want
+        a, b = one.ledgers[5], many.ledgers[5]
+        assert (a.term, a.lac, a.lafr) == (b.term, b.lac, b.lafr)
+        assert list(a.index.iter_from(0, 100)) == list(b.index.iter_from(0, 100))

@@ -73,3 +73,22 @@ def test_filling_a_gap_merges_runs():
     assert len(idx.runs()) == 2
     idx.put(2, 2, 1)
     assert len(idx.runs()) == 1 and [e for e, _, _ in idx.iter_from(0, 10)] == [0, 1, 2, 3, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 12)), max_size=12))
+def test_put_run_is_put_entry_by_entry(runs):
+    """Runs of consecutive puts (appends after the last run, overwrites,
+    gaps) leave the same index and report the same replaced locations."""
+    from array import array
+    a, b = LedgerIndex(), LedgerIndex()
+    loc = 0
+    for first, n in runs:
+        locs = array("Q", range(loc, loc + n))
+        lens = array("I", [loc % 7 + 1] * n)
+        loc += n
+        want = [old for k in range(n) if (old := a.put(first + k, locs[k], lens[k])) is not None]
+        assert b.put_run(first, locs, lens) == want
+        assert len(a) == len(b)
+        assert list(a.iter_from(0, 100)) == list(b.iter_from(0, 100))
+        assert [e in a for e in range(50)] == [e in b for e in range(50)]
