@@ -914,6 +914,8 @@ class LedgerHandle:
         out: dict[int, entry_codec.Entry] = {}
         if self._meta.write_quorum == self._meta.ensemble_size and last > first:
             await self._read_ranges(first, last, out)
+            if len(out) == last - first + 1:
+                return list(out.values())  # inserted in id order
         todo = [e for e in range(first, last + 1) if e not in out]
         if todo:
             results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)

@@ -41,8 +41,9 @@ import itertools
 import logging
 import struct
 import threading
-from typing import AsyncIterator, Iterator, Sequence
+from typing import AsyncIterator, Iterator, NamedTuple, Sequence
 
+from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata import errors as me
 from metadata.layout import KeyLayout
@@ -77,6 +78,13 @@ class Position:
         if not isinstance(entry_id, int) or not (self._EARLIEST_V <= entry_id <= self._LATEST_V):
             raise ValueError(f"bad position {entry_id!r}")
         self._v = entry_id
+
+    @classmethod
+    def _of(cls, entry_id: int) -> "Position":
+        """An entry's position, from an id known to be valid (hot paths)."""
+        p = object.__new__(cls)
+        p._v = entry_id
+        return p
 
     @property
     def entry_id(self) -> int:
@@ -154,8 +162,9 @@ class Positions(collections.abc.Sequence):
         return f"Positions({self.first}..{self.last})"
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class Record:
+class Record(NamedTuple):
+    """A record read from a stream (a tuple: cheap to make by the thousand)."""
+
     position: Position
     payload: bytes
 
@@ -473,6 +482,8 @@ class AsyncStreamReader:
         self._next = 0          # the next entry id to read
         self._latest = False    # a LATEST start, resolved on the first read
         self._buffer: list[Record] = []
+        self._covered = -1      # the highest LAC learnt with the metadata read after it
+        self._ahead: tuple[int, asyncio.Task] | None = None  # a read-ahead from that entry id
 
     @property
     def position(self) -> Position:
@@ -481,6 +492,7 @@ class AsyncStreamReader:
 
     def seek(self, position: Position, *, inclusive: bool = True) -> None:
         self._buffer = []
+        self._drop_ahead()
         self._latest = position == Position.LATEST
         if position == Position.EARLIEST:
             self._next = self.handle.metadata.trimmed_before
@@ -490,6 +502,8 @@ class AsyncStreamReader:
             raise err.PositionTrimmed(self.name, position, self.handle.metadata.trimmed_before)
 
     async def _lac(self, timeout: float) -> int:
+        if self._covered >= self._next:
+            return self._covered  # still behind a LAC learnt before: no need to ask
         h = self.handle
         lac = await h.read_last_add_confirmed()
         if lac < self._next and timeout > 0:
@@ -497,12 +511,14 @@ class AsyncStreamReader:
         if lac >= self._next:
             # metadata read after the LAC covers every entry up to it
             await h.refresh_if_changed()
+            self._covered = max(self._covered, lac)
         return lac
 
     async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
         """The next records up to the LAC, at most ``max_records``; waits up
         to ``timeout`` seconds for new ones when there are none (a long poll).
-        No-op entries are never returned."""
+        No-op entries are never returned.  While the reader is behind the
+        LAC, the next batch is read ahead in the background."""
         if self._buffer:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
@@ -514,21 +530,43 @@ class AsyncStreamReader:
         while True:
             lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
             if lac >= self._next:
-                last = min(lac, self._next + max_records - 1)
-                try:
-                    entries = await self.handle.read_entries(self._next, last)
-                except (err.ReadFailed, err.EntryMissing) as e:
-                    meta = await self.handle.refresh_metadata()
-                    if self._next < meta.trimmed_before:
-                        raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
-                    raise
-                self._next = last + 1
-                out = [Record(Position(e.entry_id), e.payload) for e in entries if not e.is_noop]
+                entries = await self._fetch(min(lac, self._next + max_records - 1))
+                self._next = entries[-1].entry_id + 1
+                if self._covered >= self._next:
+                    self._read_ahead(min(self._covered, self._next + max_records - 1))
+                of = Position._of
+                out = [Record(of(e.entry_id), e.payload) for e in entries if not e.data_flags & FLAG_NOOP]
                 if out:
                     return out
                 continue  # only no-ops: read on
             if loop.time() >= deadline:
                 return []
+
+    async def _fetch(self, last: int) -> list:
+        """Entries from ``_next`` to at most ``last`` (fewer if a read-ahead
+        brought fewer)."""
+        ahead, self._ahead = self._ahead, None
+        try:
+            if ahead is not None and ahead[0] == self._next:
+                return await ahead[1]
+            if ahead is not None:
+                ahead[1].cancel()
+            return await self.handle.read_entries(self._next, last)
+        except (err.ReadFailed, err.EntryMissing) as e:
+            meta = await self.handle.refresh_metadata()
+            if self._next < meta.trimmed_before:
+                raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
+            raise
+
+    def _read_ahead(self, last: int) -> None:
+        t = asyncio.ensure_future(self.handle.read_entries(self._next, last))
+        t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
+        self._ahead = (self._next, t)
+
+    def _drop_ahead(self) -> None:
+        if self._ahead is not None:
+            self._ahead[1].cancel()
+            self._ahead = None
 
     async def next(self, timeout: float | None = None) -> Record | None:
         """The next record; None if none came within ``timeout`` (None: wait
@@ -549,6 +587,7 @@ class AsyncStreamReader:
 
     async def close(self) -> None:
         self._buffer = []
+        self._drop_ahead()
         await self.handle.close()
 
     async def __aenter__(self) -> "AsyncStreamReader":
@@ -720,6 +759,11 @@ class StreamWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _retrieve(t: asyncio.Future) -> None:
+    if not t.cancelled():
+        t.exception()
 
 
 def _copy_results(targets: list[concurrent.futures.Future], source: asyncio.Future) -> None:

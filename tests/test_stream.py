@@ -512,3 +512,33 @@ def test_the_blocking_writer_hands_batches_over_and_resolves_every_append(shared
             while len(got) < 500:
                 got += r.read(1000, timeout=5)
         assert [x.payload for x in got] == [b"r%d" % i for i in range(500)]
+
+
+def test_a_reader_reading_ahead_serves_every_record_once_in_order_across_seeks(shared):
+    name = sname()
+
+    async def go():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name, StreamConfig(fragment_size_entries=9))  # reads cross fragments
+            ps = []
+            for k in range(10):
+                ps += await w.append_many([b"r%d" % (10 * k + i) for i in range(10)])
+            await w.flush()
+            r = await sc.open_reader(name)
+            got = []
+            while len(got) < 100:
+                batch = await r.read(7)
+                assert 0 < len(batch) <= 7 and r._ahead is not None or len(got) + len(batch) == 100
+                got += batch
+            assert [x.payload for x in got] == [b"r%d" % i for i in range(100)]
+            assert [x.position for x in got] == list(ps)
+            r.seek(ps[40])                              # back, while a read-ahead may be under way
+            assert [x.payload for x in await r.read(5)] == [b"r%d" % i for i in range(40, 45)]
+            r.seek(ps[90], inclusive=False)
+            assert [x.payload for x in await r.read(100)] == [b"r%d" % i for i in range(91, 100)]
+            assert await r.read(10) == []
+            await w.append(b"tail")
+            assert [x.payload for x in await r.read(10, timeout=10)] == [b"tail"]
+            await r.close()
+            await w.close()
+    run(go())
