@@ -121,6 +121,9 @@ class _Writer:
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, tuple[int, list, list]] = {}  # bookie id -> (index, ids, records)
         self.loop = asyncio.get_running_loop()
+        self._queued: list = []                # payloads added since the last drain
+        self._queued_n = 0
+        self._queued_futures: list[tuple[int, bool, asyncio.Future]] = []  # (count, single add, future)
         # (last entry, first entry, single add, future) per add call, in entry order
         self.futures: collections.deque[tuple[int, int, bool, asyncio.Future]] = collections.deque()
         self._scheduled = False
@@ -145,15 +148,43 @@ class _Writer:
                 raise TypeError(f"payload must be bytes, got {type(p).__name__}")
         fut = self.loop.create_future()
         if not payloads:
-            fut.set_result(self._resolve(self.core.next_entry, self.core.next_entry - 1, False))
+            nxt = self.core.next_entry + self._queued_n
+            fut.set_result(self._resolve(nxt, nxt - 1, False))
             return fut
         try:
-            first = self.core.add_many(payloads)
+            self.core.check_room(self._queued_n + len(payloads))
         except WriterError as e:
             raise self._map(e) from None
-        self.futures.append((first + len(payloads) - 1, first, one, fut))
+        # Queued until the drain: the adds of one turn of the event loop
+        # reach the core (and the bookies) as one run.
+        self._queued.extend(payloads)
+        self._queued_n += len(payloads)
+        self._queued_futures.append((len(payloads), one, fut))
         self._schedule()
         return fut
+
+    def _hand_queued(self) -> None:
+        payloads, queued = self._queued, self._queued_futures
+        self._queued, self._queued_futures, self._queued_n = [], [], 0
+        try:
+            eid = self.core.add_many(payloads)
+        except WriterError as e:  # the writer ended since (check_room passed then)
+            e = self._map(e)
+            for _, _, fut in queued:
+                if not fut.done():
+                    fut.set_exception(e)
+            return
+        for n, one, fut in queued:
+            self.futures.append((eid + n - 1, eid, one, fut))
+            eid += n
+
+    def outstanding(self) -> list[asyncio.Future]:
+        """The futures of every add not yet resolved (queued ones too)."""
+        return [f[3] for f in self.futures] + [f[2] for f in self._queued_futures]
+
+    @property
+    def queued(self) -> int:
+        return self._queued_n
 
     def _resolve(self, first: int, last: int, one: bool):
         o = self.options
@@ -189,6 +220,8 @@ class _Writer:
 
     def _drain(self) -> None:
         self._scheduled = False
+        if self._queued_futures:
+            self._hand_queued()
         r = self.core.ready()
         futures = self.futures
         if r.acked:
@@ -745,7 +778,7 @@ class LedgerHandle:
     async def _close_writer(self) -> None:
         w = self._writer
         core = w.core
-        while not (core.close_allowed() or core.state in WRITER_TERMINAL):
+        while not ((core.close_allowed() and not w.queued) or core.state in WRITER_TERMINAL):
             await w.progress()
         # OPEN: close the core (no pending add is left).  FENCED or FAILED:
         # the last acknowledged entry is the LAC; the metadata decides

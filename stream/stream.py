@@ -454,8 +454,8 @@ class AsyncStreamWriter:
     async def flush(self) -> None:
         """Waits until every append issued so far is acknowledged (or failed)."""
         w = self.handle._writer
-        while w is not None and w.futures:
-            await asyncio.gather(*[f[3] for f in w.futures], return_exceptions=True)
+        while w is not None and (pending := w.outstanding()):
+            await asyncio.gather(*pending, return_exceptions=True)
 
     async def close(self) -> None:
         """Flushes and stops writing.  The stream stays OPEN: the next writer

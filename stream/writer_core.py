@@ -261,11 +261,8 @@ class WriterCore:
     def add_many(self, payloads) -> int:
         """Assigns consecutive entry ids to ``payloads`` (all or none) and
         returns the first; raises WindowFull when they do not all fit."""
-        if self.state in TERMINAL:
-            raise self._terminal_error("add refused")
         n = len(payloads)
-        if len(self.pending) + n > self.max_pending:
-            raise WindowFull(f"{len(self.pending)} adds pending, {n} more (limit {self.max_pending})", self.state)
+        self.check_room(n)
         self._step(WriterEvent.ADD)
         first = eid = self.next_entry
         pending = self.pending
@@ -275,6 +272,14 @@ class WriterCore:
         self.next_entry = eid
         self._pump()
         return first
+
+    def check_room(self, n: int) -> None:
+        """Raises what ``add_many`` of ``n`` payloads would raise now (a
+        terminal state, WindowFull), adding nothing."""
+        if self.state in TERMINAL:
+            raise self._terminal_error("add refused")
+        if len(self.pending) + n > self.max_pending:
+            raise WindowFull(f"{len(self.pending)} adds pending, {n} more (limit {self.max_pending})", self.state)
 
     def on_ack(self, entry_id: int, bookie_index: int, status: Status = Status.OK, *,
                bookie_id: str | None = None, term: int = 0) -> None:

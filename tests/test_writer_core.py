@@ -355,3 +355,14 @@ def test_add_many_stops_sending_at_a_roll_and_sends_the_rest_after_the_change():
     w.on_ensemble_changed(3, ["c0", "c1", "c2"])
     r = w.ready()
     assert {s.bookie_id: s.entry_ids for s in r.sends} == {"c0": [3, 4], "c1": [3, 4], "c2": [3, 4]}
+
+
+def test_check_room_raises_what_add_many_would_and_adds_nothing():
+    w = writer(max_pending=4)
+    w.check_room(4)
+    with pytest.raises(WindowFull):
+        w.check_room(5)
+    assert w.next_entry == 0 and not w.pending
+    w.fail("gone")
+    with pytest.raises(wc_errors := type(w._terminal_error("x"))):
+        w.check_room(1)
