@@ -287,7 +287,7 @@ async def run_workloads(urls: list[str], plan: list[tuple[int, int, int]], secon
     from bookstream.bench import open_loop_line
 
     say = progress or (lambda msg: None)
-    out: dict = {"appends": [], "read": [], "open_loop": []}
+    out: dict = {"appends": [], "reads": [], "open_loop": []}
     nc, js = await connect(urls, max(w for _, w, _ in plan))
     try:
         for size, window, min_count in plan:
@@ -297,7 +297,7 @@ async def run_workloads(urls: list[str], plan: list[tuple[int, int, int]], secon
             say(f"jetstream closed loop, {size} B: {r['appends_per_s']:,.0f} appends/s, {r['mb_per_s']:.1f} MB/s, "
                 f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms")
             t = await read_all(js, name, size)
-            out["read"].append(t)
+            out["reads"].append(t)
             say(f"jetstream catch-up read, {size} B: {t['entries']:,} entries at {t['entries_per_s']:,.0f}/s, "
                 f"{t['mb_per_s']:.1f} MB/s")
             await js.delete_stream(name)

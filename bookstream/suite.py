@@ -402,7 +402,7 @@ def build_figures(doc: dict) -> list[dict]:
             g = _by_size(grpc.get("read"), size)
             ceilings = {"grpc": _ref(r[metric], g[metric], f"empty server, range read in {g['frame_bytes']:,} B "
                                      f"frames", unit=unit)} if g else {}
-            j = _by_size(js.get("read"), size)
+            j = _by_size(js.get("reads"), size)
             peer = _ref(r[metric], j[metric], "JetStream ordered consumer") if j else None
             add(key, label.format(size), unit, "higher", r[metric], ceilings, peer, entries=r["entries"],
                 volume_bytes=r["entries"] * size, entries_per_s=r["entries_per_s"], mb_per_s=r["mb_per_s"],

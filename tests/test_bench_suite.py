@@ -57,7 +57,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert "error" not in js, js
     assert all(r["stream_info"]["num_replicas"] == 3 and r["stream_info"]["peers"] == 3
                and r["stream_info"]["storage"] == "file" for r in js["appends"])
-    assert all(r["entries"] == a["appends"] for r, a in zip(js["read"], js["appends"]))
+    assert all(r["entries"] == a["appends"] for r, a in zip(js["reads"], js["appends"]))
 
     figs = {f["key"]: f for f in doc["figures"]}
     assert EXPECTED_FIGURES <= figs.keys(), sorted(figs)
