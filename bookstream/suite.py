@@ -277,6 +277,13 @@ def phase_jetstream(base: Path, p: dict, say) -> dict:
         r["servers"] = len(cluster.servers)
         r["sync_interval"] = cluster.sync
         return r
+    except Exception as e:  # the run goes on without the peer; the document says why
+        import traceback
+
+        tails = {s.name: s.log_tail(15) for s in cluster.servers}
+        say(f"jetstream failed: {e!r}\n{traceback.format_exc()}" +
+            "".join(f"--- {n} log:\n{t}\n" for n, t in tails.items()))
+        return {"error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc(), "log_tails": tails}
     finally:
         cluster.stop()
 
