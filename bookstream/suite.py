@@ -33,6 +33,7 @@ import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,6 +75,7 @@ def add_parsers(bsub) -> None:
                        help=f"default {default} (quick: {QUICK[key]})")
     s.add_argument("--no-jetstream", action="store_true", help="skip the peer")
     s.add_argument("--dir", type=Path, default=None, help="where the data goes (default: a temp dir)")
+    s.add_argument("--keep-data", action="store_true", help="keep the run's data dir (removed by default)")
     s.add_argument("--out", type=Path, default=Path("bench-results/suite.json"))
     s.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     s.set_defaults(func=cmd_suite)
@@ -488,14 +490,18 @@ def run_suite(args: argparse.Namespace) -> dict:
         "targets": {k: {"op": op, "value": v, "metric": m} for k, (op, v, m) in TARGETS.items()},
         "ceilings": {},
     }
-    doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
-    doc["bookstream"] = phase_bookstream(base, p, say)
-    doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
-    doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
-    doc["bookie"] = phase_bookie(base, p, say)
-    doc["replay"] = phase_replay(base, p, say)
-    say(f"index: {p['index_entries']:,} entries")
-    doc["index"] = index_bytes_per_entry(p["index_entries"])
+    try:
+        doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
+        doc["bookstream"] = phase_bookstream(base, p, say)
+        doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
+        doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
+        doc["bookie"] = phase_bookie(base, p, say)
+        doc["replay"] = phase_replay(base, p, say)
+        say(f"index: {p['index_entries']:,} entries")
+        doc["index"] = index_bytes_per_entry(p["index_entries"])
+    finally:
+        if not args.keep_data:
+            shutil.rmtree(base, ignore_errors=True)
     doc["figures"] = build_figures(doc)
     doc["duration_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     return doc

@@ -33,6 +33,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
+    assert not any(p.name.startswith("bookstream-suite-") for p in tmp_path.iterdir())  # data removed
 
     assert doc["benchmark"] == "suite" and doc["parameters"]["quick"] is True
     assert {"cpus", "kernel", "python", "filesystem", "nats_server"} <= doc["machine"].keys()
