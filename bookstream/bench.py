@@ -2,6 +2,9 @@
 
     bookstream bench bookie [--sizes 100,1024,65536] [--batches 1,10,100,1000]
                             [--seconds 3] [--out results.json]
+    bookstream bench replay | stream | ledger [...]
+    bookstream bench suite [--quick] [--out suite.json]     (bookstream/suite.py)
+    bookstream bench plot suite.json
 
 `bench bookie` starts one real bookie process on a temporary data dir (on
 the same disk as --dir) and measures appends/s and MB/s into it, with fsync,
@@ -22,6 +25,8 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from bookstream.ceilings import pct as _pct
+from bookstream.ceilings import raw_disk_rate, read_files_rate
 from stream.errors import TooManyPendingAdds
 
 MAX_FRAME_BYTES = 16 << 20
@@ -45,24 +50,9 @@ def add_parser(sub) -> None:
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
     add_client_parsers(bsub)
+    from bookstream import suite
 
-
-def raw_disk_rate(path: Path, write_bytes: int, seconds: float) -> float:
-    """write + fdatasync of `write_bytes` at a time, appending: writes/s."""
-    buf = os.urandom(write_bytes)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        n, t0 = 0, time.perf_counter()
-        while True:
-            os.write(fd, buf)
-            os.fdatasync(fd)
-            n += 1
-            el = time.perf_counter() - t0
-            if el >= seconds or n * write_bytes >= (1 << 30):
-                return n / el
-    finally:
-        os.close(fd)
-        os.unlink(path)
+    suite.add_parsers(bsub)
 
 
 def build_frames(ledger_id: int, size: int, batch: int, count: int) -> list[bytes]:
@@ -134,7 +124,7 @@ def cmd_bench_bookie(args: argparse.Namespace) -> int:
                 while b > 1 and b * (size + E.HEADER_SIZE) > MAX_FRAME_BYTES:
                     b //= 2
                 write_bytes = b * (size + E.HEADER_SIZE)
-                raw = raw_disk_rate(base / "raw.dat", write_bytes, min(args.seconds, 2.0))
+                raw = raw_disk_rate(base / "raw.dat", write_bytes, min(args.seconds, 2.0))["writes_per_s"]
                 r = asyncio.run(bookie_rate(bookie.address, lid, size, b, args.seconds, args.inflight))
                 lid += 100_000
                 raw_mb = raw * write_bytes / 1e6
@@ -153,57 +143,83 @@ def cmd_bench_bookie(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_bench_replay(args: argparse.Namespace) -> int:
-    """Writes --mb of journal, kill -9, restarts: replayed MB/s (no
-    checkpoint, so the whole journal is replayed)."""
+def replay_rate(base: Path, size: int, mb: int) -> dict:
+    """Writes `mb` MiB of journal into one bookie, kill -9, restarts it:
+    replayed MB/s (no checkpoint, so the whole journal is replayed), beside
+    reading the same segment files through once (the I/O part of a replay)."""
     from bookstream.processes import BookieProcess
     from stream.bookie_client import BookieClient
 
-    results = []
-    print(f"{'size':>7} {'journal MB':>10} {'replay s':>9} {'replay MB/s':>12} {'entries/s':>12}", flush=True)
-    for size in (int(x) for x in args.sizes.split(",")):
-        base = Path(tempfile.mkdtemp(prefix="bookstream-replay-", dir=args.dir))
-        b = BookieProcess(base / "bookie", log_level="WARNING",
-                          extra_args=["--checkpoint-bytes", str(1 << 50)]).start()
-        batch = max(1, min(1000, (4 << 20) // (size + E.HEADER_SIZE)))
-        total = (args.mb << 20) // ((size + E.HEADER_SIZE) * batch)
+    b = BookieProcess(base / "bookie", log_level="WARNING",
+                      extra_args=["--checkpoint-bytes", str(1 << 50)]).start()
+    batch = max(1, min(1000, (4 << 20) // (size + E.HEADER_SIZE)))
+    total = max(1, (mb << 20) // ((size + E.HEADER_SIZE) * batch))
 
-        async def fill():
-            c = BookieClient(b.address)
-            frames = [build_frames(k + 1, size, batch, 1)[0] for k in range(min(total, 64))]
-            window = set()
-            for i in range(total):
-                # each pass over the prebuilt frames rewrites them: same bytes,
-                # same replay work
-                window.add(c.add_frame(frames[i % len(frames)]))
-                if len(window) >= 8:
-                    done, window = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
-            await asyncio.gather(*window)
+    async def fill():
+        c = BookieClient(b.address)
+        frames = [build_frames(k + 1, size, batch, 1)[0] for k in range(min(total, 64))]
+        window = set()
+        for i in range(total):
+            # each pass over the prebuilt frames rewrites them: same bytes,
+            # same replay work
+            window.add(c.add_frame(frames[i % len(frames)]))
+            if len(window) >= 8:
+                done, window = await asyncio.wait(window, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.gather(*window)
+        await c.close()
+
+    async def info():
+        c = BookieClient(b.address)
+        try:
+            return await c.info()
+        finally:
             await c.close()
 
+    try:
         asyncio.run(fill())
         b.kill()
         b.start(timeout=600)
-
-        async def info():
-            c = BookieClient(b.address)
-            try:
-                return await c.info()
-            finally:
-                await c.close()
-
         inf = asyncio.run(info())
+    finally:
         b.stop()
-        mbps = inf.replayed_bytes / inf.replay_seconds / 1e6 if inf.replay_seconds else 0.0
-        eps = total * batch / inf.replay_seconds if inf.replay_seconds else 0.0
-        results.append({"entry_bytes": size, "replayed_bytes": inf.replayed_bytes,
-                        "replay_seconds": inf.replay_seconds, "mb_per_s": mbps, "entries_per_s": eps})
-        print(f"{size:>7} {inf.replayed_bytes / 1e6:>10.0f} {inf.replay_seconds:>9.2f} {mbps:>12.0f} {eps:>12,.0f}",
-              flush=True)
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "replay", "command": " ".join(sys.argv),
-                                        "results": results}, indent=2) + "\n")
+    raw = read_files_rate(sorted(b.data_dir.rglob("segment-*.log")))
+    mbps = inf.replayed_bytes / inf.replay_seconds / 1e6 if inf.replay_seconds else 0.0
+    eps = total * batch / inf.replay_seconds if inf.replay_seconds else 0.0
+    return {"entry_bytes": size, "replayed_bytes": inf.replayed_bytes, "replay_seconds": inf.replay_seconds,
+            "mb_per_s": mbps, "entries_per_s": eps, "read_files_mb_per_s": raw["mb_per_s"]}
+
+
+def cmd_bench_replay(args: argparse.Namespace) -> int:
+    results = []
+    print(f"{'size':>7} {'journal MB':>10} {'replay s':>9} {'replay MB/s':>12} {'entries/s':>12} "
+          f"{'read MB/s':>10}", flush=True)
+    for size in (int(x) for x in args.sizes.split(",")):
+        r = replay_rate(Path(tempfile.mkdtemp(prefix="bookstream-replay-", dir=args.dir)), size, args.mb)
+        results.append(r)
+        print(f"{size:>7} {r['replayed_bytes'] / 1e6:>10.0f} {r['replay_seconds']:>9.2f} {r['mb_per_s']:>12.0f} "
+              f"{r['entries_per_s']:>12,.0f} {r['read_files_mb_per_s']:>10.0f}", flush=True)
+    _write_results(args, "replay", results)
     return 0
+
+
+def index_bytes_per_entry(entries: int) -> dict:
+    """Memory of the bookie's entry index (bookie/index.py) for one ledger of
+    `entries` entries appended in order, as tracemalloc sees it."""
+    import tracemalloc
+
+    from bookie.index import LedgerIndex, pack_location
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        idx = LedgerIndex()
+        for i in range(entries):
+            idx.put(i, pack_location(0, i * 1076), 1076)
+        used = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert len(idx) == entries
+    return {"entries": entries, "bytes": used, "bytes_per_entry": used / entries}
 
 
 # -- the client benchmarks: ledgers and streams on a local cluster ----------------------------
@@ -233,18 +249,14 @@ def add_client_parsers(bsub) -> None:
     lg.set_defaults(func=cmd_bench_ledger)
 
 
-def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
-async def _closed_loop(append_async, size: int, seconds: float, window: int, *, wait_for_room,
-                       append_many_async=None, wait_for_room_many=None, batch: int = 1) -> dict:
-    """Appends as fast as acks allow with `window` appends in flight;
-    latency is measured per call (one append, or a batch of `batch` appends
-    through `append_many_async`), from the call to its ack."""
+async def _closed_loop(append_async, size: int, seconds: float, window: int, min_count: int = 0, *,
+                       wait_for_room=None, append_many_async=None, wait_for_room_many=None,
+                       batch: int = 1) -> dict:
+    """Appends as fast as acks allow with `window` appends in flight, for
+    `seconds` and at least `min_count` appends; latency is measured per call
+    (one append, or a batch of `batch` appends through `append_many_async`),
+    from the call to its ack.  `wait_for_room(_many)`: the awaitable form,
+    used when the window of the client is full (TooManyPendingAdds)."""
     payload = os.urandom(size)
     payloads = [payload] * batch
     lat: list[float] = []
@@ -262,11 +274,15 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int, *, 
         room.set()
 
     calls = max(1, window // batch)
-    while time.perf_counter() - t0 < seconds:
+    issued = 0
+    while time.perf_counter() - t0 < seconds or issued < min_count:
         while len(inflight) < calls:
+            issued += batch
             try:
                 f = append_async(payload) if batch == 1 else append_many_async(payloads)
             except TooManyPendingAdds:  # acked at the LAC, not yet freed (at the LAFR)
+                if wait_for_room is None:
+                    raise
                 f = asyncio.ensure_future(wait_for_room(payload) if batch == 1 else wait_for_room_many(payloads))
             inflight.add(f)
             f.add_done_callback(functools.partial(on_done, time.perf_counter()))
@@ -275,7 +291,8 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int, *, 
     if inflight:
         await asyncio.gather(*list(inflight), return_exceptions=True)
     el = time.perf_counter() - t0
-    return {"appends_per_s": done_count / el, "mb_per_s": done_count * size / el / 1e6, "batch": batch,
+    return {"appends": done_count, "appends_per_s": done_count / el, "mb_per_s": done_count * size / el / 1e6,
+            "batch": batch,
             "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "seconds": el}
 
 
@@ -313,7 +330,17 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
     el = time.perf_counter() - t0
     return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el,
             "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
-            "p999_ms": _pct(lat, 0.999) * 1e3}
+            "p999_ms": _pct(lat, 0.999) * 1e3, "cdf_ms": latency_cdf(lat)}
+
+
+CDF_QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
+                 0.998, 0.999, 0.9995, 0.9999, 1.0)
+
+
+def latency_cdf(lat: list[float]) -> list[list[float]]:
+    """[quantile, ms] pairs: enough of the distribution to draw its CDF."""
+    xs = sorted(lat)
+    return [[q, _pct(xs, q) * 1e3] for q in CDF_QUANTILES] if xs else []
 
 
 APPEND_HEADER = f"{'size':>6} {'appends/s':>11} {'MB/s':>7} {'p50 ms':>7} {'p99 ms':>7}"
@@ -337,62 +364,105 @@ def _cluster(args, n: int):
     return Standalone(base, bookies=n, base_port=0, log_level="WARNING").start()
 
 
+async def stream_closed_loop(sc, name: str, size: int, seconds: float, window: int, min_count: int = 0, *,
+                             batch: int = 1) -> dict:
+    """Appends to a new stream `name` as fast as acks allow (E3 Qw3 Qa2):
+    `append_async` per record, or `append_many_async` per `batch` records."""
+    from stream.stream import StreamConfig
+
+    w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+    try:
+        r = await _closed_loop(w.append_async, size, seconds, window, min_count, wait_for_room=w.append,
+                               append_many_async=w.append_many_async, wait_for_room_many=w.append_many,
+                               batch=batch)
+    finally:
+        await w.close()
+    return {"entry_bytes": size, **r}
+
+
+async def stream_read_all(sc, name: str, size: int) -> dict:
+    """Reads stream `name` from the start to its end, as a reader catching up
+    does: entries/s and MB/s."""
+    from stream.stream import Position
+
+    rd = await sc.open_reader(name, Position.EARLIEST)
+    n, t0 = 0, time.perf_counter()
+    try:
+        while True:
+            got = await rd.read(5000)
+            if not got:
+                break
+            n += len(got)
+    finally:
+        await rd.close()
+    el = time.perf_counter() - t0
+    return {"entry_bytes": size, "entries": n, "entries_per_s": n / el, "mb_per_s": n * size / el / 1e6}
+
+
+async def stream_open_loop(sc, name: str, size: int, seconds: float, rate: float) -> dict:
+    from stream.stream import StreamConfig
+
+    w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+    try:
+        r = await _open_loop(w.append_async, size, seconds, rate)
+    finally:
+        await w.close()
+    return {"entry_bytes": size, **r}
+
+
+async def stream_takeover(sc, name: str, length: int, window: int) -> dict:
+    """Writes `length` entries of 100 B, abandons the writer (a crash as far
+    as the stream knows) and times a new writer's take-over."""
+    from stream.stream import StreamConfig
+
+    w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+    payload = b"x" * 100
+    sent = 0
+    while sent < length:
+        k = min(window, length - sent)
+        await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
+        sent += k
+    t0 = time.perf_counter()
+    w2 = await sc.open_writer(name)
+    el = time.perf_counter() - t0
+    await w2.close()
+    await w.close()
+    return {"entries": length, "seconds": el, "ms": el * 1e3}
+
+
+def open_loop_line(r: dict) -> str:
+    return (f"open loop, {r['entry_bytes']} B at {r['offered_per_s']:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
+            f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms ({r['completed']:,} acked, "
+            f"{r['failed']} failed)")
+
+
 def cmd_bench_stream(args: argparse.Namespace) -> int:
-    from stream.stream import AsyncStreamClient, Position, StreamConfig
+    from stream.stream import AsyncStreamClient
 
     results: dict = {"appends": [], "tail": [], "takeover": [], "open_loop": []}
     cluster = _cluster(args, args.bookies)
+    tag = os.getpid()
 
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
             print(APPEND_HEADER)
             for size in (int(x) for x in args.sizes.split(",")):
-                name = f"bench-{size}-{os.getpid()}"
-                w = await sc.open_writer(name, StreamConfig(3, 3, 2))
-                r = await _closed_loop(w.append_async, size, args.seconds, args.window, wait_for_room=w.append,
-                                       append_many_async=w.append_many_async, wait_for_room_many=w.append_many,
-                                       batch=args.batch)
-                r["entry_bytes"] = size
+                name = f"bench-{size}-{tag}"
+                r = await stream_closed_loop(sc, name, size, args.seconds, args.window, batch=args.batch)
                 results["appends"].append(r)
                 print(_append_row(size, r), flush=True)
-                await w.close()
-                # catch-up read of what was written, as a tailing reader does it
-                rd = await sc.open_reader(name, Position.EARLIEST)
-                n, t0 = 0, time.perf_counter()
-                while True:
-                    got = await rd.read(5000)
-                    if not got:
-                        break
-                    n += len(got)
-                el = time.perf_counter() - t0
-                results["tail"].append({"entry_bytes": size, "entries": n, "entries_per_s": n / el})
-                print(f"{'':>6} tail read: {n:,} entries at {n / el:,.0f} entries/s", flush=True)
+                t = await stream_read_all(sc, name, size)
+                results["tail"].append(t)
+                print(f"{'':>6} tail read: {t['entries']:,} entries at {t['entries_per_s']:,.0f} entries/s", flush=True)
             if args.open_loop_rate:
-                w = await sc.open_writer(f"bench-open-loop-{os.getpid()}", StreamConfig(3, 3, 2))
-                r = await _open_loop(w.append_async, 1024, args.seconds, args.open_loop_rate)
-                await w.close()
+                r = await stream_open_loop(sc, f"bench-open-loop-{tag}", 1024, args.seconds, args.open_loop_rate)
                 results["open_loop"].append(r)
-                print(f"open loop, 1 KiB at {args.open_loop_rate:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
-                      f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms ({r['completed']:,} acked, "
-                      f"{r['failed']} failed)", flush=True)
+                print(open_loop_line(r), flush=True)
             for length in (int(x) for x in args.takeover_lengths.split(",")):
-                name = f"bench-takeover-{length}-{os.getpid()}"
-                w = await sc.open_writer(name, StreamConfig(3, 3, 2))
-                payload = b"x" * 100
-                sent = 0
-                while sent < length:
-                    k = min(args.window, length - sent)
-                    await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
-                    sent += k
-                # the old writer is abandoned (a crash as far as the stream knows)
-                t0 = time.perf_counter()
-                w2 = await sc.open_writer(name)
-                el = time.perf_counter() - t0
-                await w2.close()
-                await w.close()
-                results["takeover"].append({"entries": length, "seconds": el})
-                print(f"take-over of a stream of {length:,} entries: {el * 1e3:.1f} ms", flush=True)
+                r = await stream_takeover(sc, f"bench-takeover-{length}-{tag}", length, args.window)
+                results["takeover"].append(r)
+                print(f"take-over of a stream of {length:,} entries: {r['ms']:.1f} ms", flush=True)
 
     try:
         asyncio.run(go())

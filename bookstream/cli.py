@@ -2,7 +2,8 @@
 
     bookstream bookie --data-dir DIR [--etcd HOST:PORT] ...   one bookie
     bookstream standalone [--data-dir DIR] [--bookies N]      etcd + N bookies
-    bookstream bench bookie [...]                             benchmarks
+    bookstream bench bookie|replay|stream|ledger [...]        benchmarks
+    bookstream bench suite [--quick]                          all of them + ceilings + JetStream
 """
 from __future__ import annotations
 

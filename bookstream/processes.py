@@ -1,8 +1,9 @@
-"""Bookie processes: start one, wait until it serves, stop or kill it.
+"""Server processes: start one, wait until it serves, stop or kill it.
 
-Used by `bookstream standalone` and by the tests, which run real bookie
+Used by `bookstream standalone`, the benchmarks and the tests, which run real
 processes.  A bookie prints one `BOOKIE_READY {json}` line on stdout once it
-serves; `start()` waits for that line (an event, not a sleep).
+serves; `start()` waits for that line (an event, not a sleep).  `ServedProcess`
+is the shared part: any child whose output says when it is ready.
 """
 from __future__ import annotations
 
@@ -15,80 +16,97 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from bookstream.cli import READY_PREFIX
 
 
-class BookieStartError(RuntimeError):
+class ProcessStartError(RuntimeError):
     pass
 
 
-class BookieProcess:
-    def __init__(self, data_dir: str | os.PathLike, *, port: int = 0, etcd: str | None = None,
-                 cluster: str = "default", extra_args: list[str] | None = None, log_level: str = "INFO"):
+class BookieStartError(ProcessStartError):
+    pass
+
+
+class ServedProcess:
+    """A child process whose stdout says when it is ready.
+
+    stderr goes to `log_path`, or, with `merge_stderr`, into stdout; either
+    way, once ready, a thread keeps draining stdout (into the log when merged)
+    so the child never blocks on a full pipe."""
+
+    start_error = ProcessStartError
+    log_name = "process.log"
+    merge_stderr = False
+
+    def __init__(self, data_dir: str | os.PathLike):
         self.data_dir = Path(data_dir)
-        self.port = port
-        self.etcd = etcd
-        self.cluster = cluster
-        self.extra_args = list(extra_args or [])
-        self.log_level = log_level
         self.proc: subprocess.Popen | None = None
-        self.address: str | None = None
-        self.bookie_id: str | None = None
         self._drain: threading.Thread | None = None
+        self._out = b""
 
     @property
     def log_path(self) -> Path:
-        return self.data_dir / "bookie.log"
+        return self.data_dir / self.log_name
 
     def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(self.data_dir),
-               "--port", str(self.port), "--log-level", self.log_level]
-        if self.etcd:
-            cmd += ["--etcd", self.etcd, "--cluster", self.cluster]
-        return cmd + self.extra_args
+        raise NotImplementedError
 
-    def start(self, timeout: float = 30.0) -> "BookieProcess":
+    def spawn(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         logf = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=logf,
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT if self.merge_stderr else logf,
                                      stdin=subprocess.DEVNULL)
         logf.close()
-        line = self._read_ready_line(timeout)
-        info = json.loads(line[len(READY_PREFIX):])
-        self.address, self.bookie_id = info["address"], info["bookie_id"]
-        if self.port == 0:  # keep the port across restarts of this process object
-            self.port = int(self.address.rsplit(":", 1)[1])
-        # keep draining stdout so the child never blocks on a full pipe
-        self._drain = threading.Thread(target=self.proc.stdout.read, daemon=True)
-        self._drain.start()
-        return self
+        self._out = b""
 
-    def _read_ready_line(self, timeout: float) -> str:
+    def wait_for_line(self, match: Callable[[str], bool], timeout: float) -> str:
+        """The first line of output (since the spawn) that `match`es; waits
+        for it as the output arrives."""
         assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
-        deadline = time.monotonic() + timeout
-        buf = b""
         try:
             while True:
+                for line in self._out.decode(errors="replace").splitlines():
+                    if match(line):
+                        return line
                 left = deadline - time.monotonic()
                 if left <= 0:
                     self.kill()
-                    raise BookieStartError(f"bookie in {self.data_dir} not ready after {timeout}s:\n{self.log_tail()}")
+                    raise self.start_error(f"{self.describe()} not ready after {timeout}s:\n{self.log_tail()}")
                 if not sel.select(left):
                     continue
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                chunk = os.read(self.proc.stdout.fileno(), 65536)
                 if not chunk:
                     self.proc.wait()
-                    raise BookieStartError(
-                        f"bookie in {self.data_dir} exited with {self.proc.returncode}:\n{self.log_tail()}")
-                buf += chunk
-                for line in buf.decode(errors="replace").splitlines():
-                    if line.startswith(READY_PREFIX):
-                        return line
+                    raise self.start_error(
+                        f"{self.describe()} exited with {self.proc.returncode}:\n{self.log_tail()}")
+                self._out += chunk
+                if self.merge_stderr:
+                    with open(self.log_path, "ab") as f:
+                        f.write(chunk)
         finally:
             sel.close()
+
+    def start_draining(self) -> None:
+        def drain(out, path):
+            if path is None:
+                out.read()
+                return
+            with open(path, "ab") as f:
+                for chunk in iter(lambda: out.read1(65536), b""):
+                    f.write(chunk)
+
+        self._drain = threading.Thread(target=drain, args=(self.proc.stdout, self.log_path if self.merge_stderr
+                                                           else None), daemon=True)
+        self._drain.start()
+
+    def describe(self) -> str:
+        return f"process in {self.data_dir}"
 
     def log_tail(self, n: int = 40) -> str:
         try:
@@ -105,14 +123,14 @@ class BookieProcess:
         return self.proc is not None and self.proc.poll() is None
 
     def kill(self) -> None:
-        """kill -9: no clean shutdown, no final checkpoint."""
+        """kill -9: no clean shutdown."""
         if self.alive():
             self.proc.send_signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
 
     def stop(self, timeout: float = 20.0) -> int:
-        """A clean stop (SIGTERM): the bookie checkpoints and deregisters."""
+        """A clean stop (SIGTERM), SIGKILL after `timeout`."""
         if self.alive():
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -121,6 +139,45 @@ class BookieProcess:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode if self.proc else 0
+
+
+class BookieProcess(ServedProcess):
+    """One bookie.  `stop()` is a clean stop (the bookie checkpoints and
+    deregisters); `kill()` is kill -9 (no final checkpoint)."""
+
+    start_error = BookieStartError
+    log_name = "bookie.log"
+
+    def __init__(self, data_dir: str | os.PathLike, *, port: int = 0, etcd: str | None = None,
+                 cluster: str = "default", extra_args: list[str] | None = None, log_level: str = "INFO"):
+        super().__init__(data_dir)
+        self.port = port
+        self.etcd = etcd
+        self.cluster = cluster
+        self.extra_args = list(extra_args or [])
+        self.log_level = log_level
+        self.address: str | None = None
+        self.bookie_id: str | None = None
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(self.data_dir),
+               "--port", str(self.port), "--log-level", self.log_level]
+        if self.etcd:
+            cmd += ["--etcd", self.etcd, "--cluster", self.cluster]
+        return cmd + self.extra_args
+
+    def describe(self) -> str:
+        return f"bookie in {self.data_dir}"
+
+    def start(self, timeout: float = 30.0) -> "BookieProcess":
+        self.spawn()
+        line = self.wait_for_line(lambda s: s.startswith(READY_PREFIX), timeout)
+        info = json.loads(line[len(READY_PREFIX):])
+        self.address, self.bookie_id = info["address"], info["bookie_id"]
+        if self.port == 0:  # keep the port across restarts of this process object
+            self.port = int(self.address.rsplit(":", 1)[1])
+        self.start_draining()
+        return self
 
     def restart(self, timeout: float = 30.0) -> "BookieProcess":
         self.stop()

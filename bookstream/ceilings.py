@@ -1,0 +1,326 @@
+"""Physical ceilings, measured in the same run as the figures they bound.
+
+- **Disk**: write + fdatasync, appending, at a given write size, from one or
+  more writer threads (one file each, as the bookies of a local cluster each
+  have their journal): writes/s (fsyncs/s), MB/s and the latency of one
+  write + fdatasync.
+- **Loopback gRPC with empty handlers**: `EmptyBookie` serves the bookie's own
+  service (`proto/bookie.proto`) from a separate process and does nothing:
+  an add frame is acked at once, `Info` answers an empty message, `ReadRange`
+  streams prebuilt frames.  It is driven by bookstream's own
+  `stream.bookie_client.BookieClient` from one Python process, exactly as the
+  stream client drives bookies (a long-lived bidi stream of frames, unary
+  calls, server-streamed range reads), so the figures are what gRPC and
+  protobuf framing alone allow this client.
+
+    python -m bookstream.ceilings serve [--port 0]      one empty server
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from bookie import entry as E
+from bookstream.processes import ServedProcess
+
+CEILING_READY = "CEILING_READY "
+
+
+def pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+# -- disk ------------------------------------------------------------------------------------------
+
+
+def raw_disk_rate(path: Path, write_bytes: int, seconds: float, writers: int = 1,
+                  max_bytes: int = 1 << 30) -> dict:
+    """write + fdatasync of `write_bytes` at a time, appending, from `writers`
+    threads (each its own file, `path` with a suffix): writes/s and MB/s over
+    all writers, and the latency of one write + fdatasync.  Stops after
+    `seconds` or `max_bytes` written in all."""
+    buf = os.urandom(write_bytes)
+    lat: list[list[float]] = [[] for _ in range(writers)]
+    counts = [0] * writers
+    stop = threading.Event()
+    path = Path(path)
+
+    def one(i: int) -> None:
+        p = path.with_name(f"{path.name}.{i}")
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            while not stop.is_set():
+                t = time.perf_counter()
+                os.write(fd, buf)
+                os.fdatasync(fd)
+                lat[i].append(time.perf_counter() - t)
+                counts[i] += 1
+                if sum(counts) * write_bytes >= max_bytes:
+                    stop.set()
+        finally:
+            os.close(fd)
+            os.unlink(p)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(writers)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    stop.wait(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    el = time.perf_counter() - t0
+    n = sum(counts)
+    all_lat = [x for xs in lat for x in xs]
+    return {"write_bytes": write_bytes, "writers": writers, "writes_per_s": n / el,
+            "mb_per_s": n * write_bytes / el / 1e6, "p50_ms": pct(all_lat, 0.5) * 1e3,
+            "p99_ms": pct(all_lat, 0.99) * 1e3, "p999_ms": pct(all_lat, 0.999) * 1e3, "seconds": el}
+
+
+def read_files_rate(paths: list[Path]) -> dict:
+    """Reads the files through once, sequentially, 4 MiB at a time: MB/s
+    (the I/O part of a journal replay; from the page cache if they are in it)."""
+    n, t0 = 0, time.perf_counter()
+    for p in paths:
+        with open(p, "rb", buffering=0) as f:
+            while chunk := f.read(4 << 20):
+                n += len(chunk)
+    el = time.perf_counter() - t0
+    return {"bytes": n, "mb_per_s": n / el / 1e6 if el else 0.0, "seconds": el}
+
+
+# -- loopback gRPC with empty handlers --------------------------------------------------------------
+
+
+def _empty_servicer():
+    from bookstream_pb import bookie_pb2 as pb
+    from bookstream_pb import bookie_pb2_grpc as pb_grpc
+
+    class EmptyBookie(pb_grpc.BookieServicer):
+        """Does nothing: every add frame is acked OK at once (one AddAcks per
+        frame), Info answers empty, and ReadRange streams prebuilt frames of
+        entry records.  It holds no ledgers, so ReadRange reads the request's
+        ledger_id as the entry size to serve."""
+
+        def __init__(self):
+            self._frames: dict[tuple[int, int], tuple[pb.ReadRangeResponse, int]] = {}
+
+        async def Add(self, request_iterator, context):
+            async for frame in request_iterator:
+                yield pb.AddAcks(acks=[pb.AddAck(frame_id=frame.frame_id)])
+
+        async def Info(self, request, context):
+            return pb.InfoResponse()
+
+        async def ReadRange(self, request, context):
+            size, frame_bytes = request.ledger_id, request.max_frame_bytes or (1 << 20)
+            key = (size, frame_bytes)
+            if key not in self._frames:
+                per = max(1, frame_bytes // (size + E.HEADER_SIZE))
+                rec = E.encode(1, 0, os.urandom(size))
+                self._frames[key] = (pb.ReadRangeResponse(entries=rec * per, count=per), per)
+            resp, per = self._frames[key]
+            left = request.last_entry - request.first_entry + 1
+            while left >= per:
+                yield resp
+                left -= per
+            if left > 0:
+                yield pb.ReadRangeResponse(entries=resp.entries[: left * (size + E.HEADER_SIZE)], count=left)
+
+    return EmptyBookie()
+
+
+async def _serve(host: str, port: int) -> None:
+    import signal
+
+    import grpc
+
+    from bookie.server import GRPC_OPTIONS
+    from bookstream_pb import bookie_pb2_grpc as pb_grpc
+
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    pb_grpc.add_BookieServicer_to_server(_empty_servicer(), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    await server.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(CEILING_READY + json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}), flush=True)
+    await stop.wait()
+    await server.stop(0)
+
+
+class EmptyServerProcess(ServedProcess):
+    """`python -m bookstream.ceilings serve` as a child process."""
+
+    log_name = "empty-server.log"
+
+    def __init__(self, data_dir):
+        super().__init__(data_dir)
+        self.address: str | None = None
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bookstream.ceilings", "serve", "--port", "0"]
+
+    def describe(self) -> str:
+        return "empty gRPC server"
+
+    def start(self, timeout: float = 30.0) -> "EmptyServerProcess":
+        self.spawn()
+        line = self.wait_for_line(lambda s: s.startswith(CEILING_READY), timeout)
+        self.address = json.loads(line[len(CEILING_READY):])["address"]
+        self.start_draining()
+        return self
+
+
+def start_empty_servers(base: Path, n: int) -> list[EmptyServerProcess]:
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(n) as ex:
+        return list(ex.map(lambda i: EmptyServerProcess(base / f"empty-{i}").start(), range(n)))
+
+
+def frame_batches(size: int, batches: list[int], max_frame_bytes: int = 4 << 20) -> list[int]:
+    """The batch sizes to try for entries of `size`, each cut to fit a frame."""
+    out = []
+    for b in batches:
+        b = max(1, min(b, max_frame_bytes // (size + E.HEADER_SIZE)))
+        if b not in out:
+            out.append(b)
+    return out
+
+
+async def _timed_window(start_one, seconds: float, window: int) -> tuple[int, float]:
+    """Keeps `window` operations in flight for `seconds`: (completed, elapsed)."""
+    inflight: set = set()
+    done_n = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        while len(inflight) < window:
+            inflight.add(start_one())
+        done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+        for d in done:
+            d.result()
+        done_n += len(done)
+    if inflight:
+        await asyncio.gather(*inflight)
+        done_n += len(inflight)
+    return done_n, time.perf_counter() - t0
+
+
+async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
+                       window: int = 8, ack_quorum: int = 2, progress=None) -> dict:
+    """Loopback gRPC with empty handlers, from this process.
+
+    - unary: sequential `Info` calls (latency) and a window of 64 in flight (calls/s);
+    - rtt: one frame (one 1 KiB entry) at a time to every server, until
+      `ack_quorum` acks: the round trip under an append, with no disk;
+    - add: frames of `batch` entries of `size` bytes, each sent to every server
+      with `window` frames in flight per server: messages/s over all servers,
+      and the implied appends/s (frames/s per server x batch) and MB/s;
+    - read: range reads from one server in 1 MiB frames (as the reader asks):
+      entries/s and MB/s.
+    """
+    from stream.bookie_client import BookieClient
+    from stream.ledger import RANGE_FRAME_BYTES
+
+    say = progress or (lambda msg: None)
+    clients = [BookieClient(a) for a in addresses]
+    out: dict = {"servers": len(addresses), "window": window, "add": [], "read": []}
+    try:
+        c0 = clients[0]
+        await c0.info()
+        lat = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 2 and len(lat) < 20_000:
+            t = time.perf_counter()
+            await c0.info()
+            lat.append(time.perf_counter() - t)
+        n, el = await _timed_window(lambda: asyncio.ensure_future(c0.info()), seconds / 2, 64)
+        out["unary"] = {"calls_per_s": n / el, "p50_ms": pct(lat, 0.5) * 1e3, "p99_ms": pct(lat, 0.99) * 1e3}
+        say(f"ceiling gRPC unary: {n / el:,.0f} calls/s, p50 {out['unary']['p50_ms']:.3f} ms")
+
+        one = E.encode(1, 0, os.urandom(1024))
+        for c in clients:
+            await c.add(one)  # open the streams
+        lat = []
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < seconds / 2 and len(lat) < 20_000:
+            t = time.perf_counter()
+            pending = {c.add_frame(one) for c in clients}
+            while len(clients) - len(pending) < min(ack_quorum, len(clients)):
+                _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            lat.append(time.perf_counter() - t)
+            if pending:
+                await asyncio.wait(pending)
+        out["rtt"] = {"entry_bytes": 1024, "ack_quorum": ack_quorum, "p50_ms": pct(lat, 0.5) * 1e3,
+                      "p99_ms": pct(lat, 0.99) * 1e3, "p999_ms": pct(lat, 0.999) * 1e3}
+        say(f"ceiling gRPC frame round trip to {len(clients)} servers, {ack_quorum} acks: "
+            f"p50 {out['rtt']['p50_ms']:.3f} ms")
+
+        for size in sizes:
+            for batch in frame_batches(size, batches):
+                frame = E.encode(1, 0, os.urandom(size)) * batch
+                results = await asyncio.gather(*(
+                    _timed_window(lambda c=c: c.add_frame(frame), seconds, window) for c in clients))
+                msgs = sum(n for n, _ in results)
+                el = max(e for _, e in results)
+                per_server = msgs / len(clients) / el
+                row = {"entry_bytes": size, "batch": batch, "frame_bytes": len(frame),
+                       "messages_per_s": msgs / el, "frames_per_s_per_server": per_server,
+                       "entries_per_s": per_server * batch, "mb_per_s": per_server * batch * size / 1e6}
+                out["add"].append(row)
+                say(f"ceiling gRPC add, {size} B x {batch}/frame to {len(clients)} servers: "
+                    f"{row['messages_per_s']:,.0f} msgs/s, {row['entries_per_s']:,.0f} entries/s, "
+                    f"{row['mb_per_s']:.1f} MB/s")
+
+            want = max(1, int(256 << 20) // (size + E.HEADER_SIZE))  # per call; repeated for `seconds`
+            n = calls = 0
+            t0 = time.perf_counter()
+            while time.perf_counter() - t0 < seconds and calls < 100:
+                async for resp in c0.read_range(size, 0, want - 1, max_frame_bytes=RANGE_FRAME_BYTES):
+                    n += resp.count
+                    if time.perf_counter() - t0 >= seconds:
+                        break
+                calls += 1
+            el = time.perf_counter() - t0
+            row = {"entry_bytes": size, "frame_bytes": RANGE_FRAME_BYTES, "entries_per_s": n / el,
+                   "mb_per_s": n * size / el / 1e6}
+            out["read"].append(row)
+            say(f"ceiling gRPC range read, {size} B entries: {row['entries_per_s']:,.0f} entries/s, "
+                f"{row['mb_per_s']:.1f} MB/s")
+    finally:
+        for c in clients:
+            await c.close()
+    return out
+
+
+def best(rows: list[dict], size: int, key: str) -> dict | None:
+    """The row for entries of `size` with the highest `key`."""
+    rows = [r for r in rows if r["entry_bytes"] == size]
+    return max(rows, key=lambda r: r[key]) if rows else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bookstream.ceilings")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="serve the bookie service with empty handlers")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=0)
+    args = p.parse_args(argv)
+    asyncio.run(_serve(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""`bookstream bench suite` end to end on real processes (quick mode), and
+its parts: the gRPC ceiling server, the disk ceiling, the JetStream peer.
+No timing assertions: figures must exist and be positive, not be fast."""
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bookie import entry as E
+from bookstream import ceilings, peer_jetstream, suite
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+EXPECTED_FIGURES = {"appends_100", "appends_1024", "appends_65536", "open_loop_p50", "open_loop_p99",
+                    "open_loop_p999", "tail_read", "catchup_read", "takeover@200", "replay", "one_bookie_100",
+                    "one_bookie_1024", "one_bookie_65536", "index_memory"}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and x > 0
+
+
+def test_quick_suite_writes_json_table_and_plot(tmp_path):
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bookstream.cli", "bench", "suite", "--quick", "--seconds", "0.3",
+         "--ceiling-seconds", "0.2", "--takeover-lengths", "200", "--replay-mb", "2", "--index-entries", "20000",
+         "--dir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert not any(p.name.startswith("bookstream-suite-") for p in tmp_path.iterdir())  # data removed
+
+    assert doc["benchmark"] == "suite" and doc["parameters"]["quick"] is True
+    assert {"cpus", "kernel", "python", "filesystem", "nats_server"} <= doc["machine"].keys()
+    assert doc["machine"]["cpus"] >= 1
+    grpc = doc["ceilings"]["grpc"]
+    assert _positive(grpc["unary"]["calls_per_s"]) and _positive(grpc["rtt"]["p50_ms"])
+    assert {r["entry_bytes"] for r in grpc["add"]} == {100, 1024, 65536}
+    assert all(_positive(r["messages_per_s"]) and _positive(r["entries_per_s"]) for r in grpc["add"])
+    assert all(_positive(r["mb_per_s"]) for r in grpc["read"])
+    assert {(r["for"], r["entry_bytes"]) for r in doc["ceilings"]["disk"]} == {
+        ("appends", 100), ("appends", 1024), ("appends", 65536), ("open_loop", 1024)}
+    assert all(_positive(r["writes_per_s"]) and r["writers"] == 3 for r in doc["ceilings"]["disk"])
+
+    bs = doc["bookstream"]
+    assert [r["entry_bytes"] for r in bs["appends"]] == [100, 1024, 65536]
+    assert all(r["journal"]["fsyncs"] > 0 and r["journal"]["write_bytes"] > 0 for r in bs["appends"])
+    # a reader reads up to the LAC: all but the last appends' (their LAC travels with later entries)
+    assert all(0 < r["entries"] <= a["appends"] for r, a in zip(bs["reads"], bs["appends"]))
+    assert bs["open_loop"]["completed"] > 0 and bs["open_loop"]["failed"] == 0 and bs["open_loop"]["cdf_ms"]
+
+    js = doc["jetstream"]
+    assert "error" not in js, js
+    assert all(r["stream_info"]["num_replicas"] == 3 and r["stream_info"]["peers"] == 3
+               and r["stream_info"]["storage"] == "file" for r in js["appends"])
+    assert all(r["entries"] == a["appends"] for r, a in zip(js["reads"], js["appends"]))
+
+    figs = {f["key"]: f for f in doc["figures"]}
+    assert EXPECTED_FIGURES <= figs.keys(), sorted(figs)
+    for f in figs.values():
+        assert _positive(f["value"]), f
+        for c in f["ceilings"].values():
+            assert _positive(c["value"]) and _positive(c["ratio"]), f
+    for key in ("appends_100", "appends_1024", "appends_65536"):
+        assert {"disk", "grpc"} <= figs[key]["ceilings"].keys()
+    for key in ("appends_100", "appends_1024", "appends_65536", "open_loop_p50", "tail_read", "catchup_read"):
+        assert _positive(figs[key]["jetstream"]["ratio"]), key
+    for key in ("appends_100", "open_loop_p99", "takeover@200", "replay", "index_memory"):
+        assert figs[key]["target"]["met"] in (True, False)
+
+    png = out.with_suffix(".png")
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+    assert "÷ceiling" in proc.stdout and "appends/s, 1024 B" in proc.stdout
+
+    # the plot redraws from the saved JSON alone
+    again = tmp_path / "again.png"
+    subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "plot", str(out), "--out", str(again)],
+                   check=True, capture_output=True, timeout=120)
+    assert again.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
+    from stream.bookie_client import BookieClient
+
+    server = ceilings.EmptyServerProcess(tmp_path / "empty").start()
+    try:
+        async def go():
+            c = BookieClient(server.address)
+            try:
+                info = await c.info()
+                ack = await c.add(E.encode(1, 0, b"x" * 100) * 3)
+                frames = [r async for r in c.read_range(100, 0, 9999, max_frame_bytes=64 << 10)]
+            finally:
+                await c.close()
+            return info, ack, frames
+
+        info, ack, frames = asyncio.run(go())
+        assert info.bookie_id == ""
+        assert ack.status == 0 and ack.frame_id == 1
+        assert sum(f.count for f in frames) == 10_000 and len(frames) > 1
+        headers = list(E.iter_headers(frames[0].entries))
+        assert len(headers) == frames[0].count and headers[0].payload_len == 100
+
+        r = asyncio.run(ceilings.grpc_ceiling([server.address], [1024], [1, 10], 0.1))
+        assert _positive(r["unary"]["calls_per_s"]) and _positive(r["rtt"]["p50_ms"])
+        assert [row["batch"] for row in r["add"]] == [1, 10]
+        assert all(_positive(row["entries_per_s"]) for row in r["add"] + r["read"])
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def test_disk_ceiling_writes_and_removes_its_files(tmp_path):
+    r = ceilings.raw_disk_rate(tmp_path / "raw", 8192, 0.05, writers=2)
+    assert r["writers"] == 2 and _positive(r["writes_per_s"]) and _positive(r["p50_ms"])
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_frame_batches_fit_a_frame():
+    assert ceilings.frame_batches(100, [1, 100, 1000]) == [1, 100, 1000]
+    big = ceilings.frame_batches(65536, [1, 100, 1000], max_frame_bytes=4 << 20)
+    assert big == [1, (4 << 20) // (65536 + E.HEADER_SIZE)]
+
+
+def test_targets_are_judged_in_their_direction():
+    assert suite._target("appends_100", {"appends_per_s": 150_000})["met"] is True
+    assert suite._target("appends_100", {"appends_per_s": 149_999})["met"] is False
+    assert suite._target("open_loop_p50", {"ms": 0.6})["met"] is False
+    assert suite._target("open_loop_p50", {"ms": 0.4})["met"] is True
+    assert suite._target("appends_65536", {"mb_per_s": 301, "appends_per_s": 1})["met"] is True
+    assert suite._target("no_such_figure", {"value": 1}) is None
+
+
+def test_jetstream_peer_is_a_3_node_cluster_with_replicas_3_that_reads_back(tmp_path):
+    pytest.importorskip("nats")
+    cluster = peer_jetstream.JetStreamCluster(tmp_path / "js").start()
+    try:
+        assert len(cluster.servers) == 3 and all(s.alive() for s in cluster.servers)
+        for s in cluster.servers:
+            assert s.varz()["jetstream"]["config"]["sync_always"] is True
+
+        async def go():
+            nc, js = await peer_jetstream.connect(cluster.urls)
+            try:
+                facts = await peer_jetstream.create_stream(js, "t", "t.data")
+                info = await js.stream_info("t")
+                pub = peer_jetstream.Publisher(js, "t.data")
+                acks = await asyncio.gather(*(pub.append_async(b"hello %d" % i) for i in range(3)))
+                await pub.close()
+                msg = await js.get_msg("t", 2)
+                read = await peer_jetstream.read_all(js, "t", 7)
+            finally:
+                await nc.close()
+            return facts, info, acks, msg, read
+
+        facts, info, acks, msg, read = asyncio.run(go())
+    finally:
+        cluster.stop()
+    assert info.config.num_replicas == 3 and getattr(info.config.storage, "value", info.config.storage) == "file"
+    assert info.cluster is not None and len(info.cluster.replicas) == 2 and info.cluster.leader
+    assert facts["peers"] == 3
+    assert [a.seq for a in acks] == [1, 2, 3] and all(a.stream == "t" for a in acks)
+    assert msg.data == b"hello 1"
+    assert read["entries"] == 3
+    assert not any(s.alive() for s in cluster.servers)
