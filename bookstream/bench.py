@@ -215,6 +215,14 @@ def add_client_parsers(bsub) -> None:
     s.add_argument("--window", type=int, default=5000, help="appends in flight")
     s.add_argument("--takeover-lengths", default="1000,1000000",
                    help="stream lengths (entries) to measure take-over on")
+    s.add_argument("--takeover-past-lafr", default="0",
+                   help="entries the old writer leaves past its LAFR before the take-over (a comma "
+                        "list: one take-over per value): they reached every bookie of their write "
+                        "set, but the writer died before any later entry or explicit LAC moved "
+                        "the bookies' LAC/LAFR past them, so the new writer's recovery must "
+                        "read and write back every one of them")
+    s.add_argument("--skip-appends", action="store_true",
+                   help="measure only the take-over (no append, tail or open-loop figures)")
     s.add_argument("--open-loop-rate", type=float, default=10_000,
                    help="appends/s offered for the open-loop latency figure (0: skip)")
     s.add_argument("--bookies", type=int, default=3)
@@ -337,7 +345,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
             print(APPEND_HEADER)
-            for size in (int(x) for x in args.sizes.split(",")):
+            for size in (int(x) for x in args.sizes.split(",") if not args.skip_appends):
                 name = f"bench-{size}-{os.getpid()}"
                 w = await sc.open_writer(name, StreamConfig(3, 3, 2))
                 r = await _closed_loop(w.append_async, size, args.seconds, args.window)
@@ -356,7 +364,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 el = time.perf_counter() - t0
                 results["tail"].append({"entry_bytes": size, "entries": n, "entries_per_s": n / el})
                 print(f"{'':>6} tail read: {n:,} entries at {n / el:,.0f} entries/s", flush=True)
-            if args.open_loop_rate:
+            if args.open_loop_rate and not args.skip_appends:
                 w = await sc.open_writer(f"bench-open-loop-{os.getpid()}", StreamConfig(3, 3, 2))
                 r = await _open_loop(w.append_async, 1024, args.seconds, args.open_loop_rate)
                 await w.close()
@@ -364,23 +372,31 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 print(f"open loop, 1 KiB at {args.open_loop_rate:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
                       f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms ({r['completed']:,} acked, "
                       f"{r['failed']} failed)", flush=True)
+            pasts = [int(x) for x in args.takeover_past_lafr.split(",")]
             for length in (int(x) for x in args.takeover_lengths.split(",")):
-                name = f"bench-takeover-{length}-{os.getpid()}"
-                w = await sc.open_writer(name, StreamConfig(3, 3, 2))
-                payload = b"x" * 100
-                sent = 0
-                while sent < length:
-                    k = min(args.window, length - sent)
-                    await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
-                    sent += k
-                # the old writer is abandoned (a crash as far as the stream knows)
-                t0 = time.perf_counter()
-                w2 = await sc.open_writer(name)
-                el = time.perf_counter() - t0
-                await w2.close()
-                await w.close()
-                results["takeover"].append({"entries": length, "seconds": el})
-                print(f"take-over of a stream of {length:,} entries: {el * 1e3:.1f} ms", flush=True)
+                for past in pasts:
+                    name = f"bench-takeover-{length}-{past}-{os.getpid()}"
+                    w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+                    payload = b"x" * 100
+                    sent = 0
+                    while sent < length:
+                        k = min(args.window, length - sent)
+                        await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
+                        sent += k
+                    await w.flush()
+                    last = (await w.append(b"last acknowledged")).entry_id
+                    await _await_lac(sc, name, last)  # the LAFR is fresh ...
+                    if past:                            # ... unless the writer died mid-burst
+                        await _leave_past_lafr(sc, name, w, last, past, payload)
+                    # the old writer is abandoned (a crash as far as the stream knows)
+                    t0 = time.perf_counter()
+                    w2 = await sc.open_writer(name)
+                    el = time.perf_counter() - t0
+                    await w2.close()
+                    await w.close()
+                    results["takeover"].append({"entries": length, "past_lafr": past, "seconds": el})
+                    print(f"take-over of a stream of {length:,} entries, {past:,} past the LAFR: "
+                          f"{el * 1e3:.1f} ms", flush=True)
 
     try:
         asyncio.run(go())
@@ -388,6 +404,44 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         cluster.stop()
     _write_results(args, "stream", results)
     return 0
+
+
+async def _await_lac(sc, name: str, last: int, timeout: float = 10.0) -> None:
+    """Waits until every bookie of the stream's last fragment has its LAC at
+    ``last`` (the writer's explicit LAC once its adds went quiet; it carries
+    the writer's LAFR as of then, at least ``last`` - 1)."""
+    info = await sc.stream_info(name)
+    deadline = time.monotonic() + timeout
+    for bid in info["ensemble"]:
+        bc = await sc.bk.bookie(bid)
+        while (await bc.read_lac(info["ledger_id"])).lac < last:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{bid}: LAC not at {last} after {timeout} s")
+            await asyncio.sleep(0.005)
+
+
+async def _leave_past_lafr(sc, name: str, w, last: int, count: int, payload: bytes) -> None:
+    """What a writer that died mid-burst leaves behind: ``count`` entries
+    after its last acknowledged one, each on every bookie of its write set,
+    none of them acknowledged (their records carry the LAC/LAFR of the last
+    acknowledged entry, and nothing moved the bookies' LAC/LAFR past it)."""
+    from stream.bookie_client import BookieClient
+    from stream.quorum import write_set
+
+    info = await sc.stream_info(name)
+    lid, ens = info["ledger_id"], info["ensemble"]
+    per_bookie: dict[str, list[bytes]] = {}
+    for eid in range(last + 1, last + 1 + count):
+        rec = E.encode(lid, eid, payload, lac=last, lafr=last, term=w.term)
+        for i in write_set(eid, info["E"], info["Qw"]):
+            per_bookie.setdefault(ens[i], []).append(rec)
+    for bid, recs in per_bookie.items():
+        bc = BookieClient((await sc.bk.bookie(bid)).address)
+        try:
+            ack = await bc.add(b"".join(recs))
+            assert ack.status == 0, ack
+        finally:
+            await bc.close()
 
 
 def cmd_bench_ledger(args: argparse.Namespace) -> int:
