@@ -17,8 +17,9 @@ def rec(eid, payload=b"p", **kw):
     return E.encode(LID, eid, payload, **kw)
 
 
-def core(e=3, qw=3, qa=2, first=0, term=2, **kw):
-    r = RecoveryCore(LID, first, [f"b{i}" for i in range(e)], e, qw, qa, term=term, **kw)
+def core(e=3, qw=3, qa=2, first=0, term=2, ahead=1, **kw):
+    """A started core; ``ahead``: max_read_ahead (1: one entry at a time)."""
+    r = RecoveryCore(LID, first, [f"b{i}" for i in range(e)], e, qw, qa, term=term, max_read_ahead=ahead, **kw)
     r.start()
     return r
 

@@ -39,7 +39,8 @@ def test_seeded_runs_satisfy_the_spec(chunk):
         stats.update(sim.run(Scenario.random(seed)).stats)
     # The runs exercise the protocol, not just idle clocks.
     for key in ("acked", "takeovers", "recoveries_done", "ensemble_changes", "recovery_replacements",
-                "bookie_crashes", "client_crashes", "partitions", "msg_lost", "timeouts", "reads_ok"):
+                "bookie_crashes", "client_crashes", "partitions", "msg_lost", "timeouts", "reads_ok",
+                "read_ahead_answers"):
         assert stats[key] > 0, (key, dict(stats))
     assert stats["acked"] > 5 * CHUNK
 
@@ -174,6 +175,35 @@ def test_the_trace_checker_refuses_steps_the_spec_does_not_allow():
     assert m.cl["c0"].lac == -1                # one ack < Qa
     m.ClientAddAnswer("c0", "b1", 0, True)
     assert (m.cl["c0"].lac, m.cl["c0"].lafr, m.acked) == (0, -1, {0: ("data", b"a")})
+
+
+def test_the_trace_checker_takes_read_ahead_answers_but_decisions_in_order():
+    m = model()
+    m.StartTakeover("c1", 2)
+    for b in ("b0", "b1"):
+        m.ClientFenceAnswer("c1", b, -1, -1)
+    m.StartReading("c1", 0)
+    m.ClientSendRead("c1", "b2", 5, 2, False)      # any id of the window
+    assert m.ClientReadAnswer("c1", "b2", 3, ("data", b"x")) == "recorded"  # out of order
+    with pytest.raises(SpecViolation, match="next 0, decides 3"):
+        m.RecoveryDecide("c1", 3, "recovered")     # decisions only at next
+    with pytest.raises(SpecViolation, match="recovered without a value"):
+        m.RecoveryDecide("c1", 0, "recovered")
+    m.ClientReadAnswer("c1", "b0", 2, None)
+    m.ClientReadAnswer("c1", "b1", 2, None)        # 2 is absent: a known end
+    assert 3 not in m.cl["c1"].ahead               # what was above it is dropped ...
+    assert m.ClientReadAnswer("c1", "b0", 3, None) == "late"  # ... and later answers ignored
+    with pytest.raises(SpecViolation, match="known end 2"):
+        m.ClientSendRead("c1", "b0", 3, 2, False)  # no read above a known end
+    m.ClientReadAnswer("c1", "b1", 0, ("data", b"a"))
+    m.RecoveryDecide("c1", 0, "recovered")
+    with pytest.raises(SpecViolation, match="NoSuchEntry from set"):
+        m.RecoveryDecide("c1", 1, "absent")        # 1 is undecided: no conclusion from 2
+    m.ClientReadAnswer("c1", "b2", 1, ("data", b"b"))
+    m.RecoveryDecide("c1", 1, "recovered")
+    m.RecoveryDecide("c1", 2, "absent")
+    w = m.cl["c1"]
+    assert (w.phase, w.next, w.val) == ("finishing", 2, {0: ("data", b"a"), 1: ("data", b"b"), 2: ("noop",)})
 
 
 def test_cli_replays_a_seed(capsys):
