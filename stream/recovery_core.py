@@ -292,6 +292,7 @@ class RecoveryCore:
         self.read_top: int | None = None           # reads issued below this id
         self.known_end: int | None = None          # an ABSENT outcome above the frontier
         self.held_bytes = 0                        # records held by the window's outcomes
+        self._decoded: dict[int, entry_codec.Entry] = {}  # RECOVERABLE outcomes' records, decoded
         self.reads_issued = 0
         self.writes: dict[int, _WriteBack] = {}    # entry id -> write back, the no-op included
         self._incomplete: set[int] = set()         # ids of self.writes not yet complete
@@ -370,6 +371,9 @@ class RecoveryCore:
         o = self.outcomes.get(entry_id)
         if o is None:
             return  # late: decided, discarded above a known end, or never asked
+        if status is not Status.INVALID_TERM and (o.outcome is not ReadOutcome.PENDING
+                                                  or bookie_index in o.answered):
+            return  # the entry's outcome is final already (or a duplicate): nothing to decode
         if status is Status.INVALID_TERM:
             return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
         self._step(RecoveryEvent.READ_RESPONSE)
@@ -381,10 +385,10 @@ class RecoveryCore:
                 status, record = Status.CHECKSUM_MISMATCH, None  # an error, never "absent"
         else:
             record = None
-        before = o.outcome
         outcome = o.on_response(bookie_index, status, record)
-        if before is ReadOutcome.PENDING and outcome is ReadOutcome.RECOVERABLE:
+        if outcome is ReadOutcome.RECOVERABLE:  # (by this answer: it was PENDING)
             self.held_bytes += len(o.record)
+            self._decoded[entry_id] = got
         if outcome is ReadOutcome.ABSENT and entry_id > self.frontier:
             self._known_end(entry_id)
         self._advance()
@@ -475,8 +479,13 @@ class RecoveryCore:
         """Issues the reads of the window: ids from ``read_top`` up to
         frontier + max_read_ahead - 1, never above a known end, and (but for
         the frontier's own read) not while the records held above the
-        frontier exceed max_read_ahead_bytes."""
+        frontier exceed max_read_ahead_bytes.  The window is refilled once
+        no more than half of it is outstanding: reads leave in large runs
+        (one range read per bookie each), and an end found in the last run
+        is usually known before the next one would leave."""
         assert self.state is RecoveryState.READING and self.frontier <= self.read_top
+        if self.read_top - self.frontier > self.max_read_ahead // 2:
+            return
         top = self.frontier + self.max_read_ahead
         if self.known_end is not None:
             top = min(top, self.known_end + 1)
@@ -508,14 +517,16 @@ class RecoveryCore:
             o = self.outcomes.pop(eid)
             if o.outcome is ReadOutcome.RECOVERABLE:
                 self.held_bytes -= len(o.record)
+                del self._decoded[eid]
         if above is not None:
             self.read_top = min(self.read_top, above + 1)
-        assert self.held_bytes >= 0 and (self.outcomes or self.held_bytes == 0)
+        assert self.held_bytes >= 0 and (self.outcomes or self.held_bytes == 0) and len(self._decoded) <= len(self.outcomes)
 
     def _advance(self) -> None:
         """Decides at the frontier, in entry order, as far as the complete
         outcomes (and the bound on write-backs in flight) allow; then refills
         the window."""
+        start = self.frontier
         while self.state is RecoveryState.READING:
             eid = self.frontier
             o = self.outcomes.get(eid)
@@ -530,8 +541,8 @@ class RecoveryCore:
             del self.outcomes[eid]
             self.held_bytes -= len(o.record)
             self.frontier = eid + 1
-            self._recovered(eid, entry_codec.decode(o.record))
-        if self.state is RecoveryState.READING:
+            self._recovered(eid, self._decoded.pop(eid))
+        if self.state is RecoveryState.READING and (self.frontier != start or self.frontier == self.read_top):
             self._fill_window()
 
     def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
@@ -543,8 +554,8 @@ class RecoveryCore:
                 self._o_writes.append(RecoveryWrite(eid, i, self.ensemble[i], record))
 
     def _inflight(self) -> int:
-        """Write-backs not yet complete (O(in flight), not O(written))."""
-        return sum(1 for e in self._incomplete if e in self.writes)
+        """Write-backs not yet complete (O(1): called on every decision and ack)."""
+        return len(self._incomplete)
 
     def _recovered(self, eid: int, e: entry_codec.Entry) -> None:
         assert self.frozen_lac is not None
