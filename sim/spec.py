@@ -95,6 +95,10 @@ DEVIATIONS = {
     "multi_replace": "EnsembleChange replaces several bookies in one step",
     "data_loss_abort": "a recovery that finds an entry <= its frozen LAC absent aborts (Withdraw) "
                        "instead of ending there",
+    "read_ahead": "RecoveryRead reads entry next at the moment it decides it; the implementation reads "
+                  "ahead (answers for ids above next recorded in any order, decisions in order: "
+                  "ClientReadAnswer / RecoveryDecide; why an earlier answer is as good: "
+                  "stream/recovery_core.py)",
 }
 
 

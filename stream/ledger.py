@@ -12,7 +12,10 @@ protocol cores.
   the ledger is still OPEN, fails the outstanding adds (fenced).
 - :class:`_RecoveryDriver` drives :class:`stream.recovery_core.RecoveryCore`
   (classic: the fence flag, no term, no truncate no-op): fencing LAC reads,
-  read-forward, write-back, bookie replacement.  :func:`recover_ledger` wraps
+  read-forward with read-ahead (the core's per-entry reads leave as one
+  sparse range read per bookie and run of ids, carrying the term/fence; the
+  answers go back per entry and bookie), write-back batched into add frames,
+  bookie replacement.  :func:`recover_ledger` wraps
   it in the metadata steps: CAS to IN_RECOVERY, run, CAS to CLOSED with the
   last entry (and the ensemble change, if any); a lost final CAS re-reads and
   adopts a CLOSED ledger's last entry, so concurrent recoverers converge.

@@ -94,11 +94,11 @@ def test_reuse_profile_seed_7358():
 
 # -- mutants ------------------------------------------------------------------------------
 
-def first_violation(mutation: str, seeds: range, check_trace: bool) -> Violation | None:
+def first_violation(mutation: str, seeds: range, check_trace: bool, **overrides) -> Violation | None:
     with M.mutated(mutation):
         for seed in seeds:
             try:
-                sim.run(Scenario.random(seed), check_trace=check_trace)
+                sim.run(Scenario.random(seed, **overrides), check_trace=check_trace)
             except Violation as e:
                 return e
     return None
@@ -123,6 +123,13 @@ INVARIANT_FINDS = {
     M.RECOVERY_READS_WITHOUT_TERM: (200, DATA_LOSS),
     M.WRITEBACK_KEEPS_TRUNCATE: (600, {"LafrFullyReplicated", "TruncatedAtFinish"} | DATA_LOSS),
 }
+# Scenario overrides for the invariant search.  A written-back no-op that keeps
+# its truncate flag deletes the entries above it; with read-ahead the recovery
+# has usually read them already and writes them back after it (one stream per
+# bookie, in order), so the invariants see the damage only when the recovery
+# still had to read them: one entry at a time.  (The trace check sees the flag
+# itself, whatever the window.)
+INVARIANT_OVERRIDES = {M.WRITEBACK_KEEPS_TRUNCATE: {"read_ahead": 1}}
 
 
 @pytest.mark.parametrize("mutation", M.ALL)
@@ -136,7 +143,7 @@ def test_trace_checking_finds_every_mutant(mutation):
 @pytest.mark.parametrize("mutation", M.ALL)
 def test_invariants_alone_find_the_mutant(mutation):
     bound, expected = INVARIANT_FINDS[mutation]
-    e = first_violation(mutation, range(bound), check_trace=False)
+    e = first_violation(mutation, range(bound), check_trace=False, **INVARIANT_OVERRIDES.get(mutation, {}))
     assert e is not None, f"{mutation}: no invariant violation in {bound} seeds"
     assert e.invariant in expected, (mutation, e.invariant, e.detail)
     assert "python -m sim --seed" in str(e)
