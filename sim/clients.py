@@ -256,7 +256,7 @@ class SimClient:
         rec = self._live_rec(req)
         if rec is None:
             return
-        status, lac, lafr, _term = reply
+        status, lac, lafr, _term, last = reply
         before, idx, bid = rec.state, req.ctx["index"], req.bid
         decided = len(rec.recovered)
         if before is RecoveryState.FENCING:
@@ -264,7 +264,7 @@ class SimClient:
                 self.w.step("Rejected", self.name)
             elif status in (Status.OK, Status.NO_SUCH_LEDGER):
                 self.w.step("ClientFenceAnswer", self.name, bid, lac, lafr)
-        rec.on_lac_response(idx, status, lac, lafr)
+        rec.on_lac_response(idx, status, lac, lafr, last)
         self._after_rec_input(rec, before, decided)
 
     def _on_lac_timeout(self, req: "Request") -> None:

@@ -456,7 +456,7 @@ class _RecoveryDriver:
             if bc is None:
                 raise BookieUnavailable(f"{f.bookie_id}: no address")
             resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
-            self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr)
+            self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError):
             self.client.mark_failed(f.bookie_id)
             self.core.on_lac_response(f.bookie_index, None)

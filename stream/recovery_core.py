@@ -57,7 +57,14 @@ ABSENT outcome at X above the frontier is a *known end*, since whatever the
 frontier meets below it, reading stops at X at the latest, so no read above
 X matters: the outcomes above X are discarded and no read above X is issued.
 Answers for ids outside the window (decided, discarded, never asked) are
-ignored.  ``max_read_ahead_bytes`` stops the window from growing while the
+ignored.  The fencing responders' highest held ids (``last_entry``) bound
+the window until the frontier passes them: every id above H = the highest
+of them reads ABSENT from the responders, a coverage, once they answer
+(they refuse older adds since the fencing read, and answered after the
+adds they had admitted were durable), so the end is at H + 1 at the latest
+unless a non-responder holds more (then the frontier passes H + 1 and the
+window grows as usual).  A fresh LAFR then costs a read of one or two ids,
+not of a whole window.  ``max_read_ahead_bytes`` stops the window from growing while the
 records held above the frontier exceed it (the frontier's own read is always
 outstanding, so reading never stalls on it).
 
@@ -292,6 +299,7 @@ class RecoveryCore:
         self.read_top: int | None = None           # reads issued below this id
         self.known_end: int | None = None          # an ABSENT outcome above the frontier
         self.held_bytes = 0                        # records held by the window's outcomes
+        self.held_hint: int | None = -1            # the highest id any fencing responder holds
         self._decoded: dict[int, entry_codec.Entry] = {}  # RECOVERABLE outcomes' records, decoded
         self.reads_issued = 0
         self.writes: dict[int, _WriteBack] = {}    # entry id -> write back, the no-op included
@@ -338,8 +346,11 @@ class RecoveryCore:
             self._o_fencing.append(FencingRead(i, b, self.ledger_id, self.term, self.fence))
         mutations.strip_read_terms(self._o_fencing)  # tests only (stream/mutations.py)
 
-    def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1) -> None:
-        """A fencing LAC read's answer; ``status=None``: timed out."""
+    def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1,
+                        last_entry: int | None = None) -> None:
+        """A fencing LAC read's answer; ``status=None``: timed out.
+        ``last_entry``: the highest entry id the bookie holds (None: not
+        reported), a hint for the first window (see ``_fill_window``)."""
         assert 0 <= bookie_index < self.E
         if self.state is not RecoveryState.FENCING:
             return  # late
@@ -350,6 +361,9 @@ class RecoveryCore:
             assert lac >= -1 and lafr >= -1
             if status is Status.OK:
                 self.lac_seen, self.lafr_seen = max(self.lac_seen, lac), max(self.lafr_seen, lafr)
+            if self.held_hint is not None:
+                held = -1 if status is Status.NO_SUCH_LEDGER else last_entry
+                self.held_hint = None if held is None else max(self.held_hint, held)
             self.coverage.on_response(bookie_index)
         elif not self.coverage.on_failure(bookie_index):
             return self._end(RecoveryEvent.ABORT, "fencing coverage out of reach")
@@ -489,6 +503,8 @@ class RecoveryCore:
         top = self.frontier + self.max_read_ahead
         if self.known_end is not None:
             top = min(top, self.known_end + 1)
+        if self.held_hint is not None and self.held_hint + 1 >= self.frontier:
+            top = min(top, self.held_hint + 2)
         n = len(self._o_reads)
         while self.read_top < top and (self.read_top == self.frontier or self.held_bytes < self.max_read_ahead_bytes):
             eid = self.read_top

@@ -447,6 +447,20 @@ def test_the_window_stops_growing_over_its_byte_budget():
     assert r2.frontier == 6 and reads_of(r2.ready()) == list(range(8, 14))  # under budget again
 
 
+def test_the_responders_highest_held_entries_bound_the_first_window():
+    r = core(ahead=64)
+    r.on_lac_response(0, OK, 4, 3, 6)
+    r.on_lac_response(1, Status.NO_SUCH_LEDGER, -1, -1, -1)   # coverage: E - Qa + 1 = 2
+    assert reads_of(r.ready()) == [4, 5, 6, 7]                 # up to H + 1 = 7, not 4 + 64
+    for eid in (4, 5, 6, 7):
+        r.on_read_response(eid, 2, OK, rec(eid))               # a non-responder holds more
+    assert r.frontier == 8 and reads_of(r.ready()) == list(range(8, 72))  # past H: the whole window
+    r2 = core(ahead=64)
+    r2.on_lac_response(0, OK, 4, 3, 6)
+    r2.on_lac_response(1, OK, 4, 3)                            # one responder did not say: no bound
+    assert reads_of(r2.ready()) == list(range(4, 68))
+
+
 def test_read_ahead_one_is_the_protocol_as_written():
     r = core(ahead=1)
     fence_all(r)
@@ -473,7 +487,7 @@ def drive(r, contents, down, order):
         out = r.ready()
         for f in out.fencing_reads:
             i = f.bookie_index
-            r.on_lac_response(i, *((None,) if i in down else (OK, -1, -1)))
+            r.on_lac_response(i, *((None,) if i in down else (OK, -1, -1, max(contents[i], default=-1))))
         for x in out.reads:
             q = queues.setdefault(x.entry_id, [])
             q.append(x)
