@@ -197,7 +197,8 @@ class BookieCore:
     # -- term-carrying and fencing requests ----------------------------------
 
     def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
-        """A fencing LAC read or a recovery read: raise the term and/or set
+        """A fencing LAC read or a recovery read (ReadEntry, or ReadRange
+        with its sparse read-ahead: the same rule): raise the term and/or set
         the classic fence.  Creates the ledger's state if the bookie has never
         seen it, so that a writer that reaches this bookie later is refused."""
         assert term >= 0

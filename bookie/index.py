@@ -152,6 +152,20 @@ class LedgerIndex:
                 yield run.start + k, run.locs[k], run.lens[k]
             eid = stop
 
+    def iter_held(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
+        """(entry_id, loc, length) for every id in [first, last] the index
+        holds, in id order, skipping the ids it does not hold."""
+        runs = self._runs
+        if first > last or not runs:
+            return
+        i = max(runs.bisect_right(first) - 1, 0)
+        for run in runs.values()[i:]:
+            if run.start > last:
+                return
+            lo, hi = max(first, run.start), min(last + 1, run.end)
+            for k in range(lo - run.start, hi - run.start):
+                yield run.start + k, run.locs[k], run.lens[k]
+
     def iter_all(self) -> Iterator[tuple[int, int, int]]:
         for run in list(self._runs.values()):
             for k in range(len(run.locs)):

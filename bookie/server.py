@@ -51,6 +51,8 @@ class BookieService(pb_grpc.BookieServicer):
     def __init__(self, storage: Storage, config: BookieConfig):
         self.storage = storage
         self.config = config
+        self.read_entry_requests = 0
+        self.read_range_requests = 0
 
     # -- adds ----------------------------------------------------------------
 
@@ -146,6 +148,7 @@ class BookieService(pb_grpc.BookieServicer):
         return v.status, v.term
 
     async def ReadEntry(self, request, context):
+        self.read_entry_requests += 1
         try:
             if request.entry_id < 0 or request.flags & ~pb.READ_FENCE:
                 return pb.ReadEntryResponse(status=Status.BAD_REQUEST, message="bad entry id or flags")
@@ -165,11 +168,25 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.ReadEntryResponse(status=Status.INTERNAL_ERROR, message=str(e))
 
     async def ReadRange(self, request, context):
+        self.read_range_requests += 1
         first, last = request.first_entry, request.last_entry
-        if first < 0 or last < first:
-            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range")
+        if first < 0 or last < first or request.flags & ~pb.READ_FENCE:
+            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range or flags")
+            return
+        try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
+            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+        except Exception as e:
+            log.exception("range read failed")
+            yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
+            return
+        if status is not Status.OK:
+            yield pb.ReadRangeResponse(status=status, term=term)
             return
         frame_bytes = min(request.max_frame_bytes or self.config.read_frame_bytes, MAX_MESSAGE_BYTES // 2)
+        if request.sparse:
+            async for resp in self._read_sparse(request.ledger_id, first, last, frame_bytes):
+                yield resp
+            return
         nxt = first
         while nxt <= last:
             try:
@@ -187,6 +204,43 @@ class BookieService(pb_grpc.BookieServicer):
             if status is not Status.OK:
                 return
             nxt = after
+
+    async def _read_sparse(self, ledger_id: int, first: int, last: int, frame_bytes: int):
+        """Sparse frames (proto/bookie.proto ReadRangeResponse): each vouches
+        for the absence of the ids up to its `through` that it and the
+        earlier frames did not return.  An entry failing its checksum ends
+        the stream with CHECKSUM_MISMATCH after the good entries below it."""
+        nxt = first
+        while True:
+            try:
+                status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes)
+                data = b"".join(recs)
+                count, bad = 0, None
+                for h in E.iter_headers(data):
+                    try:
+                        E.verify(data, h)
+                    except E.ChecksumMismatch as e:
+                        bad = (h, e)
+                        break
+                    count += 1
+            except Exception as e:
+                log.exception("range read failed")
+                yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
+                return
+            st = self.storage.core.ledgers.get(ledger_id)
+            term = st.term if st else 0
+            if bad is not None:
+                h, e = bad
+                log.error("stored entry failed its checksum: %s", e)
+                if count:
+                    yield pb.ReadRangeResponse(status=Status.OK, entries=data[:h.offset], count=count,
+                                               through=h.entry_id - 1, term=term)
+                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e), term=term)
+                return
+            yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
+            if status is not Status.OK or through >= last:
+                return
+            nxt = through + 1
 
     def _lac_response(self, ledger_id: int, status: Status = Status.OK, term: int = 0) -> pb.ReadLacResponse:
         info = self.storage.core.lac_info(ledger_id)
@@ -265,6 +319,8 @@ class BookieService(pb_grpc.BookieServicer):
             journal_fsyncs=self.storage.journal.fsyncs,
             journal_bytes=self.storage.journal.bytes_appended,
             replay_seconds=self.storage.replay_seconds,
+            read_entry_requests=self.read_entry_requests,
+            read_range_requests=self.read_range_requests,
         )
 
 

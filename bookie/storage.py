@@ -387,6 +387,35 @@ class Storage:
             return Status.NO_SUCH_ENTRY, out, nxt
         return Status.OK, out, nxt
 
+    def read_sparse(self, ledger_id: int, first: int, last: int,
+                    max_bytes: int) -> tuple[Status, list[bytes], int]:
+        """Reads every entry the bookie holds in [first, last], skipping the
+        ids it does not hold: at most `max_bytes`, but always at least one
+        entry.  Returns (status, records, through): every id in [first,
+        through] that is not among the records is not held (the index is
+        the truth: an entry being deleted or relocated stays in it, at a
+        readable location, until that change is durable and applied).
+        NO_SUCH_LEDGER when the bookie does not know the ledger."""
+        st = self.core.ledgers.get(ledger_id)
+        if st is None:
+            return Status.NO_SUCH_LEDGER, [], last
+        out, size, through = [], 0, last
+        run_loc, run_len = -1, 0  # records adjacent on disk are read in one pread
+        for eid, loc, ln in st.index.iter_held(first, last):
+            if size and size + ln > max_bytes:
+                through = eid - 1
+                break
+            if loc == run_loc + run_len:
+                run_len += ln
+            else:
+                if run_len:
+                    out.append(self._read_at(run_loc, run_len))
+                run_loc, run_len = loc, ln
+            size += ln
+        if run_len:
+            out.append(self._read_at(run_loc, run_len))
+        return Status.OK, out, through
+
     # -- LAC long poll ------------------------------------------------------------------
 
     async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> None:

@@ -234,6 +234,14 @@ def add_client_parsers(bsub) -> None:
                    help="appends per call (append_many_async; 1: append_async per record)")
     s.add_argument("--takeover-lengths", default="1000,1000000",
                    help="stream lengths (entries) to measure take-over on")
+    s.add_argument("--takeover-past-lafr", default="0",
+                   help="entries the old writer leaves past its LAFR before the take-over (a comma "
+                        "list: one take-over per value): they reached every bookie of their write "
+                        "set, but the writer died before any later entry or explicit LAC moved "
+                        "the bookies' LAC/LAFR past them, so the new writer's recovery must "
+                        "read and write back every one of them")
+    s.add_argument("--skip-appends", action="store_true",
+                   help="measure only the take-over (no append, tail or open-loop figures)")
     s.add_argument("--open-loop-rate", type=float, default=10_000,
                    help="appends/s offered for the open-loop latency figure (0: skip)")
     s.add_argument("--bookies", type=int, default=3)
@@ -410,9 +418,11 @@ async def stream_open_loop(sc, name: str, size: int, seconds: float, rate: float
     return {"entry_bytes": size, **r}
 
 
-async def stream_takeover(sc, name: str, length: int, window: int) -> dict:
+async def stream_takeover(sc, name: str, length: int, window: int, past_lafr: int = 0) -> dict:
     """Writes `length` entries of 100 B, abandons the writer (a crash as far
-    as the stream knows) and times a new writer's take-over."""
+    as the stream knows) and times a new writer's take-over.  With
+    `past_lafr` > 0, the old writer died mid-burst: that many entries lie on
+    their whole write sets past its LAFR, none of them acknowledged."""
     from stream.stream import StreamConfig
 
     w = await sc.open_writer(name, StreamConfig(3, 3, 2))
@@ -420,14 +430,18 @@ async def stream_takeover(sc, name: str, length: int, window: int) -> dict:
     sent = 0
     while sent < length:
         k = min(window, length - sent)
-        await asyncio.gather(*(w.append_async(payload) for _ in range(k)))
+        await w.append_many([payload] * k)
         sent += k
+    last = (await w.append(b"last acknowledged")).entry_id
+    await _await_lac(sc, name, last)  # the LAFR is fresh ...
+    if past_lafr:                     # ... unless the writer died mid-burst
+        await _leave_past_lafr(sc, name, w, last, past_lafr, payload)
     t0 = time.perf_counter()
     w2 = await sc.open_writer(name)
     el = time.perf_counter() - t0
     await w2.close()
     await w.close()
-    return {"entries": length, "seconds": el, "ms": el * 1e3}
+    return {"entries": length, "past_lafr": past_lafr, "seconds": el, "ms": el * 1e3}
 
 
 def open_loop_line(r: dict) -> str:
@@ -447,7 +461,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
             print(APPEND_HEADER)
-            for size in (int(x) for x in args.sizes.split(",")):
+            for size in (int(x) for x in args.sizes.split(",") if not args.skip_appends):
                 name = f"bench-{size}-{tag}"
                 r = await stream_closed_loop(sc, name, size, args.seconds, args.window, batch=args.batch)
                 results["appends"].append(r)
@@ -455,14 +469,17 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 t = await stream_read_all(sc, name, size)
                 results["tail"].append(t)
                 print(f"{'':>6} tail read: {t['entries']:,} entries at {t['entries_per_s']:,.0f} entries/s", flush=True)
-            if args.open_loop_rate:
+            if args.open_loop_rate and not args.skip_appends:
                 r = await stream_open_loop(sc, f"bench-open-loop-{tag}", 1024, args.seconds, args.open_loop_rate)
                 results["open_loop"].append(r)
                 print(open_loop_line(r), flush=True)
             for length in (int(x) for x in args.takeover_lengths.split(",")):
-                r = await stream_takeover(sc, f"bench-takeover-{length}-{tag}", length, args.window)
-                results["takeover"].append(r)
-                print(f"take-over of a stream of {length:,} entries: {r['ms']:.1f} ms", flush=True)
+                for past in (int(x) for x in args.takeover_past_lafr.split(",")):
+                    r = await stream_takeover(sc, f"bench-takeover-{length}-{past}-{tag}", length, args.window,
+                                              past)
+                    results["takeover"].append(r)
+                    print(f"take-over of a stream of {length:,} entries, {past:,} past the LAFR: "
+                          f"{r['ms']:.1f} ms", flush=True)
 
     try:
         asyncio.run(go())
@@ -470,6 +487,45 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         cluster.stop()
     _write_results(args, "stream", results)
     return 0
+
+
+async def _await_lac(sc, name: str, last: int, timeout: float = 10.0) -> None:
+    """Waits until every bookie of the stream's last fragment has its LAC at
+    ``last`` (the writer's explicit LAC once its adds went quiet; it carries
+    the writer's LAFR as of then, at least ``last`` - 1)."""
+    info = await sc.stream_info(name)
+    deadline = time.monotonic() + timeout
+    for bid in info["ensemble"]:
+        bc = await sc.bk.bookie(bid)
+        lac = (await bc.read_lac(info["ledger_id"])).lac
+        while lac < last:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{bid}: LAC not at {last} after {timeout} s")
+            lac = (await bc.long_poll_lac(info["ledger_id"], lac, deadline - time.monotonic())).lac
+
+
+async def _leave_past_lafr(sc, name: str, w, last: int, count: int, payload: bytes) -> None:
+    """What a writer that died mid-burst leaves behind: ``count`` entries
+    after its last acknowledged one, each on every bookie of its write set,
+    none of them acknowledged (their records carry the LAC/LAFR of the last
+    acknowledged entry, and nothing moved the bookies' LAC/LAFR past it)."""
+    from stream.bookie_client import BookieClient
+    from stream.quorum import write_set
+
+    info = await sc.stream_info(name)
+    lid, ens = info["ledger_id"], info["ensemble"]
+    per_bookie: dict[str, list[bytes]] = {}
+    for eid in range(last + 1, last + 1 + count):
+        rec = E.encode(lid, eid, payload, lac=last, lafr=last, term=w.term)
+        for i in write_set(eid, info["E"], info["Qw"]):
+            per_bookie.setdefault(ens[i], []).append(rec)
+    for bid, recs in per_bookie.items():
+        bc = BookieClient((await sc.bk.bookie(bid)).address)
+        try:
+            ack = await bc.add(b"".join(recs))
+            assert ack.status == 0, ack
+        finally:
+            await bc.close()
 
 
 def cmd_bench_ledger(args: argparse.Namespace) -> int:

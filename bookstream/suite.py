@@ -60,10 +60,10 @@ TARGETS = {
 }
 
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
-            open_loop_size=1024, takeover_lengths="1000,1000000", catchup_mb=1024, replay_mb=256,
+            open_loop_size=1024, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
-             open_loop_size=1024, takeover_lengths="1000", catchup_mb=0, replay_mb=8,
+             open_loop_size=1024, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100)
 
 
@@ -234,10 +234,13 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                 out["open_loop"] = r
                 say("bookstream " + bench.open_loop_line(r))
             for length in _ints(p["takeover_lengths"]):
-                say(f"bookstream take-over: writing {length:,} entries")
-                r = await bench.stream_takeover(sc, f"suite-takeover-{length}-{tag}", length, p["window"])
-                out["takeover"].append(r)
-                say(f"bookstream take-over of a stream of {length:,} entries: {r['ms']:.1f} ms")
+                for past in _ints(p["takeover_past_lafr"]):
+                    say(f"bookstream take-over: writing {length:,} entries, {past:,} past the LAFR")
+                    r = await bench.stream_takeover(sc, f"suite-takeover-{length}-{past}-{tag}", length, p["window"],
+                                                    past)
+                    out["takeover"].append(r)
+                    say(f"bookstream take-over of a stream of {length:,} entries, {past:,} past the LAFR: "
+                        f"{r['ms']:.1f} ms")
 
     try:
         asyncio.run(go())
@@ -420,8 +423,10 @@ def build_figures(doc: dict) -> list[dict]:
                 entry_bytes=size)
 
     for r in bs.get("takeover", []):
-        add(f"takeover@{r['entries']}", f"take-over, {r['entries']:,} entries", "ms", "lower", r["ms"], {}, None,
-            ms=r["ms"], entries=r["entries"])
+        past = r.get("past_lafr", 0)
+        key = f"takeover@{r['entries']}" + (f"+{past}" if past else "")
+        label = f"take-over, {r['entries']:,} entries" + (f", {past:,} past the LAFR" if past else "")
+        add(key, label, "ms", "lower", r["ms"], {}, None, ms=r["ms"], entries=r["entries"], past_lafr=past)
 
     for r in doc.get("replay", []):
         key = "replay" if r["entry_bytes"] >= 65536 else f"replay_{r['entry_bytes']}"

@@ -107,28 +107,38 @@ class ReadEntryResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entry: _Optional[bytes] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes")
+    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     MAX_FRAME_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
+    FLAGS_FIELD_NUMBER: _ClassVar[int]
+    SPARSE_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry: int
     last_entry: int
     max_frame_bytes: int
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ...) -> None: ...
+    term: int
+    flags: int
+    sparse: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ...) -> None: ...
 
 class ReadRangeResponse(_message.Message):
-    __slots__ = ("status", "entries", "count", "message")
+    __slots__ = ("status", "entries", "count", "message", "through", "term")
     STATUS_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    THROUGH_FIELD_NUMBER: _ClassVar[int]
+    TERM_FIELD_NUMBER: _ClassVar[int]
     status: StatusCode
     entries: bytes
     count: int
     message: str
-    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entries: _Optional[bytes] = ..., count: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+    through: int
+    term: int
+    def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entries: _Optional[bytes] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., through: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
     __slots__ = ("ledger_id", "term", "flags")
@@ -239,7 +249,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +263,8 @@ class InfoResponse(_message.Message):
     JOURNAL_FSYNCS_FIELD_NUMBER: _ClassVar[int]
     JOURNAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     REPLAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    READ_ENTRY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    READ_RANGE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -266,4 +278,6 @@ class InfoResponse(_message.Message):
     journal_fsyncs: int
     journal_bytes: int
     replay_seconds: float
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ...) -> None: ...
+    read_entry_requests: int
+    read_range_requests: int
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ...) -> None: ...

@@ -156,12 +156,12 @@ class SimBookie:
         self.journal.append((J_STATE, self.ledger_id, st.term, st.fenced))
         self.durable_term = max(self.durable_term, st.term)
 
-    def lac_answer(self) -> tuple[Status, int, int, int]:
-        """(status, lac, lafr, term) from the applied state."""
+    def lac_answer(self) -> tuple[Status, int, int, int, int]:
+        """(status, lac, lafr, term, last entry held) from the applied state."""
         info = self.core.lac_info(self.ledger_id)
         if info is None:
-            return Status.NO_SUCH_LEDGER, -1, -1, 0
-        return Status.OK, info.lac, info.lafr, info.term
+            return Status.NO_SUCH_LEDGER, -1, -1, 0, -1
+        return Status.OK, info.lac, info.lafr, info.term, info.last_entry
 
     def entry_answer(self, entry_id: int) -> tuple[Status, bytes | None]:
         """(status, record) from the applied state."""

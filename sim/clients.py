@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from bookie.core import Status
 from sim.metadata import CLOSED, IN_RECOVERY, OPEN, with_fragment
 from sim.spec import SpecViolation, value_of
-from stream.quorum import ABSENT_STATUSES
+from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
 from stream.writer_core import TERMINAL as W_TERMINAL
@@ -87,9 +87,14 @@ class SimClient:
                 out["fenced"] = {r.read_ensemble[i] for i in r.coverage.responders}
                 del out["val"], out["ack"]
             elif ph == "reading":
-                out["next"] = r.read_entry
-                out["nosuch"] = ({r.read_ensemble[i] for i, st in r.read.answered.items() if st in ABSENT_STATUSES}
-                                 if r.read is not None else set())
+                out["next"] = r.frontier
+                ahead = {}
+                for n, o in r.outcomes.items():
+                    if o.outcome is ReadOutcome.RECOVERABLE:
+                        ahead[n] = value_of(o.record)
+                    elif nse := {r.read_ensemble[i] for i, st in o.answered.items() if st in ABSENT_STATUSES}:
+                        ahead[n] = nse
+                out["ahead"] = ahead
             else:
                 out["next"] = r.end_entry
             return out
@@ -182,7 +187,8 @@ class SimClient:
         self.term, self.frags = t, m.frags
         first, ens = m.last_frag
         self.rec = RecoveryCore(7, first, list(ens), w.sc.E, w.sc.Qw, w.sc.Qa, term=t,
-                                fence=not w.unbounded, unbounded=w.unbounded)
+                                fence=not w.unbounded, unbounded=w.unbounded,
+                                max_read_ahead=w.sc.read_ahead, max_inflight_writes=w.sc.rec_writes)
         self.rec.start()
         self.pump_recovery()
         return True
@@ -225,11 +231,21 @@ class SimClient:
             return None
         return rec
 
-    def _after_rec_input(self, rec: RecoveryCore, before: RecoveryState) -> None:
-        """Records the transitions an input caused, then compares."""
+    def _after_rec_input(self, rec: RecoveryCore, before: RecoveryState, decided: int) -> None:
+        """Records the transitions an input caused (``decided``: how many
+        entries were recovered before it), then compares."""
         w = self.w
         if rec.state is RecoveryState.READING and before is RecoveryState.FENCING:
             w.step("StartReading", self.name, rec.start_entry)
+        if before is RecoveryState.READING:
+            # the decisions the input let the frontier take, in entry order
+            for n in rec.recovered[decided:]:
+                w.step("RecoveryDecide", self.name, n, "recovered")
+            if rec.state in (RecoveryState.FINISHING, RecoveryState.DONE):
+                w.step("RecoveryDecide", self.name, rec.frontier, "absent")
+            elif rec.state is RecoveryState.ABORTED and "data loss" in (rec.reason or ""):
+                w.step("RecoveryDecide", self.name, rec.frontier, "data_loss")
+                w.count("recovery_data_loss_abort")
         if rec.state in (RecoveryState.ABORTED, RecoveryState.FENCED_OUT) and before in LIVE_RECOVERY:
             if rec.state is RecoveryState.ABORTED:
                 w.step("Withdraw", self.name)
@@ -240,23 +256,24 @@ class SimClient:
         rec = self._live_rec(req)
         if rec is None:
             return
-        status, lac, lafr, _term = reply
+        status, lac, lafr, _term, last = reply
         before, idx, bid = rec.state, req.ctx["index"], req.bid
+        decided = len(rec.recovered)
         if before is RecoveryState.FENCING:
             if status is Status.INVALID_TERM:
                 self.w.step("Rejected", self.name)
             elif status in (Status.OK, Status.NO_SUCH_LEDGER):
                 self.w.step("ClientFenceAnswer", self.name, bid, lac, lafr)
-        rec.on_lac_response(idx, status, lac, lafr)
-        self._after_rec_input(rec, before)
+        rec.on_lac_response(idx, status, lac, lafr, last)
+        self._after_rec_input(rec, before, decided)
 
     def _on_lac_timeout(self, req: "Request") -> None:
         rec = self._live_rec(req)
         if rec is None:
             return
-        before = rec.state
+        before, decided = rec.state, len(rec.recovered)
         rec.on_lac_response(req.ctx["index"], None)
-        self._after_rec_input(rec, before)
+        self._after_rec_input(rec, before, decided)
 
     def _on_read(self, req: "Request", reply) -> None:
         rec = self._live_rec(req)
@@ -264,24 +281,29 @@ class SimClient:
             return
         status, record, _term = reply
         n, idx, bid, before = req.body["entry"], req.ctx["index"], req.bid, rec.state
-        if before is RecoveryState.READING and n == rec.read_entry:
+        decided = len(rec.recovered)
+        if before is RecoveryState.READING:
             if status is Status.INVALID_TERM:
-                self.w.step("Rejected", self.name)
+                if n in rec.outcomes:  # (an answer for an id outside the window is ignored)
+                    self.w.step("Rejected", self.name)
             elif status is Status.OK or status in ABSENT_STATUSES:
                 out = self.w.step("ClientReadAnswer", self.name, bid, n,
                                   value_of(record) if status is Status.OK else None)
-                if out == "data_loss":
-                    self.w.count("recovery_data_loss_abort")
+                if n > rec.frontier and rec.wants(n, idx):
+                    self.w.count("read_ahead_answers")  # an answer above the frontier, taken
+                if out is not None and (out == "late") == rec.wants(n, idx):
+                    raise SpecViolation("ClientReadAnswer", f"entry {n} from {bid}: the spec says {out}, "
+                                                            f"the core {'takes' if rec.wants(n, idx) else 'ignores'} it")
         rec.on_read_response(n, idx, status, record if status is Status.OK else None)
-        self._after_rec_input(rec, before)
+        self._after_rec_input(rec, before, decided)
 
     def _on_read_timeout(self, req: "Request") -> None:
         rec = self._live_rec(req)
         if rec is None:
             return
-        before = rec.state
+        before, decided = rec.state, len(rec.recovered)
         rec.on_read_response(req.body["entry"], req.ctx["index"], None)
-        self._after_rec_input(rec, before)
+        self._after_rec_input(rec, before, decided)
 
     def _on_rec_add(self, req: "Request", results) -> None:
         rec = self._live_rec(req)
@@ -289,7 +311,7 @@ class SimClient:
             return
         idx, bid = req.ctx["index"], req.bid
         for res in results:
-            before = rec.state
+            before, decided = rec.state, len(rec.recovered)
             live = rec.state not in REC_TERMINAL and rec.state is not RecoveryState.INIT
             mine = live and rec.ensemble[idx] == bid
             if res.status is Status.OK:
@@ -300,19 +322,19 @@ class SimClient:
             elif mine and idx not in rec.replacing:
                 self.w.step("DropAcks", self.name, {bid}, 0, False)
             rec.on_write_ack(res.entry_id, idx, res.status, bookie_id=bid)
-            self._after_rec_input(rec, before)
+            self._after_rec_input(rec, before, decided)
 
     def _on_rec_add_timeout(self, req: "Request") -> None:
         rec = self._live_rec(req)
         if rec is None:
             return
         idx, bid = req.ctx["index"], req.bid
-        before = rec.state
+        before, decided = rec.state, len(rec.recovered)
         if (rec.state in LIVE_RECOVERY and rec.ensemble[idx] == bid and idx not in rec.replacing):
             self.w.step("DropAcks", self.name, {bid}, 0, False)
         for eid in req.ctx["ids"]:
             rec.on_write_ack(eid, idx, None, bookie_id=bid)
-        self._after_rec_input(rec, before)
+        self._after_rec_input(rec, before, decided)
 
     def _replace(self, rec: RecoveryCore, rp) -> None:
         if rec is not self.rec or rec.state not in LIVE_RECOVERY or rp.bookie_index not in rec.replacing:
@@ -320,7 +342,7 @@ class SimClient:
         w = self.w
         used = set(rec.ensemble) | set(rec.read_ensemble)
         spare = [b for b in w.up_bookies() if b not in used]
-        before = rec.state
+        before, decided = rec.state, len(rec.recovered)
         if not spare:
             w.count("recovery_no_spare")
             rec.abort(f"no bookie to replace {rp.bookie_id}")
@@ -328,7 +350,7 @@ class SimClient:
             nb = w.rng.choice(spare)
             if w.unbounded and not self._prepare([nb], rec.start_entry, rec.term):
                 rec.abort(f"replacement {nb} refused its preparation: a newer term")
-                self._after_rec_input(rec, before)
+                self._after_rec_input(rec, before, decided)
                 return
             old = rec.ensemble[rp.bookie_index]
             ens = list(rec.ensemble)
@@ -337,7 +359,7 @@ class SimClient:
             self.frags = with_fragment(self.frags, rec.start_entry, tuple(ens))
             rec.on_bookie_replaced(rp.bookie_index, nb)
             w.count("recovery_replacements")
-        self._after_rec_input(rec, before)
+        self._after_rec_input(rec, before, decided)
 
     def _finish(self, rec: RecoveryCore) -> None:
         self.finishing = False

@@ -19,6 +19,8 @@ class Scenario:
     max_terms: int = 4           # take-overs stop at this term
     entries: int = 6             # adds per writer term
     window: int = 4              # WriterCore max_pending
+    read_ahead: int = 1024       # RecoveryCore max_read_ahead (1: one entry at a time)
+    rec_writes: int = 1000       # RecoveryCore max_inflight_writes
     roll_entries: int = 0        # WriterCore fragment_max_entries (0: no rolling)
     p_loss: float = 0.02         # per message
     delay_min: int = 1
@@ -63,6 +65,7 @@ class Scenario:
             crashes=r.randint(0, 3), max_down=r.choice((1, 1, 2)), client_crashes=r.randint(0, 2),
             partitions=r.choice((0, 1, 3, 6)),
             takeover_mean=r.choice((60, 150, 400, 800)), add_interval=r.choice((2, 8, 20)), reads=r.randint(2, 12),
+            read_ahead=r.choice((1, 2, 4, 16, 16)), rec_writes=r.choice((1, 2, 1000, 1000)),
         )
         return replace(sc, **overrides)
 

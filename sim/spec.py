@@ -24,8 +24,13 @@ cl[c].lac, .lafr      WriterCore.lac/.lafr; RecoveryCore.lac_seen/.lafr_seen
 cl[c].lap             WriterCore.next_entry - 1
 cl[c].val, .ack       WriterCore.pending (payloads, acks) /
                       RecoveryCore.writes (records, acked); indexes -> bookies
-cl[c].fenced, .nosuch RecoveryCore.coverage.responders / read.answered NSE
-cl[c].next            RecoveryCore.read_entry (READING) / .end_entry
+cl[c].rens            RecoveryCore.read_ensemble (model: rfrags, the fragments
+                      at take-over; reads go to the write set in the last)
+cl[c].fenced          RecoveryCore.coverage.responders
+cl[c].next            RecoveryCore.frontier (READING) / .end_entry
+cl[c].nosuch          the NoSuchEntry answers of the window's entries:
+  (model: .ahead)     RecoveryCore.outcomes, id -> the value (RECOVERABLE)
+                      or the bookies that answered NoSuchEntry
 acked                 entries in WriterCore Ready.acked, with their payloads
 ===================== ========================================================
 
@@ -46,6 +51,19 @@ Granularity (where the implementation is finer than the spec):
   unseen by its own recovery's reads, which read other entries).
 - FenceRead and RecoveryRead are split into the client's send, the
   bookie's handling (AfterRead, the answer) and the client's handling.
+  RecoveryRead's client side is split again, for read-ahead:
+  ClientReadAnswer records an answer for any entry of the window (next and
+  above, up to a known end), in any order; RecoveryDecide takes the
+  decision at next, in entry order, from the answers recorded for it (one
+  value: recovered; Coverage NoSuchEntry: absent).  An answer above next
+  decides nothing until next reaches it, except that an absent entry X is a
+  known end: the answers above X are dropped, and later ones ignored.
+  That the spec's RecoveryRead reads entry next at the moment it decides is
+  what read-ahead relaxes; stream/recovery_core.py's docstring says why an
+  earlier answer equals the one a read at the decision would get.
+- EnsembleChange's preparation of the new bookie (raise its term, delete its
+  entries from the fragment's first entry) is a bookie step of its own
+  (BookiePrepare), just before the client's EnsembleChange step.
 - Extension actions (not in the spec; each only delays or withdraws):
   BookieRestart (a crashed bookie answers again; the term raised by adds
   that were admitted but never durable is forgotten), Withdraw (a client
@@ -71,20 +89,16 @@ NOOP = ("noop",)
 
 # Where this transcription follows the implementation rather than the spec text.
 DEVIATIONS = {
-    "ensemble_prepare": "EnsembleChange: the spec prepares the new bookie (raises its term and deletes its "
-                        "entries from the fragment's first entry) inside the change; the implementation "
-                        "does it as a bookie step (BookiePrepare) just before",
-    "rule3": "EnsembleChange rule 3: the spec keeps b while it acked any entry in LAFR+1..LAC; the "
-             "implementation (protocol-rules.md) only while one of those is still below Qw",
     "change_first": "EnsembleChange: a writer's new fragment starts at LAFR+1 as of its proposal (spec: at "
                     "the change); entries that reached Qw in between have write sets without the "
                     "replaced bookies (checked), so their write sets do not change",
     "multi_replace": "EnsembleChange replaces several bookies in one step",
-    "recovery_change_while_reading": "a recovery replaces a bookie that failed a write-back while still "
-                                     "reading (the spec: only when finishing); reads stay on the "
-                                     "original last fragment",
     "data_loss_abort": "a recovery that finds an entry <= its frozen LAC absent aborts (Withdraw) "
                        "instead of ending there",
+    "read_ahead": "RecoveryRead reads entry next at the moment it decides it; the implementation reads "
+                  "ahead (answers for ids above next recorded in any order, decisions in order: "
+                  "ClientReadAnswer / RecoveryDecide; why an earlier answer is as good: "
+                  "stream/recovery_core.py)",
 }
 
 
@@ -130,7 +144,7 @@ class MClient:
     ack: dict = field(default_factory=dict)
     fenced: set = field(default_factory=set)
     next: int = 0
-    nosuch: set = field(default_factory=set)
+    ahead: dict = field(default_factory=dict)  # read-ahead answers: id -> value | NoSuchEntry bookies
     start: int = -1
     proposed: int | None = None  # a writer's ensemble change: its first entry, fixed at the proposal
 
@@ -253,12 +267,11 @@ class Model:
                        f"change from {first}, released {self.released(w)}")
             for b in bs:
                 self._need(b in w.frags[-1][1], a, f"{b} not in the last fragment")
-                # Rule 3 (protocol-rules.md; see DEVIATIONS["rule3"]).
+                # Rule 3: b is not replaced while it acked a committed entry
+                # (LAFR+1..LAC) that is still below Qw.
                 for i in range(w.lafr + 1, w.lac + 1):
-                    if self.unbounded and b in w.ack.get(i, ()):
-                        if len(w.ack[i]) < self.Qw:
-                            raise SpecViolation(a, f"rule 3: {b} acked committed entry {i} below Qw")
-                        self.deviations["rule3"] = self.deviations.get("rule3", 0) + 1
+                    if self.unbounded and b in w.ack.get(i, ()) and len(w.ack[i]) < self.Qw:
+                        raise SpecViolation(a, f"rule 3: {b} acked committed entry {i} below Qw")
             w.proposed = first
         for n in w.ack:
             if n >= first:
@@ -422,7 +435,9 @@ class Model:
         if n is None:
             self._need(b in w.rfrags[-1][1], a, f"{b} not in the last fragment")
         else:
-            self._need(n == w.next, a, f"reads {n}, next is {w.next}")
+            end = self.known_end(w)
+            self._need(n >= w.next and (end is None or n <= end), a,
+                       f"reads {n}, next is {w.next}, known end {end}")
             self._need(b in self.write_set(n, w.rfrags), a, f"{b} not in the write set of {n}")
 
     def BookieRead(self, b: str, term: int, fence: bool, status, entry: int | None) -> None:
@@ -466,23 +481,56 @@ class Model:
         w.start = w.next
         w.phase, w.fenced = "reading", set()
 
+    def known_end(self, w: MClient) -> int | None:
+        """The lowest id above next already read as absent (reading stops
+        there at the latest)."""
+        ends = [n for n, x in w.ahead.items() if isinstance(x, set) and len(x) >= self.coverage]
+        return min(ends) if ends else None
+
     def ClientReadAnswer(self, c: str, b: str, n: int, value) -> str:
-        """A recovery read's OK / NoSuchEntry answer.  Returns the outcome."""
+        """A recovery read's OK / NoSuchEntry answer for entry n of the
+        window: recorded, or ignored when late (n decided, above a known
+        end, or n's answers already decide it).  Decides nothing: see
+        RecoveryDecide."""
         a, w = "ClientReadAnswer", self.cl[c]
-        self._need(w.phase == "reading" and n == w.next, a, f"{c} {w.phase}, next {w.next}, answer for {n}")
+        self._need(w.phase == "reading", a, f"{c} is {w.phase}")
+        self._need(b in self.write_set(n, w.rfrags), a, f"{b} not in the write set of {n}")
+        end = self.known_end(w)
+        got = w.ahead.get(n, set())
+        if n < w.next or (end is not None and n > end) or not isinstance(got, set) or len(got) >= self.coverage:
+            return "late"
+        self._need(b not in got, a, f"{b} answered entry {n} twice")
         if value is not None:
-            w.val[n], w.ack[n] = value, set()
-            w.next, w.nosuch = n + 1, set()
-            return "recovered"
-        w.nosuch.add(b)
-        if len(w.nosuch) < self.coverage:
-            return "pending"
-        if n <= w.lac:
-            return "data_loss"  # the implementation aborts (DEVIATIONS["data_loss_abort"])
-        w.phase, w.nosuch = "finishing", set()
+            w.ahead[n] = value
+            return "recorded"
+        w.ahead[n] = got | {b}
+        if len(w.ahead[n]) >= self.coverage:  # a known end: nothing above it matters
+            w.ahead = {i: x for i, x in w.ahead.items() if i <= n}
+        return "recorded"
+
+    def RecoveryDecide(self, c: str, n: int, outcome: str) -> None:
+        """The decision on entry next from its recorded answers: "recovered"
+        (written back from here on), "absent" (the end: finishing; the
+        truncate no-op in unbounded mode) or "data_loss" (absent at or below
+        the frozen LAC: the implementation then withdraws,
+        DEVIATIONS["data_loss_abort"])."""
+        a, w = "RecoveryDecide", self.cl[c]
+        self._need(w.phase == "reading" and n == w.next, a, f"{c} {w.phase}, next {w.next}, decides {n}")
+        got = w.ahead.get(n, set())
+        if outcome == "recovered":
+            self._need(not isinstance(got, set), a, f"entry {n} recovered without a value: {got}")
+            w.val[n], w.ack[n] = got, set()
+            del w.ahead[n]
+            w.next = n + 1
+            return
+        self._need(isinstance(got, set) and len(got) >= self.coverage, a,
+                   f"entry {n} {outcome} with NoSuchEntry from {got} only")
+        self._need((outcome == "data_loss") == (n <= w.lac), a, f"entry {n} {outcome}, frozen LAC {w.lac}")
+        if outcome == "data_loss":
+            return
+        w.phase, w.ahead = "finishing", {}
         if self.unbounded:
             w.val[n], w.ack[n] = NOOP, set()
-        return "absent"
 
     # -- bookies -------------------------------------------------------------------------------
 

@@ -343,16 +343,16 @@ class World:
             if barrier == "state":
                 b.journal_state()
             if v.status is not Status.OK:
-                self._reply(req, (v.status, -1, -1, v.term) if req.kind == "lac" else (v.status, None, v.term))
+                self._reply(req, (v.status, -1, -1, v.term, -1) if req.kind == "lac" else (v.status, None, v.term))
                 self.compare_bookie(req.bid)
                 return
         else:  # a plain read: no spec action
             self.trace.append((self.now, "ReadLac" if req.kind == "lac" else "ReadEntry", (req.bid, n), {}))
         if req.kind == "lac":
-            status, lac, lafr, t = b.lac_answer()
+            status, lac, lafr, t, last = b.lac_answer()
             if status is Status.OK and self.model is not None:
                 self.model.check_answer(req.bid, None, (lac, lafr))
-            self._reply(req, (status, lac, lafr, t))
+            self._reply(req, (status, lac, lafr, t, last))
         else:
             status, rec = b.entry_answer(n)
             if status in (Status.OK, Status.NO_SUCH_ENTRY) and self.model is not None:

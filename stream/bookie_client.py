@@ -128,15 +128,27 @@ class BookieClient:
         req = pb.PrepareRequest(ledger_id=ledger_id, first_entry=first_entry, term=term)
         return await self._unary(self.stub.Prepare, req, timeout)
 
-    async def read_range(self, ledger_id: int, first: int, last: int, *,
-                         max_frame_bytes: int = 0) -> AsyncIterator[pb.ReadRangeResponse]:
+    async def read_range(self, ledger_id: int, first: int, last: int, *, max_frame_bytes: int = 0,
+                         term: int = 0, fence: bool = False, sparse: bool = False,
+                         frame_timeout: float | None = None) -> AsyncIterator[pb.ReadRangeResponse]:
+        """The frames of a range read (proto/bookie.proto ReadRangeRequest);
+        ``frame_timeout``: the longest wait for each frame (then
+        asyncio.TimeoutError, and the call is cancelled)."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
-                                  max_frame_bytes=max_frame_bytes)
+                                  max_frame_bytes=max_frame_bytes, term=term,
+                                  flags=pb.READ_FENCE if fence else 0, sparse=sparse)
+        call = self.stub.ReadRange(req)
         try:
-            async for resp in self.stub.ReadRange(req):
+            while True:
+                resp = await asyncio.wait_for(call.read(), frame_timeout)
+                if resp is grpc.aio.EOF:
+                    return
                 yield resp
         except grpc.aio.AioRpcError as e:
             raise BookieUnavailable(f"{self.address}: {e.code().name}: {e.details()}") from e
+        finally:
+            if not call.done():
+                call.cancel()
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None,
                      timeout: float | None = 30.0) -> pb.DeleteResponse:

@@ -12,7 +12,10 @@ protocol cores.
   the ledger is still OPEN, fails the outstanding adds (fenced).
 - :class:`_RecoveryDriver` drives :class:`stream.recovery_core.RecoveryCore`
   (classic: the fence flag, no term, no truncate no-op): fencing LAC reads,
-  read-forward, write-back, bookie replacement.  :func:`recover_ledger` wraps
+  read-forward with read-ahead (the core's per-entry reads leave as one
+  sparse range read per bookie and run of ids, carrying the term/fence; the
+  answers go back per entry and bookie), write-back batched into add frames,
+  bookie replacement.  :func:`recover_ledger` wraps
   it in the metadata steps: CAS to IN_RECOVERY, run, CAS to CLOSED with the
   last entry (and the ensemble change, if any); a lost final CAS re-reads and
   adopts a CLOSED ledger's last entry, so concurrent recoverers converge.
@@ -33,6 +36,7 @@ import bisect
 import dataclasses
 import functools
 import logging
+import struct
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from sortedcontainers import SortedDict
@@ -59,6 +63,9 @@ FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
 # its bytes), with no added latency when the writer is quiet.
 MAX_INFLIGHT_FRAMES = 4
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
+# Recovery's range reads come back in smaller frames still: the frontier moves,
+# and write-backs leave, while the rest of the range is on its way.
+RECOVERY_FRAME_BYTES = 64 << 10
 
 
 def _status(code: int) -> Status | None:
@@ -451,6 +458,7 @@ class _RecoveryDriver:
         self._tasks: set[asyncio.Task] = set()
         self._scheduled = False
         self._replace_lock = asyncio.Lock()
+        self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
 
     async def run(self) -> RecoveryResult:
         for b in self.core.read_ensemble:
@@ -484,8 +492,17 @@ class _RecoveryDriver:
         r = self.core.ready()
         for f in r.fencing_reads:
             self._spawn(self._fencing_read(f))
+        # The core's reads (one per entry and bookie) leave as one sparse range
+        # read per bookie and run of ids.
+        wanted: dict[tuple[int, str], list[int]] = {}
         for rd in r.reads:
-            self._spawn(self._read(rd))
+            wanted.setdefault((rd.bookie_index, rd.bookie_id), []).append(rd.entry_id)
+        if r.reads:
+            term, fence = r.reads[0].term, r.reads[0].fence
+            assert all((x.term, x.fence) == (term, fence) for x in r.reads)
+            for (index, bid), ids in wanted.items():
+                for run in _runs(sorted(ids), index, self.core.E, self.core.Qw):
+                    self._spawn(self._read_range(index, bid, run, term, fence))
         batches: dict[tuple[int, str], list] = {}
         for w in r.writes:
             batches.setdefault((w.bookie_index, w.bookie_id), []).append(w)
@@ -502,25 +519,60 @@ class _RecoveryDriver:
             if bc is None:
                 raise BookieUnavailable(f"{f.bookie_id}: no address")
             resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
-            self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr)
+            self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError):
             self.client.mark_failed(f.bookie_id)
             self.core.on_lac_response(f.bookie_index, None)
         self._schedule()
 
-    async def _read(self, rd) -> None:
-        bc = self.client.bookie_now(rd.bookie_id)
+    async def _read_range(self, index: int, bookie_id: str, ids: list[int], term: int, fence: bool) -> None:
+        """One sparse range read of ``ids`` (ascending, the ids of a run that
+        this bookie holds) from one bookie; every id gets its answer: OK
+        with the record, NO_SUCH_ENTRY once a frame vouches for it, or, if
+        the stream fails first, the failure (None: timed out/unreachable)."""
+        core = self.core
+        self.range_reads[bookie_id] = self.range_reads.get(bookie_id, 0) + 1
+        k = 0  # ids[:k] are answered
+
+        def answer_upto(limit: int, status: Status | None) -> None:
+            nonlocal k
+            while k < len(ids) and ids[k] <= limit:
+                core.on_read_response(ids[k], index, status)
+                k += 1
+
+        bc = self.client.bookie_now(bookie_id)
         try:
             if bc is None:
-                raise BookieUnavailable(f"{rd.bookie_id}: no address")
-            resp = await bc.read_entry(rd.ledger_id, rd.entry_id, term=rd.term, fence=rd.fence,
-                                       timeout=self.cfg.read_timeout)
-            st = _status(resp.status)
-            self.core.on_read_response(rd.entry_id, rd.bookie_index, st,
-                                       bytes(resp.entry) if st is Status.OK else None)
-        except (BookieUnavailable, asyncio.TimeoutError):
-            self.client.mark_failed(rd.bookie_id)
-            self.core.on_read_response(rd.entry_id, rd.bookie_index, None)
+                raise BookieUnavailable(f"{bookie_id}: no address")
+            async for resp in bc.read_range(self.lid, ids[0], ids[-1], max_frame_bytes=RECOVERY_FRAME_BYTES,
+                                            term=term, fence=fence, sparse=True,
+                                            frame_timeout=self.cfg.read_timeout):
+                st = _status(resp.status)
+                if st is not Status.OK:
+                    if st is Status.INVALID_TERM:
+                        if k < len(ids):
+                            core.on_read_response(ids[k], index, st)  # a newer term: fenced out
+                    else:
+                        # NO_SUCH_LEDGER is definitive (every id absent); any
+                        # other status is an error, never "absent"
+                        answer_upto(ids[-1], st or Status.INTERNAL_ERROR)
+                    break
+                data = resp.entries
+                for eid, start, end in _record_spans(data):
+                    answer_upto(eid - 1, Status.NO_SUCH_ENTRY)  # skipped: not held (sparse)
+                    if k < len(ids) and ids[k] == eid:
+                        if core.wants(eid, index):  # (the core verifies what it takes)
+                            core.on_read_response(eid, index, Status.OK, data[start:end])
+                        k += 1
+                answer_upto(resp.through, Status.NO_SUCH_ENTRY)
+                self._schedule()
+                if core.state is not RecoveryState.READING:
+                    break  # decided (or ended): the rest does not matter
+        except (BookieUnavailable, asyncio.TimeoutError, entry_codec.MalformedEntry) as e:
+            log.info("ledger %s: recovery range read from %s failed: %s", self.lid, bookie_id, e)
+            if not isinstance(e, entry_codec.MalformedEntry):
+                self.client.mark_failed(bookie_id)
+        answer_upto(ids[-1], None)  # what the stream did not answer: failed
         self._schedule()
 
     async def _write(self, index: int, bookie_id: str, writes: list) -> None:
@@ -563,6 +615,45 @@ class _RecoveryDriver:
                     log.info("ledger %s: recovery replaces %s with %s", self.lid, rp.bookie_id, new)
                     self.core.on_bookie_replaced(rp.bookie_index, new)
         self._schedule()
+
+
+_SPAN = struct.Struct("<I12xq")  # payload_len, entry_id (bookie/entry.py's record header)
+
+
+def _record_spans(data: bytes):
+    """(entry id, start, end) of each record of a frame: just enough to route
+    answers (the core parses and verifies the records it takes)."""
+    off, n, hs = 0, len(data), entry_codec.HEADER_SIZE
+    while off < n:
+        if n - off < hs:
+            raise entry_codec.MalformedEntry("truncated entry header")
+        plen, eid = _SPAN.unpack_from(data, off)
+        end = off + hs + plen
+        if end > n:
+            raise entry_codec.MalformedEntry("truncated entry payload")
+        yield eid, off, end
+        off = end
+
+
+def _runs(ids: list[int], index: int, ensemble_size: int, write_quorum: int) -> list[list[int]]:
+    """Splits the ascending ids that recovery reads from the bookie at
+    ``index`` into runs that one range read each covers: a run breaks only
+    where an id this bookie holds (its write set includes the bookie) was not
+    asked for; ids between that it does not hold (striping, E > Qw) do not
+    break a run."""
+    runs: list[list[int]] = []
+    for eid in ids:
+        if runs:
+            prev = runs[-1][-1]
+            if eid == prev + 1:
+                runs[-1].append(eid)
+                continue
+            gap = range(prev + 1, eid)
+            if len(gap) < ensemble_size and not any(index in write_set(j, ensemble_size, write_quorum) for j in gap):
+                runs[-1].append(eid)
+                continue
+        runs.append([eid])
+    return runs
 
 
 PREPARED, PREPARE_FAILED = 0, -1

@@ -101,6 +101,7 @@ def after_end_found(core) -> None:
         return
     eid = core.end_entry
     core.writes.pop(eid, None)
+    core._incomplete.discard(eid)
     core._o_writes[:] = [w for w in core._o_writes if w.entry_id != eid]
     core.end_entry = eid - 1  # RecoveryResult: last_entry = eid - 1, next_entry = eid
 

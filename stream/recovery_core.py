@@ -22,12 +22,13 @@ Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
    and stays readable, and one writer wrote each entry id once, so there is
    nothing to make whole below it.  Starting at the fragment's first entry
    would re-read and rewrite the whole fragment, one fenced read at a time.
-3. Read forward one entry at a time over its write set in the last fragment's
-   ensemble only (``stream.quorum.EntryReadOutcome``): RECOVERABLE -> write it
-   back to its whole write set (recovery add: term, REQ_RECOVERY, frozen LAC;
-   a recovered no-op loses its truncate flag, which already did its work);
-   ABSENT -> the end; UNKNOWN -> ABORTED, never a guess.  An entry at or below
-   the frozen LAC read as ABSENT is data loss: ABORTED as well.
+3. Read forward over each entry's write set in the last fragment's ensemble
+   only (``stream.quorum.EntryReadOutcome``), with a read-ahead window (see
+   below): RECOVERABLE -> write it back to its whole write set (recovery
+   add: term, REQ_RECOVERY, frozen LAC; a recovered no-op loses its
+   truncate flag, which already did its work); ABSENT -> the end; UNKNOWN ->
+   ABORTED, never a guess.  An entry at or below the frozen LAC read as
+   ABSENT is data loss: ABORTED as well.
 4. Unbounded mode: at the first absent id, write a no-op with
    FLAG_NOOP|FLAG_TRUNCATE that must be acknowledged by every bookie of the
    ensemble (guaranteed write quorum: no bookie keeps a dirty entry above it).
@@ -38,6 +39,62 @@ Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
    resends to it every recovery write of that index.
 6. INVALID_TERM from any bookie: FENCED_OUT (a newer term took over).
 
+Read-ahead.  Reads are outstanding for a window of up to ``max_read_ahead``
+entries from the *frontier*, the lowest undecided id (``max_read_ahead=1``:
+the protocol as written, one entry at a time).  Each entry of the window has
+its own ``EntryReadOutcome``, and answers may arrive in any order, but
+decisions are taken strictly in entry order, at the frontier only:
+
+- RECOVERABLE at the frontier: written back (while fewer than
+  ``max_inflight_writes`` write-backs are in flight), the frontier moves up
+  and consumes the outcomes of higher ids that are already complete;
+- ABSENT at the frontier: the end (or data loss at or below the frozen LAC);
+- UNKNOWN at the frontier: ABORTED.
+
+An outcome above the frontier never aborts or concludes anything by itself;
+it counts once the frontier reaches it.  The one thing it does at once: an
+ABSENT outcome at X above the frontier is a *known end*, since whatever the
+frontier meets below it, reading stops at X at the latest, so no read above
+X matters: the outcomes above X are discarded and no read above X is issued.
+Answers for ids outside the window (decided, discarded, never asked) are
+ignored.  The fencing responders' highest held ids (``last_entry``) bound
+the window until the frontier passes them: every id above H = the highest
+of them reads ABSENT from the responders, a coverage, once they answer
+(they refuse older adds since the fencing read, and answered after the
+adds they had admitted were durable), so the end is at H + 1 at the latest
+unless a non-responder holds more (then the frontier passes H + 1 and the
+window grows as usual).  A fresh LAFR then costs a read of one or two ids,
+not of a whole window.  ``max_read_ahead_bytes`` stops the window from growing while the
+records held above the frontier exceed it (the frontier's own read is always
+outstanding, so reading never stalls on it).
+
+Why reading ahead is safe.  It changes *when* entry n is read, not how n is
+decided from its answers: an answer is used only once the frontier reaches n,
+by the same EntryReadOutcome rules.  It is safe as long as every answer is
+still true when it is used, i.e. nothing changes entry n on a bookie between
+its answer to this recovery's read of n and the decision on n.  Nothing can:
+
+- an older term (classic: an older writer): the read itself carries the term
+  (classic: the fence), so from that moment the bookie refuses the older
+  writer's adds, and the adds it admitted before are durable, and in the
+  answer, before it answers (the bookie's fencing barrier).  Fencing coverage
+  already holds before the first read, so no older writer can complete an
+  add anyway: a bookie outside the coverage may still take an older add of
+  n until this recovery's read reaches it, but then that read's answer
+  shows it;
+- this recovery: within one term only it writes, and it writes entry n
+  only after deciding n (late answers for n are ignored); a write-back never
+  carries the truncate flag, and the final truncate no-op at the end X only
+  deletes ids above X, whose answers are discarded;
+- a newer term: it may change anything, but its fencing reached a coverage of
+  every write quorum, and those bookies refuse this recovery's writes
+  (INVALID_TERM), so it can never finish: every write-back needs its whole
+  write set and the no-op every bookie of the ensemble.
+
+So the decisions, and the RecoveryResult, are those of reading one entry at
+a time given the same bookie contents (tests/test_recovery_core.py checks
+that with hypothesis).
+
 States (h11 style; ``TRANSITIONS`` is the whole table):
 
 ========== ============================================= ==========
@@ -46,13 +103,13 @@ state      event                                         next
 INIT       START                                         FENCING
 FENCING    LAC_RESPONSE                                  FENCING
 FENCING    COVERED                                       READING
-READING    READ_RESPONSE, WRITE_ACK, WRITE_FAILED,       READING
-           BOOKIE_REPLACED
-READING    END_FOUND (first absent entry)                FINISHING
+READING    READ_RESPONSE (any id of the window),         READING
+           WRITE_ACK, WRITE_FAILED, BOOKIE_REPLACED
+READING    END_FOUND (ABSENT at the frontier)            FINISHING
 FINISHING  WRITE_ACK, WRITE_FAILED, BOOKIE_REPLACED      FINISHING
 FINISHING  ALL_WRITTEN                                   DONE
-any live   ABORT (no coverage, UNKNOWN read, data loss,  ABORTED
-           adapter)
+any live   ABORT (no coverage, UNKNOWN at the frontier,     ABORTED
+           data loss, adapter)
 any live   INVALID_TERM                                  FENCED_OUT
 DONE, ABORTED, FENCED_OUT: terminal; late answers are ignored
 ========== ============================================= ==========
@@ -68,6 +125,8 @@ from stream import mutations
 from stream.quorum import CoverageTracker, EntryReadOutcome, ReadOutcome, validate_quorums, write_set
 
 DEFAULT_MAX_INFLIGHT_WRITES = 1000
+DEFAULT_MAX_READ_AHEAD = 1024            # entries with reads outstanding
+DEFAULT_MAX_READ_AHEAD_BYTES = 64 << 20  # records held above the frontier
 
 
 class RecoveryState(enum.Enum):
@@ -210,11 +269,14 @@ class RecoveryCore:
         fence: bool = False,
         unbounded: bool = True,
         max_inflight_writes: int = DEFAULT_MAX_INFLIGHT_WRITES,
+        max_read_ahead: int = DEFAULT_MAX_READ_AHEAD,
+        max_read_ahead_bytes: int = DEFAULT_MAX_READ_AHEAD_BYTES,
         max_replacements: int | None = None,
     ):
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         assert len(ensemble) == ensemble_size and len(set(ensemble)) == ensemble_size, ensemble
         assert fragment_first >= 0 and term >= 0 and max_inflight_writes >= 1
+        assert max_read_ahead >= 1 and max_read_ahead_bytes >= 1
         assert term > 0 or fence, "recovery must fence: a term (unbounded) or the fence flag (classic)"
         self.ledger_id, self.term, self.fence, self.unbounded = ledger_id, term, fence, unbounded
         self.E, self.Qw, self.Qa = ensemble_size, write_quorum, ack_quorum
@@ -222,6 +284,8 @@ class RecoveryCore:
         self.read_ensemble = tuple(ensemble)       # reads: the last fragment only
         self.ensemble = list(ensemble)             # writes: possibly changed
         self.max_inflight_writes = max_inflight_writes
+        self.max_read_ahead = max_read_ahead
+        self.max_read_ahead_bytes = max_read_ahead_bytes
         self.max_replacements = 2 * ensemble_size if max_replacements is None else max_replacements
         self.state = RecoveryState.INIT
         self.coverage = CoverageTracker(ensemble_size, write_quorum, ack_quorum)
@@ -230,9 +294,16 @@ class RecoveryCore:
         self.frozen_lac: int | None = None
         self.frozen_lafr: int | None = None
         self.start_entry: int | None = None
-        self.read_entry: int | None = None
-        self.read: EntryReadOutcome | None = None
+        self.frontier: int | None = None           # the lowest undecided id (READING)
+        self.outcomes: dict[int, EntryReadOutcome] = {}  # the window: [frontier, read_top)
+        self.read_top: int | None = None           # reads issued below this id
+        self.known_end: int | None = None          # an ABSENT outcome above the frontier
+        self.held_bytes = 0                        # records held by the window's outcomes
+        self.held_hint: int | None = -1            # the highest id any fencing responder holds
+        self._decoded: dict[int, entry_codec.Entry] = {}  # RECOVERABLE outcomes' records, decoded
+        self.reads_issued = 0
         self.writes: dict[int, _WriteBack] = {}    # entry id -> write back, the no-op included
+        self._incomplete: set[int] = set()         # ids of self.writes not yet complete
         self.recovered: list[int] = []
         self.end_entry: int | None = None          # first absent id
         self.replacing: dict[int, str] = {}        # index -> bookie being replaced
@@ -243,6 +314,23 @@ class RecoveryCore:
         self._o_reads: list[RecoveryRead] = []
         self._o_writes: list[RecoveryWrite] = []
         self._o_replace: list[ReplaceBookie] = []
+
+    @property
+    def read_entry(self) -> int | None:
+        """The frontier while reading (the entry read one at a time before)."""
+        return self.frontier if self.state is RecoveryState.READING else None
+
+    @property
+    def read(self) -> EntryReadOutcome | None:
+        """The frontier's outcome while reading."""
+        return self.outcomes.get(self.frontier) if self.state is RecoveryState.READING else None
+
+    def wants(self, entry_id: int, bookie_index: int) -> bool:
+        """Whether an answer of this bookie for this entry would be taken
+        (not late: the entry is in the window, undecided, and the bookie has
+        not answered it yet)."""
+        o = self.outcomes.get(entry_id) if self.state is RecoveryState.READING else None
+        return o is not None and o.outcome is ReadOutcome.PENDING and bookie_index not in o.answered
 
     def _step(self, event: RecoveryEvent) -> None:
         nxt = TRANSITIONS[self.state].get(event)
@@ -258,8 +346,11 @@ class RecoveryCore:
             self._o_fencing.append(FencingRead(i, b, self.ledger_id, self.term, self.fence))
         mutations.strip_read_terms(self._o_fencing)  # tests only (stream/mutations.py)
 
-    def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1) -> None:
-        """A fencing LAC read's answer; ``status=None``: timed out."""
+    def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1,
+                        last_entry: int | None = None) -> None:
+        """A fencing LAC read's answer; ``status=None``: timed out.
+        ``last_entry``: the highest entry id the bookie holds (None: not
+        reported), a hint for the first window (see ``_fill_window``)."""
         assert 0 <= bookie_index < self.E
         if self.state is not RecoveryState.FENCING:
             return  # late
@@ -270,6 +361,9 @@ class RecoveryCore:
             assert lac >= -1 and lafr >= -1
             if status is Status.OK:
                 self.lac_seen, self.lafr_seen = max(self.lac_seen, lac), max(self.lafr_seen, lafr)
+            if self.held_hint is not None:
+                held = -1 if status is Status.NO_SUCH_LEDGER else last_entry
+                self.held_hint = None if held is None else max(self.held_hint, held)
             self.coverage.on_response(bookie_index)
         elif not self.coverage.on_failure(bookie_index):
             return self._end(RecoveryEvent.ABORT, "fencing coverage out of reach")
@@ -278,14 +372,22 @@ class RecoveryCore:
             self.frozen_lac, self.frozen_lafr = self.lac_seen, self.lafr_seen
             done_below = self.lafr_seen if self.unbounded else self.lac_seen
             self.start_entry = max(done_below + 1, self.fragment_first)
-            self._read(self.start_entry)
+            self.frontier = self.read_top = self.start_entry
+            self._fill_window()
 
     def on_read_response(self, entry_id: int, bookie_index: int, status: Status | None,
                          record: bytes | None = None) -> None:
-        """A recovery read's answer; ``status=None``: timed out."""
+        """A recovery read's answer, for any entry of the window, in any
+        order; ``status=None``: timed out.  Late answers are ignored."""
         assert 0 <= bookie_index < self.E
-        if self.state is not RecoveryState.READING or entry_id != self.read_entry:
+        if self.state is not RecoveryState.READING:
             return  # late
+        o = self.outcomes.get(entry_id)
+        if o is None:
+            return  # late: decided, discarded above a known end, or never asked
+        if status is not Status.INVALID_TERM and (o.outcome is not ReadOutcome.PENDING
+                                                  or bookie_index in o.answered):
+            return  # the entry's outcome is final already (or a duplicate): nothing to decode
         if status is Status.INVALID_TERM:
             return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
         self._step(RecoveryEvent.READ_RESPONSE)
@@ -297,13 +399,13 @@ class RecoveryCore:
                 status, record = Status.CHECKSUM_MISMATCH, None  # an error, never "absent"
         else:
             record = None
-        outcome = self.read.on_response(bookie_index, status, record)
-        if outcome is ReadOutcome.RECOVERABLE:
-            self._recovered(entry_id, entry_codec.decode(self.read.record))
-        elif outcome is ReadOutcome.ABSENT:
-            self._absent(entry_id)
-        elif outcome is ReadOutcome.UNKNOWN:
-            self._end(RecoveryEvent.ABORT, f"entry {entry_id}: outcome unknown, retry later")
+        outcome = o.on_response(bookie_index, status, record)
+        if outcome is ReadOutcome.RECOVERABLE:  # (by this answer: it was PENDING)
+            self.held_bytes += len(o.record)
+            self._decoded[entry_id] = got
+        if outcome is ReadOutcome.ABSENT and entry_id > self.frontier:
+            self._known_end(entry_id)
+        self._advance()
 
     def on_write_ack(self, entry_id: int, bookie_index: int, status: Status | None = Status.OK, *,
                      bookie_id: str | None = None) -> None:
@@ -324,6 +426,8 @@ class RecoveryCore:
         assert bookie_index in wb.targets, (entry_id, bookie_index)
         wb.acked.add(bookie_index)
         mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
+        if wb.complete:
+            self._incomplete.discard(entry_id)
         self._progress()
 
     def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
@@ -337,7 +441,9 @@ class RecoveryCore:
         self.replacements += 1
         self.replacing[bookie_index] = self.ensemble[bookie_index]
         for wb in self.writes.values():
-            wb.acked.discard(bookie_index)
+            if bookie_index in wb.acked:
+                wb.acked.discard(bookie_index)
+                self._incomplete.add(wb.entry_id)
         self._o_replace.append(ReplaceBookie(bookie_index, self.ensemble[bookie_index]))
 
     def on_bookie_replaced(self, bookie_index: int, new_bookie_id: str) -> None:
@@ -352,6 +458,7 @@ class RecoveryCore:
             wb = self.writes[eid]
             if bookie_index in wb.targets:
                 wb.acked.discard(bookie_index)
+                self._incomplete.add(eid)
                 self._o_writes.append(RecoveryWrite(eid, bookie_index, new_bookie_id, wb.record))
 
     def abort(self, reason: str) -> None:
@@ -377,27 +484,94 @@ class RecoveryCore:
         self._step(event)
         assert self.state in TERMINAL
         self.reason = reason
+        self._drop_window(above=None)
         self._o_reads.clear()
         self._o_writes.clear()
         self._o_replace.clear()
 
-    def _read(self, eid: int) -> None:
-        assert self.state is RecoveryState.READING and self.read_entry != eid
-        ws = write_set(eid, self.E, self.Qw)
-        self.read_entry, self.read = eid, EntryReadOutcome(self.Qw, self.Qa, ws)
-        for i in ws:
-            self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term, self.fence))
-        mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+    def _fill_window(self) -> None:
+        """Issues the reads of the window: ids from ``read_top`` up to
+        frontier + max_read_ahead - 1, never above a known end, and (but for
+        the frontier's own read) not while the records held above the
+        frontier exceed max_read_ahead_bytes.  The window is refilled once
+        no more than half of it is outstanding: reads leave in large runs
+        (one range read per bookie each), and an end found in the last run
+        is usually known before the next one would leave."""
+        assert self.state is RecoveryState.READING and self.frontier <= self.read_top
+        if self.read_top - self.frontier > self.max_read_ahead // 2:
+            return
+        top = self.frontier + self.max_read_ahead
+        if self.known_end is not None:
+            top = min(top, self.known_end + 1)
+        if self.held_hint is not None and self.held_hint + 1 >= self.frontier:
+            top = min(top, self.held_hint + 2)
+        n = len(self._o_reads)
+        while self.read_top < top and (self.read_top == self.frontier or self.held_bytes < self.max_read_ahead_bytes):
+            eid = self.read_top
+            ws = write_set(eid, self.E, self.Qw)
+            self.outcomes[eid] = EntryReadOutcome(self.Qw, self.Qa, ws)
+            for i in ws:
+                self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term,
+                                                  self.fence))
+            self.read_top += 1
+            self.reads_issued += 1
+        assert len(self.outcomes) <= self.max_read_ahead and self.frontier in self.outcomes
+        if len(self._o_reads) > n:
+            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+
+    def _known_end(self, eid: int) -> None:
+        """An ABSENT outcome at ``eid`` above the frontier: reading stops at
+        ``eid`` at the latest, so nothing above it matters."""
+        assert self.frontier < eid < self.read_top
+        if self.known_end is None or eid < self.known_end:
+            self.known_end = eid
+            self._drop_window(above=eid)
+
+    def _drop_window(self, above: int | None) -> None:
+        """Discards the outcomes above ``above`` (None: all of them)."""
+        for eid in [e for e in self.outcomes if above is None or e > above]:
+            o = self.outcomes.pop(eid)
+            if o.outcome is ReadOutcome.RECOVERABLE:
+                self.held_bytes -= len(o.record)
+                del self._decoded[eid]
+        if above is not None:
+            self.read_top = min(self.read_top, above + 1)
+        assert self.held_bytes >= 0 and (self.outcomes or self.held_bytes == 0) and len(self._decoded) <= len(self.outcomes)
+
+    def _advance(self) -> None:
+        """Decides at the frontier, in entry order, as far as the complete
+        outcomes (and the bound on write-backs in flight) allow; then refills
+        the window."""
+        start = self.frontier
+        while self.state is RecoveryState.READING:
+            eid = self.frontier
+            o = self.outcomes.get(eid)
+            if o is None or o.outcome is ReadOutcome.PENDING:
+                break  # (None: frontier = read_top, its read is issued below)
+            if o.outcome is ReadOutcome.UNKNOWN:
+                return self._end(RecoveryEvent.ABORT, f"entry {eid}: outcome unknown, retry later")
+            if o.outcome is ReadOutcome.ABSENT:
+                return self._absent(eid)
+            if self._inflight() >= self.max_inflight_writes:
+                break
+            del self.outcomes[eid]
+            self.held_bytes -= len(o.record)
+            self.frontier = eid + 1
+            self._recovered(eid, self._decoded.pop(eid))
+        if self.state is RecoveryState.READING and (self.frontier != start or self.frontier == self.read_top):
+            self._fill_window()
 
     def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
         assert eid not in self.writes
         self.writes[eid] = _WriteBack(eid, record, targets)
+        self._incomplete.add(eid)
         for i in targets:
             if i not in self.replacing:  # resent once replaced
                 self._o_writes.append(RecoveryWrite(eid, i, self.ensemble[i], record))
 
     def _inflight(self) -> int:
-        return sum(1 for wb in self.writes.values() if not wb.complete)
+        """Write-backs not yet complete (O(1): called on every decision and ack)."""
+        return len(self._incomplete)
 
     def _recovered(self, eid: int, e: entry_codec.Entry) -> None:
         assert self.frozen_lac is not None
@@ -409,15 +583,14 @@ class RecoveryCore:
                                  data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term)
         self.recovered.append(eid)
         self._write(eid, rec, write_set(eid, self.E, self.Qw))
-        self.read_entry, self.read = None, None
-        self._progress()
 
     def _absent(self, eid: int) -> None:
         assert self.frozen_lac is not None
         if eid <= self.frozen_lac:
             return self._end(RecoveryEvent.ABORT, f"entry {eid} <= LAC {self.frozen_lac} read as absent: data loss")
         self._step(RecoveryEvent.END_FOUND)
-        self.end_entry, self.read_entry, self.read = eid, None, None
+        self.end_entry = eid
+        self._drop_window(above=None)
         if self.unbounded:
             noop = entry_codec.encode(
                 self.ledger_id, eid, b"", lac=self.frozen_lac, lafr=self.frozen_lafr,
@@ -430,11 +603,11 @@ class RecoveryCore:
 
     def _progress(self) -> None:
         if self.state is RecoveryState.READING:
-            if self.read_entry is None and self._inflight() < self.max_inflight_writes:
-                self._read(self.recovered[-1] + 1 if self.recovered else self.start_entry)
+            self._advance()
         elif self.state is RecoveryState.FINISHING:
-            if self.replacing or any(not wb.complete for wb in self.writes.values()):
+            if self.replacing or self._inflight():
                 return
+            assert all(wb.complete for wb in self.writes.values())
             self._step(RecoveryEvent.ALL_WRITTEN)
             end = self.end_entry
             last = end if self.unbounded else end - 1

@@ -16,8 +16,8 @@ from bookstream import ceilings, peer_jetstream, suite
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 EXPECTED_FIGURES = {"appends_100", "appends_1024", "appends_65536", "open_loop_p50", "open_loop_p99",
-                    "open_loop_p999", "tail_read", "catchup_read", "takeover@200", "replay", "one_bookie_100",
-                    "one_bookie_1024", "one_bookie_65536", "index_memory"}
+                    "open_loop_p999", "tail_read", "catchup_read", "takeover@200", "takeover@200+50", "replay",
+                    "one_bookie_100", "one_bookie_1024", "one_bookie_65536", "index_memory"}
 
 
 def _positive(x) -> bool:
@@ -28,7 +28,8 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     out = tmp_path / "r.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bookstream.cli", "bench", "suite", "--quick", "--seconds", "0.3",
-         "--ceiling-seconds", "0.2", "--takeover-lengths", "200", "--replay-mb", "2", "--index-entries", "20000",
+         "--ceiling-seconds", "0.2", "--takeover-lengths", "200", "--takeover-past-lafr", "0,50",
+         "--replay-mb", "2", "--index-entries", "20000",
          "--dir", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]

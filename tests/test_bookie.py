@@ -280,6 +280,122 @@ def test_range_reads_stream_in_frames_and_stop_at_a_gap(bookies):
     run(with_client(b.address, go))
 
 
+async def sparse(c, ledger, first, last, **kw):
+    """A sparse range read: (held entry ids, the last frame's through,
+    statuses of the frames)."""
+    frames = [r async for r in c.read_range(ledger, first, last, sparse=True, **kw)]
+    ids = [h.entry_id for f in frames for h in E.iter_headers(f.entries)]
+    for f in frames:
+        assert f.count == len(list(E.iter_headers(f.entries)))
+        for h in E.iter_headers(f.entries):
+            E.verify(f.entries, h)
+    return ids, frames[-1].through, [Status(f.status) for f in frames]
+
+
+def test_sparse_range_reads_return_every_held_entry_and_vouch_for_the_rest(bookies):
+    b = bookies()
+
+    async def go(c):
+        held = [i for i in range(200) if i % 4 != 1]              # striped, as with E = 4, Qw = 3
+        held += [500, 501, 750]
+        assert (await c.add(b"".join(rec(11, i, bytes(100)) for i in held))).status == OK
+        ids, through, sts = await sparse(c, 11, 0, 1000)
+        assert ids == held and through == 1000 and set(sts) == {OK}
+        ids, through, _ = await sparse(c, 11, 502, 749)            # nothing held in the range
+        assert ids == [] and through == 749
+        # small frames: each vouches for the ids up to its `through`, and
+        # together they cover the range: every id is returned or vouched absent
+        frames = [r async for r in c.read_range(11, 0, 1000, sparse=True, max_frame_bytes=1000)]
+        assert len(frames) > 20 and frames[-1].through == 1000
+        seen, covered = [], -1
+        for f in frames:
+            got = [h.entry_id for h in E.iter_headers(f.entries)]
+            assert all(covered < i <= f.through for i in got)     # ids in order, within the frame's span
+            assert f.through > covered
+            seen += got
+            covered = f.through
+        assert seen == held
+        # a dense read still stops at the first gap
+        dense = [r async for r in c.read_range(11, 0, 10)]
+        assert [h.entry_id for f in dense for h in E.iter_headers(f.entries)] == [0]
+        assert dense[-1].status == Status.NO_SUCH_ENTRY
+        ids, _, sts = await sparse(c, 12345, 0, 10)                # a ledger the bookie does not know
+        assert ids == [] and sts == [Status.NO_SUCH_LEDGER]
+        info = await c.info()
+        assert info.read_range_requests == 3 + 2 and info.read_entry_requests == 0
+    run(with_client(b.address, go))
+
+
+def test_range_reads_carry_the_term_and_the_fence_like_read_entry(bookies):
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(12, i, term=3) for i in range(5)))).status == OK
+        ids, _, sts = await sparse(c, 12, 0, 10, term=2)            # a lower term: refused, nothing read
+        assert ids == [] and sts == [Status.INVALID_TERM]
+        frames = [r async for r in c.read_range(12, 0, 10, term=2)]  # dense too
+        assert [(f.status, f.term) for f in frames] == [(Status.INVALID_TERM, 3)]
+        ids, _, sts = await sparse(c, 12, 0, 10, term=4)            # raises the term ...
+        assert ids == list(range(5)) and set(sts) == {OK}
+        assert (await c.read_lac(12)).term == 4
+        assert (await c.add(rec(12, 5, term=3))).status == Status.INVALID_TERM  # ... fencing the writer
+        b.kill()                                                    # ... durably
+        b.start()
+    run(with_client(b.address, go))
+
+    async def after(c):
+        assert (await c.read_lac(12)).term == 4
+        assert (await c.add(rec(12, 5, term=3))).status == Status.INVALID_TERM
+        # classic: a fencing range read fences the ledger (normal adds refused,
+        # recovery adds accepted), and creates an unknown ledger to fence it
+        assert (await c.add(rec(13, 0))).status == OK
+        ids, _, _ = await sparse(c, 13, 0, 5, fence=True)
+        assert ids == [0]
+        assert (await c.add(rec(13, 1))).status == Status.FENCED
+        assert (await c.add(rec(13, 1, recovery=True))).status == OK
+        ids, _, sts = await sparse(c, 14, 0, 5, fence=True)
+        assert ids == [] and set(sts) == {OK} and (await c.read_lac(14)).fenced
+        assert (await c.add(rec(14, 0))).status == Status.FENCED
+        frames = [r async for r in c.stub.ReadRange(pb.ReadRangeRequest(ledger_id=14, first_entry=0, last_entry=5,
+                                                                          sparse=True, flags=8))]
+        assert [f.status for f in frames] == [Status.BAD_REQUEST]
+    run(with_client(b.address, after))
+
+
+def test_a_sparse_range_read_is_never_unsure_about_absence(bookies):
+    """Entries removed by a truncate no-op or a range delete are absent;
+    entries compaction relocated are still returned; the same after a
+    restart."""
+    b = bookies(extra_args=["--segment-size", str(64 << 10), "--gc-interval", "0.2",
+                            "--compaction-threshold", "0.5"])
+
+    async def write(c):
+        for i in range(100):  # ledger 15 shares every segment with a big ledger 16
+            assert (await c.add(rec(16, i, bytes(3000)) + rec(15, i))).status == OK
+        assert (await c.add(rec(15, 60, truncate=True, recovery=True, lac=59))).status == OK  # drops 61..99
+        assert (await c.delete(15, (10, 19))).status == OK
+        assert (await c.delete(16)).status == OK
+        return await c.info()
+
+    before = run(with_client(b.address, write))
+    want = [i for i in range(61) if not 10 <= i <= 19]
+
+    async def check(c):
+        ids, through, sts = await sparse(c, 15, 0, 200)
+        assert ids == want and through == 200 and set(sts) == {OK}
+
+    run(with_client(b.address, check))
+
+    def compacted():
+        info = run(with_client(b.address, lambda c: c.info()))
+        return info if info.used_bytes < before.used_bytes / 3 else None
+    wait_until(compacted, what="GC to compact ledger 15's segments")
+    run(with_client(b.address, check))
+    b.kill()
+    b.start()
+    run(with_client(b.address, check))
+
+
 def test_long_poll_lac_wakes_on_a_new_lac_and_times_out(bookies):
     b = bookies()
 

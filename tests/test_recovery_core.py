@@ -1,11 +1,18 @@
-"""stream/recovery_core.py, and a small in-memory simulation whose bookies run
-bookie.core.BookieCore (the seed's divergence counterexample)."""
+"""stream/recovery_core.py (one entry at a time, and with read-ahead: a hypothesis
+test checks that the window decides exactly like one entry at a time), and a
+small in-memory simulation whose bookies run bookie.core.BookieCore (the seed's
+divergence counterexample)."""
 from __future__ import annotations
 
+import random
+
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given, settings
 
 from bookie import entry as E
 from bookie.core import BookieCore, Status
+from stream.quorum import write_set
 from stream.recovery_core import RecoveryCore, RecoveryState
 from stream.writer_core import WriterCore, WriterState
 
@@ -17,8 +24,9 @@ def rec(eid, payload=b"p", **kw):
     return E.encode(LID, eid, payload, **kw)
 
 
-def core(e=3, qw=3, qa=2, first=0, term=2, **kw):
-    r = RecoveryCore(LID, first, [f"b{i}" for i in range(e)], e, qw, qa, term=term, **kw)
+def core(e=3, qw=3, qa=2, first=0, term=2, ahead=1, **kw):
+    """A started core; ``ahead``: max_read_ahead (1: one entry at a time)."""
+    r = RecoveryCore(LID, first, [f"b{i}" for i in range(e)], e, qw, qa, term=term, max_read_ahead=ahead, **kw)
     r.start()
     return r
 
@@ -273,3 +281,258 @@ def test_seed_counterexample_does_not_diverge():
 
 def test_without_the_truncate_flag_the_logs_diverge():
     assert divergence(counterexample(strip_truncate=True)) == 2
+
+
+# -- read-ahead ---------------------------------------------------------------------
+
+def reads_of(out):
+    return sorted({x.entry_id for x in out.reads})
+
+
+def test_read_ahead_issues_a_window_of_reads_at_once():
+    r = core(ahead=8)
+    fence_all(r, lac=1, lafr=1)
+    out = r.ready()
+    assert reads_of(out) == list(range(2, 10))
+    assert {(x.bookie_index, x.term) for x in out.reads if x.entry_id == 5} == {(0, 2), (1, 2), (2, 2)}
+
+
+def test_out_of_order_answers_are_decided_in_entry_order():
+    r = core(ahead=4)
+    fence_all(r)
+    r.ready()
+    r.on_read_response(2, 1, OK, rec(2, b"C"))
+    r.on_read_response(1, 0, OK, rec(1, b"B"))
+    assert r.frontier == 0 and r.recovered == [] and not r.ready().writes  # nothing above 0 is decided
+    r.on_read_response(0, 2, OK, rec(0, b"A"))
+    out = r.ready()
+    assert r.recovered == [0, 1, 2] and r.frontier == 3  # the frontier consumed the complete outcomes
+    assert [w.entry_id for w in out.writes] == [0] * 3 + [1] * 3 + [2] * 3  # written back in order
+    assert reads_of(out) == [4, 5, 6]                  # the window moved with the frontier
+
+
+def test_unknown_above_the_frontier_does_not_abort_when_the_frontier_turns_absent():
+    r = core(ahead=4)
+    fence_all(r)
+    r.ready()
+    for i in range(3):
+        r.on_read_response(1, i, Status.UNKNOWN_ENTRY if i else None)  # entry 1: UNKNOWN
+    assert r.outcomes[1].outcome.value == "unknown" and r.state is RecoveryState.READING
+    r.on_read_response(0, 0, NSE)
+    r.on_read_response(0, 1, NSE)                      # the frontier is absent: the end
+    assert r.state is RecoveryState.FINISHING and r.end_entry == 0 and not r.outcomes
+
+
+def test_unknown_counts_once_the_frontier_reaches_it():
+    r = core(ahead=4)
+    fence_all(r)
+    for i in range(3):
+        r.on_read_response(1, i, None)
+    r.on_read_response(0, 0, OK, rec(0))
+    assert r.state is RecoveryState.ABORTED and "entry 1: outcome unknown" in r.reason
+
+
+def test_absent_above_the_frontier_is_a_known_end():
+    r = core(ahead=8)
+    fence_all(r)
+    r.ready()
+    r.on_read_response(5, 1, OK, rec(5))
+    r.on_read_response(3, 0, NSE)
+    r.on_read_response(3, 2, NSE)                      # 3 is absent: nothing above matters
+    assert r.state is RecoveryState.READING and r.known_end == 3 and sorted(r.outcomes) == [0, 1, 2, 3]
+    assert r.held_bytes == 0                           # entry 5's record was discarded
+    r.on_read_response(5, 0, OK, rec(5))               # late: ignored
+    r.on_read_response(6, 0, Status.INVALID_TERM)      # late: ignored too
+    assert r.state is RecoveryState.READING
+    for eid in (0, 1, 2):
+        r.on_read_response(eid, 0, OK, rec(eid))
+    assert reads_of(r.ready()) == []                   # never a read above the known end
+    assert r.state is RecoveryState.FINISHING and r.end_entry == 3 and r.recovered == [0, 1, 2]
+
+
+def test_a_lower_known_end_replaces_a_higher_one_and_no_read_goes_above():
+    r = core(ahead=8)
+    fence_all(r)
+    r.ready()
+    r.on_read_response(6, 0, NSE), r.on_read_response(6, 1, NSE)
+    r.on_read_response(0, 0, OK, rec(0))
+    assert reads_of(r.ready()) == []                   # the window ends at 6
+    r.on_read_response(2, 0, NSE), r.on_read_response(2, 1, NSE)
+    assert r.known_end == 2 and max(r.outcomes) == 2
+    r.on_read_response(1, 2, OK, rec(1))
+    assert r.state is RecoveryState.FINISHING and r.end_entry == 2
+
+
+def test_absent_above_the_frontier_at_or_below_the_lac_is_data_loss_only_at_the_frontier():
+    r = core(ahead=8)
+    fence_all(r, lac=5, lafr=0)
+    r.on_read_response(3, 0, NSE), r.on_read_response(3, 1, NSE)
+    assert r.state is RecoveryState.READING            # not by itself
+    r.on_read_response(1, 0, OK, rec(1))
+    r.on_read_response(2, 2, OK, rec(2))
+    assert r.state is RecoveryState.ABORTED and "entry 3 <= LAC 5" in r.reason
+
+
+def test_invalid_term_from_a_read_ahead_ends_fenced_out():
+    r = core(ahead=8)
+    fence_all(r)
+    r.on_read_response(6, 2, Status.INVALID_TERM)
+    assert r.state is RecoveryState.FENCED_OUT
+
+
+def test_late_and_duplicate_answers_are_ignored():
+    r = core(ahead=2)
+    fence_all(r)
+    r.on_read_response(0, 0, OK, rec(0))
+    r.on_read_response(0, 1, NSE)                      # decided already
+    r.on_read_response(9, 0, OK, rec(9))               # never asked
+    r.on_read_response(1, 0, NSE)
+    r.on_read_response(1, 0, NSE)                      # a duplicate does not count twice
+    assert r.state is RecoveryState.READING and r.outcomes[1].no_such == 1
+    assert not r.wants(0, 1) and not r.wants(1, 0) and r.wants(1, 1) and r.wants(2, 0)
+
+
+def test_the_window_waits_for_write_backs_in_flight():
+    r = core(ahead=4, max_inflight_writes=2)
+    fence_all(r)
+    r.ready()
+    for eid in range(4):
+        r.on_read_response(eid, 0, OK, rec(eid))
+    assert r.recovered == [0, 1] and r.frontier == 2   # two write-backs in flight: the frontier waits
+    for i in range(3):
+        r.on_write_ack(0, i)
+    assert r.recovered == [0, 1, 2]
+    assert len(r.outcomes) <= 4
+
+
+def test_the_window_is_refilled_once_half_of_it_is_answered():
+    r = core(ahead=8)
+    fence_all(r)
+    assert reads_of(r.ready()) == list(range(8))
+    for eid in range(4):
+        r.on_read_response(eid, 0, OK, rec(eid))
+    assert r.frontier == 4 and reads_of(r.ready()) == list(range(8, 12))
+    r.on_read_response(4, 0, OK, rec(4))
+    assert r.frontier == 5 and reads_of(r.ready()) == []   # 7 outstanding: more than half
+    for eid in (5, 6):
+        r.on_read_response(eid, 0, OK, rec(eid))
+    assert reads_of(r.ready()) == []
+    r.on_read_response(7, 0, OK, rec(7))                 # 4 outstanding: half
+    assert r.frontier == 8 and reads_of(r.ready()) == list(range(12, 16))
+
+
+def test_the_window_stops_growing_over_its_byte_budget():
+    r = core(ahead=8, max_read_ahead_bytes=200)
+    fence_all(r)
+    r.ready()
+    for eid in range(1, 4):
+        r.on_read_response(eid, 0, OK, rec(eid, b"x" * 100))
+    assert r.held_bytes > 200
+    r.on_read_response(0, 2, NSE)
+    r.on_read_response(0, 1, OK, rec(0, b"x" * 100))   # the frontier moves: four write-backs ...
+    out = r.ready()
+    assert r.frontier == 4 and reads_of(out) == list(range(8, 12))  # ... and the window with it
+    for eid in range(5, 8):
+        r.on_read_response(eid, 0, OK, rec(eid, b"x" * 100))
+    r.on_read_response(4, 0, OK, rec(4, b"x" * 100))
+    assert r.frontier == 8 and reads_of(r.ready()) == list(range(12, 16))
+    r2 = core(ahead=8, max_read_ahead_bytes=200)
+    fence_all(r2)
+    r2.ready()
+    for eid in range(2, 6):
+        r2.on_read_response(eid, 0, OK, rec(eid, b"x" * 300))  # 1200 bytes held above the frontier
+    r2.on_read_response(0, 0, OK, rec(0))
+    assert r2.frontier == 1 and reads_of(r2.ready()) == []
+    r2.on_read_response(1, 0, OK, rec(1))
+    assert r2.frontier == 6 and reads_of(r2.ready()) == list(range(8, 14))  # under budget again
+
+
+def test_the_responders_highest_held_entries_bound_the_first_window():
+    r = core(ahead=64)
+    r.on_lac_response(0, OK, 4, 3, 6)
+    r.on_lac_response(1, Status.NO_SUCH_LEDGER, -1, -1, -1)   # coverage: E - Qa + 1 = 2
+    assert reads_of(r.ready()) == [4, 5, 6, 7]                 # up to H + 1 = 7, not 4 + 64
+    for eid in (4, 5, 6, 7):
+        r.on_read_response(eid, 2, OK, rec(eid))               # a non-responder holds more
+    assert r.frontier == 8 and reads_of(r.ready()) == list(range(8, 72))  # past H: the whole window
+    r2 = core(ahead=64)
+    r2.on_lac_response(0, OK, 4, 3, 6)
+    r2.on_lac_response(1, OK, 4, 3)                            # one responder did not say: no bound
+    assert reads_of(r2.ready()) == list(range(4, 68))
+
+
+def test_read_ahead_one_is_the_protocol_as_written():
+    r = core(ahead=1)
+    fence_all(r)
+    assert reads_of(r.ready()) == [0]
+    r.on_read_response(1, 0, OK, rec(1))               # not asked: ignored
+    r.on_read_response(0, 0, OK, rec(0))
+    assert reads_of(r.ready()) == [1] and r.recovered == [0]
+    r.on_read_response(1, 0, NSE), r.on_read_response(1, 1, NSE)
+    assert r.state is RecoveryState.FINISHING and r.end_entry == 1
+
+
+# -- windowed vs one at a time: the same result on any bookie contents ---------------------
+
+def drive(r, contents, down, order):
+    """Runs a core against static bookie contents (index -> {entry: record});
+    bookies in ``down`` time out; write-backs are acked at once.  Answers
+    for different entries interleave as ``order`` (a random.Random) picks,
+    but each entry's answers come in one fixed bookie order (when Qa = Qw, an
+    entry on one bookie is recoverable or absent depending on which answer
+    comes first, windowed or not)."""
+    r.start()
+    queues: dict[int, list] = {}  # entry -> its reads not yet answered, in a fixed bookie order
+    for _ in range(100_000):
+        out = r.ready()
+        for f in out.fencing_reads:
+            i = f.bookie_index
+            r.on_lac_response(i, *((None,) if i in down else (OK, -1, -1, max(contents[i], default=-1))))
+        for x in out.reads:
+            q = queues.setdefault(x.entry_id, [])
+            q.append(x)
+            q.sort(key=lambda y: (y.bookie_index * 7 + y.entry_id * 3) % r.E)
+        for wr in out.writes:
+            r.on_write_ack(wr.entry_id, wr.bookie_index)
+        if r.state not in (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING):
+            return r
+        live = sorted(e for e, q in queues.items() if q)
+        if not live:
+            continue
+        x = queues[order.choice(live)].pop(0)
+        i = x.bookie_index
+        if i in down:
+            r.on_read_response(x.entry_id, i, None)
+        elif x.entry_id in contents[i]:
+            r.on_read_response(x.entry_id, i, OK, contents[i][x.entry_id])
+        else:
+            r.on_read_response(x.entry_id, i, NSE)
+    raise AssertionError("recovery did not end")
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(data=st.data(), e=st.integers(3, 5), ahead=st.integers(2, 40), inflight=st.sampled_from([1, 3, 1000]))
+def test_read_ahead_decides_like_one_at_a_time(data, e, ahead, inflight):
+    qw = data.draw(st.integers(2, e))
+    qa = data.draw(st.integers(1, qw))
+    # which bookies hold which entries (each entry on some subset of its write set)
+    n = data.draw(st.integers(0, 25))
+    contents = {i: {} for i in range(e)}
+    for eid in range(n):
+        for i in write_set(eid, e, qw):
+            if data.draw(st.booleans()):
+                contents[i][eid] = rec(eid, b"v%d" % eid)
+    down = set(data.draw(st.lists(st.integers(0, e - 1), max_size=1)))
+    seed = data.draw(st.integers(0, 2**32))
+
+    def run(window):
+        r = RecoveryCore(LID, 0, [f"b{i}" for i in range(e)], e, qw, qa, term=2, max_read_ahead=window,
+                         max_inflight_writes=inflight)
+        return drive(r, contents, down, random.Random(seed))
+
+    one, many = run(1), run(ahead)
+    assert many.state is one.state, (one.reason, many.reason)
+    assert many.result == one.result
+    if one.state is RecoveryState.ABORTED:
+        assert many.reason == one.reason
+    assert many.reads_issued >= one.reads_issued

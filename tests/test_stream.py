@@ -287,6 +287,64 @@ def test_the_seeds_counterexample_does_not_diverge_on_real_bookies(own, mutant):
         run(go())
 
 
+def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(own):
+    """The old writer (E4 Qw3 Qa2: striped) dies mid-burst: 600 entries past
+    its LAFR are on their whole write sets; the next one reached no bookie,
+    and 3 after it one bookie each.  The new writer's recovery reads ahead
+    with sparse range reads (a few per bookie, no per-entry reads),
+    recovers the 600, ends at the hole (absent) and truncates the 3 strays
+    above it."""
+    procs = own.start(4)
+    name = sname()
+    PAST, STRAY = 600, 3
+
+    async def go():
+        async with aclient(own) as c1, aclient(own) as c2:
+            w1 = await c1.open_writer(name, StreamConfig(4, 3, 2))
+            acked = [await w1.append(b"a%d" % i) for i in range(50)]
+            await w1.flush()
+            last = acked[-1].entry_id
+            info = await c1.stream_info(name)
+            lid, ens = info["ledger_id"], info["ensemble"]
+            by_id = {p.bookie_id: p for p in procs}
+            raw = {b: BookieClient(by_id[b].address) for b in ens}
+            per_bookie: dict[str, list[bytes]] = {b: [] for b in ens}
+            for k in [*range(PAST), *range(PAST + 1, PAST + 1 + STRAY)]:  # the hole: PAST
+                eid = last + 1 + k
+                r = E.encode(lid, eid, b"past-%d" % k, lac=last, lafr=last, term=w1.term)
+                targets = write_set(eid, 4, 3) if k < PAST else write_set(eid, 4, 3)[:1]
+                for i in targets:
+                    per_bookie[ens[i]].append(r)
+            for b, recs in per_bookie.items():
+                assert (await raw[b].add(b"".join(recs))).status == Status.OK
+            before = {b: await raw[b].info() for b in ens}
+
+            w2 = await c2.open_writer(name)   # the take-over
+            after = {b: await raw[b].info() for b in ens}
+            ranges = {b: after[b].read_range_requests - before[b].read_range_requests for b in ens}
+            entries = {b: after[b].read_entry_requests - before[b].read_entry_requests for b in ens}
+            assert set(entries.values()) == {0}, entries          # no per-entry reads
+            assert all(1 <= n <= 3 for n in ranges.values()), ranges  # (one per window fill)
+
+            end = last + 1 + PAST
+            p = await w2.append(b"w2-first")
+            assert p.entry_id == end + 1                           # after the truncate no-op at `end`
+            got = await read_all(c2, name, until=b"w2-first")
+            assert [r.payload for r in got] == ([b"a%d" % i for i in range(50)] +
+                                                [b"past-%d" % k for k in range(PAST)] + [b"w2-first"])
+            assert [r.position.entry_id for r in got[50:-1]] == list(range(last + 1, end))
+            for k in range(1, STRAY):                              # the strays are gone everywhere
+                for b in ens:                                       # (end + 1 is w2's entry now)
+                    assert (await raw[b].read_entry(lid, end + 1 + k)).status == Status.NO_SUCH_ENTRY
+            for eid in (last + 1, last + PAST // 2, end - 1):      # recovered copies on whole write sets
+                assert set((await replicas(own, c2, name, eid)).values()) == \
+                    {(Status.OK, b"past-%d" % (eid - last - 1))}
+            for c in raw.values():
+                await c.close()
+
+    run(go())
+
+
 # -- fragments: rolling, trimming, tailing ------------------------------------------------------
 
 
