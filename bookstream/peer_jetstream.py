@@ -218,19 +218,26 @@ class Publisher:
         return fut
 
     async def _run(self) -> None:
-        from stream.stream import _copy_result  # the stream client's own future chaining
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
+        try:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                while self._q:
+                    payload, fut = self._q.popleft()
+                    try:
+                        ack = await self.js.publish_async(self.subject, payload)
+                    except Exception as e:
+                        if not fut.done():
+                            fut.set_exception(e)
+                        continue
+                    ack.add_done_callback(functools.partial(_chain, fut))
+        except BaseException as e:  # never leave an append waiting for ever
+            err = e if isinstance(e, Exception) else PeerUnavailable("publisher stopped")
             while self._q:
-                payload, fut = self._q.popleft()
-                try:
-                    ack = await self.js.publish_async(self.subject, payload)
-                except Exception as e:
-                    if not fut.done():
-                        fut.set_exception(e)
-                    continue
-                ack.add_done_callback(functools.partial(_copy_result, fut))
+                _, fut = self._q.popleft()
+                if not fut.done():
+                    fut.set_exception(err)
+            raise
 
     async def close(self) -> None:
         self._task.cancel()
@@ -238,6 +245,17 @@ class Publisher:
             await self._task
         except asyncio.CancelledError:
             pass
+
+
+def _chain(target: asyncio.Future, source: asyncio.Future) -> None:
+    if target.done():
+        return
+    if source.cancelled():
+        target.cancel()
+    elif source.exception() is not None:
+        target.set_exception(source.exception())
+    else:
+        target.set_result(source.result())
 
 
 async def closed_loop(js, stream: str, size: int, seconds: float, window: int, min_count: int = 0) -> dict:
