@@ -93,7 +93,13 @@ class NatsServerProcess(ServedProcess):
         return f"nats-server {self.name} in {self.data_dir}"
 
     def varz(self) -> dict:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/varz", timeout=10) as r:
+        return self._monitor("varz")
+
+    def jsz(self) -> dict:
+        return self._monitor("jsz")
+
+    def _monitor(self, what: str) -> dict:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/{what}", timeout=10) as r:
             return json.load(r)
 
 
@@ -128,6 +134,7 @@ class JetStreamCluster:
         try:
             with ThreadPoolExecutor(self.n) as ex:
                 list(ex.map(up, self.servers))
+            self._wait_meta_group(timeout)
             for s in self.servers:
                 js = s.varz().get("jetstream", {}).get("config", {})
                 if self.sync == "always" and js.get("sync_always") is not True:
@@ -136,6 +143,22 @@ class JetStreamCluster:
             self.stop()
             raise
         return self
+
+    def _wait_meta_group(self, timeout: float) -> None:
+        """Until the metadata leader counts every server as a current peer
+        (before that, an R3 stream gets "no suitable peers for placement").
+        nats-server announces no such event: its /jsz is polled."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for s in self.servers:
+                mc = s.jsz().get("meta_cluster") or {}
+                peers = mc.get("replicas") or []
+                if (mc.get("leader") == s.name and mc.get("cluster_size") == self.n and len(peers) == self.n - 1
+                        and all(p.get("current") for p in peers)):
+                    return
+            if time.monotonic() > deadline:
+                raise ProcessStartError(f"JetStream metadata group not complete after {timeout} s: {mc}")
+            time.sleep(0.05)  # polling interval of the monitor endpoint
 
     def stop(self) -> None:
         for s in self.servers:
