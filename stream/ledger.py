@@ -123,7 +123,7 @@ class _Writer:
                                max_pending=self.cfg.max_pending_adds,
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
-        self._lac_told = self.core.lac
+        self._lac_told = (self.core.lac, self.core.lafr)
         self._retry_timer: asyncio.TimerHandle | None = None
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, tuple[int, list, list]] = {}  # bookie id -> (index, ids, records)
@@ -250,11 +250,12 @@ class _Writer:
                     f.set_exception(e)
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
-        if (self.options.explicit_lac and not r.sends and r.lac > self._lac_told
+        if (self.options.explicit_lac and not r.sends and (r.lac, r.lafr) > self._lac_told
                 and r.state is WriterState.OPEN):
-            # Adds went quiet: the last entries' LAC would otherwise reach
-            # the bookies only with the next add.
-            self._lac_told = r.lac
+            # Adds went quiet: the last entries' LAC (and LAFR: a take-over
+            # reads from LAFR + 1) would otherwise reach the bookies only
+            # with the next add.
+            self._lac_told = (r.lac, r.lafr)
             for bid in self.core.ensemble:
                 self._spawn(self._write_lac(bid, r.lac, r.lafr))
         if r.ensemble_change is not None:
