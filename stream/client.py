@@ -38,6 +38,7 @@ class ClientConfig:
     read_timeout: float = 5.0              # per read RPC
     speculative_read_timeout: float = 0.1  # ask another replica after this
     max_pending_adds: int = 10_000         # the writer's window
+    explicit_lac_delay: float = 0.005      # adds quiet this long: tell the ensemble the LAC (a journalled RPC)
     read_concurrency: int = 64             # per handle, entry-by-entry reads in flight
     recovery_attempts: int = 3             # recovery runs that may abort (then LedgerRecoveryFailed)
     metadata_attempts: int = 10            # CAS retries

@@ -58,10 +58,12 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger(__name__)
 
 FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
-# Frames in flight per bookie before new entries wait for one to be acked:
-# under load entries gather into larger frames (a frame costs far more than
-# its bytes), with no added latency when the writer is quiet.
+# Frames in flight per bookie.  A small batch waits for the frame ahead of
+# it to be acknowledged, gathering what comes meanwhile (fewer, larger frames:
+# gRPC's cost is per message); a backlog of PIPELINE_BYTES or more goes at
+# once, up to MAX_INFLIGHT_FRAMES, so large entries keep the bookie busy.
 MAX_INFLIGHT_FRAMES = 4
+PIPELINE_BYTES = 256 << 10
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
 # Recovery's range reads come back in smaller frames still: the frontier moves,
 # and write-backs leave, while the rest of the range is on its way.
@@ -124,9 +126,10 @@ class _Writer:
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
         self._lac_told = (self.core.lac, self.core.lafr)
+        self._lac_timer: asyncio.TimerHandle | None = None
         self._retry_timer: asyncio.TimerHandle | None = None
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
-        self._backlog: dict[str, tuple[int, list, list]] = {}  # bookie id -> (index, ids, records)
+        self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
         self._queued_n = 0
@@ -251,13 +254,8 @@ class _Writer:
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
         if (self.options.explicit_lac and not r.sends and (r.lac, r.lafr) > self._lac_told
-                and r.state is WriterState.OPEN):
-            # Adds went quiet: the last entries' LAC (and LAFR: a take-over
-            # reads from LAFR + 1) would otherwise reach the bookies only
-            # with the next add.
-            self._lac_told = (r.lac, r.lafr)
-            for bid in self.core.ensemble:
-                self._spawn(self._write_lac(bid, r.lac, r.lafr))
+                and r.state is WriterState.OPEN and self._lac_timer is None):
+            self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
         if self.core.held and self._retry_timer is None:
@@ -268,6 +266,21 @@ class _Writer:
         for w in waiters:
             if not w.done():
                 w.set_result(None)
+
+    def _explicit_lac(self) -> None:
+        """Adds went quiet: the last entries' LAC (and LAFR: a take-over
+        reads from LAFR + 1) would otherwise reach the bookies only with the
+        next add.  Sent once adds stayed quiet for ``explicit_lac_delay`` (a
+        WriteLac is journalled: one per add would double the fsyncs), and
+        not while adds are in flight (their acks arm it again)."""
+        self._lac_timer = None
+        core = self.core
+        told = (core.lac, core.lafr)
+        if core.state is not WriterState.OPEN or told <= self._lac_told or core.next_to_send > core.lafr + 1:
+            return
+        self._lac_told = told
+        for bid in core.ensemble:
+            self._spawn(self._write_lac(bid, core.lac, core.lafr))
 
     def _retry_held(self) -> None:
         self._retry_timer = None
@@ -287,12 +300,17 @@ class _Writer:
         t.add_done_callback(self._tasks.discard)
 
     def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
-        if self._inflight.get(bookie_id, 0) >= MAX_INFLIGHT_FRAMES:
-            held = self._backlog.setdefault(bookie_id, (index, [], []))
-            held[1].extend(ids)
-            held[2].extend(records)
+        inflight = self._inflight.get(bookie_id, 0)
+        if inflight == 0:
+            self._transmit(index, bookie_id, ids, records)
             return
-        self._transmit(index, bookie_id, ids, records)
+        held = self._backlog.setdefault(bookie_id, [index, [], [], 0])
+        held[1].extend(ids)
+        held[2].extend(records)
+        held[3] += sum(map(len, records))
+        if held[3] >= PIPELINE_BYTES and inflight < MAX_INFLIGHT_FRAMES:
+            del self._backlog[bookie_id]
+            self._transmit(index, bookie_id, held[1], held[2])
 
     def _transmit(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
         bc = self.client.bookie_now(bookie_id)
@@ -432,8 +450,9 @@ class _Writer:
     def cancel(self) -> None:
         for t in list(self._tasks):
             t.cancel()
-        if self._retry_timer is not None:
-            self._retry_timer.cancel()
+        for timer in (self._retry_timer, self._lac_timer):
+            if timer is not None:
+                timer.cancel()
 
 
 # -- recovery -----------------------------------------------------------------------
