@@ -267,6 +267,17 @@ class _Writer:
             if not w.done():
                 w.set_result(None)
 
+    async def tell_lac(self) -> None:
+        """Sends the LAC and LAFR to the ensemble now, if they moved since
+        last told, and waits for the answers (a writer going away: readers
+        then see every acknowledged entry at once)."""
+        core = self.core
+        told = (core.lac, core.lafr)
+        if core.state is not WriterState.OPEN or told <= self._lac_told:
+            return
+        self._lac_told = told
+        await asyncio.gather(*(self._write_lac(bid, *told) for bid in core.ensemble))
+
     def _explicit_lac(self) -> None:
         """Adds went quiet: the last entries' LAC (and LAFR: a take-over
         reads from LAFR + 1) would otherwise reach the bookies only with the
@@ -276,7 +287,7 @@ class _Writer:
         self._lac_timer = None
         core = self.core
         told = (core.lac, core.lafr)
-        if core.state is not WriterState.OPEN or told <= self._lac_told or core.next_to_send > core.lafr + 1:
+        if core.state is not WriterState.OPEN or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
             return
         self._lac_told = told
         for bid in core.ensemble:

@@ -463,6 +463,7 @@ class AsyncStreamWriter:
         await self.flush()
         w = self.handle._writer
         if w is not None:
+            await w.tell_lac()
             w.cancel()
             self.handle._closed = True
 
