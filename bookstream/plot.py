@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"bookstream": "#1f77b4", "jetstream": "#2ca02c", "grpc": "#ff7f0e", "disk": "#7f7f7f"}
+COLORS = {"bookstream": "#1f77b4", "jetstream": "#2ca02c", "grpc": "#ff7f0e", "disk": "#7f7f7f", "cpu": "#d62728"}
 
 
 def _appends_panel(ax, doc: dict) -> None:
@@ -17,12 +17,13 @@ def _appends_panel(ax, doc: dict) -> None:
     series = {"bookstream": [f["value"] for f in figs],
               "jetstream": [f["jetstream"]["value"] if f["jetstream"] else 0 for f in figs],
               "gRPC ceiling": [f["ceilings"].get("grpc", {}).get("value") or 0 for f in figs],
-              "disk ceiling": [f["ceilings"].get("disk", {}).get("value") or 0 for f in figs]}
-    colors = [COLORS["bookstream"], COLORS["jetstream"], COLORS["grpc"], COLORS["disk"]]
-    width = 0.2
+              "disk ceiling": [f["ceilings"].get("disk", {}).get("value") or 0 for f in figs],
+              "CPU ceiling": [f["ceilings"].get("cpu", {}).get("value") or 0 for f in figs]}
+    colors = [COLORS["bookstream"], COLORS["jetstream"], COLORS["grpc"], COLORS["disk"], COLORS["cpu"]]
+    width = 0.16
     xs = range(len(figs))
     for i, ((name, vals), color) in enumerate(zip(series.items(), colors)):
-        bars = ax.bar([x + (i - 1.5) * width for x in xs], vals, width, label=name, color=color)
+        bars = ax.bar([x + (i - 2) * width for x in xs], vals, width, label=name, color=color)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in vals], fontsize=6, rotation=90, padding=2)
     ax.set_xticks(list(xs), [_size(f["entry_bytes"]) for f in figs])
     ax.set_yscale("log")

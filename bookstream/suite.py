@@ -176,6 +176,38 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
             s.stop()
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads (/proc)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU used by this (client) process, the bookies and etcd between two
+    points: what one append costs the machine, and so the appends/s the
+    machine's cores allow at that cost (the CPU ceiling)."""
+
+    def __init__(self, bookie_pids: list[int], etcd_pid: int | None):
+        self.pids = {"bookies": bookie_pids, "etcd": [etcd_pid] if etcd_pid else []}
+
+    def sample(self) -> dict[str, float]:
+        out = {"client": time.process_time()}
+        for k, pids in self.pids.items():
+            out[k] = sum(_cpu_seconds(p) for p in pids)
+        return out
+
+    @staticmethod
+    def per_op(before: dict, after: dict, ops: int, seconds: float) -> dict:
+        used = {k: after[k] - before[k] for k in before}
+        total = sum(used.values())
+        cores = os.cpu_count() or 1
+        per = total / ops if ops else 0.0
+        return {**{f"{k}_s": v for k, v in used.items()}, "total_s": total, "us_per_op": per * 1e6,
+                "busy_cores": total / seconds if seconds else 0.0, "cores": cores,
+                "ceiling_per_s": cores / per if per else 0.0}
+
+
 async def _journal_counters(addresses: list[str]) -> tuple[int, int]:
     from stream.bookie_client import BookieClient
 
@@ -205,6 +237,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
     say("bookstream: starting etcd + 3 bookies (fsync on)")
     cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING").start()
     addrs = [b.address for b in cluster.bookies]
+    cpu = CpuMeter([b.proc.pid for b in cluster.bookies], cluster.etcd.pid if cluster.etcd else None)
     out: dict = {"appends": [], "reads": [], "open_loop": None, "takeover": []}
     tag = os.getpid()
 
@@ -214,14 +247,19 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
             for size, window, min_count in workload_plan(p):
                 name = f"suite-{size}-{tag}"
                 before = await _journal_counters(addrs)
+                cpu0 = cpu.sample()
                 r = await bench.stream_closed_loop(sc, name, size, p["seconds"], window, min_count,
                                                    batch=max(1, min(p["batch"], window // 4)))
+                r["cpu"] = CpuMeter.per_op(cpu0, cpu.sample(), r["appends"], r["seconds"])
                 r["window"] = window
                 r["journal"] = _journal(before, await _journal_counters(addrs), r["appends"])
                 out["appends"].append(r)
+                c = r["cpu"]
                 say(f"bookstream closed loop, {size} B: {r['appends_per_s']:,.0f} appends/s, {r['mb_per_s']:.1f} MB/s, "
                     f"p50 {r['p50_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms "
-                    f"(journal writes of {r['journal']['write_bytes']:,.0f} B)")
+                    f"(journal writes of {r['journal']['write_bytes']:,.0f} B; CPU {c['us_per_op']:.1f} us/append: "
+                    f"client {c['client_s'] / r['appends'] * 1e6:.1f}, bookies {c['bookies_s'] / r['appends'] * 1e6:.1f}; "
+                    f"{c['busy_cores']:.2f} of {c['cores']} cores busy)")
                 t = await bench.stream_read_all(sc, name, size)
                 out["reads"].append(t)
                 say(f"bookstream catch-up read, {size} B: {t['entries']:,} entries at {t['entries_per_s']:,.0f}/s, "
@@ -384,6 +422,11 @@ def build_figures(doc: dict) -> list[dict]:
         if g:
             ceilings["grpc"] = _ref(r["appends_per_s"], g["entries_per_s"],
                                     f"empty servers, frames of {g['batch']} x {size} B to 3 servers", unit="appends/s")
+        c = r.get("cpu")
+        if c and c["ceiling_per_s"]:
+            ceilings["cpu"] = _ref(r["appends_per_s"], c["ceiling_per_s"],
+                                   f"{c['cores']} cores / {c['us_per_op']:.1f} us of CPU per append (client, bookies "
+                                   f"and etcd, measured in this run)", unit="appends/s")
         j = _by_size(js.get("appends"), size)
         peer = _ref(r["appends_per_s"], j["appends_per_s"], "JetStream R3 publishes") if j else None
         how = f" ({r['batch']} per call)" if r.get("batch", 1) > 1 else ""

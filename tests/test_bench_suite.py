@@ -51,8 +51,10 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     bs = doc["bookstream"]
     assert [r["entry_bytes"] for r in bs["appends"]] == [100, 1024, 65536]
     assert all(r["journal"]["fsyncs"] > 0 and r["journal"]["write_bytes"] > 0 for r in bs["appends"])
-    # a reader reads up to the LAC: all but the last appends' (their LAC travels with later entries)
-    assert all(0 < r["entries"] <= a["appends"] for r, a in zip(bs["reads"], bs["appends"]))
+    # the writer's close told the bookies the last LAC: the read-back reads every append
+    assert all(r["entries"] == a["appends"] for r, a in zip(bs["reads"], bs["appends"]))
+    assert all(r["cpu"]["client_s"] > 0 and r["cpu"]["bookies_s"] > 0 and r["cpu"]["us_per_op"] > 0
+               for r in bs["appends"])
     assert bs["open_loop"]["completed"] > 0 and bs["open_loop"]["failed"] == 0 and bs["open_loop"]["cdf_ms"]
 
     js = doc["jetstream"]
@@ -68,7 +70,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         for c in f["ceilings"].values():
             assert _positive(c["value"]) and _positive(c["ratio"]), f
     for key in ("appends_100", "appends_1024", "appends_65536"):
-        assert {"disk", "grpc"} <= figs[key]["ceilings"].keys()
+        assert {"disk", "grpc", "cpu"} <= figs[key]["ceilings"].keys()
     for key in ("appends_100", "appends_1024", "appends_65536", "open_loop_p50", "tail_read", "catchup_read"):
         assert _positive(figs[key]["jetstream"]["ratio"]), key
     for key in ("appends_100", "open_loop_p99", "takeover@200", "replay", "index_memory"):
