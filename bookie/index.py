@@ -139,6 +139,19 @@ class LedgerIndex:
     def last_entry(self) -> int:
         return self._runs.peekitem(-1)[1].end - 1 if self._runs else -1
 
+    def runs_from(self, first: int, last: int) -> Iterator[tuple[int, array, array]]:
+        """(first id, locations, lengths) of consecutive ids from `first`, a
+        slice of one run at a time, stopping at `last` or at the first id
+        the index does not hold."""
+        eid = first
+        while eid <= last:
+            run = self._run_containing(eid)
+            if run is None:
+                return
+            a, b = eid - run.start, min(run.end, last + 1) - run.start
+            yield eid, run.locs[a:b], run.lens[a:b]
+            eid = run.start + b
+
     def iter_from(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
         """(entry_id, loc, length) for consecutive ids from `first`, stopping
         at `last` or at the first id the index does not hold."""

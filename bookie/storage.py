@@ -369,18 +369,21 @@ class Storage:
             return Status.NO_SUCH_LEDGER, [], first
         out, size, nxt, full = [], 0, first, False
         run_loc, run_len = -1, 0  # records adjacent on disk are read in one pread
-        for eid, loc, ln in st.index.iter_from(first, last):
-            if size and size + ln > max_bytes:
-                full = True
+        for start, locs, lens in st.index.runs_from(first, last):
+            for loc, ln in zip(locs, lens):
+                if size and size + ln > max_bytes:
+                    full = True
+                    break
+                if loc == run_loc + run_len:
+                    run_len += ln
+                else:
+                    if run_len:
+                        out.append(self._read_at(run_loc, run_len))
+                    run_loc, run_len = loc, ln
+                size += ln
+                nxt += 1
+            if full:
                 break
-            if loc == run_loc + run_len:
-                run_len += ln
-            else:
-                if run_len:
-                    out.append(self._read_at(run_loc, run_len))
-                run_loc, run_len = loc, ln
-            size += ln
-            nxt = eid + 1
         if run_len:
             out.append(self._read_at(run_loc, run_len))
         if nxt <= last and not full:

@@ -226,3 +226,15 @@ def test_decode_run_rejects_damaged_or_foreign_frames(damage):
     expected = E.ChecksumMismatch if damage == "crc" else E.MalformedEntry
     with pytest.raises(expected):
         E.decode_run(bytes(buf), 9, 40)
+
+
+def test_verify_all_counts_good_frames_and_names_the_rotten_record():
+    recs = [E.encode(3, 10 + i, b"x" * i) for i in range(5)]
+    assert E.verify_all(b"".join(recs)) == 5 and E.verify_all(b"") == 0
+    bad = bytearray(b"".join(recs))
+    bad[len(recs[0]) + len(recs[1]) + E.HEADER_SIZE] ^= 0xFF   # the payload of entry 12
+    with pytest.raises(E.ChecksumMismatch) as e:
+        E.verify_all(bytes(bad))
+    assert (e.value.ledger_id, e.value.entry_id) == (3, 12)
+    with pytest.raises(E.MalformedEntry):
+        E.verify_all(b"".join(recs)[:-1])
