@@ -41,6 +41,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from bookstream.tuning import tune_gc
 
 SCHEMA = 1
 
@@ -527,6 +528,7 @@ def run_suite(args: argparse.Namespace) -> dict:
 
     say = Progress()
     p = parameters(args)
+    tune_gc()  # the client process, for both systems measured (bookstream/tuning.py)
     base = Path(tempfile.mkdtemp(prefix="bookstream-suite-", dir=args.dir))
     started = datetime.datetime.now(datetime.timezone.utc)
     doc: dict = {

@@ -238,3 +238,16 @@ def test_verify_all_counts_good_frames_and_names_the_rotten_record():
     assert (e.value.ledger_id, e.value.entry_id) == (3, 12)
     with pytest.raises(E.MalformedEntry):
         E.verify_all(b"".join(recs)[:-1])
+
+
+def test_tune_gc_freezes_what_lives_and_raises_the_thresholds():
+    import gc
+
+    from bookstream.tuning import GC_THRESHOLDS, tune_gc
+    before = gc.get_threshold()
+    try:
+        tune_gc()
+        assert gc.get_threshold() == GC_THRESHOLDS and gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*before)
