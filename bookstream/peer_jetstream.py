@@ -345,6 +345,10 @@ async def run_workloads(urls: list[str], plan: list[tuple[int, int, int]], secon
     out: dict = {"appends": [], "reads": [], "open_loop": []}
     nc, js = await connect(urls, max(w for _, w, _ in plan))
     try:
+        if open_loop_rate:  # first, as for bookstream (bookstream/suite.py)
+            r = await open_loop(js, "bench_open_loop", open_loop_size, seconds, open_loop_rate)
+            out["open_loop"].append(r)
+            say("jetstream " + open_loop_line(r))
         for size, window, min_count in plan:
             name = f"bench_{size}"
             r = await closed_loop(js, name, size, seconds, window, min_count)
@@ -359,10 +363,6 @@ async def run_workloads(urls: list[str], plan: list[tuple[int, int, int]], secon
                 await _api(js.delete_stream, name)
             except nats.js.errors.NotFoundError:  # a retried delete whose first try went through
                 pass
-        if open_loop_rate:
-            r = await open_loop(js, "bench_open_loop", open_loop_size, seconds, open_loop_rate)
-            out["open_loop"].append(r)
-            say("jetstream " + open_loop_line(r))
     finally:
         await nc.close()
     out["api_retries"] = API_RETRIES["count"]
