@@ -164,32 +164,39 @@ class EntryTooLarge(MalformedEntry):
                          f"(limit {limit})")
 
 
-def scan(buf: bytes | memoryview, max_payload: int | None = None) -> list[EntryHeader]:
-    """Parses and verifies every record of a concatenation in one pass (the
-    bookie's hot path: what ``iter_headers`` + ``verify`` do, record by
-    record).  Raises MalformedEntry (EntryTooLarge above ``max_payload``) or
-    ChecksumMismatch."""
-    out: list[EntryHeader] = []
+def _checked(buf: bytes | memoryview, max_payload: int | None = None):
+    """Yields (offset, end, header fields) for every record of a
+    concatenation, each one bounds-, field- and checksum-checked first: the
+    one loop under ``scan`` and ``decode_run``.  Raises MalformedEntry
+    (EntryTooLarge above ``max_payload``) or ChecksumMismatch."""
     unpack, crc32, mv = ENTRY_HEADER.unpack_from, zlib.crc32, memoryview(buf)
     off, n = 0, len(buf)
     while off < n:
         if n - off < HEADER_SIZE:
             raise MalformedEntry("truncated entry header")
-        plen, crc, lid, eid, lac, lafr, dflags, rflags, term = unpack(buf, off)
+        f = unpack(buf, off)
+        plen, crc, lid, eid, lac, lafr, dflags, rflags, term = f
         end = off + HEADER_SIZE + plen
         if end > n:
             raise MalformedEntry("truncated entry payload")
         if eid < 0 or lac < -1 or lafr < -1 or dflags & ~DATA_FLAGS_MASK or rflags & ~REQ_FLAGS_MASK or (
                 dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP):
             parse_header(buf, off)  # raises the precise MalformedEntry
-        h = EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, crc, plen, off)
         if max_payload is not None and plen > max_payload:
-            raise EntryTooLarge(h, max_payload)
+            raise EntryTooLarge(parse_header(buf, off), max_payload)
         if crc32(mv[off + HEADER_SIZE:end], crc32(mv[off + CHECKSUM_START:off + CHECKSUM_END])) != crc:
             raise ChecksumMismatch(lid, eid)
-        out.append(h)
+        yield off, end, f
         off = end
-    return out
+
+
+def scan(buf: bytes | memoryview, max_payload: int | None = None) -> list[EntryHeader]:
+    """Parses and verifies every record of a concatenation in one pass (the
+    bookie's hot path: what ``iter_headers`` + ``verify`` do, record by
+    record).  Raises MalformedEntry (EntryTooLarge above ``max_payload``) or
+    ChecksumMismatch."""
+    return [EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, crc, plen, off)
+            for off, _, (plen, crc, lid, eid, lac, lafr, dflags, rflags, term) in _checked(buf, max_payload)]
 
 
 def verify_all(buf: bytes | memoryview) -> int:
@@ -255,25 +262,12 @@ def decode_run(buf: bytes, ledger_id: int, first_entry: int) -> list[Entry]:
     hot path, one header parse and one checksum pass per record.  Raises
     MalformedEntry / ChecksumMismatch like ``decode``."""
     out: list[Entry] = []
-    unpack, crc32, mv = ENTRY_HEADER.unpack_from, zlib.crc32, memoryview(buf)
-    off, n, want = 0, len(buf), first_entry
-    while off < n:
-        if n - off < HEADER_SIZE:
-            raise MalformedEntry("truncated entry header")
-        plen, crc, lid, eid, lac, lafr, dflags, rflags, term = unpack(buf, off)
-        end = off + HEADER_SIZE + plen
-        if end > n:
-            raise MalformedEntry("truncated entry payload")
+    want = first_entry
+    for off, end, (_, _, lid, eid, lac, lafr, dflags, _, _) in _checked(buf):
         if lid != ledger_id or eid != want:
             raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:{want}")
-        if lac < -1 or lafr < -1 or dflags & ~DATA_FLAGS_MASK or rflags & ~REQ_FLAGS_MASK or (
-                dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP):
-            parse_header(buf, off)  # raises the precise MalformedEntry
-        body = mv[off + HEADER_SIZE:end]
-        if crc32(body, crc32(mv[off + CHECKSUM_START:off + CHECKSUM_END])) != crc:
-            raise ChecksumMismatch(lid, eid)
-        out.append(Entry(lid, eid, bytes(body), lac, lafr, dflags))
-        off, want = end, want + 1
+        out.append(Entry(lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags))
+        want += 1
     return out
 
 

@@ -139,18 +139,26 @@ class LedgerIndex:
     def last_entry(self) -> int:
         return self._runs.peekitem(-1)[1].end - 1 if self._runs else -1
 
-    def runs_from(self, first: int, last: int) -> Iterator[tuple[int, array, array]]:
-        """(first id, locations, lengths) of consecutive ids from `first`, a
-        slice of one run at a time, stopping at `last` or at the first id
-        the index does not hold."""
-        eid = first
-        while eid <= last:
-            run = self._run_containing(eid)
-            if run is None:
+    def runs_from(self, first: int, last: int, *, skip_gaps: bool = False) -> Iterator[tuple[int, array, array]]:
+        """(first id, locations, lengths) of the ids in [first, last] the
+        index holds, a slice of one run at a time, in id order: from `first`
+        up to the first id it does not hold, or (``skip_gaps``) every held
+        id of the range."""
+        runs = self._runs
+        if first > last or not runs:
+            return
+        i = max(runs.bisect_right(first) - 1, 0)
+        expect = first
+        for run in runs.values()[i:]:
+            if run.start > last:
                 return
-            a, b = eid - run.start, min(run.end, last + 1) - run.start
-            yield eid, run.locs[a:b], run.lens[a:b]
-            eid = run.start + b
+            lo, hi = max(first, run.start), min(last + 1, run.end)
+            if lo >= hi:
+                continue  # the run before `first` ends below it
+            if not skip_gaps and lo != expect:
+                return
+            yield lo, run.locs[lo - run.start:hi - run.start], run.lens[lo - run.start:hi - run.start]
+            expect = hi
 
     def iter_from(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
         """(entry_id, loc, length) for consecutive ids from `first`, stopping
@@ -164,20 +172,6 @@ class LedgerIndex:
             for k in range(eid - run.start, stop - run.start):
                 yield run.start + k, run.locs[k], run.lens[k]
             eid = stop
-
-    def iter_held(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
-        """(entry_id, loc, length) for every id in [first, last] the index
-        holds, in id order, skipping the ids it does not hold."""
-        runs = self._runs
-        if first > last or not runs:
-            return
-        i = max(runs.bisect_right(first) - 1, 0)
-        for run in runs.values()[i:]:
-            if run.start > last:
-                return
-            lo, hi = max(first, run.start), min(last + 1, run.end)
-            for k in range(lo - run.start, hi - run.start):
-                yield run.start + k, run.locs[k], run.lens[k]
 
     def iter_all(self) -> Iterator[tuple[int, int, int]]:
         for run in list(self._runs.values()):

@@ -367,25 +367,9 @@ class Storage:
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], first
-        out, size, nxt, full = [], 0, first, False
-        run_loc, run_len = -1, 0  # records adjacent on disk are read in one pread
-        for start, locs, lens in st.index.runs_from(first, last):
-            for loc, ln in zip(locs, lens):
-                if size and size + ln > max_bytes:
-                    full = True
-                    break
-                if loc == run_loc + run_len:
-                    run_len += ln
-                else:
-                    if run_len:
-                        out.append(self._read_at(run_loc, run_len))
-                    run_loc, run_len = loc, ln
-                size += ln
-                nxt += 1
-            if full:
-                break
-        if run_len:
-            out.append(self._read_at(run_loc, run_len))
+        out, nxt, full = self._read_runs(st.index.runs_from(first, last), max_bytes)
+        if nxt is None:
+            nxt = first
         if nxt <= last and not full:
             return Status.NO_SUCH_ENTRY, out, nxt
         return Status.OK, out, nxt
@@ -402,22 +386,34 @@ class Storage:
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last
-        out, size, through = [], 0, last
-        run_loc, run_len = -1, 0  # records adjacent on disk are read in one pread
-        for eid, loc, ln in st.index.iter_held(first, last):
-            if size and size + ln > max_bytes:
-                through = eid - 1
-                break
-            if loc == run_loc + run_len:
-                run_len += ln
-            else:
-                if run_len:
-                    out.append(self._read_at(run_loc, run_len))
-                run_loc, run_len = loc, ln
-            size += ln
+        out, nxt, full = self._read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes)
+        return Status.OK, out, nxt - 1 if full else last
+
+    def _read_runs(self, runs, max_bytes: int) -> tuple[list[bytes], int | None, bool]:
+        """Reads the records of index runs in order, at most `max_bytes` but
+        at least one record, records adjacent on disk in one pread.  Returns
+        (records, the id after the last one read or None, whether
+        `max_bytes` stopped it)."""
+        out, size, nxt = [], 0, None
+        run_loc, run_len = -1, 0
+        for start, locs, lens in runs:
+            nxt = start
+            for loc, ln in zip(locs, lens):
+                if size and size + ln > max_bytes:
+                    if run_len:
+                        out.append(self._read_at(run_loc, run_len))
+                    return out, nxt, True
+                if loc == run_loc + run_len:
+                    run_len += ln
+                else:
+                    if run_len:
+                        out.append(self._read_at(run_loc, run_len))
+                    run_loc, run_len = loc, ln
+                size += ln
+                nxt += 1
         if run_len:
             out.append(self._read_at(run_loc, run_len))
-        return Status.OK, out, through
+        return out, nxt, False
 
     # -- LAC long poll ------------------------------------------------------------------
 

@@ -97,10 +97,13 @@ def test_put_run_is_put_entry_by_entry(runs):
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 40), st.integers(1, 9)), max_size=10), st.integers(0, 45),
        st.integers(0, 50))
-def test_runs_from_slices_what_iter_from_yields(puts, first, last):
+def test_runs_from_slices_what_the_index_holds(puts, first, last):
     from array import array
     ix = LedgerIndex()
     for start, n in puts:
         ix.put_run(start, array("Q", range(start * 10, start * 10 + n)), array("I", [7] * n))
     flat = [(s + k, locs[k], lens[k]) for s, locs, lens in ix.runs_from(first, last) for k in range(len(locs))]
     assert flat == list(ix.iter_from(first, last))
+    held = [(s + k, locs[k], lens[k]) for s, locs, lens in ix.runs_from(first, last, skip_gaps=True)
+            for k in range(len(locs))]
+    assert held == [(e, loc, ln) for e, loc, ln in ix.iter_all() if first <= e <= last]
