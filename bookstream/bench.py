@@ -51,9 +51,10 @@ def add_parser(sub) -> None:
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
     add_client_parsers(bsub)
-    from bookstream import suite
+    from bookstream import profile, suite
 
     suite.add_parsers(bsub)
+    profile.add_parser(bsub)
 
 
 def build_frames(ledger_id: int, size: int, batch: int, count: int) -> list[bytes]:

@@ -240,13 +240,43 @@ class Publisher:
         self._wake.set()
         return fut
 
+    async def _first(self, payload: bytes):
+        """The first publish, alone and acknowledged: a stream just created
+        may not be reachable yet from the server this client talks to (its
+        leader's interest still on its way).  "No responders" means no
+        stream stored it, so asking again is safe."""
+        import nats.js.errors
+
+        deadline = asyncio.get_running_loop().time() + 30
+        delay = 0.01
+        while True:
+            try:
+                return await self.js.publish(self.subject, payload)
+            except nats.js.errors.NoStreamResponseError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(delay)  # back-off before asking again
+                delay = min(0.5, delay * 2)
+
     async def _run(self) -> None:
+        first = True
         try:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
                 while self._q:
                     payload, fut = self._q.popleft()
+                    if first:
+                        first = False
+                        try:
+                            ack = await self._first(payload)
+                        except Exception as e:
+                            if not fut.done():
+                                fut.set_exception(e)
+                        else:
+                            if not fut.done():
+                                fut.set_result(ack)
+                        continue
                     try:
                         ack = await self.js.publish_async(self.subject, payload)
                     except Exception as e:

@@ -171,3 +171,20 @@ def test_jetstream_peer_is_a_3_node_cluster_with_replicas_3_that_reads_back(tmp_
     assert msg.data == b"hello 1"
     assert read["entries"] == 3
     assert not any(s.alive() for s in cluster.servers)
+
+
+def test_profile_names_where_the_client_and_a_bookie_spend_their_cpu(tmp_path):
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bookstream.cli", "bench", "profile", "--seconds", "2", "--size", "100",
+         "--dir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["closed_loop"]["appends_per_s"] > 0
+    client, bookie = doc["profiles"]["client"], doc["profiles"]["bookie"]
+    for prof, own_code in ((client, "stream/"), (bookie, "bookie/")):
+        main = prof["threads"]["main thread"]
+        assert main["busy_samples"] > 0 and 0 < sum(r["share"] for r in main["top"]) <= 1 + 1e-9
+        assert any(own_code in r["function"] for r in main["top"]), main["top"]
+    assert "bookie, thread main thread" in proc.stdout
