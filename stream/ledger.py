@@ -64,6 +64,7 @@ FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
 # once, up to MAX_INFLIGHT_FRAMES, so large entries keep the bookie busy.
 MAX_INFLIGHT_FRAMES = 4
 PIPELINE_BYTES = 256 << 10
+TELL_LAC_TIMEOUT = 1.0  # a closing writer's last explicit LAC
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
 # Recovery's range reads come back in smaller frames still: the frontier moves,
 # and write-backs leave, while the rest of the range is on its way.
@@ -276,7 +277,8 @@ class _Writer:
         if core.state is not WriterState.OPEN or told <= self._lac_told:
             return
         self._lac_told = told
-        await asyncio.gather(*(self._write_lac(bid, *told) for bid in core.ensemble))
+        # advisory: a slow bookie does not hold a closing writer for long
+        await asyncio.gather(*(self._write_lac(bid, *told, timeout=TELL_LAC_TIMEOUT) for bid in core.ensemble))
 
     def _explicit_lac(self) -> None:
         """Adds went quiet: the last entries' LAC (and LAFR: a take-over
@@ -340,12 +342,13 @@ class _Writer:
             timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
             fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
 
-    async def _write_lac(self, bookie_id: str, lac: int, lafr: int) -> None:
+    async def _write_lac(self, bookie_id: str, lac: int, lafr: int, timeout: float | None = None) -> None:
         bc = self.client.bookie_now(bookie_id)
         if bc is None:
             return
         try:
-            resp = await bc.write_lac(self.core.ledger_id, lac, lafr, self.core.term, timeout=self.cfg.add_timeout)
+            resp = await bc.write_lac(self.core.ledger_id, lac, lafr, self.core.term,
+                                      timeout=timeout or self.cfg.add_timeout)
         except (BookieUnavailable, asyncio.TimeoutError):
             return  # advisory: the next entry carries the LAC anyway
         if resp.status == Status.INVALID_TERM:
