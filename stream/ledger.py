@@ -617,6 +617,9 @@ class _RecoveryDriver:
             ids = [w.entry_id for w in writes]
             for fids, frecs in _frames([w.record for w in writes], ids):
                 ack = await asyncio.wait_for(bc.add_frame(b"".join(frecs)), self.cfg.add_timeout)
+                if ack.status == Status.OK and not ack.errors:
+                    self.core.on_write_acks(fids, index, bookie_id=bookie_id)
+                    continue
                 errors = {e.index: e for e in ack.errors}
                 whole = _status(ack.status) if ack.status != Status.OK and not errors else None
                 for k, eid in enumerate(fids):

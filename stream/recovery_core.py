@@ -430,6 +430,28 @@ class RecoveryCore:
             self._incomplete.discard(entry_id)
         self._progress()
 
+    def on_write_acks(self, entry_ids: list[int], bookie_index: int, *, bookie_id: str | None = None) -> None:
+        """OK answers of one bookie for a frame of recovery writes: the same
+        as ``on_write_ack`` for each, with the progress made once."""
+        assert 0 <= bookie_index < self.E
+        if self.state in TERMINAL or self.state is RecoveryState.INIT:
+            return
+        if bookie_id is not None and bookie_id != self.ensemble[bookie_index]:
+            return  # from a bookie replaced since
+        self._step(RecoveryEvent.WRITE_ACK)
+        if bookie_index in self.replacing:
+            return
+        for eid in entry_ids:
+            wb = self.writes.get(eid)
+            if wb is None:
+                continue
+            assert bookie_index in wb.targets, (eid, bookie_index)
+            wb.acked.add(bookie_index)
+            mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
+            if wb.complete:
+                self._incomplete.discard(eid)
+        self._progress()
+
     def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
         """A recovery write failed or timed out: ask for a replacement bookie."""
         assert 0 <= bookie_index < self.E

@@ -536,3 +536,36 @@ def test_read_ahead_decides_like_one_at_a_time(data, e, ahead, inflight):
     if one.state is RecoveryState.ABORTED:
         assert many.reason == one.reason
     assert many.reads_issued >= one.reads_issued
+
+
+@pytest.mark.parametrize("e,qw,qa", [(3, 3, 2), (5, 3, 2)])
+def test_acks_by_frame_reach_what_acks_one_by_one_reach(e, qw, qa):
+    """on_write_acks (a bookie's frame of OK answers) = on_write_ack for
+    each, with the progress made once: the same result and outputs."""
+    def run(by_frame: bool):
+        r = core(e=e, qw=qw, qa=qa, ahead=64)
+        fence_all(r, lac=2, lafr=-1)
+        reads = r.ready().reads
+        for rd in reads:  # entries 0..5 on their whole write sets, 6 absent everywhere
+            r.on_read_response(rd.entry_id, rd.bookie_index, *((OK, rec(rd.entry_id, lac=2)) if rd.entry_id < 6
+                                                                else (NSE,)))
+        outs = []
+        while r.state not in (RecoveryState.DONE, RecoveryState.ABORTED):
+            out = r.ready()
+            outs.append(sorted((w.entry_id, w.bookie_index) for w in out.writes))
+            by_bookie: dict[int, list[int]] = {}
+            for w in out.writes:
+                by_bookie.setdefault(w.bookie_index, []).append(w.entry_id)
+            for i, ids in sorted(by_bookie.items()):
+                if by_frame:
+                    r.on_write_acks(ids, i)
+                else:
+                    for eid in ids:
+                        r.on_write_ack(eid, i)
+            if not out.writes and not out.reads:
+                break
+        return r.state, r.result, outs
+
+    assert run(True) == run(False)
+    state, result, _ = run(True)
+    assert state is RecoveryState.DONE and result.recovered == tuple(range(6)) and result.noop_entry == 6
