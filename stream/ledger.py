@@ -866,19 +866,16 @@ class LedgerHandle:
 
     async def add_entries(self, payloads: "Sequence[bytes]"):
         """Adds a batch and waits for its ack; waits for room in the window."""
-        while True:
-            try:
-                fut = self.add_entries_async(payloads)
-            except err.TooManyPendingAdds:
-                await self._writer.progress()
-                continue
-            return await fut
+        return await self._when_room(lambda: self.add_entries_async(payloads))
 
     async def add_entry(self, payload: bytes) -> int:
         """Adds one entry and waits for its ack; waits for room in the window."""
+        return await self._when_room(lambda: self.add_entry_async(payload))
+
+    async def _when_room(self, add):
         while True:
             try:
-                fut = self.add_entry_async(payload)
+                fut = add()
             except err.TooManyPendingAdds:
                 await self._writer.progress()
                 continue

@@ -420,14 +420,8 @@ class RecoveryCore:
         if status is not Status.OK:
             return self.on_write_failed(entry_id, bookie_index)
         self._step(RecoveryEvent.WRITE_ACK)
-        wb = self.writes.get(entry_id)
-        if wb is None or bookie_index in self.replacing:
+        if bookie_index in self.replacing or not self._take_ack(entry_id, bookie_index):
             return
-        assert bookie_index in wb.targets, (entry_id, bookie_index)
-        wb.acked.add(bookie_index)
-        mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
-        if wb.complete:
-            self._incomplete.discard(entry_id)
         self._progress()
 
     def on_write_acks(self, entry_ids: list[int], bookie_index: int, *, bookie_id: str | None = None) -> None:
@@ -442,15 +436,20 @@ class RecoveryCore:
         if bookie_index in self.replacing:
             return
         for eid in entry_ids:
-            wb = self.writes.get(eid)
-            if wb is None:
-                continue
-            assert bookie_index in wb.targets, (eid, bookie_index)
-            wb.acked.add(bookie_index)
-            mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
-            if wb.complete:
-                self._incomplete.discard(eid)
+            self._take_ack(eid, bookie_index)
         self._progress()
+
+    def _take_ack(self, entry_id: int, bookie_index: int) -> bool:
+        """Records a bookie's OK for a write back; False if none is known."""
+        wb = self.writes.get(entry_id)
+        if wb is None:
+            return False
+        assert bookie_index in wb.targets, (entry_id, bookie_index)
+        wb.acked.add(bookie_index)
+        mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
+        if wb.complete:
+            self._incomplete.discard(entry_id)
+        return True
 
     def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
         """A recovery write failed or timed out: ask for a replacement bookie."""
