@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -41,13 +43,13 @@ def add_parser(sub) -> None:
     b.add_argument("--batches", default="1,10,100,1000")
     b.add_argument("--seconds", type=float, default=3.0, help="time per configuration")
     b.add_argument("--inflight", type=int, default=8, help="frames in flight")
-    b.add_argument("--dir", type=Path, default=None, help="where to put the data (default: a temp dir)")
+    add_data_args(b)
     b.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     b.set_defaults(func=cmd_bench_bookie)
     r = bsub.add_parser("replay", help="journal replay speed of a bookie restarted after kill -9")
     r.add_argument("--mb", type=int, default=512, help="journal to write before the kill")
     r.add_argument("--sizes", default="100,65536")
-    r.add_argument("--dir", type=Path, default=None)
+    add_data_args(r)
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
     add_client_parsers(bsub)
@@ -55,6 +57,24 @@ def add_parser(sub) -> None:
 
     suite.add_parsers(bsub)
     profile.add_parser(bsub)
+
+
+def add_data_args(p) -> None:
+    """--dir / --keep-data, for every benchmark that writes data."""
+    p.add_argument("--dir", type=Path, default=None, help="where the data goes (default: a temp dir)")
+    p.add_argument("--keep-data", action="store_true", help="keep the run's data dir (removed by default)")
+
+
+@contextlib.contextmanager
+def data_dir(args: argparse.Namespace, prefix: str):
+    """A fresh directory for one run's data (under --dir), removed when the
+    run ends unless --keep-data: a benchmark writes gigabytes."""
+    base = Path(tempfile.mkdtemp(prefix=prefix, dir=args.dir))
+    try:
+        yield base
+    finally:
+        if not getattr(args, "keep_data", False):
+            shutil.rmtree(base, ignore_errors=True)
 
 
 def build_frames(ledger_id: int, size: int, batch: int, count: int) -> list[bytes]:
@@ -109,11 +129,15 @@ async def bookie_rate(address: str, ledger_id: int, size: int, batch: int, secon
 
 
 def cmd_bench_bookie(args: argparse.Namespace) -> int:
-    from bookstream.processes import BookieProcess
-
     sizes = [int(s) for s in args.sizes.split(",")]
     batches = [int(b) for b in args.batches.split(",")]
-    base = Path(tempfile.mkdtemp(prefix="bookstream-bench-", dir=args.dir))
+    with data_dir(args, "bookstream-bench-") as base:
+        return _bench_bookie(args, base, sizes, batches)
+
+
+def _bench_bookie(args: argparse.Namespace, base: Path, sizes: list[int], batches: list[int]) -> int:
+    from bookstream.processes import BookieProcess
+
     bookie = BookieProcess(base / "bookie", log_level="WARNING").start()
     results = []
     print(f"{'size':>7} {'batch':>6} {'entries/s':>12} {'MB/s':>9} {'raw fsync/s':>12} "
@@ -196,7 +220,8 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     print(f"{'size':>7} {'journal MB':>10} {'replay s':>9} {'replay MB/s':>12} {'entries/s':>12} "
           f"{'read MB/s':>10}", flush=True)
     for size in (int(x) for x in args.sizes.split(",")):
-        r = replay_rate(Path(tempfile.mkdtemp(prefix="bookstream-replay-", dir=args.dir)), size, args.mb)
+        with data_dir(args, "bookstream-replay-") as base:
+            r = replay_rate(base, size, args.mb)
         results.append(r)
         print(f"{size:>7} {r['replayed_bytes'] / 1e6:>10.0f} {r['replay_seconds']:>9.2f} {r['mb_per_s']:>12.0f} "
               f"{r['entries_per_s']:>12,.0f} {r['read_files_mb_per_s']:>10.0f}", flush=True)
@@ -247,14 +272,14 @@ def add_client_parsers(bsub) -> None:
     s.add_argument("--open-loop-rate", type=float, default=10_000,
                    help="appends/s offered for the open-loop latency figure (0: skip)")
     s.add_argument("--bookies", type=int, default=3)
-    s.add_argument("--dir", type=Path, default=None)
+    add_data_args(s)
     s.add_argument("--out", type=Path, default=None)
     s.set_defaults(func=cmd_bench_stream)
     lg = bsub.add_parser("ledger", help="classic ledger appends/s and latency (E3 Qw3 Qa2)")
     lg.add_argument("--sizes", default="100,1024")
     lg.add_argument("--seconds", type=float, default=5.0)
     lg.add_argument("--window", type=int, default=5000)
-    lg.add_argument("--dir", type=Path, default=None)
+    add_data_args(lg)
     lg.add_argument("--out", type=Path, default=None)
     lg.set_defaults(func=cmd_bench_ledger)
 
@@ -367,11 +392,17 @@ def _write_results(args, name: str, results) -> None:
                                         "results": results}, indent=2) + "\n")
 
 
+@contextlib.contextmanager
 def _cluster(args, n: int):
+    """A standalone cluster of `n` bookies on a fresh data dir, for one run."""
     from bookstream.standalone import Standalone
 
-    base = Path(tempfile.mkdtemp(prefix="bookstream-bench-", dir=args.dir))
-    return Standalone(base, bookies=n, base_port=0, log_level="WARNING").start()
+    with data_dir(args, "bookstream-bench-") as base:
+        cluster = Standalone(base, bookies=n, base_port=0, log_level="WARNING").start()
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
 
 
 async def stream_closed_loop(sc, name: str, size: int, seconds: float, window: int, min_count: int = 0, *,
@@ -458,7 +489,6 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
     tune_gc()  # bookstream/tuning.py
 
     results: dict = {"appends": [], "tail": [], "takeover": [], "open_loop": []}
-    cluster = _cluster(args, args.bookies)
     tag = os.getpid()
 
     async def go():
@@ -485,10 +515,8 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                     print(f"take-over of a stream of {length:,} entries, {past:,} past the LAFR: "
                           f"{r['ms']:.1f} ms", flush=True)
 
-    try:
+    with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())
-    finally:
-        cluster.stop()
     _write_results(args, "stream", results)
     return 0
 
@@ -538,7 +566,6 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
     tune_gc()  # bookstream/tuning.py
 
     results = []
-    cluster = _cluster(args, 3)
 
     async def go():
         async with BookKeeperClient(cluster.etcd_endpoint, cluster.cluster,
@@ -553,9 +580,7 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
                 print(_append_row(size, r), flush=True)
                 await lh.close()
 
-    try:
+    with _cluster(args, 3) as cluster:
         asyncio.run(go())
-    finally:
-        cluster.stop()
     _write_results(args, "ledger", results)
     return 0

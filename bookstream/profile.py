@@ -36,7 +36,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--batch", type=int, default=100, help="appends per call (1: append_async per record)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--dir", type=Path, default=None)
+    p.add_argument("--dir", type=Path, default=None, help="where the data and the samples go (default: a temp dir)")
+    p.add_argument("--keep-data", action="store_true", help="keep the cluster's data (removed by default)")
     p.add_argument("--out", type=Path, default=Path("bench-results/profile.json"))
     p.set_defaults(func=cmd_profile)
 
@@ -104,6 +105,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         r = asyncio.run(go())
     finally:
         cluster.stop()
+        if not args.keep_data:
+            shutil.rmtree(base / "cluster", ignore_errors=True)  # the samples stay
     doc = {"benchmark": "profile", "command": " ".join(sys.argv), "closed_loop": r, "profiles": {}}
     print(f"closed loop, {args.size} B ({args.batch} per call): {r['appends_per_s']:,.0f} appends/s")
     for name, path in raws.items():

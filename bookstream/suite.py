@@ -33,10 +33,8 @@ import datetime
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -69,14 +67,15 @@ QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=10
 
 
 def add_parsers(bsub) -> None:
+    from bookstream import bench
+
     s = bsub.add_parser("suite", help="every figure, beside its ceilings and JetStream: JSON + plot")
     s.add_argument("--quick", action="store_true", help="a short smoke run (seconds, not minutes)")
     for key, default in FULL.items():
         s.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
                        help=f"default {default} (quick: {QUICK[key]})")
     s.add_argument("--no-jetstream", action="store_true", help="skip the peer")
-    s.add_argument("--dir", type=Path, default=None, help="where the data goes (default: a temp dir)")
-    s.add_argument("--keep-data", action="store_true", help="keep the run's data dir (removed by default)")
+    bench.add_data_args(s)
     s.add_argument("--out", type=Path, default=Path("bench-results/suite.json"))
     s.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     s.set_defaults(func=cmd_suite)
@@ -526,25 +525,25 @@ def table(doc: dict) -> str:
 
 
 def run_suite(args: argparse.Namespace) -> dict:
-    from bookstream.bench import index_bytes_per_entry
+    from bookstream.bench import data_dir, index_bytes_per_entry
 
     say = Progress()
     p = parameters(args)
     tune_gc()  # the client process, for both systems measured (bookstream/tuning.py)
-    base = Path(tempfile.mkdtemp(prefix="bookstream-suite-", dir=args.dir))
     started = datetime.datetime.now(datetime.timezone.utc)
-    doc: dict = {
-        "benchmark": "suite", "schema": SCHEMA, "command": " ".join(sys.argv),
-        "started": started.isoformat(timespec="seconds"), "machine": machine_facts(base),
-        "parameters": {**p, "bookstream": {"bookies": 3, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2,
-                                           "fsync": True, "client_processes": 1},
-                       "jetstream": {"servers": 3, "replicas": 3, "storage": "file", "sync_interval": "always",
-                                     "client_processes": 1},
-                       "plan": [{"entry_bytes": s, "window": w, "min_appends": m} for s, w, m in workload_plan(p)]},
-        "targets": {k: {"op": op, "value": v, "metric": m} for k, (op, v, m) in TARGETS.items()},
-        "ceilings": {},
-    }
-    try:
+    with data_dir(args, "bookstream-suite-") as base:
+        doc: dict = {
+            "benchmark": "suite", "schema": SCHEMA, "command": " ".join(sys.argv),
+            "started": started.isoformat(timespec="seconds"), "machine": machine_facts(base),
+            "parameters": {**p, "bookstream": {"bookies": 3, "ensemble": 3, "write_quorum": 3, "ack_quorum": 2,
+                                               "fsync": True, "client_processes": 1},
+                           "jetstream": {"servers": 3, "replicas": 3, "storage": "file", "sync_interval": "always",
+                                         "client_processes": 1},
+                           "plan": [{"entry_bytes": s, "window": w, "min_appends": m}
+                                    for s, w, m in workload_plan(p)]},
+            "targets": {k: {"op": op, "value": v, "metric": m} for k, (op, v, m) in TARGETS.items()},
+            "ceilings": {},
+        }
         doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
@@ -553,9 +552,6 @@ def run_suite(args: argparse.Namespace) -> dict:
         doc["replay"] = phase_replay(base, p, say)
         say(f"index: {p['index_entries']:,} entries")
         doc["index"] = index_bytes_per_entry(p["index_entries"])
-    finally:
-        if not args.keep_data:
-            shutil.rmtree(base, ignore_errors=True)
     doc["figures"] = build_figures(doc)
     doc["duration_s"] = (datetime.datetime.now(datetime.timezone.utc) - started).total_seconds()
     return doc

@@ -188,3 +188,27 @@ def test_profile_names_where_the_client_and_a_bookie_spend_their_cpu(tmp_path):
         assert main["busy_samples"] > 0 and 0 < sum(r["share"] for r in main["top"]) <= 1 + 1e-9
         assert any(own_code in r["function"] for r in main["top"]), main["top"]
     assert "bookie, thread main thread" in proc.stdout
+    runs = [p for p in tmp_path.iterdir() if p.name.startswith("bookstream-profile-")]
+    assert len(runs) == 1 and not (runs[0] / "cluster").exists()  # the samples stay, the data goes
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_client_and_bookie_benchmarks_remove_their_data_unless_kept(tmp_path, keep):
+    runs = {
+        "stream": ["stream", "--sizes", "100", "--seconds", "0.2", "--window", "50",
+                   "--takeover-lengths", "10", "--open-loop-rate", "0"],
+        "bookie": ["bookie", "--sizes", "100", "--batches", "10", "--seconds", "0.2"],
+    }
+    for name, argv in runs.items():
+        d = tmp_path / name
+        d.mkdir()
+        proc = subprocess.run(
+            [sys.executable, "-m", "bookstream.cli", "bench", *argv, "--dir", str(d)]
+            + (["--keep-data"] if keep else []),
+            capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        left = [p for p in d.iterdir() if p.name.startswith("bookstream-bench-")]
+        if keep:
+            assert len(left) == 1 and any(left[0].rglob("segment-*.log")), name
+        else:
+            assert left == [], name
