@@ -40,7 +40,7 @@ import enum
 from array import array
 from dataclasses import dataclass, field
 
-from bookie.entry import EntryHeader
+from bookie.entry import FLAG_TRUNCATE, EntryHeader, EntryRun
 from bookie.index import LedgerIndex, Removed
 
 
@@ -104,7 +104,7 @@ class BookieCore:
 
     # -- adds ----------------------------------------------------------------
 
-    def admit_add(self, h: EntryHeader) -> Verdict:
+    def admit_add(self, h: EntryHeader | EntryRun) -> Verdict:
         """Step 1 of an add: the term and fence rules, on receipt."""
         st = self.ledgers.get(h.ledger_id)
         if st is not None and h.term < st.term:
@@ -142,25 +142,25 @@ class BookieCore:
             dead.append(old)
         return dead
 
-    def apply_run(self, hs: list[EntryHeader], locs: array, lens: array) -> Removed:
-        """``apply_add`` for consecutive entries of one ledger, none of them a
-        truncate no-op (the usual content of a frame): the same state after
-        it, with the ledger looked up and the index extended once."""
-        h0 = hs[0]
-        st = self.ledgers.get(h0.ledger_id)
-        if st is None:
-            st = self.ledgers[h0.ledger_id] = LedgerState()
-        term, lac, lafr = st.term, st.lac, st.lafr
-        for h in hs:
-            assert h.ledger_id == h0.ledger_id and not h.is_truncate
-            if h.term > term:
-                term = h.term
-            if h.lac > lac:
-                lac = h.lac
-            if h.lafr > lafr:
-                lafr = h.lafr
-        st.term, st.lac, st.lafr = term, lac, lafr
-        return st.index.put_run(h0.entry_id, locs, lens)
+    def apply_run(self, run: EntryRun, locs: array) -> Removed:
+        """``apply_add`` for a run of consecutive entries of one ledger
+        (``entry.EntryRun``: a frame's usual content; a truncate no-op is a
+        run of its own), at ``locs``: the same state after it, with the
+        ledger looked up and the index extended once."""
+        st = self.ledgers.get(run.ledger_id)
+        if st is None:  # replay of a ledger deleted after the add was admitted
+            st = self.ledgers[run.ledger_id] = LedgerState()
+        if run.term > st.term:
+            st.term = run.term
+        if run.lac > st.lac:
+            st.lac = run.lac
+        if run.lafr > st.lafr:
+            st.lafr = run.lafr
+        if run.data_flags & FLAG_TRUNCATE:
+            dead = st.index.truncate_after(run.first_entry)
+            dead += st.index.put_run(run.first_entry, locs, run.lengths)
+            return dead
+        return st.index.put_run(run.first_entry, locs, run.lengths)
 
     def apply_relocation(self, ledger_id: int, entry_id: int, old_loc: int, new_loc: int, length: int) -> bool:
         """Compaction moved a record: follow it, unless the entry changed

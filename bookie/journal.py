@@ -77,16 +77,15 @@ def frame_record(rtype: int, body: bytes | memoryview) -> bytes:
     return head + struct.pack("<I", crc)
 
 
-def verified_headers(rtype: int, body: memoryview) -> list[E.EntryHeader] | None:
+def verified_runs(rtype: int, body: memoryview) -> list[E.EntryRun] | None:
     """Parses and checks the entry records of an entry-bearing body (the
-    journal CRC does not cover them); None if any is torn or corrupt.  Header
+    journal CRC does not cover them); None if any is torn or corrupt.  Run
     offsets are relative to the first entry record."""
     try:
         start = 4 + 8 * struct.unpack_from("<I", body, 0)[0] if rtype == R_RELOCATED else 0
-        headers = E.scan(body[start:])
+        return E.scan_runs(body[start:])
     except (E.MalformedEntry, E.ChecksumMismatch, struct.error):
         return None
-    return headers
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +109,7 @@ class ScannedRecord:
     segment: int
     body_offset: int  # of the body in the segment file
     end: Position     # just past the record
-    headers: list | None = None  # entry-bearing records: their parsed headers
+    runs: list | None = None  # entry-bearing records: their entries, scanned (entry.EntryRun)
 
 
 class JournalWriteError(OSError):
@@ -226,18 +225,18 @@ class Journal:
                 if body_off + blen > len(data):
                     break
                 body = mv[body_off : body_off + blen]
-                headers = None
+                runs = None
                 if rtype in ENTRY_RECORD_TYPES:
                     if zlib.crc32(mv[off : off + 8]) != crc:
                         break
-                    headers = verified_headers(rtype, body)
-                    if headers is None:
+                    runs = verified_runs(rtype, body)
+                    if runs is None:
                         break
                 elif zlib.crc32(body, zlib.crc32(mv[off : off + 8])) != crc:
                     break
                 off = body_off + blen
                 self.scan_end = Position(seg, off)
-                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, headers)
+                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, runs)
             if off != len(data):
                 log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
                 self.scan_end = Position(seg, off)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from bookie import entry as E
+from bookie import wire
 from bookie.core import Status
 from bookie.journal import JournalWriteError
 from bookie.storage import Storage, StorageConfig
@@ -47,6 +48,27 @@ class BookieConfig:
     gc_interval_s: float = 30.0
 
 
+def register(service: "BookieService", server) -> None:
+    """The generated registration, except that the Add stream's frames reach
+    the service as raw bytes (bookie/wire.py: no protobuf copies of them)."""
+    handlers: dict = {}
+
+    class _Collect:
+        def add_generic_rpc_handlers(self, generic) -> None:
+            pass
+
+        def add_registered_method_handlers(self, name, by_method) -> None:
+            handlers[name] = dict(by_method)
+
+    pb_grpc.add_BookieServicer_to_server(service, _Collect())
+    (name, by_method), = handlers.items()
+    add = by_method["Add"]
+    by_method["Add"] = grpc.stream_stream_rpc_method_handler(
+        add.stream_stream, request_deserializer=None, response_serializer=add.response_serializer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, by_method),))
+    server.add_registered_method_handlers(name, by_method)
+
+
 class BookieService(pb_grpc.BookieServicer):
     def __init__(self, storage: Storage, config: BookieConfig):
         self.storage = storage
@@ -68,26 +90,32 @@ class BookieService(pb_grpc.BookieServicer):
 
         async def read_frames():
             try:
-                async for frame in request_iterator:
-                    entries = frame.entries  # each access of a bytes field copies it: once
+                async for message in request_iterator:
+                    # raw bytes (see register): the entries are a view into them
+                    try:
+                        frame_id, entries = wire.decode_add_frame(message)
+                    except wire.MalformedFrame as e:
+                        state["malformed"] = f"not an AddFrame: {e}"
+                        break  # the stream ends with INVALID_ARGUMENT once its acks are out
                     size = len(entries)
-                    status, msg, headers = storage.validate_frame(entries)
+                    status, msg, runs = storage.validate_frame(entries)
                     if status is not Status.OK:
-                        acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=status, message=msg))
+                        acks.put_nowait(pb.AddAck(frame_id=frame_id, status=status, message=msg))
                         continue
                     try:
-                        refused, durable = storage.admit_frame(entries, headers)
+                        refused, durable = storage.admit_frame(entries, runs)
                     except Exception as e:  # never let a frame kill the stream
                         log.exception("add frame failed")
-                        acks.put_nowait(pb.AddAck(frame_id=frame.frame_id, status=Status.INTERNAL_ERROR, message=str(e)))
+                        acks.put_nowait(pb.AddAck(frame_id=frame_id, status=Status.INTERNAL_ERROR, message=str(e)))
                         continue
                     errors = [pb.EntryError(index=i, status=v.status, term=v.term) for i, v in refused]
+                    count = E.count_entries(runs)
                     if durable is None:
-                        acks.put_nowait(_ack(frame.frame_id, errors, len(headers)))
+                        acks.put_nowait(_ack(frame_id, errors, count))
                         continue
                     await budget.acquire(size)
                     state["inflight"] += 1
-                    durable.add_done_callback(_on_durable(frame.frame_id, errors, headers, size))
+                    durable.add_done_callback(_on_durable(frame_id, errors, count, size))
             except asyncio.CancelledError:
                 raise
             except Exception:  # the client went away mid-stream
@@ -96,7 +124,7 @@ class BookieService(pb_grpc.BookieServicer):
                 state["reading"] = False
                 finish_if_done()
 
-        def _on_durable(frame_id, errors, headers, size):
+        def _on_durable(frame_id, errors, count, size):
             def cb(f: asyncio.Future):
                 budget.release(size)
                 state["inflight"] -= 1
@@ -107,15 +135,15 @@ class BookieService(pb_grpc.BookieServicer):
                     refused_idx = {e.index for e in errors}
                     errors.extend(
                         pb.EntryError(index=i, status=Status.INTERNAL_ERROR)
-                        for i in range(len(headers)) if i not in refused_idx
+                        for i in range(count) if i not in refused_idx
                     )
                     errors.sort(key=lambda e: e.index)
-                    ack = _ack(frame_id, errors, len(headers), str(exc))
+                    ack = _ack(frame_id, errors, count, str(exc))
                     acks.put_nowait(ack)
                     if isinstance(exc, JournalWriteError):
                         storage.update_read_only()
                 else:
-                    acks.put_nowait(_ack(frame_id, errors, len(headers)))
+                    acks.put_nowait(_ack(frame_id, errors, count))
                 finish_if_done()
             return cb
 
@@ -138,6 +166,8 @@ class BookieService(pb_grpc.BookieServicer):
                     break
         finally:
             reader.cancel()
+        if "malformed" in state:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, state["malformed"])
 
     # -- reads ---------------------------------------------------------------
 
@@ -372,7 +402,7 @@ class BookieServer:
         log.info("storage opened in %.2fs", time.monotonic() - t0)
         self.storage.update_read_only()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        pb_grpc.add_BookieServicer_to_server(BookieService(self.storage, self.config), self.server)
+        register(BookieService(self.storage, self.config), self.server)
         self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")

@@ -114,7 +114,7 @@ class Storage:
 
     def _replay(self, rec) -> None:
         if rec.rtype == R_ENTRIES:
-            self._apply_entries(rec.body, rec.segment, rec.body_offset, rec.headers)
+            self._apply_entries(rec.body, rec.segment, rec.body_offset, rec.runs)
         elif rec.rtype == R_STATE:
             lid, term, fenced = STATE_BODY.unpack(rec.body)
             self.core.apply_state(lid, term, bool(fenced))
@@ -124,7 +124,7 @@ class Storage:
         elif rec.rtype == R_LAC:
             self.core.apply_lac(*LAC_BODY.unpack(rec.body))
         elif rec.rtype == R_RELOCATED:
-            self._apply_relocated(rec.body, rec.segment, rec.body_offset, rec.headers)
+            self._apply_relocated(rec.body, rec.segment, rec.body_offset, rec.runs)
         else:
             raise ValueError(f"unknown journal record type {rec.rtype}")
 
@@ -140,102 +140,89 @@ class Storage:
         for loc, ln in removed:
             self.live_bytes[loc >> 40] -= ln
 
-    def _apply_entries(self, body, seg: int, body_off: int, headers=None) -> set[int]:
-        """Applies an R_ENTRIES body in order (its headers, if already
-        parsed); returns the ledgers touched.  Runs of consecutive entries of
-        one ledger are applied at once (``BookieCore.apply_run``)."""
-        hs = headers if headers is not None else list(E.iter_headers(body))
+    def _apply_entries(self, body, seg: int, body_off: int, runs: list[E.EntryRun] | None = None) -> set[int]:
+        """Applies an R_ENTRIES body in order (its runs, if already scanned);
+        returns the ledgers touched.  Each run of consecutive entries of one
+        ledger is applied at once (``BookieCore.apply_run``)."""
+        runs = runs if runs is not None else E.scan_runs(body)
         touched = set()
         core = self.core
-        base = seg << 40 | body_off
-        i, n = 0, len(hs)
-        while i < n:
-            h = hs[i]
-            j = i + 1
-            if not h.data_flags & E.FLAG_TRUNCATE:
-                lid, nxt = h.ledger_id, h.entry_id + 1
-                while j < n and hs[j].ledger_id == lid and hs[j].entry_id == nxt and not (
-                        hs[j].data_flags & E.FLAG_TRUNCATE):
-                    j += 1
-                    nxt += 1
-            if j - i == 1:
-                dead = core.apply_add(h, base + h.offset, E.HEADER_SIZE + h.payload_len)
-            else:
-                run = hs[i:j]
-                dead = core.apply_run(run, array("Q", [base + x.offset for x in run]),
-                                      array("I", [E.HEADER_SIZE + x.payload_len for x in run]))
+        at = (seg << 40 | body_off).__add__
+        for run in runs:
+            dead = core.apply_run(run, array("Q", map(at, run.offsets)))
             if dead:
                 self._dead(dead)
-            touched.add(h.ledger_id)
-            i = j
-        last = hs[-1] if hs else None
-        self.live_bytes[seg] += (last.offset + E.HEADER_SIZE + last.payload_len - hs[0].offset) if last else 0
+            touched.add(run.ledger_id)
+        if runs:
+            self.live_bytes[seg] += runs[-1].end - runs[0].start
         return touched
 
-    def _apply_relocated(self, body, seg: int, body_off: int, headers=None) -> None:
+    def _apply_relocated(self, body, seg: int, body_off: int, runs: list[E.EntryRun] | None = None) -> None:
         (n,) = struct.unpack_from("<I", body, 0)
         olds = struct.unpack_from(f"<{n}Q", body, 4)
         rec_start = 4 + 8 * n
-        records = body[rec_start:]
-        for old, h in zip(olds, headers if headers is not None else E.iter_headers(records)):
-            new = pack_location(seg, body_off + rec_start + h.offset)
-            if self.core.apply_relocation(h.ledger_id, h.entry_id, old, new, h.size):
-                self.live_bytes[old >> 40] -= h.size
-                self.live_bytes[seg] += h.size
+        if runs is None:
+            runs = E.scan_runs(body[rec_start:])
+        k = 0
+        for run in runs:
+            for j, (off, size) in enumerate(zip(run.offsets, run.lengths)):
+                old, k = olds[k], k + 1
+                new = pack_location(seg, body_off + rec_start + off)
+                if self.core.apply_relocation(run.ledger_id, run.first_entry + j, old, new, size):
+                    self.live_bytes[old >> 40] -= size
+                    self.live_bytes[seg] += size
 
     # -- adds --------------------------------------------------------------------
 
-    def validate_frame(self, entries: bytes) -> tuple[Status, str, list[E.EntryHeader]]:
+    def validate_frame(self, entries: bytes) -> tuple[Status, str, list[E.EntryRun]]:
         """Parses and verifies a whole frame before any of it is admitted: a
-        malformed frame changes nothing."""
+        malformed frame changes nothing.  The frame comes back as runs of
+        consecutive entries (``entry.EntryRun``)."""
         try:
-            headers = E.scan(entries, self.config.max_entry_size)
+            runs = E.scan_runs(entries, self.config.max_entry_size)
         except E.EntryTooLarge as e:
             return Status.TOO_LARGE, str(e), []
         except E.MalformedEntry as e:
             return Status.BAD_REQUEST, str(e), []
         except E.ChecksumMismatch as e:
             return Status.CHECKSUM_MISMATCH, str(e), []
-        if not headers:
+        if not runs:
             return Status.BAD_REQUEST, "empty frame", []
-        return Status.OK, "", headers
+        return Status.OK, "", runs
 
     def admit_frame(
-        self, entries: bytes, headers: list[E.EntryHeader]
+        self, entries: bytes, runs: list[E.EntryRun]
     ) -> tuple[list[tuple[int, Verdict]], asyncio.Future | None]:
         """Admits the entries of a validated frame and journals the accepted
-        ones.  Returns the refused entries as (index, verdict), and a future
-        done once the accepted ones are durable (None if none was)."""
+        ones.  Returns the refused entries as (index in the frame, verdict),
+        and a future done once the accepted ones are durable (None if none
+        was)."""
         if self.config.max_storage_bytes and not self.core.read_only:
             self.update_read_only()  # the limit is checked on every frame: cheap, counted bytes
         admit = self.core.admit_add
         refused = []
-        # Consecutive entries of one ledger, term and kind get the same
-        # verdict (an admitted add only raises the term to its own), so the
-        # rules run once per run of them, not once per entry.
-        last_key, last_v = None, None
-        for i, h in enumerate(headers):
-            key = (h.ledger_id, h.term, h.req_flags)
-            if key == last_key:
-                v = last_v
+        accepted = []
+        # The entries of a run share ledger, term and kind, so they get the
+        # same verdict (an admitted add only raises the term to its own): the
+        # rules run once per run, not once per entry.
+        for run in runs:
+            v = admit(run)
+            if v.status is Status.OK:
+                accepted.append(run)
             else:
-                v = admit(h)
-                last_key, last_v = key, v
-            if v.status is not Status.OK:
-                refused.append((i, v))
-        if len(refused) == len(headers):
+                refused.extend((run.index + k, v) for k in range(run.count))
+        if not accepted:
             return refused, None
         if refused:
-            skip = {i for i, _ in refused}
             mv = memoryview(entries)
-            body = b"".join(mv[h.offset : h.offset + h.size] for i, h in enumerate(headers) if i not in skip)
-            headers = list(E.iter_headers(body))
+            body = b"".join(mv[run.start:run.end] for run in accepted)
+            runs = E.scan_runs(body)
         else:
             body = entries
         pending: dict[int, int] = {}
-        for h in headers:
-            if not h.is_recovery:
-                pending[h.ledger_id] = pending.get(h.ledger_id, 0) + 1
+        for run in runs:
+            if not run.req_flags & E.REQ_RECOVERY:
+                pending[run.ledger_id] = pending.get(run.ledger_id, 0) + run.count
         for lid, n in pending.items():
             self._pending_adds[lid] = self._pending_adds.get(lid, 0) + n
 
@@ -248,7 +235,7 @@ class Storage:
                     del self._pending_adds[lid]
 
         return refused, self._append(
-            R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, headers), settle)
+            R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, runs), settle)
 
     def _append(self, rtype: int, body, apply, settle=None) -> asyncio.Future:
         """Journals a record; `apply(body, segment, body_offset)` runs once it
@@ -276,8 +263,8 @@ class Storage:
         fut.add_done_callback(done)
         return asyncio.shield(fut)
 
-    def _on_entries_durable(self, body, seg: int, off: int, headers) -> None:
-        for lid in self._apply_entries(body, seg, off, headers):
+    def _on_entries_durable(self, body, seg: int, off: int, runs) -> None:
+        for lid in self._apply_entries(body, seg, off, runs):
             if lid in self._lac_waiters:
                 self._wake_lac(lid)
 

@@ -102,6 +102,7 @@ def read_files_rate(paths: list[Path]) -> dict:
 
 
 def _empty_servicer():
+    from bookie import wire
     from bookstream_pb import bookie_pb2 as pb
     from bookstream_pb import bookie_pb2_grpc as pb_grpc
 
@@ -115,8 +116,8 @@ def _empty_servicer():
             self._frames: dict[tuple[int, int], tuple[pb.ReadRangeResponse, int]] = {}
 
         async def Add(self, request_iterator, context):
-            async for frame in request_iterator:
-                yield pb.AddAcks(acks=[pb.AddAck(frame_id=frame.frame_id)])
+            async for message in request_iterator:  # raw, as a bookie takes them (bookie.server.register)
+                yield pb.AddAcks(acks=[pb.AddAck(frame_id=wire.decode_add_frame(message)[0])])
 
         async def Info(self, request, context):
             return pb.InfoResponse()
@@ -144,11 +145,10 @@ async def _serve(host: str, port: int) -> None:
 
     import grpc
 
-    from bookie.server import GRPC_OPTIONS
-    from bookstream_pb import bookie_pb2_grpc as pb_grpc
+    from bookie.server import GRPC_OPTIONS, register
 
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    pb_grpc.add_BookieServicer_to_server(_empty_servicer(), server)
+    register(_empty_servicer(), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     stop = asyncio.Event()

@@ -2,17 +2,20 @@
 
 One `BookieClient` per bookie holds one channel and one long-lived add stream.
 `add_frame` sends a batch of entry records as one frame and returns a future
-for its ack; acks arrive batched and are matched to frames by frame id.
+for its ack; acks arrive batched and are matched to frames by frame id.  The
+add stream carries frames encoded by bookie/wire.py (protobuf's bytes, without
+its copies): a writer encodes a frame once for all the bookies it goes to
+(`add_encoded`).
 """
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from typing import AsyncIterator
 
 import grpc
 
+from bookie import wire
 from bookie.server import MAX_MESSAGE_BYTES
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -27,6 +30,10 @@ CHANNEL_OPTIONS = [
 ]
 
 
+_ADD = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name["Add"]
+_ADD_PATH = f"/{_ADD.containing_service.full_name}/{_ADD.name}"
+
+
 class BookieUnavailable(ConnectionError):
     """The bookie could not be reached, or the add stream broke: every frame
     in flight on it has an unknown outcome."""
@@ -39,7 +46,8 @@ class BookieClient:
         self.address = address
         self.channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self.stub = pb_grpc.BookieStub(self.channel)
-        self._frame_ids = itertools.count(1)
+        self._add_method = self.channel.stream_stream(
+            _ADD_PATH, request_serializer=None, response_deserializer=pb.AddAcks.FromString)
         self._pending: dict[int, asyncio.Future] = {}
         self._send_q: asyncio.Queue | None = None
         self._stream_task: asyncio.Task | None = None
@@ -55,14 +63,14 @@ class BookieClient:
         self._stream_task = asyncio.create_task(self._run_stream(self._send_q))
 
     async def _run_stream(self, q: asyncio.Queue) -> None:
-        async def frames() -> AsyncIterator[pb.AddFrame]:
+        async def frames() -> AsyncIterator[bytes]:
             while True:
                 frame = await q.get()
                 if frame is None:
                     return
                 yield frame
 
-        call = self.stub.Add(frames())
+        call = self._add_method(frames())
         err = BookieUnavailable(f"{self.address}: add stream closed")
         try:
             async for msg in call:
@@ -83,13 +91,25 @@ class BookieClient:
                     fut.set_exception(self._broken)
 
     def add_frame(self, entries: bytes) -> asyncio.Future:
-        """Sends one frame of entry records; the future resolves to its AddAck
-        or fails with BookieUnavailable."""
+        """Sends one frame of entry records (concatenated); the future
+        resolves to its AddAck or fails with BookieUnavailable."""
+        return self.add_records((entries,))
+
+    def add_records(self, records: list[bytes] | tuple[bytes, ...]) -> asyncio.Future:
+        """``add_frame`` of the records concatenated (one copy, into the message)."""
+        fid = next(wire.frame_ids)
+        return self.add_encoded(fid, wire.encode_add_frame(fid, records))
+
+    def add_encoded(self, frame_id: int, message: bytes) -> asyncio.Future:
+        """``add_frame`` for a frame already encoded (``wire.encode_add_frame``
+        with an id from ``wire.frame_ids``, which may have gone to other
+        bookies too, never twice to this one while in flight)."""
+        if frame_id in self._pending:
+            raise ValueError(f"frame {frame_id} is already in flight to {self.address}")
         self._ensure_stream()
-        fid = next(self._frame_ids)
         fut = asyncio.get_running_loop().create_future()
-        self._pending[fid] = fut
-        self._send_q.put_nowait(pb.AddFrame(frame_id=fid, entries=entries))
+        self._pending[frame_id] = fut
+        self._send_q.put_nowait(message)
         return fut
 
     async def add(self, entries: bytes, timeout: float | None = 30.0) -> pb.AddAck:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, AsyncIterator, Callable
 from sortedcontainers import SortedDict
 
 from bookie import entry as entry_codec
+from bookie import wire
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
@@ -80,6 +81,9 @@ def _status(code: int) -> Status | None:
 
 def _frames(records: list[bytes], ids: list[int]):
     """Splits one bookie's batch into frames of at most FRAME_BYTES."""
+    if sum(map(len, records)) <= FRAME_BYTES:
+        yield ids, records
+        return
     start, size = 0, 0
     for k, rec in enumerate(records):
         if size and size + len(rec) > FRAME_BYTES:
@@ -131,6 +135,8 @@ class _Writer:
         self._retry_timer: asyncio.TimerHandle | None = None
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
+        # the last frame encoded: ((first, last), frame id, message, bookies sent to)
+        self._last_frame: tuple | None = None
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
         self._queued_n = 0
@@ -332,7 +338,7 @@ class _Writer:
             return
         for fids, frecs in _frames(records, ids):
             try:
-                fut = bc.add_frame(b"".join(frecs))
+                fut = bc.add_encoded(*self._encoded(bookie_id, fids, frecs))
             except Exception:  # pragma: no cover - a broken channel
                 log.exception("add_frame failed")
                 self.loop.call_soon(self._bookie_failed, index, bookie_id)
@@ -341,6 +347,23 @@ class _Writer:
             self._inflight[bookie_id] = self._inflight.get(bookie_id, 0) + 1
             timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
             fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
+
+    def _encoded(self, bookie_id: str, ids, records: list[bytes]) -> tuple[int, bytes]:
+        """The frame of ``records`` (entries ``ids``), encoded once for every
+        bookie it goes to: with Qw = E every bookie of the write set is sent
+        the same runs, at once or as each one's frame ahead is acked.  Only
+        a run of consecutive ids is shared (its ids name its records)."""
+        first, last, n = ids[0], ids[-1], len(ids)
+        shared = last - first + 1 == n
+        c = self._last_frame
+        if shared and c is not None and c[0] == (first, last) and bookie_id not in c[3]:
+            c[3].add(bookie_id)
+            return c[1], c[2]
+        fid = next(wire.frame_ids)
+        msg = wire.encode_add_frame(fid, records)
+        if shared:
+            self._last_frame = ((first, last), fid, msg, {bookie_id})
+        return fid, msg
 
     async def _write_lac(self, bookie_id: str, lac: int, lafr: int, timeout: float | None = None) -> None:
         bc = self.client.bookie_now(bookie_id)
@@ -616,7 +639,7 @@ class _RecoveryDriver:
                 raise BookieUnavailable(f"{bookie_id}: no address")
             ids = [w.entry_id for w in writes]
             for fids, frecs in _frames([w.record for w in writes], ids):
-                ack = await asyncio.wait_for(bc.add_frame(b"".join(frecs)), self.cfg.add_timeout)
+                ack = await asyncio.wait_for(bc.add_records(frecs), self.cfg.add_timeout)
                 if ack.status == Status.OK and not ack.errors:
                     self.core.on_write_acks(fids, index, bookie_id=bookie_id)
                     continue

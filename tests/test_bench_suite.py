@@ -104,7 +104,7 @@ def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
 
         info, ack, frames = asyncio.run(go())
         assert info.bookie_id == ""
-        assert ack.status == 0 and ack.frame_id == 1
+        assert ack.status == 0 and ack.frame_id >= 1  # ids come from one counter per process (bookie/wire.py)
         assert sum(f.count for f in frames) == 10_000 and len(frames) > 1
         headers = list(E.iter_headers(frames[0].entries))
         assert len(headers) == frames[0].count and headers[0].payload_len == 100

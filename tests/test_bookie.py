@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 
 from bookie import entry as E
+from bookie import wire
 from bookie.core import Status
 from bookie.journal import R_ENTRIES, frame_record
 from bookstream_pb import bookie_pb2 as pb
@@ -447,6 +448,19 @@ def test_malformed_requests_get_errors_and_change_nothing(bookies):
         raw = c.channel.unary_unary("/bookstream.v1.Bookie/ReadEntry")
         with pytest.raises(grpc.aio.AioRpcError):
             await raw(b"\xff\xff\xff\xff\x0f")
+        # an add stream message that is no AddFrame: acks for the frames
+        # before it, then the stream ends with INVALID_ARGUMENT
+        add = c.channel.stream_stream("/bookstream.v1.Bookie/Add")
+        call = add()
+        await call.write(wire.encode_add_frame(7, [rec(11, 0)]))
+        await call.write(b"\x08\xff")  # a truncated varint
+        acks = []
+        with pytest.raises(grpc.aio.AioRpcError) as refused:
+            async for r in call:
+                acks += pb.AddAcks.FromString(r).acks
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert [(a.frame_id, a.status) for a in acks] == [(7, OK)]
+        assert await read_payload(c, 11, 0) == (OK, b"L11E0T0")
         assert (await c.add(good)).status == OK
         assert await read_payload(c, 9, 0) == (OK, b"L9E0T0")
     run(with_client(b.address, go))

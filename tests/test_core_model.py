@@ -145,25 +145,84 @@ TestBookieCore = BookieModel.TestCase
 TestBookieCore.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
 
 
-@settings(max_examples=200, deadline=None)
-@hypothesis.given(st.lists(st.tuples(st.integers(0, 20), st.integers(1, 8), st.integers(0, 3),
-                                     st.integers(-1, 25), st.integers(-1, 25)), max_size=10))
-def test_apply_run_is_apply_add_entry_by_entry(runs):
-    """A frame's run of consecutive entries applied at once leaves the same
-    term, LAC, LAFR and index as applying them one by one."""
+# a record: ledger, step from the previous id (1: consecutive), term,
+# recovery add or not, data flags, LAC, LAFR
+RECORDS = st.lists(st.tuples(st.integers(0, 1), st.sampled_from([1, 1, 1, 1, 0, 2, -3]), st.integers(0, 2),
+                             st.booleans(), st.sampled_from([0, 0, 0, E.FLAG_NOOP, E.FLAG_NOOP | E.FLAG_TRUNCATE]),
+                             st.integers(-1, 30), st.integers(-1, 30)), max_size=25)
+
+
+def _frame(records) -> bytes:
+    out, eid = [], 0
+    for lid, step, term, recovery, dflags, lac, lafr in records:
+        eid = max(0, eid + step)
+        out.append(E.encode(lid, eid, b"p" * (eid % 3), lac=lac, lafr=min(lafr, lac), data_flags=dflags,
+                            req_flags=E.REQ_RECOVERY if recovery else 0, term=term))
+    return b"".join(out)
+
+
+@settings(max_examples=300, deadline=None)
+@hypothesis.given(RECORDS)
+def test_scan_runs_is_scan_grouped_into_maximal_runs(records):
+    """The bookie's run scan sees the same records as the one-header-per-
+    entry scan, grouped into the longest runs of consecutive ids of one
+    ledger, term and kind, a truncate no-op alone; LAC/LAFR the run's
+    highest."""
+    buf = _frame(records)
+    hs, runs = E.scan(buf), E.scan_runs(buf)
+    assert E.count_entries(runs) == len(hs)
+    flat = [(r.ledger_id, r.first_entry + k, r.offsets[k], r.lengths[k], r.index + k)
+            for r in runs for k in range(r.count)]
+    assert flat == [(h.ledger_id, h.entry_id, h.offset, h.size, i) for i, h in enumerate(hs)]
+    for r in runs:
+        group = hs[r.index:r.index + r.count]
+        assert {(h.ledger_id, h.term, h.req_flags) for h in group} == {(r.ledger_id, r.term, r.req_flags)}
+        assert r.lac == max(h.lac for h in group) and r.lafr == max(h.lafr for h in group)
+        assert r.data_flags == group[0].data_flags and r.is_recovery == group[0].is_recovery
+        assert (r.start, r.end) == (group[0].offset, group[-1].offset + group[-1].size)
+        assert not any(h.is_truncate for h in group) or r.count == 1
+    for a, b in zip(runs, runs[1:]):  # maximal: no two neighbours could be one run
+        assert (a.ledger_id, a.term, a.req_flags) != (b.ledger_id, b.term, b.req_flags) or (
+            b.first_entry != a.last_entry + 1) or a.is_truncate or b.is_truncate
+
+
+@settings(max_examples=300, deadline=None)
+@hypothesis.given(RECORDS, st.integers(0, 10_000), st.integers(1, 255))
+def test_scan_runs_refuses_what_scan_refuses(records, where, xor):
+    """A damaged frame: the run scan fails exactly when, and as, the
+    per-entry scan does."""
+    buf = bytearray(_frame(records))
+    if buf:
+        buf[where % len(buf)] ^= xor
+    outcome = []
+    for scan in (E.scan, E.scan_runs):
+        try:
+            scan(bytes(buf), 20)
+            outcome.append(None)
+        except (E.MalformedEntry, E.ChecksumMismatch) as e:
+            outcome.append((type(e), str(e)))
+    assert outcome[0] == outcome[1]
+
+
+@settings(max_examples=300, deadline=None)
+@hypothesis.given(RECORDS)
+def test_apply_run_is_apply_add_entry_by_entry(records):
+    """A frame's runs applied at once leave the same terms, LACs, LAFRs and
+    indexes, and report the same dead records, as applying its entries one
+    by one."""
     from array import array
+    buf = _frame(records)
     one, many = BookieCore(), BookieCore()
-    loc = 0
-    for first, n, term, lac, lafr in runs:
-        hs = [E.parse_header(E.encode(5, first + k, b"p", lac=lac, lafr=min(lafr, lac) if lafr >= 0 else -1,
-                                      term=term)) for k in range(n)]
-        locs = array("Q", range(loc, loc + n))
-        lens = array("I", [E.HEADER_SIZE + 1] * n)
-        loc += n
-        want = []
-        for h, lo, ln in zip(hs, locs, lens):
-            want += one.apply_add(h, lo, ln)
-        assert many.apply_run(hs, locs, lens) == want
-        a, b = one.ledgers[5], many.ledgers[5]
+    base = 1 << 40
+    want = []
+    for h in E.scan(buf):
+        want += one.apply_add(h, base + h.offset, h.size)
+    got = []
+    for run in E.scan_runs(buf):
+        got += many.apply_run(run, array("Q", [base + o for o in run.offsets]))
+    assert sorted(got) == sorted(want)
+    assert one.ledgers.keys() == many.ledgers.keys()
+    for lid, a in one.ledgers.items():
+        b = many.ledgers[lid]
         assert (a.term, a.lac, a.lafr) == (b.term, b.lac, b.lafr)
         assert list(a.index.iter_from(0, 100)) == list(b.index.iter_from(0, 100))

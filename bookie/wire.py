@@ -1,0 +1,104 @@
+"""The Add stream's frames, encoded and decoded without protobuf's copies.
+
+An ``AddFrame`` (proto/bookie.proto) is a frame id and a few megabytes of
+entry records.  Through the generated class, a frame's bytes were copied when
+the message was built, again when it was serialized (once per bookie of the
+write set), and on the bookie when it was parsed and when its ``entries``
+field was read.  A benchmark of one 4 MiB frame (64 entries of 64 KiB) took
+8.0 ms of client CPU that way against 3.0 ms sent as prepared bytes.
+
+So the Add method carries raw bytes on both sides (a serializer and a
+deserializer that pass bytes through) and this module writes and reads them.
+The bytes on the wire are exactly the protobuf encoding of ``AddFrame``:
+``encode_add_frame`` produces what ``AddFrame.SerializeToString`` produces,
+and ``decode_add_frame`` reads any valid encoding of it (fields in any order,
+unknown fields skipped), a test checks both against the generated class.  A
+writer encodes a frame once and sends the same bytes to every bookie of the
+write set; a bookie reads the entries as a memoryview into the message.
+"""
+from __future__ import annotations
+
+import itertools
+
+# field numbers and wire types of AddFrame
+_FRAME_ID_TAG = b"\x08"   # field 1, varint
+_ENTRIES_TAG = b"\x12"    # field 2, length-delimited
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+
+# Frame ids are drawn from one counter per process, so one encoded frame can
+# go to several bookies (each bookie client matches acks by frame id).
+frame_ids = itertools.count(1)
+
+
+class MalformedFrame(ValueError):
+    """Bytes that are not an encoding of AddFrame."""
+
+
+def varint(n: int) -> bytes:
+    if n < 0x80:
+        return bytes((n,))
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def encode_add_frame(frame_id: int, records: list[bytes] | tuple[bytes, ...]) -> bytes:
+    """The AddFrame of ``frame_id`` whose entries are ``records``
+    concatenated: one copy of the records, straight into the message."""
+    size = sum(map(len, records))
+    head = (_FRAME_ID_TAG + varint(frame_id) if frame_id else b"") + (_ENTRIES_TAG + varint(size) if size else b"")
+    return b"".join((head, *records))
+
+
+def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise MalformedFrame("truncated or overlong varint")
+        b = buf[pos]
+        pos += 1
+        n |= (b & 0x7F) << shift
+        if b < 0x80:
+            return n, pos
+        shift += 7
+
+
+def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
+    """(frame id, entries) of an encoded AddFrame; the entries are a view
+    into ``data``.  Like protobuf, the last occurrence of a field wins and
+    unknown fields are skipped.  Raises MalformedFrame."""
+    mv = memoryview(data)
+    if data[:1] == _FRAME_ID_TAG:  # the usual layout: id, then entries last
+        fid, pos = _read_varint(data, 1, len(data))
+        if data[pos:pos + 1] == _ENTRIES_TAG:
+            size, start = _read_varint(data, pos + 1, len(data))
+            if start + size == len(data):
+                return fid, mv[start:]
+    fid, entries = 0, mv[0:0]
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = _read_varint(data, pos, end)
+        field, wtype = key >> 3, key & 7
+        if field == 0 or key >> 32:
+            raise MalformedFrame(f"bad field number {field}")
+        if wtype == _VARINT:
+            value, pos = _read_varint(data, pos, end)
+            if field == 1:
+                fid = value & ((1 << 64) - 1)
+        elif wtype == _LEN:
+            size, pos = _read_varint(data, pos, end)
+            if pos + size > end:
+                raise MalformedFrame("truncated field")
+            if field == 2:
+                entries = mv[pos:pos + size]
+            pos += size
+        elif wtype in (_I64, _I32):
+            pos += 8 if wtype == _I64 else 4
+            if pos > end:
+                raise MalformedFrame("truncated field")
+        else:
+            raise MalformedFrame(f"unsupported wire type {wtype}")
+    return fid, entries
