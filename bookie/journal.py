@@ -20,6 +20,17 @@ Group commit: ``append`` only buffers; ``sync()`` returns once everything
 appended before the call is written and fdatasync'ed.  One flusher thread does
 the writes and the fdatasync for every record that arrived in the meantime,
 from every client, so one fsync covers many frames.
+
+Preallocation: once a quarter of a segment is written, a thread prepares the
+next one: a file of ``segment_size`` zeros, fdatasync'ed, under a name the
+scan ignores (``segment-N.log.prep``), renamed into place when the journal
+rolls (a roll never waits for it: without one ready it appends a new file).
+Overwriting blocks that already exist makes an fdatasync write only the data
+(appending also writes the file's new size and extents through the
+filesystem's own journal): on this machine's ext4, 4 KiB write + fdatasync
+ran 2.4x as often into a zero-filled file as appended.  A record header is
+never all zeros (its type is not 0), so a scan ends cleanly where a segment's
+zeros begin; a remainder that is not all zeros is a torn tail, as before.
 """
 from __future__ import annotations
 
@@ -30,7 +41,7 @@ import re
 import struct
 import threading
 import zlib
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -53,7 +64,9 @@ DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
 LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
+PREPARED_SUFFIX = ".prep"
 IOV_MAX = 512
+_ZEROS = bytes(1 << 20)
 
 
 def segment_name(seg: int) -> str:
@@ -119,11 +132,19 @@ class JournalWriteError(OSError):
 class Journal:
     """Segments under `directory`; one writer (this object), many readers."""
 
-    def __init__(self, directory: str | os.PathLike, *, segment_size: int = 64 << 20):
+    def __init__(self, directory: str | os.PathLike, *, segment_size: int = 64 << 20, preallocate: bool = True):
         assert segment_size >= 1 << 16
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_size = segment_size
+        self.preallocate = preallocate
+        for stale in self.dir.glob("segment-*.log" + PREPARED_SUFFIX):
+            stale.unlink()  # prepared for a roll that never came
+        # the next segment, being zero-filled: (segment, future of its path)
+        self._prep_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-prep")
+        self._prepared: tuple[int, Future] | None = None
+        self._write_preallocated = False  # the segment being written was prepared
+        self.preallocated_segments = 0
         self._read_fds: dict[int, int] = {}
         self._lock = threading.Lock()  # guards _read_fds against the flusher closing/opening
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="journal-flush")
@@ -221,6 +242,8 @@ class Journal:
             off = start.offset if seg == start.segment else 0
             while off + RECORD_HEADER_SIZE <= len(data):
                 blen, rtype, crc = RECORD_HEADER.unpack_from(data, off)
+                if rtype == 0:
+                    break  # no record has type 0: zeros, or a torn tail
                 body_off = off + RECORD_HEADER_SIZE
                 if body_off + blen > len(data):
                     break
@@ -237,7 +260,9 @@ class Journal:
                 off = body_off + blen
                 self.scan_end = Position(seg, off)
                 yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, runs)
-            if off != len(data):
+            if off != len(data) and data.count(0, off) == len(data) - off:
+                pass  # the zeros of a preallocated segment: its records end here
+            elif off != len(data):
                 log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
                 self.scan_end = Position(seg, off)
                 # A torn record ends the valid journal: later segments cannot
@@ -301,7 +326,7 @@ class Journal:
 
     def _flush_done(self, loop, f: asyncio.Future, waiters: list[asyncio.Future]) -> None:
         self._flushing = False
-        inflight, self._inflight_bytes = self._inflight_bytes, 0
+        self._inflight_bytes = 0
         exc = f.exception()
         if exc is not None:
             # The flusher cut the failed segment back to its durable end.
@@ -315,18 +340,20 @@ class Journal:
             self._seg, self._tail = self._durable.segment, self._durable.offset
             return
         self.fsyncs += 1
-        self._disk_bytes += inflight
+        self._disk_bytes += f.result()  # what the files grew by (not writes into preallocated ones)
         for w in waiters:
             if not w.done():
                 w.set_result(None)
         if self._waiters:
             self._start_flush(loop)
 
-    def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> None:
-        """Flusher thread: write each segment's chunks, fdatasync, roll."""
+    def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> int:
+        """Flusher thread: write each segment's chunks, fdatasync, roll.
+        Returns how many bytes the segment files grew by."""
+        grew = 0
         for seg, chunks in batch:
             if self._write_fd < 0 or seg != self._write_seg:
-                self._open_write_segment(seg)
+                grew += self._open_write_segment(seg)
             start = self._durable.offset if self._durable.segment == seg else 0
             written = start
             try:
@@ -339,22 +366,94 @@ class Journal:
                     written += want
                 os.fdatasync(self._write_fd)
             except OSError:
-                try:
-                    os.ftruncate(self._write_fd, start)
-                except OSError:
-                    pass
+                self._undo_write(start, sum(len(c) for c in chunks))
                 raise
+            # a prepared segment grows only past its zeros (a record larger than it)
+            grew += max(0, written - max(start, self.segment_size if self._write_preallocated else start))
             self._durable = Position(seg, written)
+            if self.preallocate and self._prepared is None and written >= self.segment_size // 4:
+                # a quarter through: prepare the next segment (an idle
+                # bookie never writes a segment of zeros it does not need)
+                self._prepared = (seg + 1, self._prep_executor.submit(self._prepare, seg + 1))
+        return grew
 
-    def _open_write_segment(self, seg: int) -> None:
+    def _undo_write(self, start: int, length: int) -> None:
+        """A failed write: nothing from ``start`` on may be read back as a
+        record later (a record fully written but never made durable would
+        otherwise reappear after the next restart)."""
+        try:
+            if self._write_preallocated:
+                end = min(start + length, self.segment_size)
+                for off in range(start, end, len(_ZEROS)):
+                    os.pwrite(self._write_fd, memoryview(_ZEROS)[:min(len(_ZEROS), end - off)], off)
+                os.lseek(self._write_fd, start, os.SEEK_SET)
+                os.fdatasync(self._write_fd)
+            else:
+                os.ftruncate(self._write_fd, start)
+        except OSError:
+            pass
+
+    def _open_write_segment(self, seg: int) -> int:
+        """Switches writing to segment ``seg`` (the prepared file if it is
+        ready); returns how many bytes the journal's files grew by."""
         if self._write_fd >= 0:
             os.fdatasync(self._write_fd)
             os.close(self._write_fd)
-        new = not self.path(seg).exists()
-        self._write_fd = os.open(self.path(seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._write_seg = seg
-        if new:
+            self._write_fd = -1
+        path, grew = self.path(seg), 0
+        prepared = self._take_prepared(seg) if not path.exists() else None
+        if prepared is not None:
+            os.rename(prepared, path)
             _fsync_dir(self.dir)
+            self._write_fd = os.open(path, os.O_WRONLY)
+            self._write_preallocated = True
+            self.preallocated_segments += 1
+            grew = self.segment_size
+        else:
+            new = not path.exists()
+            self._write_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            self._write_preallocated = False
+            if new:
+                _fsync_dir(self.dir)
+        self._write_seg = seg
+        return grew
+
+    def wait_prepared(self, timeout: float | None = None) -> bool:
+        """Waits until the next segment's file is prepared (a roll then uses
+        it); False if none is being prepared or it failed."""
+        p = self._prepared
+        if p is None:
+            return False
+        try:
+            p[1].result(timeout)
+        except Exception:
+            return False
+        return True
+
+    def _take_prepared(self, seg: int) -> Path | None:
+        """The prepared file for ``seg`` if it is ready (a roll never waits
+        for one: it writes a plain segment instead)."""
+        p, self._prepared = self._prepared, None
+        if p is None or p[0] != seg or not p[1].done() or p[1].exception() is not None:
+            if p is not None and p[1].done() and p[1].exception() is not None:
+                log.warning("journal: preparing segment %d failed: %s", p[0], p[1].exception())
+            return None
+        return p[1].result()
+
+    def _prepare(self, seg: int) -> Path:
+        """Preparer thread: the zero-filled file segment ``seg`` will be."""
+        for stale in self.dir.glob("segment-*.log" + PREPARED_SUFFIX):
+            stale.unlink()  # one that came too late for its roll
+        tmp = self.dir / (segment_name(seg) + PREPARED_SUFFIX)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            zeros = memoryview(_ZEROS)
+            for off in range(0, self.segment_size, len(zeros)):
+                os.pwrite(fd, zeros[:min(len(zeros), self.segment_size - off)], off)
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)
+        return tmp
 
     def _finish_short_write(self, part: list, done: int) -> None:
         for c in part:
@@ -385,6 +484,7 @@ class Journal:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
+        self._prep_executor.shutdown(wait=True, cancel_futures=True)
         if self._write_fd >= 0:
             os.close(self._write_fd)
             self._write_fd = -1

@@ -55,6 +55,7 @@ _CKP_RUN = struct.Struct("<QI")            # start, count
 @dataclass
 class StorageConfig:
     segment_size: int = 64 << 20
+    preallocate: bool = True               # zero-fill the next journal segment ahead (bookie/journal.py)
     checkpoint_bytes: int = 256 << 20      # checkpoint after this much journal
     max_entry_size: int = 4 << 20
     # Read-only when the disk is used above this fraction, or when the
@@ -71,7 +72,8 @@ class Storage:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config or StorageConfig()
         self.core = BookieCore()
-        self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size)
+        self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
+                               preallocate=self.config.preallocate)
         self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
         self.checkpoint_pos = Position(1, 0)
         self._since_checkpoint = 0
@@ -602,6 +604,8 @@ def _iter_entry_records(data: bytes):
     off = 0
     while off + RECORD_HEADER_SIZE <= len(data):
         blen, rtype, _ = RECORD_HEADER.unpack_from(data, off)
+        if rtype == 0:
+            break  # the zeros after the last record of a preallocated segment
         body_off = off + RECORD_HEADER_SIZE
         if body_off + blen > len(data):
             break

@@ -63,6 +63,8 @@ def add_data_args(p) -> None:
     """--dir / --keep-data, for every benchmark that writes data."""
     p.add_argument("--dir", type=Path, default=None, help="where the data goes (default: a temp dir)")
     p.add_argument("--keep-data", action="store_true", help="keep the run's data dir (removed by default)")
+    p.add_argument("--bookie-arg", dest="bookie_args", action="append", default=[], metavar="ARG",
+                   help="an option for every bookie started (repeatable; e.g. --bookie-arg=--no-preallocate)")
 
 
 @contextlib.contextmanager
@@ -138,7 +140,7 @@ def cmd_bench_bookie(args: argparse.Namespace) -> int:
 def _bench_bookie(args: argparse.Namespace, base: Path, sizes: list[int], batches: list[int]) -> int:
     from bookstream.processes import BookieProcess
 
-    bookie = BookieProcess(base / "bookie", log_level="WARNING").start()
+    bookie = BookieProcess(base / "bookie", log_level="WARNING", extra_args=args.bookie_args).start()
     results = []
     print(f"{'size':>7} {'batch':>6} {'entries/s':>12} {'MB/s':>9} {'raw fsync/s':>12} "
           f"{'raw MB/s':>9} {'MB/s ratio':>10}", flush=True)
@@ -169,7 +171,7 @@ def _bench_bookie(args: argparse.Namespace, base: Path, sizes: list[int], batche
     return 0
 
 
-def replay_rate(base: Path, size: int, mb: int) -> dict:
+def replay_rate(base: Path, size: int, mb: int, bookie_args: list[str] = ()) -> dict:
     """Writes `mb` MiB of journal into one bookie, kill -9, restarts it:
     replayed MB/s (no checkpoint, so the whole journal is replayed), beside
     reading the same segment files through once (the I/O part of a replay)."""
@@ -177,7 +179,7 @@ def replay_rate(base: Path, size: int, mb: int) -> dict:
     from stream.bookie_client import BookieClient
 
     b = BookieProcess(base / "bookie", log_level="WARNING",
-                      extra_args=["--checkpoint-bytes", str(1 << 50)]).start()
+                      extra_args=["--checkpoint-bytes", str(1 << 50), *bookie_args]).start()
     batch = max(1, min(1000, (4 << 20) // (size + E.HEADER_SIZE)))
     total = max(1, (mb << 20) // ((size + E.HEADER_SIZE) * batch))
 
@@ -221,7 +223,7 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
           f"{'read MB/s':>10}", flush=True)
     for size in (int(x) for x in args.sizes.split(",")):
         with data_dir(args, "bookstream-replay-") as base:
-            r = replay_rate(base, size, args.mb)
+            r = replay_rate(base, size, args.mb, args.bookie_args)
         results.append(r)
         print(f"{size:>7} {r['replayed_bytes'] / 1e6:>10.0f} {r['replay_seconds']:>9.2f} {r['mb_per_s']:>12.0f} "
               f"{r['entries_per_s']:>12,.0f} {r['read_files_mb_per_s']:>10.0f}", flush=True)
@@ -398,7 +400,8 @@ def _cluster(args, n: int):
     from bookstream.standalone import Standalone
 
     with data_dir(args, "bookstream-bench-") as base:
-        cluster = Standalone(base, bookies=n, base_port=0, log_level="WARNING").start()
+        cluster = Standalone(base, bookies=n, base_port=0, log_level="WARNING",
+                             bookie_args=getattr(args, "bookie_args", [])).start()
         try:
             yield cluster
         finally:
@@ -419,6 +422,24 @@ async def stream_closed_loop(sc, name: str, size: int, seconds: float, window: i
     finally:
         await w.close()
     return {"entry_bytes": size, **r}
+
+
+async def stream_fill(sc, name: str, size: int, mb: int) -> None:
+    """Writes `mb` MiB of `size`-byte appends to a new stream `name`."""
+    from stream.stream import StreamConfig
+
+    w = await sc.open_writer(name, StreamConfig(3, 3, 2))
+    payload, n = os.urandom(size), (mb << 20) // size
+    batch = max(1, min(1000, (4 << 20) // size))
+    try:
+        pending: list = []
+        for k in range(0, n, batch):
+            pending.append(w.append_many_async([payload] * min(batch, n - k)))
+            if len(pending) >= 4:
+                await pending.pop(0)
+        await asyncio.gather(*pending)
+    finally:
+        await w.close()
 
 
 async def stream_read_all(sc, name: str, size: int) -> dict:

@@ -67,6 +67,8 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata-wait", type=float, default=30.0,
                    help="seconds to keep retrying registration while etcd is unavailable")
     p.add_argument("--segment-size", type=int, default=StorageConfig.segment_size)
+    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
+                   help="do not zero-fill the next journal segment ahead (preallocation makes fsyncs cheaper)")
     p.add_argument("--checkpoint-bytes", type=int, default=StorageConfig.checkpoint_bytes)
     p.add_argument("--max-entry-size", type=int, default=StorageConfig.max_entry_size)
     p.add_argument("--disk-usage-threshold", type=float, default=StorageConfig.disk_usage_threshold,
@@ -85,6 +87,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
 def bookie_config(args: argparse.Namespace) -> BookieConfig:
     storage = StorageConfig(
         segment_size=args.segment_size,
+        preallocate=args.preallocate,
         checkpoint_bytes=args.checkpoint_bytes,
         max_entry_size=args.max_entry_size,
         disk_usage_threshold=args.disk_usage_threshold,

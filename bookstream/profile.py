@@ -36,8 +36,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--batch", type=int, default=100, help="appends per call (1: append_async per record)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=15)
-    p.add_argument("--dir", type=Path, default=None, help="where the data and the samples go (default: a temp dir)")
-    p.add_argument("--keep-data", action="store_true", help="keep the cluster's data (removed by default)")
+    from bookstream.bench import add_data_args
+
+    add_data_args(p)  # --dir (the data and the samples), --keep-data (the cluster's), --bookie-arg
     p.add_argument("--out", type=Path, default=Path("bench-results/profile.json"))
     p.set_defaults(func=cmd_profile)
 
@@ -82,7 +83,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     tune_gc()
     exe = py_spy()
     base = Path(tempfile.mkdtemp(prefix="bookstream-profile-", dir=args.dir))
-    cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING").start()
+    cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING",
+                         bookie_args=args.bookie_args).start()
     targets = {"client": os.getpid(), "bookie": cluster.bookies[0].proc.pid}
     raws = {name: base / f"{name}.txt" for name in targets}
 

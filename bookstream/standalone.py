@@ -57,7 +57,8 @@ def _ports(state: dict, n: int, base: int) -> list[int]:
 
 class Standalone:
     def __init__(self, data_dir: Path, bookies: int = 3, etcd: str | None = None,
-                 cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO"):
+                 cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO",
+                 bookie_args: list[str] | None = None):
         if bookies < 1:
             raise ValueError("need at least one bookie")
         self.data_dir = Path(data_dir).resolve()
@@ -66,6 +67,7 @@ class Standalone:
         self.cluster = cluster
         self.base_port = base_port
         self.log_level = log_level
+        self.bookie_args = list(bookie_args or [])  # more `bookstream bookie` options, for every bookie
         self.etcd = None
         self.bookies = []
 
@@ -88,7 +90,7 @@ class Standalone:
         try:
             for i, port in enumerate(ports):
                 b = BookieProcess(self.data_dir / f"bookie-{i}", port=port, etcd=self.etcd_endpoint,
-                                  cluster=self.cluster, log_level=self.log_level)
+                                  cluster=self.cluster, log_level=self.log_level, extra_args=self.bookie_args)
                 b.start()
                 self.bookies.append(b)
         except BaseException:

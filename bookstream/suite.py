@@ -59,10 +59,10 @@ TARGETS = {
 }
 
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
-            open_loop_size=1024, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
+            open_loop_size=1024, warmup_mb=100, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
-             open_loop_size=1024, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
+             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100)
 
 
@@ -88,7 +88,7 @@ def add_parsers(bsub) -> None:
 def parameters(args: argparse.Namespace) -> dict:
     base = QUICK if args.quick else FULL
     return {k: (getattr(args, k) if getattr(args, k) is not None else v) for k, v in base.items()} | {
-        "quick": bool(args.quick)}
+        "quick": bool(args.quick), "bookie_args": list(getattr(args, "bookie_args", []))}
 
 
 def _ints(s: str) -> list[int]:
@@ -235,7 +235,8 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
     from stream.stream import AsyncStreamClient
 
     say("bookstream: starting etcd + 3 bookies (fsync on)")
-    cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING").start()
+    cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING",
+                         bookie_args=p["bookie_args"]).start()
     addrs = [b.address for b in cluster.bookies]
     cpu = CpuMeter([b.proc.pid for b in cluster.bookies], cluster.etcd.pid if cluster.etcd else None)
     out: dict = {"appends": [], "reads": [], "open_loop": None, "takeover": []}
@@ -244,8 +245,14 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, p["window"] * 2)) as sc:
-            # The open loop first: a latency at a fixed load, not the disk's
-            # write-back of the 1 GiB burst that the closed loops leave behind.
+            # The bookies in their steady state: every journal past its first
+            # segment (64 MiB), so writes go to preallocated segments, as on a
+            # bookie that has been running (bookie/journal.py).
+            if p["warmup_mb"]:
+                say(f"bookstream warm-up: {p['warmup_mb']} MiB of 64 KiB appends")
+                await bench.stream_fill(sc, f"suite-warmup-{tag}", 65536, p["warmup_mb"])
+            # The open loop before the closed loops: a latency at a fixed load,
+            # not the disk's write-back of the 1 GiB burst they leave behind.
             if p["open_loop_rate"]:
                 before = await _journal_counters(addrs)
                 r = await bench.stream_open_loop(sc, f"suite-open-loop-{tag}", p["open_loop_size"], p["seconds"],
@@ -341,7 +348,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
     from bookstream.ceilings import frame_batches, raw_disk_rate
     from bookstream.processes import BookieProcess
 
-    bookie = BookieProcess(base / "one-bookie", log_level="WARNING").start()
+    bookie = BookieProcess(base / "one-bookie", log_level="WARNING", extra_args=p["bookie_args"]).start()
     rows = []
     try:
         for i, size in enumerate(_ints(p["sizes"])):
@@ -363,7 +370,7 @@ def phase_replay(base: Path, p: dict, say) -> list[dict]:
     rows = []
     for size in _ints(p["replay_sizes"]):
         say(f"replay: writing {p['replay_mb']} MiB of {size} B entries, kill -9, restart")
-        r = replay_rate(base / f"replay-{size}", size, p["replay_mb"])
+        r = replay_rate(base / f"replay-{size}", size, p["replay_mb"], p["bookie_args"])
         rows.append(r)
         say(f"replay, {size} B: {r['mb_per_s']:,.0f} MB/s, {r['entries_per_s']:,.0f} entries/s "
             f"(reading the files: {r['read_files_mb_per_s']:,.0f} MB/s)")

@@ -829,6 +829,7 @@ class LedgerHandle:
         self._closed = False
         self._close_task: asyncio.Future | None = None
         self._read_sem = asyncio.Semaphore(client.config.read_concurrency)
+        self._range_reads = 0  # turns the range reads over the ensemble
 
     # -- state -------------------------------------------------------------------
 
@@ -1122,7 +1123,10 @@ class LedgerHandle:
             healthy = [x for x in f.ensemble if x not in q]
             if not healthy:
                 continue
-            bid = healthy[self.ledger_id % len(healthy)]  # spread readers of different ledgers
+            # spread readers of different ledgers, and one reader's range
+            # reads (a read-ahead runs beside the batch being read)
+            bid = healthy[(self.ledger_id + self._range_reads) % len(healthy)]
+            self._range_reads += 1
             bc = await self.client.bookie(bid)
             if bc is None:
                 continue

@@ -29,7 +29,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "bookstream.cli", "bench", "suite", "--quick", "--seconds", "0.3",
          "--ceiling-seconds", "0.2", "--takeover-lengths", "200", "--takeover-past-lafr", "0,50",
-         "--replay-mb", "2", "--index-entries", "20000",
+         "--replay-mb", "2", "--index-entries", "20000", "--warmup-mb", "2",
          "--dir", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -1,0 +1,102 @@
+"""The journal in-process: preallocated segments, clean ends, torn tails."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+
+from bookie import entry as E
+from bookie.journal import PREPARED_SUFFIX, R_ENTRIES, R_STATE, STATE_BODY, Journal, Position, frame_record
+
+SEG = 64 << 10
+
+
+def _entries(ledger: int, first: int, n: int) -> bytes:
+    return b"".join(E.encode_run(ledger, first, [bytes([first % 251]) * 900] * n, lac=-1, lafr=-1, term=0))
+
+
+def _open(path, **kw) -> tuple[Journal, list]:
+    j = Journal(path, segment_size=SEG, **kw)
+    records = [(r.rtype, bytes(r.body)) for r in j.scan(Position(1, 0))]
+    end = j.scan_end if j.segments() else Position(1, 0)
+    j.open_for_append(end)
+    return j, records
+
+
+def _write(j: Journal, bodies: list[tuple[int, bytes]], *, wait_prepared: bool) -> None:
+    async def go():
+        for rtype, body in bodies:
+            if wait_prepared and j.end.offset + len(body) + 12 > SEG:
+                j.wait_prepared(30)  # the roll below takes the prepared file
+            j.append(rtype, body)
+            await j.sync()
+    asyncio.run(go())
+
+
+def test_rolled_segments_are_preallocated_and_replay_to_a_clean_end(tmp_path, caplog):
+    j, _ = _open(tmp_path)
+    bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(20)] + [(R_STATE, STATE_BODY.pack(1, 3, 0))]
+    _write(j, bodies, wait_prepared=True)
+    assert j.preallocated_segments >= 2 and len(j.segments()) >= 3
+    sealed = j.segments()[:-1]
+    j.close()
+    # every rolled-to segment was a prepared one: full size, zeros after its records
+    assert all(j.path(s).stat().st_size == SEG for s in sealed[1:])
+    with caplog.at_level(logging.WARNING, logger="bookie.journal"):
+        j2, records = _open(tmp_path)
+    assert records == bodies
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # zeros are no torn tail
+    # and the journal goes on after a clean end inside a prepared segment
+    more = [(R_ENTRIES, _entries(2, 0, 5))]
+    _write(j2, more, wait_prepared=False)
+    j2.close()
+    j3, records = _open(tmp_path)
+    j3.close()
+    assert records == bodies + more
+
+
+def test_a_torn_record_in_a_prepared_segment_is_cut_off_and_never_replayed(tmp_path, caplog):
+    j, _ = _open(tmp_path)
+    bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(9)]
+    _write(j, bodies, wait_prepared=True)
+    end = j.end
+    assert j.preallocated_segments >= 1 and end.segment > 1
+    j.close()
+    # a crash in the middle of a write: a record whose body was half written
+    torn_body = _entries(1, 90, 10)
+    torn = frame_record(R_ENTRIES, torn_body) + torn_body[: len(torn_body) // 2]
+    fd = os.open(j.path(end.segment), os.O_WRONLY)
+    os.pwrite(fd, torn, end.offset)
+    os.close(fd)
+    with caplog.at_level(logging.WARNING, logger="bookie.journal"):
+        j2, records = _open(tmp_path)
+    assert records == bodies
+    assert any("torn tail" in r.getMessage() for r in caplog.records)
+    # a shorter record written where the torn one began: the torn bytes
+    # behind it must not come back as records
+    after = [(R_STATE, STATE_BODY.pack(1, 4, 1))]
+    _write(j2, after, wait_prepared=False)
+    j2.close()
+    j3, records = _open(tmp_path)
+    j3.close()
+    assert records == bodies + after
+
+
+def test_without_preallocation_segments_grow_by_appending(tmp_path):
+    j, _ = _open(tmp_path, preallocate=False)
+    bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(9)]
+    _write(j, bodies, wait_prepared=False)
+    assert j.preallocated_segments == 0 and not list(tmp_path.glob("*" + PREPARED_SUFFIX))
+    sizes = [j.path(s).stat().st_size for s in j.segments()]
+    j.close()
+    assert sum(sizes) == j.bytes_appended
+    j2, records = _open(tmp_path, preallocate=False)
+    j2.close()
+    assert records == bodies
+
+
+def test_a_stale_prepared_file_is_removed_on_open(tmp_path):
+    (tmp_path / ("segment-0000000007.log" + PREPARED_SUFFIX)).write_bytes(bytes(SEG))
+    j = Journal(tmp_path, segment_size=SEG, preallocate=False)
+    j.close()
+    assert not list(tmp_path.glob("*" + PREPARED_SUFFIX))
