@@ -672,6 +672,15 @@ class _RecoveryDriver:
         self._schedule()
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """``fn(*args)`` on ``loop``, from another thread (an etcd watch's); not
+    at all once the loop is closed: nobody waits on it any more."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
 _SPAN = struct.Struct("<I12xq")  # payload_len, entry_id (bookie/entry.py's record header)
 
 
@@ -1103,21 +1112,33 @@ class LedgerHandle:
     def _watch_metadata(self) -> asyncio.Event:
         """An event set whenever the ledger's header changes in etcd (every
         fragment change and state change CASes it), watched from the revision
-        this handle last read, so no change is missed."""
+        this handle last read, so no change is missed.  The watch resumes by
+        itself after an etcd restart; if it ends for good (etcd's history no
+        longer reaches back to it), the event is set (the long poll re-reads
+        the metadata) and the next long poll watches again from there."""
         if self._meta_changed is None:
             loop = asyncio.get_running_loop()
             self._meta_changed = ev = asyncio.Event()
 
             def on_change(_event) -> None:
-                loop.call_soon_threadsafe(ev.set)
+                _call_soon(loop, ev.set)
+
+            def on_error(e) -> None:
+                log.info("ledger %s: metadata watch ended: %s", self.ledger_id, e)
+                _call_soon(loop, self._watch_ended, ev)
 
             key = self.client.ledgers.layout.ledger_header_key(self.ledger_id)
             try:
                 self._unwatch = self.client.store.watch_key(key, on_change, start_revision=self._rev + 1,
-                                                            on_error=lambda _e: loop.call_soon_threadsafe(ev.set))
+                                                            on_error=on_error)
             except Exception as e:  # no watch: long polls still time out and re-read
                 log.info("ledger %s: no metadata watch: %s", self.ledger_id, e)
         return self._meta_changed
+
+    def _watch_ended(self, ev: asyncio.Event) -> None:
+        ev.set()
+        if self._meta_changed is ev:
+            self._meta_changed, self._unwatch = None, None
 
     def _check_client(self) -> None:
         """Bookie I/O through a closed client is refused with a typed error
