@@ -205,7 +205,7 @@ def test_closing_the_blocking_client_ends_its_open_writer_and_reader(shared, cap
     caplog.set_level(logging.INFO)
     name = sname()
     sc = StreamClient(shared.endpoint, shared.cluster)
-    w = sc.open_writer(name, StreamConfig(linger=0.5))
+    w = sc.open_writer(name, StreamConfig(linger=10.0))
     first = w.append(b"r0")
     r = sc.open_reader(name)
     futs = [w.append_async(b"r%d" % i) for i in range(1, 300)]  # lingering: not handed over yet
