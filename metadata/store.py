@@ -12,7 +12,8 @@ Everything the rest of bookstream needs from etcd goes through
 * paged, revision-consistent range reads (:meth:`range`, :meth:`iter_range`)
   and :meth:`count`;
 * watches (:meth:`watch_prefix`, :meth:`watch_key`, the iterator form
-  :meth:`watch_prefix_iter`) and :meth:`wait_deleted`;
+  :meth:`watch_prefix_iter`), which resume by themselves after etcd comes
+  back, and :meth:`wait_deleted`;
 * leases (:meth:`lease` -> :class:`Lease`) and a :class:`KeepAlive` thread.
 
 Keys are ``str`` (UTF-8 in etcd); values are ``bytes``.  Every etcd failure
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import logging
 import queue
 import threading
@@ -65,6 +67,10 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# A watch broken by etcd going away is re-created after this many seconds,
+# doubling up to the maximum (about gRPC's own reconnect backoff above).
+WATCH_RESUME_BACKOFF = 0.05
+WATCH_RESUME_BACKOFF_MAX = 1.0
 _UNAVAILABLE_CODES = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -388,6 +394,126 @@ class WatchStream:
         self.cancel()
 
 
+class _Watch:
+    """One watch of :meth:`MetadataStore.watch_prefix` / ``watch_key``, which
+    outlives etcd going away (a restart, a dropped connection).
+
+    The etcd3 client ends a watch when its stream breaks.  This one is then
+    created again, with backoff, from :attr:`next_revision`: the revision
+    after the last event delivered (etcd never splits one revision's events
+    across responses), so no event is lost or delivered twice.  The resume
+    runs on a thread of its own, like the keep-alives: etcd3 delivers every
+    watch's events on one shared thread, from which no watch can be created.
+
+    What cannot be resumed ends the watch, reported once through
+    ``on_error``: the history from ``next_revision`` was compacted
+    (Compacted: the caller must re-read, then watch again), the store was
+    closed, or etcd refused the watch for good.
+    """
+
+    def __init__(self, store: "MetadataStore", key: bytes, range_end: bytes | None,
+                 callback: Callable[[WatchEvent], None], on_error: Callable[[MetadataError], None] | None,
+                 next_revision: int) -> None:
+        assert callable(callback) and next_revision > 0
+        self._store = store
+        self._key, self._range_end = key, range_end
+        self._callback, self._on_error = callback, on_error
+        self.next_revision = next_revision  # the first revision not delivered yet
+        self._lock = threading.Lock()
+        self._generation = 0                # the etcd watch whose responses count
+        self._watch_id: int | None = None
+        self._done = False                  # cancelled or ended: no more events
+        self._wake = threading.Event()      # cuts a resume's backoff short (cancel, store closed)
+
+    def start(self) -> None:
+        """Creates the etcd watch; its errors go to the caller."""
+        self._watch_id = self._store._add_watch(self._key, functools.partial(self._on_response, 0),
+                                                self._range_end, self.next_revision)
+
+    def cancel(self) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+            watch_id, self._watch_id = self._watch_id, None
+        self._wake.set()
+        self._store._forget_watch(self)
+        self._store._cancel_watch(watch_id)
+
+    # -- on etcd3's watch thread --------------------------------------------
+
+    def _on_response(self, generation: int, response) -> None:
+        if self._done or generation != self._generation:
+            return  # cancelled, or an etcd watch since replaced
+        if response is None or isinstance(response, BaseException):
+            # The stream ended: an error, or None when it closed.
+            err = (MetadataUnavailable("etcd watch stream closed") if response is None
+                   else self._store._translate(response))
+            if isinstance(err, MetadataUnavailable) and not self._store._closed:
+                self._generation += 1  # whatever the broken watch still says is stale
+                threading.Thread(target=self._resume, args=(err,), daemon=True,
+                                 name=f"etcd-watch-resume-{self._key[-24:]!r}").start()
+            else:
+                self._end(err)
+            return
+        for ev in response.events:
+            if self._done:
+                return
+            try:
+                self._callback(_to_watch_event(ev))
+            except Exception:
+                _log.exception("watch callback failed")
+            self.next_revision = max(self.next_revision, ev.mod_revision + 1)
+
+    # -- on the resume thread -----------------------------------------------
+
+    def _resume(self, cause: MetadataError) -> None:
+        """Creates the etcd watch again from ``next_revision``, until it
+        works, the watch is cancelled, or it cannot be resumed."""
+        _log.info("watch on %r interrupted (%s): resuming from revision %d", self._key, cause,
+                  self.next_revision)
+        delay = WATCH_RESUME_BACKOFF
+        while not self._done:
+            if self._store._closed:
+                self._end(MetadataUnavailable(f"the store was closed ({cause})"))
+                return
+            generation = self._generation
+            try:
+                watch_id = self._store._add_watch(self._key, functools.partial(self._on_response, generation),
+                                                  self._range_end, self.next_revision)
+            except MetadataUnavailable as err:
+                cause = err
+            except Exception as err:  # Compacted, or refused for good
+                self._end(self._store._translate(err))
+                return
+            else:
+                with self._lock:
+                    cancelled = self._done
+                    if not cancelled:
+                        self._watch_id = watch_id
+                if cancelled:  # while it was being created
+                    self._store._cancel_watch(watch_id)
+                    return
+                _log.info("watch on %r resumed from revision %d", self._key, self.next_revision)
+                return
+            self._wake.wait(delay)
+            delay = min(2 * delay, WATCH_RESUME_BACKOFF_MAX)
+
+    def _end(self, err: MetadataError) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        self._store._forget_watch(self)
+        if self._on_error is None:
+            _log.warning("watch on %r ended: %s", self._key, err)
+            return
+        try:
+            self._on_error(err)
+        except Exception:
+            _log.exception("watch on_error callback failed")
+
+
 # --------------------------------------------------------------------------
 # Leases
 
@@ -570,6 +696,8 @@ class MetadataStore:
         self._client = etcd3.MultiEndpointEtcd3Client(endpoints=eps, timeout=self._timeout, failover=True)
         self._keepalives: set[KeepAlive] = set()
         self._ka_lock = threading.Lock()
+        self._watches: set[_Watch] = set()
+        self._watch_lock = threading.Lock()
         self._closed = False
 
     # -- plumbing ---------------------------------------------------------
@@ -820,6 +948,13 @@ class MetadataStore:
                               resp.more))
         return pages, revision
 
+    def compact(self, revision: int) -> None:
+        """Discard etcd's history before ``revision`` (etcd also does it by
+        itself: ``--auto-compaction-*``).  Reads at, and watches from, an
+        older revision then fail with ``Compacted``."""
+        assert isinstance(revision, int) and revision > 0
+        self._unary("kvstub", "Compact", rpc.CompactionRequest(revision=revision))
+
     # -- watches ----------------------------------------------------------
 
     def watch_prefix(self, prefix: str, callback: Callable[[WatchEvent], None], *,
@@ -828,9 +963,14 @@ class MetadataStore:
         """Call ``callback(event)`` for every change under ``prefix``, in
         revision order, from now (or from ``start_revision``).
 
-        Returns a ``cancel()`` function.  If the watch breaks (etcd
-        unreachable, revision compacted), ``on_error(error)`` is called once
-        and no more events come; re-watch from the last seen revision + 1.
+        Returns a ``cancel()`` function.  If etcd goes away (a restart, a
+        dropped connection), the watch resumes by itself once etcd is back,
+        from the revision after the last event delivered: no event is lost
+        or delivered twice.  If it cannot resume, ``on_error(error)`` is
+        called once and no more events come: ``Compacted`` when etcd's
+        history no longer reaches back to that revision (re-read, then watch
+        from the revision of the read + 1), ``MetadataUnavailable`` when the
+        store was closed.
         """
         pb = _key_bytes(prefix)
         return self._watch(pb, prefix_end(pb), callback, start_revision, on_error)
@@ -852,52 +992,44 @@ class MetadataStore:
                start_revision: int | None, on_error: Callable[[MetadataError], None] | None) -> Callable[[], None]:
         assert callable(callback)
         assert start_revision is None or start_revision > 0
-        state = {"cancelled": False, "failed": False}
-        lock = threading.Lock()
+        assert not self._closed, "MetadataStore is closed"
+        # "From now" is pinned to a revision, so that a resume knows where
+        # the watch started when no event came before etcd went away.
+        first = start_revision if start_revision is not None else self.current_revision() + 1
+        watch = _Watch(self, key, range_end, callback, on_error, first)
+        with self._watch_lock:
+            self._watches.add(watch)
+        try:
+            watch.start()
+        except BaseException:
+            self._forget_watch(watch)
+            raise
+        return watch.cancel
 
-        def raw_callback(response) -> None:
-            if state["cancelled"] or state["failed"]:
-                return
-            if response is None or isinstance(response, BaseException):
-                # The watch stream ended: an error, or None when it closed.
-                state["failed"] = True
-                err = (MetadataUnavailable("etcd watch stream closed") if response is None
-                       else self._translate(response))
-                if on_error is not None:
-                    on_error(err)
-                else:
-                    _log.warning("watch on %r ended: %s", key, err)
-                return
-            for ev in response.events:
-                if state["cancelled"]:
-                    return
-                try:
-                    callback(_to_watch_event(ev))
-                except Exception:
-                    _log.exception("watch callback failed")
-
-        kwargs = {}
+    def _add_watch(self, key: bytes, callback: Callable, range_end: bytes | None, start_revision: int) -> int:
+        """Creates one etcd3 watch (which ends when its stream breaks);
+        returns its id.  Errors translated."""
+        kwargs = {"start_revision": start_revision}
         if range_end is not None:
             kwargs["range_end"] = range_end
-        if start_revision is not None:
-            kwargs["start_revision"] = start_revision
-        assert not self._closed, "MetadataStore is closed"
+        if self._closed:
+            raise MetadataUnavailable("the store is closed")
         try:
-            watch_id = self._client.add_watch_callback(key, raw_callback, **kwargs)
+            return self._client.add_watch_callback(key, callback, **kwargs)
         except Exception as exc:
             raise self._translate(exc) from exc
 
-        def cancel() -> None:
-            with lock:
-                if state["cancelled"]:
-                    return
-                state["cancelled"] = True
-            try:
-                self._client.cancel_watch(watch_id)
-            except Exception as exc:  # the watch is gone with its stream anyway
-                _log.debug("cancel_watch failed: %r", exc)
+    def _cancel_watch(self, watch_id: int | None) -> None:
+        if watch_id is None or self._closed:
+            return
+        try:
+            self._client.cancel_watch(watch_id)
+        except Exception as exc:  # the watch is gone with its stream anyway
+            _log.debug("cancel_watch failed: %r", exc)
 
-        return cancel
+    def _forget_watch(self, watch: _Watch) -> None:
+        with self._watch_lock:
+            self._watches.discard(watch)
 
     def wait_deleted(self, key: str, timeout: float) -> bool:
         """Wait until ``key`` does not exist; True if so within ``timeout``.
@@ -925,7 +1057,11 @@ class MetadataStore:
             cancel()
         if errors:
             raise errors[0]
-        return ok
+        if not ok:
+            # The watch waits out an etcd outage; a read tells the timeout
+            # of a key still there from etcd being away (MetadataUnavailable).
+            return self.get(key) is None
+        return True
 
     # -- leases -----------------------------------------------------------
 
@@ -977,7 +1113,7 @@ class MetadataStore:
 
     def close(self) -> None:
         """Stop the keep-alives started on this store and close the
-        connection (watches end).  Idempotent."""
+        connection (watches end, through their ``on_error``).  Idempotent."""
         if self._closed:
             return
         with self._ka_lock:
@@ -985,6 +1121,10 @@ class MetadataStore:
         for ka in kas:
             ka.stop()
         self._closed = True
+        with self._watch_lock:
+            watches = list(self._watches)
+        for w in watches:
+            w._wake.set()  # a resume waiting out a backoff ends now (on_error)
         self._client.close()
 
     def __enter__(self) -> "MetadataStore":

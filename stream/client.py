@@ -19,6 +19,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from typing import Any, Callable, Iterable, Iterator
 
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
@@ -61,6 +62,9 @@ class BookKeeperClient:
         self._bookies: dict[str, BookieClient] = {}
         self._failed: dict[str, float] = {}
         self._closed = False
+        self._closing = False
+        self._close_task: asyncio.Future | None = None
+        self._handles: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()  # the open ones, for close
         self._lock: asyncio.Lock | None = None
 
     @property
@@ -80,6 +84,19 @@ class BookKeeperClient:
             return await asyncio.to_thread(fn, *args, **kw)
         except Exception as e:
             raise err.translate(e) from e
+
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` started: handles refuse new adds (ClientClosed)."""
+        return self._closing
+
+    def track(self, handle: LedgerHandle) -> None:
+        """Every handle of this client registers here (weakly: a reader
+        handle the application drops needs no close), so the client's close
+        can end it before the channels it writes through."""
+        if self._closing:
+            raise err.ClientClosed("client is closed")
+        self._handles.add(handle)
 
     def mark_failed(self, bookie_id: str) -> None:
         self._failed[bookie_id] = time.monotonic()
@@ -105,9 +122,12 @@ class BookKeeperClient:
                 asyncio.ensure_future(old.close())
 
     def bookie_now(self, bookie_id: str) -> BookieClient | None:
-        """The bookie's client if its address is known (no I/O)."""
+        """The bookie's client if its address is known (no I/O); None once
+        the client is closed (no channel outlives it)."""
         bc = self._bookies.get(bookie_id)
         if bc is None:
+            if self._closed:
+                return None
             addr = self._addresses.get(bookie_id)
             if addr is None:
                 return None
@@ -195,8 +215,26 @@ class BookKeeperClient:
     # -- lifecycle -----------------------------------------------------------------------
 
     async def close(self) -> None:
+        """Ends every handle still open, then closes the bookie channels and
+        the etcd connection.  A writer ends as a stream writer's close ends
+        it (``LedgerHandle.end_writes``): its pending adds get ``add_timeout``
+        seconds to be acknowledged, an add still pending then fails with
+        ClientClosed, and the ledger is left OPEN (not closed: the next
+        opener recovers it).  New adds raise ClientClosed from the start.
+        Concurrent calls share one close."""
         if self._closed:
             return
+        if self._close_task is None:
+            self._closing = True
+            self._close_task = asyncio.ensure_future(self._close())
+        await asyncio.shield(self._close_task)
+
+    async def _close(self) -> None:
+        handles = list(self._handles)
+        results = await asyncio.gather(*(h._release() for h in handles), return_exceptions=True)
+        for h, r in zip(handles, results):
+            if isinstance(r, Exception):
+                log.info("ledger %s: ending the handle at close: %r", h.ledger_id, r)
         bookies, self._bookies = list(self._bookies.values()), {}
         await asyncio.gather(*(b.close() for b in bookies), return_exceptions=True)
         self._closed = True
@@ -214,32 +252,88 @@ class BookKeeperClient:
 
 class BackgroundLoop:
     """An asyncio event loop in a daemon thread: what the blocking facades
-    (SyncBookKeeperClient, stream.StreamClient) run their async clients on."""
+    (SyncBookKeeperClient, stream.StreamClient) run their async clients on.
+
+    Once :meth:`close` started, calls raise ClientClosed (a typed error, not
+    the loop's RuntimeError), and a call still waiting when the loop stops
+    gets ClientClosed too instead of waiting for ever."""
 
     def __init__(self, name: str):
         self.loop = asyncio.new_event_loop()
+        self._closing = False
+        self._calls: set[concurrent.futures.Future] = set()  # run()s waiting
         self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
         self._thread.start()
 
     def run(self, coro, timeout: float | None = None):
         """Runs a coroutine on the loop and waits for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+        if self._closing:
+            coro.close()
+            raise err.ClientClosed("client is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        self._calls.add(fut)
+        try:
+            return fut.result(timeout)
+        except concurrent.futures.CancelledError:
+            if self._closing:  # the close cancelled it with the loop's other tasks
+                raise err.ClientClosed("client closed during the call") from None
+            raise
+        finally:
+            self._calls.discard(fut)
+
+    def call_soon(self, fn: Callable, *args) -> None:
+        """Hands ``fn(*args)`` to the loop without waiting."""
+        if self._closing:
+            raise err.ClientClosed("client is closed")
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # closed meanwhile
+            raise err.ClientClosed("client is closed") from None
+
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` started."""
+        return self._closing
 
     @property
     def closed(self) -> bool:
         return self.loop.is_closed()
 
     def close(self, last=None) -> None:
-        """Runs `last` (a coroutine: the client's close) then stops the loop."""
-        if self.loop.is_closed():
+        """Runs `last` (a coroutine: the client's close), cancels the tasks
+        still on the loop (their callers get ClientClosed), then stops it."""
+        if self._closing:
+            if last is not None:
+                last.close()
             return
+        self._closing = True
         try:
             if last is not None:
-                self.run(last, timeout=30)
+                asyncio.run_coroutine_threadsafe(last, self.loop).result(30)
         finally:
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(10)
-            self.loop.close()
+            try:
+                asyncio.run_coroutine_threadsafe(_cancel_tasks(), self.loop).result(10)
+            finally:
+                self.loop.call_soon_threadsafe(self.loop.stop)
+                self._thread.join(10)
+                self.loop.close()
+                # a call that reached the loop after its tasks were cancelled
+                # would otherwise wait for ever
+                for fut in list(self._calls):
+                    if not fut.cancel() and not fut.done():
+                        fut.set_exception(err.ClientClosed("client closed during the call"))
+
+
+async def _cancel_tasks() -> None:
+    """Cancels every other task of the running loop and lets them unwind
+    (as ``asyncio.run`` does at its end), rather than destroying them
+    pending with the loop."""
+    me = asyncio.current_task()
+    tasks = [t for t in asyncio.all_tasks() if t is not me]
+    for t in tasks:
+        t.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=5)
 
 
 class SyncLedgerHandle:
@@ -288,10 +382,15 @@ class SyncLedgerHandle:
                     out.set_result(f.result())
             fut.add_done_callback(done)
 
-        self._s._loop.call_soon_threadsafe(go)
+        self._s._bg.call_soon(go)
         return out
 
     def close(self) -> None:
+        """Closes the ledger (writer) or releases the handle.  After the
+        client's close, a reader's handle was released with it (a no-op
+        here); a writer's raises ClientClosed: the ledger was left OPEN."""
+        if self._s._bg.closing and self.handle._writer is None:
+            return
         self._s._run(self.handle.close())
 
     def read_entries(self, first: int, last: int):
@@ -356,7 +455,9 @@ class SyncBookKeeperClient:
         return self._run(self.client.ledger_metadata(ledger_id))
 
     def close(self) -> None:
-        if not self._bg.closed:
+        """Closes the client (see BookKeeperClient.close); later calls, and
+        calls still waiting, raise ClientClosed.  Idempotent."""
+        if not self._bg.closing:
             self._bg.close(self.client.close())
 
     def __enter__(self) -> "SyncBookKeeperClient":

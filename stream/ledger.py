@@ -147,6 +147,7 @@ class _Writer:
         self._waiters: list[asyncio.Future] = []
         self._fail_error: BaseException | None = None
         self._tasks: set[asyncio.Task] = set()
+        self._stopped = False                  # stop(): nothing more is sent
         self.frames_sent = 0
         self.ensemble_changes = 0
 
@@ -386,7 +387,7 @@ class _Writer:
         timer.cancel()
         self._inflight[bookie_id] -= 1
         held = self._backlog.pop(bookie_id, None)
-        if held is not None:
+        if held is not None and not self._stopped:
             if self.core.ensemble[held[0]] == bookie_id:  # else replaced: the core resends elsewhere
                 self._transmit(held[0], bookie_id, held[1], held[2])
         if fut.cancelled() or fut.exception() is not None:
@@ -490,6 +491,23 @@ class _Writer:
         for timer in (self._retry_timer, self._lac_timer):
             if timer is not None:
                 timer.cancel()
+
+    def stop(self, error: BaseException) -> None:
+        """Ends the writer here, with no close CAS (a stream writer closing,
+        or the client closing under a writer).  Every add not acknowledged
+        yet fails with ``error`` (its outcome is for the next writer's
+        recovery to tell); acknowledged ones stay.  The core goes terminal
+        first, so a bookie whose stream dies afterwards (the client closing
+        its channels under frames still on their way to Qw) is not taken
+        for a failed bookie: no ensemble change starts, nothing more is sent."""
+        if self._stopped:
+            return
+        self._stopped = True
+        if self.core.state not in WRITER_TERMINAL:
+            self._fail(error)
+        self._drain()  # settles the futures now (queued adds too), wakes the waiters
+        self._backlog.clear()
+        self.cancel()
 
 
 # -- recovery -----------------------------------------------------------------------
@@ -677,6 +695,15 @@ class _RecoveryDriver:
         self._schedule()
 
 
+def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
+    """``fn(*args)`` on ``loop``, from another thread (an etcd watch's); not
+    at all once the loop is closed: nobody waits on it any more."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        pass
+
+
 _SPAN = struct.Struct("<I12xq")  # payload_len, entry_id (bookie/entry.py's record header)
 
 
@@ -830,6 +857,7 @@ class LedgerHandle:
         self._close_task: asyncio.Future | None = None
         self._read_sem = asyncio.Semaphore(client.config.read_concurrency)
         self._range_reads = 0  # turns the range reads over the ensemble
+        client.track(self)  # its close ends this handle first (see _release)
 
     # -- state -------------------------------------------------------------------
 
@@ -874,6 +902,8 @@ class LedgerHandle:
     def _writable(self) -> _Writer:
         if self._writer is None:
             raise err.LedgerClosed(f"ledger {self.ledger_id} is open read-only")
+        if self.client.closing:
+            raise err.ClientClosed(f"ledger {self.ledger_id}: the client is closed")
         if self._closed and self._writer.core.state is not WriterState.CLOSED:
             raise err.LedgerClosed(f"ledger {self.ledger_id} is closing")
         return self._writer
@@ -905,7 +935,58 @@ class LedgerHandle:
                 continue
             return await fut
 
+    async def flush(self, timeout: float | None = None) -> bool:
+        """Waits until every add issued so far is acknowledged or failed (at
+        most ``timeout`` seconds); returns whether none is left."""
+        w = self._writer
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while w is not None and (pending := w.outstanding()):
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return False
+            # gather retrieves the failures (the adds' callers see them);
+            # wait, unlike wait_for, cancels nothing when the time is up
+            await asyncio.wait([asyncio.gather(*pending, return_exceptions=True)], timeout=left)
+        return True
+
     # -- close -------------------------------------------------------------------
+
+    async def end_writes(self, error: BaseException, *, flush_timeout: float | None = None) -> None:
+        """Stops writing without closing the ledger (a stream writer's close:
+        the stream stays OPEN for the next writer's take-over; the client's
+        close under an open writer).  New adds are refused at once; the
+        pending ones get ``flush_timeout`` seconds (None: as long as they
+        take); the ensemble is told the LAC (readers then see every
+        acknowledged entry at once); then the writer ends: an add still
+        pending fails with ``error``, and no bookie is replaced any more.
+        Idempotent."""
+        w = self._writer
+        if w is None:
+            return
+        self._closed = True
+        await self.flush(flush_timeout)
+        await w.tell_lac()
+        w.stop(error)
+
+    async def _release(self) -> None:
+        """The client is closing (before its bookie channels and etcd): this
+        handle stops watching, and a writer ends as :meth:`end_writes` ends
+        it, the ledger left as it is (a classic one OPEN: the next opener
+        recovers it).  Without this, the channels closing under frames still
+        on their way would look like failed bookies, and the writer would
+        try an ensemble change through a closed client."""
+        self._stop_watching()
+        w = self._writer
+        if w is None:
+            return
+        error = err.ClientClosed(f"ledger {self.ledger_id}: the client closed")
+        timeout = self.client.config.add_timeout
+        if self._close_task is not None:  # an explicit close under way: let it finish, within reason
+            await asyncio.wait([self._close_task], timeout=timeout)
+            w.stop(error)
+            return
+        await self.end_writes(error, flush_timeout=timeout)
 
     async def close(self) -> None:
         """Closes the ledger (writer) or releases the handle (reader).
@@ -1006,6 +1087,7 @@ class LedgerHandle:
             return self._meta.last_entry
         if self._writer is not None and self._writer.core.state not in WRITER_TERMINAL:
             return self.last_add_confirmed
+        self._check_client()
         lac = await read_lac_covering(self.client, self._meta)
         self._lac = max(self._lac, lac)
         return self._lac
@@ -1017,6 +1099,7 @@ class LedgerHandle:
         close), or ``timeout``.  Then returns the LAC as known."""
         if self.last_add_confirmed > previous:
             return self.last_add_confirmed
+        self._check_client()
         changed = self._watch_metadata()
         frag = self._meta.last_fragment
         tasks = []
@@ -1053,21 +1136,39 @@ class LedgerHandle:
     def _watch_metadata(self) -> asyncio.Event:
         """An event set whenever the ledger's header changes in etcd (every
         fragment change and state change CASes it), watched from the revision
-        this handle last read, so no change is missed."""
+        this handle last read, so no change is missed.  The watch resumes by
+        itself after an etcd restart; if it ends for good (etcd's history no
+        longer reaches back to it), the event is set (the long poll re-reads
+        the metadata) and the next long poll watches again from there."""
         if self._meta_changed is None:
             loop = asyncio.get_running_loop()
             self._meta_changed = ev = asyncio.Event()
 
             def on_change(_event) -> None:
-                loop.call_soon_threadsafe(ev.set)
+                _call_soon(loop, ev.set)
+
+            def on_error(e) -> None:
+                log.info("ledger %s: metadata watch ended: %s", self.ledger_id, e)
+                _call_soon(loop, self._watch_ended, ev)
 
             key = self.client.ledgers.layout.ledger_header_key(self.ledger_id)
             try:
                 self._unwatch = self.client.store.watch_key(key, on_change, start_revision=self._rev + 1,
-                                                            on_error=lambda _e: loop.call_soon_threadsafe(ev.set))
+                                                            on_error=on_error)
             except Exception as e:  # no watch: long polls still time out and re-read
                 log.info("ledger %s: no metadata watch: %s", self.ledger_id, e)
         return self._meta_changed
+
+    def _watch_ended(self, ev: asyncio.Event) -> None:
+        ev.set()
+        if self._meta_changed is ev:
+            self._meta_changed, self._unwatch = None, None
+
+    def _check_client(self) -> None:
+        """Bookie I/O through a closed client is refused with a typed error
+        (its channels are gone; none is opened again)."""
+        if self.client.closing:
+            raise err.ClientClosed(f"ledger {self.ledger_id}: the client is closed")
 
     def _stop_watching(self) -> None:
         if self._unwatch is not None:
@@ -1085,6 +1186,7 @@ class LedgerHandle:
         once if ``last`` is beyond the known one."""
         if not (isinstance(first, int) and isinstance(last, int)) or first < 0 or last < first:
             raise ValueError(f"bad entry range {first}..{last}")
+        self._check_client()
         if last > self.last_add_confirmed and self._meta.state is not LedgerState.CLOSED:
             if self._writer is None:
                 await self.read_last_add_confirmed()

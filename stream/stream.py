@@ -41,6 +41,7 @@ import itertools
 import logging
 import struct
 import threading
+import weakref
 from typing import AsyncIterator, Iterator, NamedTuple, Sequence
 
 from bookie.entry import FLAG_NOOP
@@ -248,6 +249,7 @@ class AsyncStreamClient:
                  config: ClientConfig | None = None, **overrides):
         self.bk = BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
         self.layout = KeyLayout(cluster)
+        self._readers: weakref.WeakSet[AsyncStreamReader] = weakref.WeakSet()  # closed with the client
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -326,6 +328,7 @@ class AsyncStreamClient:
         handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
         reader = AsyncStreamReader(self, name, handle)
         reader.seek(start, inclusive=inclusive)
+        self._readers.add(reader)
         return reader
 
     # -- retention and admin --------------------------------------------------------------------------
@@ -392,6 +395,14 @@ class AsyncStreamClient:
         await self.bk.delete_ledger(lid)
 
     async def close(self) -> None:
+        """Closes the readers still open, then the ledger client, which ends
+        every writer still open as the writer's own close would, before its
+        bookie channels close under it: appends issued so far get
+        ``add_timeout`` seconds to be acknowledged (one still pending then
+        fails with ClientClosed), the ensemble is told the LAC, the stream
+        stays OPEN for the next writer, and no bookie is taken for failed.
+        Afterwards the writers' appends raise ClientClosed."""
+        await asyncio.gather(*(r.close() for r in list(self._readers)), return_exceptions=True)
         await self.bk.close()
 
     async def __aenter__(self) -> "AsyncStreamClient":
@@ -453,19 +464,13 @@ class AsyncStreamWriter:
 
     async def flush(self) -> None:
         """Waits until every append issued so far is acknowledged (or failed)."""
-        w = self.handle._writer
-        while w is not None and (pending := w.outstanding()):
-            await asyncio.gather(*pending, return_exceptions=True)
+        await self.handle.flush()
 
     async def close(self) -> None:
         """Flushes and stops writing.  The stream stays OPEN: the next writer
-        takes it over with a new term."""
-        await self.flush()
-        w = self.handle._writer
-        if w is not None:
-            await w.tell_lac()
-            w.cancel()
-            self.handle._closed = True
+        takes it over with a new term.  Later appends raise LedgerClosed
+        (ClientClosed once the client closed)."""
+        await self.handle.end_writes(err.LedgerClosed(f"stream {self.name!r}: writer closed"))
 
     async def __aenter__(self) -> "AsyncStreamWriter":
         return self
@@ -608,6 +613,7 @@ class StreamClient:
                  config: ClientConfig | None = None, **overrides):
         self._bg = BackgroundLoop("bookstream-client")
         self._loop = self._bg.loop
+        self._writers: weakref.WeakSet[StreamWriter] = weakref.WeakSet()  # ended with the client
 
         async def make() -> AsyncStreamClient:
             return AsyncStreamClient(etcd_endpoints, cluster, config, **overrides)
@@ -619,7 +625,9 @@ class StreamClient:
 
     def open_writer(self, name: str, config: StreamConfig | None = None, *, create: bool = True) -> "StreamWriter":
         config = config or StreamConfig()
-        return StreamWriter(self, self._run(self.aio.open_writer(name, config, create=create)), config)
+        w = StreamWriter(self, self._run(self.aio.open_writer(name, config, create=create)), config)
+        self._writers.add(w)
+        return w
 
     def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True) -> "StreamReader":
         return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive)))
@@ -636,9 +644,28 @@ class StreamClient:
     def delete_stream(self, name: str) -> None:
         self._run(self.aio.delete_stream(name))
 
+    @property
+    def closing(self) -> bool:
+        """True once :meth:`close` started."""
+        return self._bg.closing
+
     def close(self) -> None:
-        if not self._bg.closed:
-            self._bg.close(self.aio.close())
+        """Closes the client and, first, the writers and readers still open
+        (see AsyncStreamClient.close): appends still lingering in a writer's
+        batch are handed over and acknowledged (or fail with ClientClosed);
+        afterwards every call raises ClientClosed, and closing a writer or a
+        reader is a no-op.  Idempotent."""
+        if self._bg.closing:
+            return
+        writers = list(self._writers)
+        for w in writers:
+            w._refuse_appends()
+        self._bg.close(self._close(writers))
+
+    async def _close(self, writers: "list[StreamWriter]") -> None:
+        for w in writers:
+            w._hand_over()  # the last batch, before the writer's end flushes it
+        await self.aio.close()
 
     def __enter__(self) -> "StreamClient":
         return self
@@ -669,19 +696,34 @@ class StreamWriter:
         """Queues an append; the future resolves to its Position."""
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise TypeError(f"payload must be bytes, got {type(payload).__name__}")
-        if self._closed:
-            raise err.LedgerClosed(f"stream {self.aio.name!r}: writer closed")
         fut: concurrent.futures.Future = concurrent.futures.Future()
-        with self._lock:
+        with self._lock:  # the client's close refuses appends under it (_refuse_appends)
+            if self._closed:
+                raise self._closed_error()
             first = not self._batch
             self._batch.append((bytes(payload), fut))
             self._batch_bytes += len(payload)
             full = self._batch_bytes >= self.max_batch_bytes
-        if full:
-            self._sc._loop.call_soon_threadsafe(self._hand_over)
-        elif first:
-            self._sc._loop.call_soon_threadsafe(self._arm)
+        try:
+            if full:
+                self._sc._bg.call_soon(self._hand_over)
+            elif first:
+                self._sc._bg.call_soon(self._arm)
+        except err.ClientClosed:
+            pass  # queued before the close refused appends: the close hands it over
         return fut
+
+    def _closed_error(self) -> err.BookKeeperError:
+        if self._sc.closing:
+            return err.ClientClosed(f"stream {self.aio.name!r}: the client is closed")
+        return err.LedgerClosed(f"stream {self.aio.name!r}: writer closed")
+
+    def _refuse_appends(self) -> None:
+        """The client is closing: appends are refused from now on.  Under the
+        lock, so an append racing with the close is either refused or in the
+        batch that the close hands over."""
+        with self._lock:
+            self._closed = True
 
     def _arm(self) -> None:
         """On the loop: hand the batch over after the linger time."""
@@ -718,6 +760,11 @@ class StreamWriter:
             part = batch[k:k + step]
             try:
                 positions = await self.aio.append_many([p for p, _ in part])
+            except asyncio.CancelledError:  # the client's close: no caller waits for ever
+                e = err.ClientClosed(f"stream {self.aio.name!r}: the client closed")
+                for _, fut in batch[k:]:
+                    _settle(fut, exc=e)
+                raise
             except Exception as e:
                 e = err.translate(e)
                 for _, fut in part:
@@ -734,26 +781,34 @@ class StreamWriter:
 
     def flush_batch(self) -> None:
         """Hands the queued appends to the writer now (no linger)."""
-        self._sc._loop.call_soon_threadsafe(self._hand_over)
+        try:
+            self._sc._bg.call_soon(self._hand_over)
+        except err.ClientClosed:
+            pass  # the client's close handed them over
 
     def flush(self) -> None:
-        """Waits until every append issued so far is acknowledged."""
-        done = threading.Event()
+        """Waits until every append issued so far is acknowledged (or
+        failed).  Once the client closed, none is left to wait for."""
+        try:
+            self._sc._run(self._flush())
+        except err.ClientClosed:
+            pass  # the client's close flushed this writer, and ended it
 
-        def go() -> None:
-            self._hand_over()
-            t = self._sc._loop.create_task(self.aio.flush())
-            t.add_done_callback(lambda _: done.set())
-
-        self._sc._loop.call_soon_threadsafe(go)
-        done.wait()
+    async def _flush(self) -> None:
+        self._hand_over()
+        await self.aio.flush()
 
     def close(self) -> None:
+        """Flushes and stops writing (see AsyncStreamWriter.close); a no-op
+        once the client closed (its close ended the writer)."""
         if self._closed:
             return
         self.flush()
         self._closed = True
-        self._sc._run(self.aio.close())
+        try:
+            self._sc._run(self.aio.close())
+        except err.ClientClosed:
+            pass  # closed meanwhile: the client's close ended the writer
 
     def __enter__(self) -> "StreamWriter":
         return self
@@ -812,7 +867,11 @@ class StreamReader:
             yield self.next()
 
     def close(self) -> None:
-        self._sc._run(self.aio.close())
+        """A no-op once the client closed (its close closed the reader)."""
+        try:
+            self._sc._run(self.aio.close())
+        except err.ClientClosed:
+            pass
 
     def __enter__(self) -> "StreamReader":
         return self

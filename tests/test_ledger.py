@@ -7,6 +7,7 @@ every wait is on an event (an ack, a future, a process exit) with a deadline.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 
@@ -52,6 +53,35 @@ def test_create_add_close_read_round_trip(shared):
                     await rh.read_entries(299, 300)
             assert lh.ledger_id in await bk.list_ledgers()
     run(go())
+
+
+def test_closing_the_client_under_an_open_writer_replaces_no_bookie(shared, caplog):
+    """The client closes with a writer handle still open and adds in flight:
+    they are acknowledged first, no bookie is taken for failed (no ensemble
+    change, nothing logged above INFO), later adds raise ClientClosed, and
+    the ledger is left OPEN: a new client's recovery closes it at the last
+    entry, with every entry readable."""
+    caplog.set_level(logging.INFO)
+
+    async def go():
+        bk = client(shared)
+        lh = await bk.create_ledger(3, 3, 2)
+        futs = [lh.add_entry_async(payload(i)) for i in range(300)]
+        await bk.close()
+        assert await asyncio.wait_for(asyncio.gather(*futs), 30) == list(range(300))
+        with pytest.raises(se.ClientClosed):
+            await lh.add_entry(b"late")
+        async with client(shared) as bk2:
+            assert (await bk2.ledger_metadata(lh.ledger_id)).state is LedgerState.OPEN
+            rh = await bk2.open_ledger(lh.ledger_id)  # recovery closes it
+            assert rh.last_add_confirmed == 299
+            got = await rh.read_entries(0, 299)
+            assert [e.payload for e in got] == [payload(i) for i in range(300)]
+    run(go())
+    writer_logs = [r for r in caplog.records if r.name == "stream.ledger"
+                   and ("failed" in r.getMessage() or "fragment" in r.getMessage())]
+    assert writer_logs == []
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 def test_adds_are_pipelined_into_one_frame_per_bookie_per_turn(shared):

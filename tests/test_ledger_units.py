@@ -123,8 +123,13 @@ class FakeClient:
                                    fragments=(Fragment(0, tuple(modes)),))
         self.ledgers = SimpleNamespace(read=lambda lid: (self.meta, 1))
 
+    closing = False
+
     async def meta_call(self, fn, *a):
         return fn(*a)
+
+    def track(self, handle):
+        pass
 
     def quarantined(self):
         return set(self.failed)

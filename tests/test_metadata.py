@@ -9,6 +9,7 @@ import pytest
 
 from metadata.errors import (
     BadVersion,
+    Compacted,
     InvalidKey,
     InvalidName,
     KeyExists,
@@ -196,6 +197,88 @@ def test_watch_iterator_and_replay_from_revision(store, prefix):
         stream.get(timeout=0)
 
 
+def test_a_watch_resumes_by_itself_after_etcd_restarts(tmp_path):
+    """etcd restarts (same data dir and ports) under a prefix watch and a key
+    watch: both resume by themselves, from the revision after the last event
+    they delivered, so the changes made meanwhile arrive once each, in
+    order, and neither watch reports an error."""
+    server = ManagedEtcd(tmp_path / "etcd").start()
+    s = MetadataStore(server.endpoint, timeout=1.0)
+    events: Collector[WatchEvent] = Collector()
+    key_events: Collector[WatchEvent] = Collector()
+    errors: Collector[MetadataError] = Collector()
+    cancels = []
+    try:
+        cancels.append(s.watch_prefix("/w/", events, on_error=errors))
+        cancels.append(s.watch_key("/w/k", key_events, on_error=errors))
+        r1 = s.put("/w/k", b"before")
+        events.wait_for(lambda e: e.mod_revision == r1, WAIT)
+        key_events.wait_for(lambda e: e.mod_revision == r1, WAIT)
+        server.stop()
+        server.start()
+        with MetadataStore(server.endpoint, timeout=5.0) as other:  # s may still be reconnecting
+            r2 = other.put("/w/a", b"after-1")
+            r3 = other.put("/w/k", b"after-2")
+        events.wait_for(lambda e: e.mod_revision == r3, 30)
+        key_events.wait_for(lambda e: e.mod_revision == r3, 30)
+        r4 = s.put("/w/b", b"later")  # and the resumed watch keeps going
+        events.wait_for(lambda e: e.mod_revision == r4, WAIT)
+        assert [(e.key, e.value, e.mod_revision) for e in events.items] == [
+            ("/w/k", b"before", r1), ("/w/a", b"after-1", r2), ("/w/k", b"after-2", r3), ("/w/b", b"later", r4)]
+        assert [(e.value, e.mod_revision) for e in key_events.items] == [(b"before", r1), (b"after-2", r3)]
+        assert errors.items == []
+    finally:
+        for cancel in cancels:
+            cancel()
+        s.close()
+        server.stop()
+
+
+def test_a_watch_that_cannot_resume_past_a_compaction_reports_it(tmp_path, monkeypatch):
+    """etcd's history is compacted past the revision a watch must resume
+    from while it is down: the watch reports Compacted through on_error,
+    once, and delivers nothing more (it never skips events silently).  The
+    resume is held (a gate in the store's watch creation) until the
+    compaction is done, so the order is certain."""
+    resuming, gate = threading.Event(), threading.Event()
+    real_add = MetadataStore._add_watch
+    adds = []
+
+    def held_add(self, *args, **kw):
+        adds.append(args)
+        if len(adds) > 1:  # a resume: wait for the compaction
+            resuming.set()
+            assert gate.wait(60)
+        return real_add(self, *args, **kw)
+
+    monkeypatch.setattr(MetadataStore, "_add_watch", held_add)
+    server = ManagedEtcd(tmp_path / "etcd").start()
+    s = MetadataStore(server.endpoint, timeout=1.0)
+    events: Collector[WatchEvent] = Collector()
+    errors: Collector[MetadataError] = Collector()
+    cancel = s.watch_prefix("/w/", events, on_error=errors)
+    try:
+        r1 = s.put("/w/k", b"before")
+        events.wait_for(lambda e: e.mod_revision == r1, WAIT)
+        server.stop()
+        assert resuming.wait(30), "the watch did not try to resume"
+        server.start()
+        with MetadataStore(server.endpoint, timeout=5.0) as other:
+            other.put("/w/k", b"compacted away")
+            r3 = other.put("/w/k", b"after")
+            other.compact(r3)
+        gate.set()
+        err = errors.wait_for(lambda e: True, 30)
+        assert isinstance(err, Compacted) and err.compact_revision == r3
+        assert [e.mod_revision for e in events.items] == [r1]
+    finally:
+        gate.set()
+        cancel()
+        s.close()
+        server.stop()
+    assert len(errors.items) == 1
+
+
 # -- leases ----------------------------------------------------------------------
 
 
@@ -297,13 +380,14 @@ def test_managed_etcd_restart_keeps_data_and_endpoint(tmp_path):
         assert server.log_path.exists()
     assert not server.is_running()
     try:
-        # With etcd down: calls fail with the retriable error, the watch
-        # reports its end, and the keep-alive gives the lease up after a TTL.
+        # With etcd down: calls fail with the retriable error, and the
+        # keep-alive gives the lease up after a TTL; the watch does not end
+        # (it waits to resume: see test_a_watch_resumes_by_itself_after_etcd_restarts).
         with pytest.raises(MetadataUnavailable):
             s.get("/durable/k")
-        assert isinstance(watch_errors.wait_for(lambda e: True, WAIT), MetadataUnavailable)
         err = lost.wait_for(lambda e: True, lease.ttl + WAIT)
         assert isinstance(err, LeaseExpired) and keepalive.lost
+        assert watch_errors.items == []
     finally:
         cancel()
         s.close()

@@ -8,7 +8,9 @@ stream with very many fragments.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -146,6 +148,83 @@ def test_reading_a_missing_stream_and_bad_input_give_typed_errors(shared):
             with pytest.raises(se.NotEnoughBookies):
                 await sc.open_writer(sname(), StreamConfig(ensemble_size=9, write_quorum=3, ack_quorum=2))
     run(go())
+
+
+# -- closing the client with a writer open ---------------------------------------------------
+
+# What the writer logs when it starts replacing a bookie (none of it may
+# appear when the client, not a bookie, went away).
+ENSEMBLE_CHANGE_LOG = re.compile(r"ensemble change|new fragment|bookie \S+ \(index \d+\) failed|replac")
+
+
+def _ensemble_change_records(caplog) -> list:
+    return [r for r in caplog.records
+            if r.name.startswith("stream") and ENSEMBLE_CHANGE_LOG.search(r.getMessage())]
+
+
+def _loud_records(caplog) -> list:
+    return [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_closing_the_client_ends_an_open_writer_as_its_close_would(shared, caplog):
+    """The application closes the client, not the writer, with appends in
+    flight: the client's close waits for them (they are acknowledged), and
+    ends the writer before it closes its bookie channels, so no bookie
+    looks failed and no ensemble change is attempted.  The writer then
+    refuses appends with ClientClosed; a new client reads every record."""
+    caplog.set_level(logging.INFO)
+    name = sname()
+
+    async def go():
+        sc = aclient(shared)
+        w = await sc.open_writer(name)
+        await w.append(b"r0")
+        futs = [w.append_async(b"r%d" % i) for i in range(1, 300)]  # in flight at the close
+        await sc.close()
+        positions = await asyncio.wait_for(asyncio.gather(*futs, return_exceptions=True), 30)
+        assert all(isinstance(p, Position) for p in positions), positions
+        with pytest.raises(se.ClientClosed):
+            await w.append(b"late")
+        with pytest.raises(se.ClientClosed):
+            w.append_async(b"late")
+        await w.close()  # already ended by the client: nothing left to do
+        async with aclient(shared) as sc2:
+            got = await read_all(sc2, name)
+        assert [r.payload for r in got] == [b"r%d" % i for i in range(300)]
+        assert [r.position for r in got[1:]] == positions
+
+    run(go())
+    assert _ensemble_change_records(caplog) == []
+    assert _loud_records(caplog) == []
+
+
+def test_closing_the_blocking_client_ends_its_open_writer_and_reader(shared, caplog):
+    """The blocking API: appends still lingering in the writer's batch when
+    the client closes are handed over and acknowledged; afterwards the
+    writer and the reader raise ClientClosed, and closing them is a no-op."""
+    caplog.set_level(logging.INFO)
+    name = sname()
+    sc = StreamClient(shared.endpoint, shared.cluster)
+    w = sc.open_writer(name, StreamConfig(linger=10.0))
+    first = w.append(b"r0")
+    r = sc.open_reader(name)
+    futs = [w.append_async(b"r%d" % i) for i in range(1, 300)]  # lingering: not handed over yet
+    sc.close()
+    positions = [f.result(timeout=30) for f in futs]
+    assert positions == sorted(positions) and positions[0] > first
+    with pytest.raises(se.ClientClosed):
+        w.append(b"late")
+    with pytest.raises(se.ClientClosed):
+        w.append_async(b"late")
+    with pytest.raises(se.ClientClosed):
+        r.read(10)
+    w.close()
+    r.close()
+    with StreamClient(shared.endpoint, shared.cluster) as sc2, sc2.open_reader(name) as r2:
+        got = r2.read(1000)
+    assert [x.payload for x in got] == [b"r%d" % i for i in range(300)]
+    assert _ensemble_change_records(caplog) == []
+    assert _loud_records(caplog) == []
 
 
 # -- take-over ----------------------------------------------------------------------------
