@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookstream.ceilings import pct as _pct
-from bookstream.tuning import tune_gc
+from bookstream.tuning import tune_process
 from bookstream.ceilings import raw_disk_rate, read_files_rate
 from stream.errors import TooManyPendingAdds
 
@@ -507,7 +507,7 @@ def open_loop_line(r: dict) -> str:
 def cmd_bench_stream(args: argparse.Namespace) -> int:
     from stream.stream import AsyncStreamClient
 
-    tune_gc()  # bookstream/tuning.py
+    tune_process()  # bookstream/tuning.py
 
     results: dict = {"appends": [], "tail": [], "takeover": [], "open_loop": []}
     tag = os.getpid()
@@ -584,7 +584,7 @@ async def _leave_past_lafr(sc, name: str, w, last: int, count: int, payload: byt
 def cmd_bench_ledger(args: argparse.Namespace) -> int:
     from stream.client import BookKeeperClient
 
-    tune_gc()  # bookstream/tuning.py
+    tune_process()  # bookstream/tuning.py
 
     results = []
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bookie.server import BookieConfig, BookieServer
 from bookie.storage import StorageConfig
-from bookstream.tuning import tune_gc
+from bookstream.tuning import tune_process
 
 log = logging.getLogger("bookstream")
 
@@ -160,7 +160,7 @@ async def run_bookie(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid()}
-    tune_gc()  # after start-up (replay, index): bookstream/tuning.py
+    tune_process()  # after start-up (replay, index): bookstream/tuning.py
     print(READY_PREFIX + json.dumps(info), flush=True)
     log.info("bookie %s serving on %s", config.bookie_id, server.address)
     await stop.wait()

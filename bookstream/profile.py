@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bookstream.tuning import tune_gc
+from bookstream.tuning import tune_process
 
 # Leaves of stacks where a thread waits rather than computes.
 IDLE_LEAVES = ("select (selectors.py", "Condition.wait", "_worker (concurrent/futures/thread.py",
@@ -80,7 +80,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     from bookstream.standalone import Standalone
     from stream.stream import AsyncStreamClient
 
-    tune_gc()
+    tune_process()
     exe = py_spy()
     base = Path(tempfile.mkdtemp(prefix="bookstream-profile-", dir=args.dir))
     cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING",

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
-from bookstream.tuning import tune_gc
+from bookstream.tuning import tune_process
 
 SCHEMA = 1
 
@@ -536,7 +536,7 @@ def run_suite(args: argparse.Namespace) -> dict:
 
     say = Progress()
     p = parameters(args)
-    tune_gc()  # the client process, for both systems measured (bookstream/tuning.py)
+    tune_process()  # the client process, for both systems measured (bookstream/tuning.py)
     started = datetime.datetime.now(datetime.timezone.utc)
     with data_dir(args, "bookstream-suite-") as base:
         doc: dict = {

@@ -1,27 +1,74 @@
-"""Process tuning for latency: the cyclic garbage collector.
+"""Process tuning for throughput and latency: the cyclic garbage collector
+and the C allocator.
 
 CPython's cyclic collector runs every few hundred allocations, and a full
 (oldest generation) pass walks every live object: with a writer's window of
 pending adds, or a bookie's index and protobuf modules loaded, a pass takes
 milliseconds, all of it added to whatever requests are in flight.  The data
 path makes few reference cycles (reference counting frees its objects), so
-the collector can run far less often.
+the collector can run far less often.  ``tune_gc()`` moves everything alive
+after start-up out of the collector's sight (``gc.freeze``) and raises the
+thresholds.
 
-``tune_gc()`` moves everything alive after start-up out of the collector's
-sight (``gc.freeze``) and raises the thresholds.  Bookies call it once
-serving; a latency-sensitive client application may call it after its own
-start-up (the benchmarks do, and say so).
+The data path allocates and frees buffers of a megabyte or more all the time
+(frames, gRPC's copy of each message, range-read answers).  glibc's malloc
+gives such blocks back to the kernel when they are freed (mmap, or trimming
+the top of the heap) and takes them again on the next one, and every page of
+a fresh block is a page fault, so the same memory is faulted in over and
+over.  ``tune_malloc()`` keeps freed memory for reuse instead: blocks below
+``MMAP_THRESHOLD`` come from the heap, and the heap's top is returned to the
+kernel only past ``TRIM_THRESHOLD`` (the cost: up to that much memory kept
+after a burst).  Measured on this machine (1 KiB closed loops, medians of 5
+runs, two pairs of runs against the same code without it): page faults per
+append went from 0.2-0.25 to 0.003 in the client and to 0.02 in the bookies,
+CPU per append down 2-12 %; catch-up reads of 100 B entries 1.06-1.21x.
+
+Bookies call ``tune_process()`` once serving; a client application may call
+it after its own start-up (the benchmarks do, and say so).
 """
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
+import logging
+
+log = logging.getLogger(__name__)
 
 # gen0 collections every 50k allocations (default 700); older generations
 # as rarely as the defaults relative to it.
 GC_THRESHOLDS = (50_000, 20, 100)
+
+# glibc mallopt() parameters (malloc.h) and the values set
+M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+TRIM_THRESHOLD = 128 << 20
+TOP_PAD = 16 << 20
+MMAP_THRESHOLD = 32 << 20  # glibc's largest on 64-bit
 
 
 def tune_gc(thresholds: tuple[int, int, int] = GC_THRESHOLDS) -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(*thresholds)
+
+
+def tune_malloc() -> bool:
+    """Sets glibc's malloc to keep freed memory for reuse (see above);
+    False where the C library is not glibc (nothing is changed)."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    ok = all(mallopt(param, value) == 1 for param, value in (
+        (M_MMAP_THRESHOLD, MMAP_THRESHOLD), (M_TRIM_THRESHOLD, TRIM_THRESHOLD), (M_TOP_PAD, TOP_PAD)))
+    if not ok:
+        log.warning("mallopt refused a setting: the allocator keeps its defaults in part")
+    return ok
+
+
+def tune_process() -> None:
+    """Both tunings: for a bookie once serving, or a client after start-up."""
+    tune_gc()
+    tune_malloc()

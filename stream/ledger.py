@@ -54,6 +54,8 @@ from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
 if TYPE_CHECKING:  # pragma: no cover
+    from collections.abc import Sequence
+
     from stream.client import BookKeeperClient
 
 log = logging.getLogger(__name__)
@@ -908,7 +910,7 @@ class LedgerHandle:
             raise err.LedgerClosed(f"ledger {self.ledger_id} is closing")
         return self._writer
 
-    def add_entries_async(self, payloads: "Sequence[bytes]") -> asyncio.Future:
+    def add_entries_async(self, payloads: Sequence[bytes]) -> asyncio.Future:
         """Queues consecutive adds (all or none); one future resolves to
         their entry ids (a range) once the last reached Qa bookies, or fails
         if any of them fails.  TooManyPendingAdds when they do not all fit."""
@@ -918,7 +920,7 @@ class LedgerHandle:
                              f"({w.core.max_pending} pending adds)")
         return w.add_many(payloads)
 
-    async def add_entries(self, payloads: "Sequence[bytes]"):
+    async def add_entries(self, payloads: Sequence[bytes]):
         """Adds a batch and waits for its ack; waits for room in the window."""
         return await self._when_room(lambda: self.add_entries_async(payloads))
 
