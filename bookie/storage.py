@@ -55,7 +55,7 @@ _CKP_RUN = struct.Struct("<QI")            # start, count
 @dataclass
 class StorageConfig:
     segment_size: int = 64 << 20
-    preallocate: bool = True               # zero-fill the next journal segment ahead (bookie/journal.py)
+    preallocate: bool = False              # zero-fill the next journal segment ahead (bookie/journal.py)
     checkpoint_bytes: int = 256 << 20      # checkpoint after this much journal
     max_entry_size: int = 4 << 20
     # Read-only when the disk is used above this fraction, or when the

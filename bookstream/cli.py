@@ -67,8 +67,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metadata-wait", type=float, default=30.0,
                    help="seconds to keep retrying registration while etcd is unavailable")
     p.add_argument("--segment-size", type=int, default=StorageConfig.segment_size)
-    p.add_argument("--no-preallocate", dest="preallocate", action="store_false",
-                   help="do not zero-fill the next journal segment ahead (preallocation makes fsyncs cheaper)")
+    p.add_argument("--preallocate", action="store_true",
+                   help="zero-fill the next journal segment ahead: cheaper fsyncs, twice the disk writes "
+                        "(off by default: see bookie/journal.py)")
     p.add_argument("--checkpoint-bytes", type=int, default=StorageConfig.checkpoint_bytes)
     p.add_argument("--max-entry-size", type=int, default=StorageConfig.max_entry_size)
     p.add_argument("--disk-usage-threshold", type=float, default=StorageConfig.disk_usage_threshold,

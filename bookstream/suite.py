@@ -59,7 +59,7 @@ TARGETS = {
 }
 
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
-            open_loop_size=1024, warmup_mb=100, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
+            open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=1000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
@@ -245,9 +245,8 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, p["window"] * 2)) as sc:
-            # The bookies in their steady state: every journal past its first
-            # segment (64 MiB), so writes go to preallocated segments, as on a
-            # bookie that has been running (bookie/journal.py).
+            # (--warmup-mb: the bookies' journals past their first segment, for
+            # runs with --bookie-arg=--preallocate: bookie/journal.py)
             if p["warmup_mb"]:
                 say(f"bookstream warm-up: {p['warmup_mb']} MiB of 64 KiB appends")
                 await bench.stream_fill(sc, f"suite-warmup-{tag}", 65536, p["warmup_mb"])

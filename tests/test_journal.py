@@ -15,8 +15,8 @@ def _entries(ledger: int, first: int, n: int) -> bytes:
     return b"".join(E.encode_run(ledger, first, [bytes([first % 251]) * 900] * n, lac=-1, lafr=-1, term=0))
 
 
-def _open(path, **kw) -> tuple[Journal, list]:
-    j = Journal(path, segment_size=SEG, **kw)
+def _open(path, preallocate: bool = True) -> tuple[Journal, list]:
+    j = Journal(path, segment_size=SEG, preallocate=preallocate)
     records = [(r.rtype, bytes(r.body)) for r in j.scan(Position(1, 0))]
     end = j.scan_end if j.segments() else Position(1, 0)
     j.open_for_append(end)
