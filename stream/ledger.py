@@ -35,6 +35,7 @@ import collections
 import bisect
 import dataclasses
 import functools
+import itertools
 import logging
 import struct
 from typing import TYPE_CHECKING, AsyncIterator, Callable
@@ -1199,9 +1200,12 @@ class LedgerHandle:
             raise err.ReadBeyondLac(self.ledger_id, last, bound)
         out: dict[int, entry_codec.Entry] = {}
         if self._meta.write_quorum == self._meta.ensemble_size and last > first:
-            await self._read_ranges(first, last, out)
-            if len(out) == last - first + 1:
-                return list(out.values())  # inserted in id order
+            chunks: list[tuple[int, list]] = []
+            await self._read_ranges(first, last, chunks)
+            if sum(len(es) for _, es in chunks) == last - first + 1:  # all of it, in id order
+                return list(itertools.chain.from_iterable(es for _, es in chunks))
+            for start, es in chunks:
+                out.update(zip(range(start, start + len(es)), es))
         todo = [e for e in range(first, last + 1) if e not in out]
         if todo:
             results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
@@ -1211,10 +1215,11 @@ class LedgerHandle:
                 out[eid] = r
         return [out[e] for e in range(first, last + 1)]
 
-    async def _read_ranges(self, first: int, last: int, out: dict) -> None:
+    async def _read_ranges(self, first: int, last: int, out: list[tuple[int, list]]) -> None:
         """Qw = E: every bookie of a fragment holds all its entries, so one
         streamed range read per fragment serves most of them; whatever it
-        does not deliver is read entry by entry."""
+        does not deliver is read entry by entry.  ``out`` gets (first id,
+        entries) for each frame of consecutive entries, in id order."""
         nxt_frag = first
         while nxt_frag <= last:
             try:
@@ -1251,9 +1256,10 @@ class LedgerHandle:
                         log.info("ledger %s: range read from %s too slow", self.ledger_id, bc.address)
                         break
                     # (each access of a protobuf bytes field copies it: once)
-                    for e in entry_codec.decode_run(resp.entries, self.ledger_id, nxt):
-                        out[nxt] = e
-                        nxt += 1
+                    got = entry_codec.decode_run(resp.entries, self.ledger_id, nxt)
+                    if got:
+                        out.append((nxt, got))
+                        nxt += len(got)
                     if resp.status != Status.OK:
                         break
             except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:

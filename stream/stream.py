@@ -33,6 +33,7 @@ batches: ``linger`` and ``max_batch_bytes``).
 from __future__ import annotations
 
 import asyncio
+import collections
 import collections.abc
 import concurrent.futures
 import dataclasses
@@ -56,6 +57,8 @@ from stream.ledger import LedgerHandle, WriterOptions, _RecoveryDriver, read_lac
 from stream.placement import get_policy
 
 log = logging.getLogger(__name__)
+
+READ_AHEAD = 2  # batches a reader behind the LAC reads ahead of the one it returns
 
 
 # -- positions -------------------------------------------------------------------------
@@ -489,7 +492,8 @@ class AsyncStreamReader:
         self._latest = False    # a LATEST start, resolved on the first read
         self._buffer: list[Record] = []
         self._covered = -1      # the highest LAC learnt with the metadata read after it
-        self._ahead: tuple[int, asyncio.Task] | None = None  # a read-ahead from that entry id
+        # read-aheads in id order: (first, last, task reading first..last)
+        self._aheads: collections.deque[tuple[int, int, asyncio.Task]] = collections.deque()
 
     @property
     def position(self) -> Position:
@@ -524,7 +528,8 @@ class AsyncStreamReader:
         """The next records up to the LAC, at most ``max_records``; waits up
         to ``timeout`` seconds for new ones when there are none (a long poll).
         No-op entries are never returned.  While the reader is behind the
-        LAC, the next batch is read ahead in the background."""
+        LAC, the next READ_AHEAD batches are read ahead in the background
+        (turning over the bookies: one decodes while another serves)."""
         if self._buffer:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
@@ -538,10 +543,11 @@ class AsyncStreamReader:
             if lac >= self._next:
                 entries = await self._fetch(min(lac, self._next + max_records - 1))
                 self._next = entries[-1].entry_id + 1
-                if self._covered >= self._next:
-                    self._read_ahead(min(self._covered, self._next + max_records - 1))
+                self._read_ahead(max_records)
                 of = Position._of
                 out = [Record(of(e.entry_id), e.payload) for e in entries if not e.data_flags & FLAG_NOOP]
+                if len(out) > max_records:  # a read-ahead made for a larger max_records
+                    out, self._buffer = out[:max_records], out[max_records:]
                 if out:
                     return out
                 continue  # only no-ops: read on
@@ -551,12 +557,10 @@ class AsyncStreamReader:
     async def _fetch(self, last: int) -> list:
         """Entries from ``_next`` to at most ``last`` (fewer if a read-ahead
         brought fewer)."""
-        ahead, self._ahead = self._ahead, None
         try:
-            if ahead is not None and ahead[0] == self._next:
-                return await ahead[1]
-            if ahead is not None:
-                ahead[1].cancel()
+            if self._aheads and self._aheads[0][0] == self._next:
+                return await self._aheads.popleft()[2]
+            self._drop_ahead()
             return await self.handle.read_entries(self._next, last)
         except (err.ReadFailed, err.EntryMissing) as e:
             meta = await self.handle.refresh_metadata()
@@ -564,15 +568,21 @@ class AsyncStreamReader:
                 raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
             raise
 
-    def _read_ahead(self, last: int) -> None:
-        t = asyncio.ensure_future(self.handle.read_entries(self._next, last))
-        t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
-        self._ahead = (self._next, t)
+    def _read_ahead(self, batch: int) -> None:
+        """Reads ahead up to READ_AHEAD batches of ``batch`` entries, as far
+        as a LAC covered by metadata allows (no LAC round trip)."""
+        aheads = self._aheads
+        start = aheads[-1][1] + 1 if aheads else self._next
+        while len(aheads) < READ_AHEAD and start <= self._covered:
+            last = min(self._covered, start + batch - 1)
+            t = asyncio.ensure_future(self.handle.read_entries(start, last))
+            t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
+            aheads.append((start, last, t))
+            start = last + 1
 
     def _drop_ahead(self) -> None:
-        if self._ahead is not None:
-            self._ahead[1].cancel()
-            self._ahead = None
+        while self._aheads:
+            self._aheads.popleft()[2].cancel()
 
     async def next(self, timeout: float | None = None) -> Record | None:
         """The next record; None if none came within ``timeout`` (None: wait
