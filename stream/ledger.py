@@ -37,7 +37,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import struct
 from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from sortedcontainers import SortedDict
@@ -636,7 +635,7 @@ class _RecoveryDriver:
                         answer_upto(ids[-1], st or Status.INTERNAL_ERROR)
                     break
                 data = resp.entries
-                for eid, start, end in _record_spans(data):
+                for eid, start, end in entry_codec.record_spans(data):
                     answer_upto(eid - 1, Status.NO_SUCH_ENTRY)  # skipped: not held (sparse)
                     if k < len(ids) and ids[k] == eid:
                         if core.wants(eid, index):  # (the core verifies what it takes)
@@ -705,24 +704,6 @@ def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
         loop.call_soon_threadsafe(fn, *args)
     except RuntimeError:
         pass
-
-
-_SPAN = struct.Struct("<I12xq")  # payload_len, entry_id (bookie/entry.py's record header)
-
-
-def _record_spans(data: bytes):
-    """(entry id, start, end) of each record of a frame: just enough to route
-    answers (the core parses and verifies the records it takes)."""
-    off, n, hs = 0, len(data), entry_codec.HEADER_SIZE
-    while off < n:
-        if n - off < hs:
-            raise entry_codec.MalformedEntry("truncated entry header")
-        plen, eid = _SPAN.unpack_from(data, off)
-        end = off + hs + plen
-        if end > n:
-            raise entry_codec.MalformedEntry("truncated entry payload")
-        yield eid, off, end
-        off = end
 
 
 def _runs(ids: list[int], index: int, ensemble_size: int, write_quorum: int) -> list[list[int]]:

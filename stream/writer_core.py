@@ -182,12 +182,20 @@ class Ready:
     ensemble_change: EnsembleChange | None
 
 
-@dataclass(slots=True)
 class _Pending:
-    entry_id: int
-    payload: bytes
-    record: bytes | None = None  # encoded (LAC/LAFR/term) when first sent
-    acks: set[int] = field(default_factory=set)  # ensemble indexes of its write set
+    """An add not yet released (a plain class: one is made per add, and a
+    dataclass with a default factory costs twice as much to make)."""
+
+    __slots__ = ("entry_id", "payload", "record", "acks")
+
+    def __init__(self, entry_id: int, payload: bytes):
+        self.entry_id = entry_id
+        self.payload = payload
+        self.record: bytes | None = None  # encoded (LAC/LAFR/term) when first sent
+        self.acks: set[int] = set()       # ensemble indexes of its write set
+
+    def __repr__(self) -> str:
+        return f"_Pending({self.entry_id}, acks={sorted(self.acks)})"
 
 
 class WriterCore:
@@ -493,15 +501,23 @@ class WriterCore:
         """Sends added entries, in order, unless a change is due or under way."""
         if self.next_to_send < self.next_entry and self.state is WriterState.OPEN and not self.failed:
             first = eid = self.next_to_send
-            batch: list[_Pending] = []
             pending = self.pending
-            while eid < self.next_entry and not self._roll_due():
-                p = pending[eid]
-                assert p.record is None
-                batch.append(p)
-                self.fragment_entries += 1
-                self.fragment_bytes += len(p.payload)
-                eid += 1
+            batch = [pending[e] for e in range(first, self.next_entry)]
+            size = sum(len(p.payload) for p in batch)
+            if ((self.fragment_max_entries is None or self.fragment_entries + len(batch) < self.fragment_max_entries)
+                    and (self.fragment_max_bytes is None or self.fragment_bytes + size < self.fragment_max_bytes)):
+                # no roll falls due among them: all at once
+                self.fragment_entries += len(batch)
+                self.fragment_bytes += size
+                eid = self.next_entry
+            else:  # entry by entry, up to the one that makes the roll due
+                batch = []
+                while eid < self.next_entry and not self._roll_due():
+                    p = pending[eid]
+                    batch.append(p)
+                    self.fragment_entries += 1
+                    self.fragment_bytes += len(p.payload)
+                    eid += 1
             if batch:
                 records = entry_codec.encode_run(self.ledger_id, first, [p.payload for p in batch],
                                                  lac=self.lac, lafr=self.lafr, term=self.term)

@@ -430,10 +430,10 @@ def test_malformed_requests_get_errors_and_change_nothing(bookies):
         assert (await c.add(good + bytes(bad_crc))).status == Status.CHECKSUM_MISMATCH
         assert (await c.add(rec(9, 2, bytes(1001)))).status == Status.TOO_LARGE
         neg = bytearray(good)
-        struct.pack_into("<q", neg, 16, -5)
+        struct.pack_into("<q", neg, 26, -5)  # the entry id
         assert (await c.add(bytes(neg))).status == Status.BAD_REQUEST
         flags = bytearray(good)
-        struct.pack_into("<H", flags, 40, 0x80)
+        struct.pack_into("<H", flags, 50, 0x80)  # the data flags
         assert (await c.add(bytes(flags))).status == Status.BAD_REQUEST
         # nothing of the refused frames was stored, not even their good entries
         assert (await c.read_lac(9)).status == Status.NO_SUCH_LEDGER

@@ -227,7 +227,7 @@ def test_decode_run_rejects_damaged_or_foreign_frames(damage):
     elif damage == "truncated":
         del buf[-3:]
     elif damage == "flags":
-        buf[42] = 0xFF  # request flags of the first record: unknown bits
+        buf[8] = 0xFF  # request flags of the first record: unknown bits
     expected = E.ChecksumMismatch if damage == "crc" else E.MalformedEntry
     with pytest.raises(expected):
         E.decode_run(bytes(buf), 9, 40)
