@@ -58,7 +58,8 @@ from stream.placement import get_policy
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD = 2  # batches a reader behind the LAC reads ahead of the one it returns
+READ_AHEAD = 2  # batches a reader behind the LAC reads ahead of the one it returns ...
+READ_AHEAD_BYTES = 16 << 20  # ... while a batch holds at most this much (else one)
 
 
 # -- positions -------------------------------------------------------------------------
@@ -543,7 +544,7 @@ class AsyncStreamReader:
             if lac >= self._next:
                 entries = await self._fetch(min(lac, self._next + max_records - 1))
                 self._next = entries[-1].entry_id + 1
-                self._read_ahead(max_records)
+                self._read_ahead(max_records, sum(len(e.payload) for e in entries))
                 of = Position._of
                 out = [Record(of(e.entry_id), e.payload) for e in entries if not e.data_flags & FLAG_NOOP]
                 if len(out) > max_records:  # a read-ahead made for a larger max_records
@@ -568,12 +569,14 @@ class AsyncStreamReader:
                 raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
             raise
 
-    def _read_ahead(self, batch: int) -> None:
-        """Reads ahead up to READ_AHEAD batches of ``batch`` entries, as far
-        as a LAC covered by metadata allows (no LAC round trip)."""
+    def _read_ahead(self, batch: int, batch_bytes: int) -> None:
+        """Reads ahead up to READ_AHEAD batches of ``batch`` entries (one if
+        the last batch held more than READ_AHEAD_BYTES), as far as a LAC
+        covered by metadata allows (no LAC round trip)."""
         aheads = self._aheads
         start = aheads[-1][1] + 1 if aheads else self._next
-        while len(aheads) < READ_AHEAD and start <= self._covered:
+        depth = READ_AHEAD if batch_bytes <= READ_AHEAD_BYTES else 1
+        while len(aheads) < depth and start <= self._covered:
             last = min(self._covered, start + batch - 1)
             t = asyncio.ensure_future(self.handle.read_entries(start, last))
             t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error

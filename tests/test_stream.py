@@ -651,6 +651,28 @@ def test_the_blocking_writer_hands_batches_over_and_resolves_every_append(shared
         assert [x.payload for x in got] == [b"r%d" % i for i in range(500)]
 
 
+def test_a_reader_reads_one_batch_ahead_when_batches_are_large(shared, monkeypatch):
+    import stream.stream as stream_module
+    monkeypatch.setattr(stream_module, "READ_AHEAD_BYTES", 20)  # a batch of 7 records here: 28+ bytes
+    name = sname()
+
+    async def go():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name)
+            await w.append_many([b"r%03d" % i for i in range(60)])
+            await w.flush()
+            r = await sc.open_reader(name)
+            got, depths = [], set()
+            while len(got) < 60:
+                got += await r.read(7, timeout=10)
+                depths.add(len(r._aheads))
+            assert depths == {0, 1} or depths == {1}  # never two batches of 28 bytes ahead
+            assert [x.payload for x in got] == [b"r%03d" % i for i in range(60)]
+            await r.close()
+            await w.close()
+    run(go())
+
+
 def test_a_reader_reading_ahead_serves_every_record_once_in_order_across_seeks(shared):
     name = sname()
 
