@@ -610,12 +610,18 @@ class _RecoveryDriver:
         core = self.core
         self.range_reads[bookie_id] = self.range_reads.get(bookie_id, 0) + 1
         k = 0  # ids[:k] are answered
+        answers: list[tuple[int, Status | None, bytes | None]] = []  # a frame's, handed over at once
 
         def answer_upto(limit: int, status: Status | None) -> None:
             nonlocal k
             while k < len(ids) and ids[k] <= limit:
-                core.on_read_response(ids[k], index, status)
+                answers.append((ids[k], status, None))
                 k += 1
+
+        def hand_over() -> None:
+            if answers:
+                core.on_read_responses(index, answers)
+                answers.clear()
 
         bc = self.client.bookie_now(bookie_id)
         try:
@@ -628,7 +634,7 @@ class _RecoveryDriver:
                 if st is not Status.OK:
                     if st is Status.INVALID_TERM:
                         if k < len(ids):
-                            core.on_read_response(ids[k], index, st)  # a newer term: fenced out
+                            answers.append((ids[k], st, None))  # a newer term: fenced out
                     else:
                         # NO_SUCH_LEDGER is definitive (every id absent); any
                         # other status is an error, never "absent"
@@ -639,9 +645,10 @@ class _RecoveryDriver:
                     answer_upto(eid - 1, Status.NO_SUCH_ENTRY)  # skipped: not held (sparse)
                     if k < len(ids) and ids[k] == eid:
                         if core.wants(eid, index):  # (the core verifies what it takes)
-                            core.on_read_response(eid, index, Status.OK, data[start:end])
+                            answers.append((eid, Status.OK, data[start:end]))
                         k += 1
                 answer_upto(resp.through, Status.NO_SUCH_ENTRY)
+                hand_over()
                 self._schedule()
                 if core.state is not RecoveryState.READING:
                     break  # decided (or ended): the rest does not matter
@@ -649,7 +656,9 @@ class _RecoveryDriver:
             log.info("ledger %s: recovery range read from %s failed: %s", self.lid, bookie_id, e)
             if not isinstance(e, entry_codec.MalformedEntry):
                 self.client.mark_failed(bookie_id)
+        hand_over()  # (an answer the loop left: INVALID_TERM, or a frame's before a failure)
         answer_upto(ids[-1], None)  # what the stream did not answer: failed
+        hand_over()
         self._schedule()
 
     async def _write(self, index: int, bookie_id: str, writes: list) -> None:

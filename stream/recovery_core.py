@@ -380,16 +380,39 @@ class RecoveryCore:
         """A recovery read's answer, for any entry of the window, in any
         order; ``status=None``: timed out.  Late answers are ignored."""
         assert 0 <= bookie_index < self.E
+        if self._take_read(entry_id, bookie_index, status, record):
+            self._advance()
+
+    def on_read_responses(self, bookie_index: int,
+                          answers: list[tuple[int, Status | None, bytes | None]]) -> None:
+        """Answers of one bookie, (entry id, status, record) in the order it
+        gave them (a frame of a range read): the same as ``on_read_response``
+        for each, with the decisions at the frontier made once, after them
+        all (deciding later only delays reads and write-backs: an outcome,
+        once complete, does not change)."""
+        assert 0 <= bookie_index < self.E
+        took = False
+        for entry_id, status, record in answers:
+            took |= self._take_read(entry_id, bookie_index, status, record)
+            if self.state is not RecoveryState.READING:
+                return
+        if took:
+            self._advance()
+
+    def _take_read(self, entry_id: int, bookie_index: int, status: Status | None, record: bytes | None) -> bool:
+        """Records a read answer in its entry's outcome; False if it changed
+        nothing (late, duplicate, or the recovery ended on it)."""
         if self.state is not RecoveryState.READING:
-            return  # late
+            return False  # late
         o = self.outcomes.get(entry_id)
         if o is None:
-            return  # late: decided, discarded above a known end, or never asked
+            return False  # late: decided, discarded above a known end, or never asked
         if status is not Status.INVALID_TERM and (o.outcome is not ReadOutcome.PENDING
                                                   or bookie_index in o.answered):
-            return  # the entry's outcome is final already (or a duplicate): nothing to decode
+            return False  # the entry's outcome is final already (or a duplicate): nothing to decode
         if status is Status.INVALID_TERM:
-            return self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
+            self._end(RecoveryEvent.INVALID_TERM, f"bookie {self.read_ensemble[bookie_index]}: INVALID_TERM")
+            return False
         self._step(RecoveryEvent.READ_RESPONSE)
         if status is Status.OK:
             try:
@@ -405,7 +428,7 @@ class RecoveryCore:
             self._decoded[entry_id] = got
         if outcome is ReadOutcome.ABSENT and entry_id > self.frontier:
             self._known_end(entry_id)
-        self._advance()
+        return True
 
     def on_write_ack(self, entry_id: int, bookie_index: int, status: Status | None = Status.OK, *,
                      bookie_id: str | None = None) -> None:

@@ -474,13 +474,14 @@ def test_read_ahead_one_is_the_protocol_as_written():
 
 # -- windowed vs one at a time: the same result on any bookie contents ---------------------
 
-def drive(r, contents, down, order):
+def drive(r, contents, down, order, batched: bool = False):
     """Runs a core against static bookie contents (index -> {entry: record});
     bookies in ``down`` time out; write-backs are acked at once.  Answers
     for different entries interleave as ``order`` (a random.Random) picks,
     but each entry's answers come in one fixed bookie order (when Qa = Qw, an
     entry on one bookie is recoverable or absent depending on which answer
-    comes first, windowed or not)."""
+    comes first, windowed or not).  ``batched``: a few answers at a time,
+    each run of one bookie's handed over by ``on_read_responses``."""
     r.start()
     queues: dict[int, list] = {}  # entry -> its reads not yet answered, in a fixed bookie order
     for _ in range(100_000):
@@ -496,17 +497,24 @@ def drive(r, contents, down, order):
             r.on_write_ack(wr.entry_id, wr.bookie_index)
         if r.state not in (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING):
             return r
-        live = sorted(e for e, q in queues.items() if q)
-        if not live:
+        picked = []
+        for _ in range(order.randint(1, 6) if batched else 1):
+            live = sorted(e for e, q in queues.items() if q)
+            if not live:
+                break
+            x = queues[order.choice(live)].pop(0)
+            i = x.bookie_index
+            picked.append((i, (x.entry_id, *((None, None) if i in down else (OK, contents[i][x.entry_id])
+                                               if x.entry_id in contents[i] else (NSE, None)))))
+        if not batched:
+            for i, answer in picked:
+                r.on_read_response(answer[0], i, *answer[1:])
             continue
-        x = queues[order.choice(live)].pop(0)
-        i = x.bookie_index
-        if i in down:
-            r.on_read_response(x.entry_id, i, None)
-        elif x.entry_id in contents[i]:
-            r.on_read_response(x.entry_id, i, OK, contents[i][x.entry_id])
-        else:
-            r.on_read_response(x.entry_id, i, NSE)
+        while picked:  # runs of one bookie, in the order picked
+            i = picked[0][0]
+            n = next((k for k, (j, _) in enumerate(picked) if j != i), len(picked))
+            r.on_read_responses(i, [a for _, a in picked[:n]])
+            del picked[:n]
     raise AssertionError("recovery did not end")
 
 
@@ -525,12 +533,14 @@ def test_read_ahead_decides_like_one_at_a_time(data, e, ahead, inflight):
     down = set(data.draw(st.lists(st.integers(0, e - 1), max_size=1)))
     seed = data.draw(st.integers(0, 2**32))
 
-    def run(window):
+    batched = data.draw(st.booleans())  # the windowed run takes a range read's answers by frame
+
+    def run(window, batched=False):
         r = RecoveryCore(LID, 0, [f"b{i}" for i in range(e)], e, qw, qa, term=2, max_read_ahead=window,
                          max_inflight_writes=inflight)
-        return drive(r, contents, down, random.Random(seed))
+        return drive(r, contents, down, random.Random(seed), batched)
 
-    one, many = run(1), run(ahead)
+    one, many = run(1), run(ahead, batched)
     assert many.state is one.state, (one.reason, many.reason)
     assert many.result == one.result
     if one.state is RecoveryState.ABORTED:
