@@ -530,7 +530,7 @@ class AsyncStreamReader:
         to ``timeout`` seconds for new ones when there are none (a long poll).
         No-op entries are never returned.  While the reader is behind the
         LAC, the next READ_AHEAD batches are read ahead in the background
-        (turning over the bookies: one decodes while another serves)."""
+        (the bookie serves the next while the client decodes one)."""
         if self._buffer:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
