@@ -120,20 +120,26 @@ class BookieCore:
         st.term = h.term if changed else st.term
         return Verdict(Status.OK, st.term, changed)
 
+    def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> LedgerState:
+        """The ledger durable adds apply to, its term, LAC and LAFR raised
+        to theirs (never lowered)."""
+        st = self.ledgers.get(ledger_id)
+        if st is None:  # replay of a ledger deleted after the add was admitted
+            st = self.ledgers[ledger_id] = LedgerState()
+        if term > st.term:
+            st.term = term
+        if lac > st.lac:
+            st.lac = lac
+        if lafr > st.lafr:
+            st.lafr = lafr
+        return st
+
     def apply_add(self, h: EntryHeader, loc: int, length: int) -> Removed:
         """Step 2 of an add, once its record is durable (and on replay).
 
         Returns the (location, length) of every record the add made dead: an
         overwritten copy, and for a truncate no-op all higher entries."""
-        st = self.ledgers.get(h.ledger_id)
-        if st is None:  # replay of a ledger deleted after the add was admitted
-            st = self.ledgers[h.ledger_id] = LedgerState()
-        if h.term > st.term:
-            st.term = h.term
-        if h.lac > st.lac:
-            st.lac = h.lac
-        if h.lafr > st.lafr:
-            st.lafr = h.lafr
+        st = self._applying(h.ledger_id, h.term, h.lac, h.lafr)
         dead: Removed = []
         if h.is_truncate:
             dead = st.index.truncate_after(h.entry_id)
@@ -147,15 +153,7 @@ class BookieCore:
         (``entry.EntryRun``: a frame's usual content; a truncate no-op is a
         run of its own), at ``locs``: the same state after it, with the
         ledger looked up and the index extended once."""
-        st = self.ledgers.get(run.ledger_id)
-        if st is None:  # replay of a ledger deleted after the add was admitted
-            st = self.ledgers[run.ledger_id] = LedgerState()
-        if run.term > st.term:
-            st.term = run.term
-        if run.lac > st.lac:
-            st.lac = run.lac
-        if run.lafr > st.lafr:
-            st.lafr = run.lafr
+        st = self._applying(run.ledger_id, run.term, run.lac, run.lafr)
         if run.data_flags & FLAG_TRUNCATE:
             dead = st.index.truncate_after(run.first_entry)
             dead += st.index.put_run(run.first_entry, locs, run.lengths)

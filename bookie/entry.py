@@ -50,8 +50,26 @@ class ChecksumMismatch(ValueError):
         self.entry_id = entry_id
 
 
+class _Flags:
+    """The flag tests of a record's header (``data_flags``, ``req_flags``)."""
+
+    __slots__ = ()
+
+    @property
+    def is_noop(self) -> bool:
+        return bool(self.data_flags & FLAG_NOOP)
+
+    @property
+    def is_truncate(self) -> bool:
+        return bool(self.data_flags & FLAG_TRUNCATE)
+
+    @property
+    def is_recovery(self) -> bool:
+        return bool(self.req_flags & REQ_RECOVERY)
+
+
 @dataclass(slots=True)
-class EntryHeader:
+class EntryHeader(_Flags):
     """The parsed header of one record, and where it sits in its buffer.
     (Not frozen: a frozen dataclass's __init__ costs 3x more, and one of
     these is built per entry on the data path.  Treat it as read-only.)"""
@@ -70,18 +88,6 @@ class EntryHeader:
     @property
     def size(self) -> int:
         return HEADER_SIZE + self.payload_len
-
-    @property
-    def is_noop(self) -> bool:
-        return bool(self.data_flags & FLAG_NOOP)
-
-    @property
-    def is_truncate(self) -> bool:
-        return bool(self.data_flags & FLAG_TRUNCATE)
-
-    @property
-    def is_recovery(self) -> bool:
-        return bool(self.req_flags & REQ_RECOVERY)
 
 
 def compute_checksum(record: bytes | memoryview, payload_len: int) -> int:
@@ -202,7 +208,7 @@ def scan(buf: bytes | memoryview, max_payload: int | None = None) -> list[EntryH
             for off, _, (plen, crc, rflags, term, lid, eid, lac, lafr, dflags) in _checked(buf, max_payload)]
 
 
-class EntryRun:
+class EntryRun(_Flags):
     """Consecutive entries of one ledger, contiguous in a buffer, sent with
     one term and one kind (normal or recovery add): what a bookie admits and
     applies at once.  A truncate no-op is always a run of its own.  Per entry
@@ -235,14 +241,6 @@ class EntryRun:
     @property
     def end(self) -> int:
         return self.offsets[-1] + self.lengths[-1]
-
-    @property
-    def is_truncate(self) -> bool:
-        return bool(self.data_flags & FLAG_TRUNCATE)
-
-    @property
-    def is_recovery(self) -> bool:
-        return bool(self.req_flags & REQ_RECOVERY)
 
     def __repr__(self) -> str:
         return (f"EntryRun({self.ledger_id}:{self.first_entry}..{self.last_entry}, term={self.term}, "
