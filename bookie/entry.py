@@ -304,10 +304,11 @@ def count_entries(runs: list[EntryRun]) -> int:
     return runs[-1].index + runs[-1].count if runs else 0
 
 
-def verify_all(buf: bytes | memoryview) -> int:
-    """Checks every record of a concatenation (lengths and checksums, no
-    header objects: a bookie serving a range read); returns how many.
-    Raises MalformedEntry or ChecksumMismatch."""
+def verified_prefix(buf: bytes | memoryview) -> tuple[int, int, ChecksumMismatch | None]:
+    """Checks the records of a concatenation in order (lengths and
+    checksums, no header objects: a bookie serving a range read) up to the
+    first that fails its checksum: (records that passed, the byte offset
+    where they end, that failure or None).  Raises MalformedEntry."""
     unpack, crc32, mv = _LEN_CRC.unpack_from, zlib.crc32, memoryview(buf)
     off, n, count = 0, len(buf), 0
     while off < n:
@@ -319,8 +320,17 @@ def verify_all(buf: bytes | memoryview) -> int:
             raise MalformedEntry("truncated entry payload")
         if crc32(mv[off + CHECKSUM_START:end]) != crc:
             h = parse_header(buf, off)
-            raise ChecksumMismatch(h.ledger_id, h.entry_id)
+            return count, off, ChecksumMismatch(h.ledger_id, h.entry_id)
         off, count = end, count + 1
+    return count, off, None
+
+
+def verify_all(buf: bytes | memoryview) -> int:
+    """``verified_prefix`` of all of them: how many records; raises
+    MalformedEntry or ChecksumMismatch."""
+    count, _, bad = verified_prefix(buf)
+    if bad is not None:
+        raise bad
     return count
 
 

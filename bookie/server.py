@@ -245,14 +245,7 @@ class BookieService(pb_grpc.BookieServicer):
             try:
                 status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes)
                 data = b"".join(recs)
-                count, bad = 0, None
-                for h in E.iter_headers(data):
-                    try:
-                        E.verify(data, h)
-                    except E.ChecksumMismatch as e:
-                        bad = (h, e)
-                        break
-                    count += 1
+                count, good_end, bad = E.verified_prefix(data)
             except Exception as e:
                 log.exception("range read failed")
                 yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -260,12 +253,11 @@ class BookieService(pb_grpc.BookieServicer):
             st = self.storage.core.ledgers.get(ledger_id)
             term = st.term if st else 0
             if bad is not None:
-                h, e = bad
-                log.error("stored entry failed its checksum: %s", e)
+                log.error("stored entry failed its checksum: %s", bad)
                 if count:
-                    yield pb.ReadRangeResponse(status=Status.OK, entries=data[:h.offset], count=count,
-                                               through=h.entry_id - 1, term=term)
-                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e), term=term)
+                    yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
+                                               through=bad.entry_id - 1, term=term)
+                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
             yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
             if status is not Status.OK or through >= last:
