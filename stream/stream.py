@@ -325,13 +325,17 @@ class AsyncStreamClient:
     async def open_reader(self, name: str, start: Position = Position.EARLIEST, *,
                           inclusive: bool = True) -> "AsyncStreamReader":
         """A reader from ``start`` (EARLIEST, LATEST, or a position, itself
-        included or not).  Never fences the writer."""
+        included or not).  Never fences the writer.  LATEST is the entry
+        after the LAC read at the open (or after what a writer of this
+        client had acknowledged, if higher)."""
         lid = await self._ledger_of(name)
         meta, rev = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
         lac = await read_lac_covering(self.bk, meta)
         handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
         reader = AsyncStreamReader(self, name, handle)
         reader.seek(start, inclusive=inclusive)
+        if start == Position.LATEST:  # what comes after the open: resolved now, with the LAC just read
+            reader._resolve_latest(lac)
         self._readers.add(reader)
         return reader
 
@@ -490,7 +494,7 @@ class AsyncStreamReader:
         self.client, self.name, self.handle = client, name, handle
         self.poll_timeout = poll_timeout
         self._next = 0          # the next entry id to read
-        self._latest = False    # a LATEST start, resolved on the first read
+        self._latest = False    # a seek to LATEST, resolved on the next read
         self._buffer: list[Record] = []
         self._covered = -1      # the highest LAC learnt with the metadata read after it
         # read-aheads in id order: (first, last, task reading first..last)
@@ -511,6 +515,14 @@ class AsyncStreamReader:
             self._next = position.entry_id + (0 if inclusive else 1)
         if not self._latest and self._next < self.handle.metadata.trimmed_before:
             raise err.PositionTrimmed(self.name, position, self.handle.metadata.trimmed_before)
+
+    def _resolve_latest(self, lac: int) -> None:
+        """LATEST becomes the entry after ``lac`` as the ensemble told it, or
+        after what a writer of this client confirmed, if that is higher (the
+        ensemble learns a LAC a moment after the writer: another client's
+        reader may start up to ``explicit_lac_delay`` of adds earlier)."""
+        self._next = max(lac, self.client.bk.confirmed_here(self.handle.ledger_id)) + 1
+        self._latest = False
 
     async def _lac(self, timeout: float) -> int:
         if self._covered >= self._next:
@@ -535,8 +547,7 @@ class AsyncStreamReader:
             out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
             return out
         if self._latest:
-            self._next = await self.handle.read_last_add_confirmed() + 1
-            self._latest = False
+            self._resolve_latest(await self.handle.read_last_add_confirmed())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:

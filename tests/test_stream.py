@@ -106,6 +106,28 @@ def test_positions_are_opaque_comparable_and_serializable():
         Position.LATEST.entry_id
 
 
+def test_latest_after_own_acknowledged_appends(shared):
+    """A reader at LATEST opened, or sought, after appends its client's writer
+    had acknowledged starts after them, though the ensemble has not learnt
+    their LAC yet (explicit LAC held back here, so it never does)."""
+    name = sname()
+
+    async def go():
+        async with aclient(shared, explicit_lac_delay=3600) as sc:
+            w = await sc.open_writer(name)
+            ps = await asyncio.gather(*(w.append_async(b"old%d" % i) for i in range(20)))
+            r = await sc.open_reader(name, Position.LATEST)
+            assert r.position == Position(ps[-1].entry_id + 1)
+            await w.append(b"new0")
+            r.seek(Position.LATEST)  # resolved by the next read
+            assert await r.read(10) == []
+            await w.append(b"new1")
+            await w.append(b"new2")  # carries LAC 21 to the bookies
+            assert [x.payload for x in await r.read(10, timeout=5)] == [b"new1"]
+            await w.close()
+    run(go())
+
+
 def test_asyncio_api_tail_and_latest(shared):
     name = sname()
 
