@@ -12,10 +12,11 @@ the unchecked fields sat between the header and the payload).
 from __future__ import annotations
 
 import struct
-import zlib
 from array import array
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
+
+from bookie.crc import crc32
 
 # payload_len, checksum, req_flags, term | ledger_id, entry_id, lac, lafr, data_flags
 ENTRY_HEADER = struct.Struct("<IIHQQqqqH")
@@ -91,7 +92,7 @@ class EntryHeader(_Flags):
 
 
 def compute_checksum(record: bytes | memoryview, payload_len: int) -> int:
-    return zlib.crc32(memoryview(record)[CHECKSUM_START : HEADER_SIZE + payload_len])
+    return crc32(memoryview(record)[CHECKSUM_START : HEADER_SIZE + payload_len])
 
 
 def encode(
@@ -115,7 +116,7 @@ def encode(
     if data_flags & FLAG_TRUNCATE and not data_flags & FLAG_NOOP:
         raise ValueError("the truncate flag is only valid on a no-op entry")
     head = ENTRY_HEADER.pack(len(payload), 0, req_flags, term, ledger_id, entry_id, lac, lafr, data_flags)
-    crc = zlib.crc32(payload, zlib.crc32(head[CHECKSUM_START:]))
+    crc = crc32(payload, crc32(head[CHECKSUM_START:]))
     return struct.pack("<II", len(payload), crc) + head[8:] + payload
 
 
@@ -133,13 +134,13 @@ def encode_run(ledger_id: int, first_entry: int, payloads, *, lac: int, lafr: in
         raise ValueError(f"ledger id out of range: {ledger_id}")
     if not 0 <= first_entry and first_entry + len(payloads) - 1 <= MAX_ENTRY_ID:
         raise ValueError(f"entry ids out of range: {first_entry}+{len(payloads)}")
-    signed, lencrc, crc32 = _SIGNED.pack, _LEN_CRC.pack, zlib.crc32
+    signed, lencrc, checksum = _SIGNED.pack, _LEN_CRC.pack, crc32
     unsigned = _UNSIGNED.pack(0, term)
     out = []
     eid = first_entry
     for payload in payloads:
         t = signed(ledger_id, eid, lac, lafr, 0)
-        out.append(lencrc(len(payload), crc32(payload, crc32(t))) + unsigned + t + payload)
+        out.append(lencrc(len(payload), checksum(payload, checksum(t))) + unsigned + t + payload)
         eid += 1
     return out
 
@@ -178,7 +179,7 @@ def _checked(buf: bytes | memoryview, max_payload: int | None = None):
     concatenation, each one bounds-, field- and checksum-checked first: the
     one loop under ``scan`` and ``decode_run``.  Raises MalformedEntry
     (EntryTooLarge above ``max_payload``) or ChecksumMismatch."""
-    unpack, crc32, mv = ENTRY_HEADER.unpack_from, zlib.crc32, memoryview(buf)
+    unpack, checksum, mv = ENTRY_HEADER.unpack_from, crc32, memoryview(buf)
     off, n = 0, len(buf)
     while off < n:
         if n - off < HEADER_SIZE:
@@ -193,7 +194,7 @@ def _checked(buf: bytes | memoryview, max_payload: int | None = None):
             parse_header(buf, off)  # raises the precise MalformedEntry
         if max_payload is not None and plen > max_payload:
             raise EntryTooLarge(parse_header(buf, off), max_payload)
-        if crc32(mv[off + CHECKSUM_START:end]) != crc:
+        if checksum(mv[off + CHECKSUM_START:end]) != crc:
             raise ChecksumMismatch(lid, eid)
         yield off, end, f
         off = end
@@ -252,7 +253,7 @@ def scan_runs(buf: bytes | memoryview, max_payload: int | None = None) -> list[E
     runs (``EntryRun``): the bookie's hot path, with no object per entry.
     The same checks as ``scan``; raises MalformedEntry (EntryTooLarge above
     ``max_payload``) or ChecksumMismatch."""
-    unpack, crc32, mv = ENTRY_HEADER.unpack_from, zlib.crc32, memoryview(buf)
+    unpack, checksum, mv = ENTRY_HEADER.unpack_from, crc32, memoryview(buf)
     limit = -1 if max_payload is None else max_payload
     runs: list[EntryRun] = []
     off, n, count = 0, len(buf), 0
@@ -273,7 +274,7 @@ def scan_runs(buf: bytes | memoryview, max_payload: int | None = None) -> list[E
             parse_header(buf, off)  # raises the precise MalformedEntry
         if limit >= 0 and plen > limit:
             raise EntryTooLarge(parse_header(buf, off), limit)
-        if crc32(mv[off + CHECKSUM_START:end]) != crc:
+        if checksum(mv[off + CHECKSUM_START:end]) != crc:
             raise ChecksumMismatch(lid, eid)
         if eid == r_next and lid == r_lid and term == r_term and rflags == r_rflags and not dflags & FLAG_TRUNCATE:
             add_off(off)
@@ -309,7 +310,7 @@ def verified_prefix(buf: bytes | memoryview) -> tuple[int, int, ChecksumMismatch
     checksums, no header objects: a bookie serving a range read) up to the
     first that fails its checksum: (records that passed, the byte offset
     where they end, that failure or None).  Raises MalformedEntry."""
-    unpack, crc32, mv = _LEN_CRC.unpack_from, zlib.crc32, memoryview(buf)
+    unpack, checksum, mv = _LEN_CRC.unpack_from, crc32, memoryview(buf)
     off, n, count = 0, len(buf), 0
     while off < n:
         if n - off < HEADER_SIZE:
@@ -318,7 +319,7 @@ def verified_prefix(buf: bytes | memoryview) -> tuple[int, int, ChecksumMismatch
         end = off + HEADER_SIZE + plen
         if end > n:
             raise MalformedEntry("truncated entry payload")
-        if crc32(mv[off + CHECKSUM_START:end]) != crc:
+        if checksum(mv[off + CHECKSUM_START:end]) != crc:
             h = parse_header(buf, off)
             return count, off, ChecksumMismatch(h.ledger_id, h.entry_id)
         off, count = end, count + 1

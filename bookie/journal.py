@@ -47,13 +47,13 @@ import re
 import struct
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 from bookie import entry as E
+from bookie.crc import crc32
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ ENTRY_RECORD_TYPES = frozenset((R_ENTRIES, R_RELOCATED))
 
 def frame_record(rtype: int, body: bytes | memoryview) -> bytes:
     head = struct.pack("<IB3x", len(body), rtype)
-    crc = zlib.crc32(head) if rtype in ENTRY_RECORD_TYPES else zlib.crc32(body, zlib.crc32(head))
+    crc = crc32(head) if rtype in ENTRY_RECORD_TYPES else crc32(body, crc32(head))
     return head + struct.pack("<I", crc)
 
 
@@ -257,12 +257,12 @@ class Journal:
                 body = mv[body_off : body_off + blen]
                 runs = None
                 if rtype in ENTRY_RECORD_TYPES:
-                    if zlib.crc32(mv[off : off + 8]) != crc:
+                    if crc32(mv[off : off + 8]) != crc:
                         break
                     runs = verified_runs(rtype, body)
                     if runs is None:
                         break
-                elif zlib.crc32(body, zlib.crc32(mv[off : off + 8])) != crc:
+                elif crc32(body, crc32(mv[off : off + 8])) != crc:
                     break
                 off = body_off + blen
                 self.scan_end = Position(seg, off)

@@ -22,13 +22,13 @@ import os
 import shutil
 import struct
 import time
-import zlib
 from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 from bookie import entry as E
+from bookie.crc import crc32
 from bookie.core import BookieCore, LedgerState, Status, Verdict
 from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
@@ -495,7 +495,7 @@ class Storage:
                 parts.append(locs)
                 parts.append(lens)
         data = b"".join(parts)
-        return data + struct.pack("<I", zlib.crc32(data))
+        return data + struct.pack("<I", crc32(data))
 
     def _write_checkpoint(self, data: bytes) -> None:
         tmp = self.dir / "checkpoint.tmp"
@@ -515,7 +515,7 @@ class Storage:
         if not path.exists():
             return None
         data = path.read_bytes()
-        if len(data) < _CKP_HEAD.size + 4 or struct.unpack_from("<I", data, len(data) - 4)[0] != zlib.crc32(data[:-4]):
+        if len(data) < _CKP_HEAD.size + 4 or struct.unpack_from("<I", data, len(data) - 4)[0] != crc32(data[:-4]):
             # The checkpoint is written to a temp file and renamed, so a bad
             # one means the disk lied; refuse to guess.
             raise RuntimeError(f"corrupt checkpoint {path}")

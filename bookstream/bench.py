@@ -32,6 +32,12 @@ from bookstream.tuning import tune_process
 from bookstream.ceilings import raw_disk_rate, read_files_rate
 from stream.errors import TooManyPendingAdds
 
+
+def int_list(s: str) -> list[int]:
+    """A comma list of integers ("" is none)."""
+    return [int(x) for x in str(s).split(",") if x]
+
+
 MAX_FRAME_BYTES = 16 << 20
 
 
@@ -221,7 +227,7 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     results = []
     print(f"{'size':>7} {'journal MB':>10} {'replay s':>9} {'replay MB/s':>12} {'entries/s':>12} "
           f"{'read MB/s':>10}", flush=True)
-    for size in (int(x) for x in args.sizes.split(",")):
+    for size in int_list(args.sizes):
         with data_dir(args, "bookstream-replay-") as base:
             r = replay_rate(base, size, args.mb, args.bookie_args)
         results.append(r)
@@ -516,7 +522,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
             print(APPEND_HEADER)
-            for size in (int(x) for x in args.sizes.split(",") if not args.skip_appends):
+            for size in (() if args.skip_appends else int_list(args.sizes)):
                 name = f"bench-{size}-{tag}"
                 r = await stream_closed_loop(sc, name, size, args.seconds, args.window, batch=args.batch)
                 results["appends"].append(r)
@@ -528,8 +534,8 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 r = await stream_open_loop(sc, f"bench-open-loop-{tag}", 1024, args.seconds, args.open_loop_rate)
                 results["open_loop"].append(r)
                 print(open_loop_line(r), flush=True)
-            for length in (int(x) for x in args.takeover_lengths.split(",")):
-                for past in (int(x) for x in args.takeover_past_lafr.split(",")):
+            for length in int_list(args.takeover_lengths):  # empty: no take-over
+                for past in int_list(args.takeover_past_lafr):
                     r = await stream_takeover(sc, f"bench-takeover-{length}-{past}-{tag}", length, args.window,
                                               past)
                     results["takeover"].append(r)
@@ -592,7 +598,7 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
         async with BookKeeperClient(cluster.etcd_endpoint, cluster.cluster,
                                     max_pending_adds=max(10_000, args.window * 2)) as bk:
             print(APPEND_HEADER)
-            for size in (int(x) for x in args.sizes.split(",")):
+            for size in int_list(args.sizes):
                 lh = await bk.create_ledger(3, 3, 2)
                 r = await _closed_loop(lh.add_entry_async, size, args.seconds, args.window,
                                        wait_for_room=lh.add_entry)

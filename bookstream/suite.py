@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from bookstream.bench import int_list
 from bookstream.tuning import tune_process
 
 SCHEMA = 1
@@ -91,9 +92,6 @@ def parameters(args: argparse.Namespace) -> dict:
         "quick": bool(args.quick), "bookie_args": list(getattr(args, "bookie_args", []))}
 
 
-def _ints(s: str) -> list[int]:
-    return [int(x) for x in str(s).split(",") if x]
-
 
 def window_for(size: int, window: int) -> int:
     """Appends in flight for entries of `size`: `window`, but at most 16 MiB."""
@@ -103,7 +101,7 @@ def window_for(size: int, window: int) -> int:
 def workload_plan(p: dict) -> list[tuple[int, int, int]]:
     """(entry size, window, minimum appends) per closed-loop run; the largest
     size runs until it has written `catchup_mb`, read back as the catch-up."""
-    sizes = _ints(p["sizes"])
+    sizes = int_list(p["sizes"])
     return [(s, window_for(s, p["window"]), (p["catchup_mb"] << 20) // s if s == max(sizes) else 0)
             for s in sizes]
 
@@ -169,7 +167,7 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     say("ceiling: starting 3 empty gRPC servers")
     servers = start_empty_servers(base / "empty", 3)
     try:
-        return asyncio.run(grpc_ceiling([s.address for s in servers], _ints(p["sizes"]), _ints(p["grpc_batches"]),
+        return asyncio.run(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
                                         p["ceiling_seconds"], progress=say))
     finally:
         for s in servers:
@@ -279,8 +277,8 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                 out["reads"].append(t)
                 say(f"bookstream catch-up read, {size} B: {t['entries']:,} entries at {t['entries_per_s']:,.0f}/s, "
                     f"{t['mb_per_s']:.1f} MB/s")
-            for length in _ints(p["takeover_lengths"]):
-                for past in _ints(p["takeover_past_lafr"]):
+            for length in int_list(p["takeover_lengths"]):
+                for past in int_list(p["takeover_past_lafr"]):
                     say(f"bookstream take-over: writing {length:,} entries, {past:,} past the LAFR")
                     r = await bench.stream_takeover(sc, f"suite-takeover-{length}-{past}-{tag}", length, p["window"],
                                                     past)
@@ -350,7 +348,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
     bookie = BookieProcess(base / "one-bookie", log_level="WARNING", extra_args=p["bookie_args"]).start()
     rows = []
     try:
-        for i, size in enumerate(_ints(p["sizes"])):
+        for i, size in enumerate(int_list(p["sizes"])):
             batch = frame_batches(size, [1000])[0]
             r = asyncio.run(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
             raw = raw_disk_rate(base / "raw.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"])
@@ -367,7 +365,7 @@ def phase_replay(base: Path, p: dict, say) -> list[dict]:
     from bookstream.bench import replay_rate
 
     rows = []
-    for size in _ints(p["replay_sizes"]):
+    for size in int_list(p["replay_sizes"]):
         say(f"replay: writing {p['replay_mb']} MiB of {size} B entries, kill -9, restart")
         r = replay_rate(base / f"replay-{size}", size, p["replay_mb"], p["bookie_args"])
         rows.append(r)
