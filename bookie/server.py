@@ -75,6 +75,7 @@ class BookieService(pb_grpc.BookieServicer):
         self.config = config
         self.read_entry_requests = 0
         self.read_range_requests = 0
+        self.read_range_entries = 0
 
     # -- adds ----------------------------------------------------------------
 
@@ -230,6 +231,7 @@ class BookieService(pb_grpc.BookieServicer):
                 log.exception("range read failed")
                 yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
                 return
+            self.read_range_entries += after - nxt
             yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
             if status is not Status.OK:
                 return
@@ -255,10 +257,12 @@ class BookieService(pb_grpc.BookieServicer):
             if bad is not None:
                 log.error("stored entry failed its checksum: %s", bad)
                 if count:
+                    self.read_range_entries += count
                     yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
                                                through=bad.entry_id - 1, term=term)
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
+            self.read_range_entries += count
             yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
             if status is not Status.OK or through >= last:
                 return
@@ -343,6 +347,7 @@ class BookieService(pb_grpc.BookieServicer):
             replay_seconds=self.storage.replay_seconds,
             read_entry_requests=self.read_entry_requests,
             read_range_requests=self.read_range_requests,
+            read_range_entries=self.read_range_entries,
         )
 
 

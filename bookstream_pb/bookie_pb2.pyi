@@ -249,7 +249,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests", "read_range_entries")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -265,6 +265,7 @@ class InfoResponse(_message.Message):
     REPLAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
     READ_ENTRY_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     READ_RANGE_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    READ_RANGE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -280,4 +281,5 @@ class InfoResponse(_message.Message):
     replay_seconds: float
     read_entry_requests: int
     read_range_requests: int
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ...) -> None: ...
+    read_range_entries: int
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ..., read_range_entries: _Optional[int] = ...) -> None: ...

@@ -536,6 +536,9 @@ class _RecoveryDriver:
         self._scheduled = False
         self._replace_lock = asyncio.Lock()
         self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
+        self._answered_at = 0.0                 # the loop time of the last read answer or read sent
+        self._speculation: asyncio.TimerHandle | None = None
+        self.speculations = 0                   # times stalled reads were asked of the rest (stats)
 
     async def run(self) -> RecoveryResult:
         for b in self.core.read_ensemble:
@@ -547,6 +550,8 @@ class _RecoveryDriver:
         finally:
             for t in list(self._tasks):
                 t.cancel()
+            if self._speculation is not None:
+                self._speculation.cancel()
         st = self.core.state
         if st is RecoveryState.DONE:
             return self.core.result
@@ -575,6 +580,7 @@ class _RecoveryDriver:
         for rd in r.reads:
             wanted.setdefault((rd.bookie_index, rd.bookie_id), []).append(rd.entry_id)
         if r.reads:
+            self._answered_at = self.loop.time()  # (stalled reads are counted from here)
             term, fence = r.reads[0].term, r.reads[0].fence
             assert all((x.term, x.fence) == (term, fence) for x in r.reads)
             for (index, bid), ids in wanted.items():
@@ -587,8 +593,27 @@ class _RecoveryDriver:
             self._spawn(self._write(index, bid, ws))
         for rp in r.replacements:
             self._spawn(self._replace(rp))
+        if self._speculation is None and self.core.single_reads:
+            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout, self._speculate)
         if self.core.state in RECOVERY_TERMINAL and not self.done.done():
             self.done.set_result(None)
+
+    def _speculate(self) -> None:
+        """Entries read from one bookie (spread reads): if no read answer
+        came for ``speculative_read_timeout``, the core asks the rest of
+        their write sets; otherwise look again that long after the last."""
+        self._speculation = None
+        if not self.core.single_reads:
+            return
+        quiet = self.loop.time() - self._answered_at
+        if quiet >= self.cfg.speculative_read_timeout:
+            n = self.core.speculate()
+            self.speculations += 1
+            log.info("ledger %s: recovery reads stalled for %.0f ms: %d entries asked of the rest of their "
+                     "write sets", self.lid, quiet * 1e3, n)
+            self._schedule()
+        else:
+            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout - quiet, self._speculate)
 
     async def _fencing_read(self, f) -> None:
         bc = self.client.bookie_now(f.bookie_id)
@@ -620,6 +645,7 @@ class _RecoveryDriver:
 
         def hand_over() -> None:
             if answers:
+                self._answered_at = self.loop.time()
                 core.on_read_responses(index, answers)
                 answers.clear()
 

@@ -68,6 +68,24 @@ not of a whole window.  ``max_read_ahead_bytes`` stops the window from growing w
 records held above the frontier exceed it (the frontier's own read is always
 outstanding, so reading never stalls on it).
 
+Spread reads.  An id that some fencing responder reported holding (its
+``last_entry`` is at or above it) is read first from one bookie of its write
+set only, a responder that holds it: the ids go to the bookies in blocks of
+``READ_BLOCK`` (bookie ``(id - start) // READ_BLOCK mod E``, or the next
+responder of the write set holding it), so each bookie serves one range
+read of its block and the window costs one read per entry, not Qw.  Only
+when Qw = E: with striping (E > Qw) the ids one bookie would be given lie
+scattered among ids it holds but is not asked for, and a sparse range read
+per run of them would be a read per entry or two.  Any
+answer but OK (NO_SUCH_ENTRY, an error, a timeout) asks the rest of the
+write set at once, and ``speculate()`` (the adapter's timer, when reads
+stall) asks them for every entry still waiting on its first bookie.  Ids
+nobody reported holding are read from their whole write set (their end
+needs Qw - Qa + 1 answers).  Which bookies are asked, and when, never
+decides anything: an outcome is still made of its answers by the
+EntryReadOutcome rules (one OK: RECOVERABLE, as when that answer came
+first; ABSENT only on Qw - Qa + 1 NO_SUCH_ENTRY).
+
 Why reading ahead is safe.  It changes *when* entry n is read, not how n is
 decided from its answers: an answer is used only once the frontier reaches n,
 by the same EntryReadOutcome rules.  It is safe as long as every answer is
@@ -127,6 +145,7 @@ from stream.quorum import CoverageTracker, EntryReadOutcome, ReadOutcome, valida
 DEFAULT_MAX_INFLIGHT_WRITES = 1000
 DEFAULT_MAX_READ_AHEAD = 1024            # entries with reads outstanding
 DEFAULT_MAX_READ_AHEAD_BYTES = 64 << 20  # records held above the frontier
+READ_BLOCK = 256                         # spread reads: ids per bookie in turn
 
 
 class RecoveryState(enum.Enum):
@@ -300,6 +319,8 @@ class RecoveryCore:
         self.known_end: int | None = None          # an ABSENT outcome above the frontier
         self.held_bytes = 0                        # records held by the window's outcomes
         self.held_hint: int | None = -1            # the highest id any fencing responder holds
+        self.held: dict[int, int] = {}             # responder index -> the highest id it holds
+        self._single: dict[int, int] = {}          # window ids read from one bookie so far -> that bookie
         self._decoded: dict[int, entry_codec.Entry] = {}  # RECOVERABLE outcomes' records, decoded
         self.reads_issued = 0
         self.writes: dict[int, _WriteBack] = {}    # entry id -> write back, the no-op included
@@ -361,8 +382,10 @@ class RecoveryCore:
             assert lac >= -1 and lafr >= -1
             if status is Status.OK:
                 self.lac_seen, self.lafr_seen = max(self.lac_seen, lac), max(self.lafr_seen, lafr)
+            held = -1 if status is Status.NO_SUCH_LEDGER else last_entry
+            if held is not None:
+                self.held[bookie_index] = held
             if self.held_hint is not None:
-                held = -1 if status is Status.NO_SUCH_LEDGER else last_entry
                 self.held_hint = None if held is None else max(self.held_hint, held)
             self.coverage.on_response(bookie_index)
         elif not self.coverage.on_failure(bookie_index):
@@ -426,6 +449,11 @@ class RecoveryCore:
         if outcome is ReadOutcome.RECOVERABLE:  # (by this answer: it was PENDING)
             self.held_bytes += len(o.record)
             self._decoded[entry_id] = got
+            self._single.pop(entry_id, None)
+        elif outcome is ReadOutcome.PENDING and entry_id in self._single:
+            self._ask_the_rest(entry_id, o)
+        else:
+            self._single.pop(entry_id, None)
         if outcome is ReadOutcome.ABSENT and entry_id > self.frontier:
             self._known_end(entry_id)
         return True
@@ -554,14 +582,57 @@ class RecoveryCore:
             eid = self.read_top
             ws = write_set(eid, self.E, self.Qw)
             self.outcomes[eid] = EntryReadOutcome(self.Qw, self.Qa, ws)
-            for i in ws:
-                self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term,
-                                                  self.fence))
+            first = self._first_reader(eid, ws)
+            if first is None:
+                self._ask(eid, ws)
+            else:
+                self._single[eid] = first
+                self._ask(eid, (first,))
             self.read_top += 1
             self.reads_issued += 1
         assert len(self.outcomes) <= self.max_read_ahead and self.frontier in self.outcomes
         if len(self._o_reads) > n:
             mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+
+    def _first_reader(self, eid: int, ws: tuple[int, ...]) -> int | None:
+        """The one bookie to read ``eid`` from first (spread reads, see the
+        module doc), or None: read the whole write set."""
+        if self.Qw != self.E:
+            return None  # striped: the ids one bookie is given would be scattered among those it holds
+        holders = [i for i in ws if self.held.get(i, -1) >= eid]
+        if not holders:
+            return None
+        turn = (eid - self.start_entry) // READ_BLOCK % self.E
+        return min(holders, key=lambda i: (i - turn) % self.E)
+
+    def _ask(self, eid: int, indexes) -> None:
+        for i in indexes:
+            self._o_reads.append(RecoveryRead(eid, i, self.read_ensemble[i], self.ledger_id, self.term, self.fence))
+
+    def _ask_the_rest(self, eid: int, o: EntryReadOutcome) -> None:
+        """``eid`` was read from one bookie, which did not settle it: the
+        rest of its write set is asked now."""
+        first = self._single.pop(eid)
+        n = len(self._o_reads)
+        self._ask(eid, [i for i in o.members if i != first and i not in o.answered])
+        if len(self._o_reads) > n:
+            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+
+    def speculate(self) -> int:
+        """Reads stalled (the adapter's timer): every entry of the window
+        still waiting on the one bookie it was read from is asked of the rest
+        of its write set.  Returns how many entries."""
+        if self.state is not RecoveryState.READING:
+            return 0
+        waiting = sorted(self._single)
+        for eid in waiting:
+            self._ask_the_rest(eid, self.outcomes[eid])
+        return len(waiting)
+
+    @property
+    def single_reads(self) -> int:
+        """Entries of the window read from one bookie so far (speculate() would ask the rest)."""
+        return len(self._single) if self.state is RecoveryState.READING else 0
 
     def _known_end(self, eid: int) -> None:
         """An ABSENT outcome at ``eid`` above the frontier: reading stops at
@@ -575,6 +646,7 @@ class RecoveryCore:
         """Discards the outcomes above ``above`` (None: all of them)."""
         for eid in [e for e in self.outcomes if above is None or e > above]:
             o = self.outcomes.pop(eid)
+            self._single.pop(eid, None)
             if o.outcome is ReadOutcome.RECOVERABLE:
                 self.held_bytes -= len(o.record)
                 del self._decoded[eid]

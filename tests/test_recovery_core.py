@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from bookie import entry as E
 from bookie.core import BookieCore, Status
 from stream.quorum import write_set
-from stream.recovery_core import RecoveryCore, RecoveryState
+from stream.recovery_core import READ_BLOCK, RecoveryCore, RecoveryState
 from stream.writer_core import WriterCore, WriterState
 
 LID = 7
@@ -295,6 +295,63 @@ def test_read_ahead_issues_a_window_of_reads_at_once():
     out = r.ready()
     assert reads_of(out) == list(range(2, 10))
     assert {(x.bookie_index, x.term) for x in out.reads if x.entry_id == 5} == {(0, 2), (1, 2), (2, 2)}
+
+
+# -- spread reads (Qw = E) ---------------------------------------------------------
+
+def asked(out):
+    return sorted((x.entry_id, x.bookie_index) for x in out.reads)
+
+
+def test_spread_reads_ask_one_bookie_per_held_entry_in_blocks():
+    n = READ_BLOCK * 2 + 10
+    r = core(ahead=1024)
+    for i in range(3):
+        r.on_lac_response(i, OK, -1, -1, n - 1)  # bookies hold 0 .. n-1; 0 and 1 answer first (coverage)
+    by_entry: dict[int, list[int]] = {}
+    for x in r.ready().reads:
+        by_entry.setdefault(x.entry_id, []).append(x.bookie_index)
+    turn = {0: 0, 1: 1, 2: 0}  # block turns of bookie 2 (no fencing answer) go to the next responder
+    assert all(by_entry[e] == [turn[e // READ_BLOCK % 3]] for e in range(n))
+    assert sorted(by_entry[n]) == [0, 1, 2]  # held by nobody: its whole write set
+    assert r.single_reads == n
+
+
+def test_striped_ensembles_read_the_whole_write_set():
+    r = core(e=4, qw=3, qa=2, ahead=16)
+    for i in range(4):
+        r.on_lac_response(i, OK, -1, -1, 9)
+    assert asked(r.ready()) == sorted((e, i) for e in range(11) for i in write_set(e, 4, 3))
+    assert r.single_reads == 0
+
+
+def test_the_first_reader_is_a_responder_holding_the_entry():
+    r = core(ahead=8)
+    r.on_lac_response(0, OK, -1, -1, 1)   # bookie 0 holds up to 1
+    r.on_lac_response(1, OK, -1, -1, 3)   # covered: bookie 2 never answered
+    assert asked(r.ready()) == [(0, 0), (1, 0), (2, 1), (3, 1), (4, 0), (4, 1), (4, 2)]
+
+
+def test_an_unsettling_answer_or_a_stall_asks_the_rest_of_the_write_set():
+    r = core(ahead=8)
+    for i in range(3):
+        r.on_lac_response(i, OK, -1, -1, 3)
+    assert asked(r.ready()) == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (4, 1), (4, 2)]
+    r.on_read_response(1, 0, NSE)
+    assert asked(r.ready()) == [(1, 1), (1, 2)]
+    r.on_read_response(2, 0, None)  # timed out
+    assert asked(r.ready()) == [(2, 1), (2, 2)]
+    r.on_read_response(0, 0, OK, rec(0))
+    assert asked(r.ready()) == []   # an OK settles it: nobody else is asked
+    assert r.single_reads == 1      # 3 still waits on bookie 0
+    assert r.speculate() == 1 and asked(r.ready()) == [(3, 1), (3, 2)]
+    assert r.single_reads == 0 and r.speculate() == 0
+    # the rest decide as before: 1 and 2 on the others, 3 and 4 absent (2 answers each)
+    for eid in (1, 2):
+        r.on_read_response(eid, 1, OK, rec(eid))
+    for eid, i in ((3, 1), (3, 2), (4, 1), (4, 2)):
+        r.on_read_response(eid, i, NSE)
+    assert r.state is RecoveryState.FINISHING and r.end_entry == 3 and r.recovered == [0, 1, 2]
 
 
 def test_out_of_order_answers_are_decided_in_entry_order():

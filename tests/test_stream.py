@@ -388,20 +388,22 @@ def test_the_seeds_counterexample_does_not_diverge_on_real_bookies(own, mutant):
         run(go())
 
 
-def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(own):
-    """The old writer (E4 Qw3 Qa2: striped) dies mid-burst: 600 entries past
-    its LAFR are on their whole write sets; the next one reached no bookie,
-    and 3 after it one bookie each.  The new writer's recovery reads ahead
-    with sparse range reads (a few per bookie, no per-entry reads),
-    recovers the 600, ends at the hole (absent) and truncates the 3 strays
-    above it."""
-    procs = own.start(4)
+@pytest.mark.parametrize("ens_size", [4, 3], ids=["E4-Qw3-striped", "E3-Qw3-spread"])
+def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(own, ens_size):
+    """The old writer (Qw3 Qa2) dies mid-burst: 600 entries past its LAFR are
+    on their whole write sets; the next one reached no bookie, and 3 after it
+    one bookie each.  The new writer's recovery reads ahead with sparse range
+    reads (a few per bookie, no per-entry reads), recovers the 600, ends at
+    the hole (absent) and truncates the 3 strays above it.  With Qw = E the
+    reads are spread: each entry is read from one bookie (the bookies serve
+    the 600 once between them, not three times)."""
+    procs = own.start(ens_size)
     name = sname()
     PAST, STRAY = 600, 3
 
     async def go():
         async with aclient(own) as c1, aclient(own) as c2:
-            w1 = await c1.open_writer(name, StreamConfig(4, 3, 2))
+            w1 = await c1.open_writer(name, StreamConfig(ens_size, 3, 2))
             acked = [await w1.append(b"a%d" % i) for i in range(50)]
             await w1.flush()
             last = acked[-1].entry_id
@@ -413,7 +415,7 @@ def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(ow
             for k in [*range(PAST), *range(PAST + 1, PAST + 1 + STRAY)]:  # the hole: PAST
                 eid = last + 1 + k
                 r = E.encode(lid, eid, b"past-%d" % k, lac=last, lafr=last, term=w1.term)
-                targets = write_set(eid, 4, 3) if k < PAST else write_set(eid, 4, 3)[:1]
+                targets = write_set(eid, ens_size, 3) if k < PAST else write_set(eid, ens_size, 3)[:1]
                 for i in targets:
                     per_bookie[ens[i]].append(r)
             for b, recs in per_bookie.items():
@@ -425,7 +427,13 @@ def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(ow
             ranges = {b: after[b].read_range_requests - before[b].read_range_requests for b in ens}
             entries = {b: after[b].read_entry_requests - before[b].read_entry_requests for b in ens}
             assert set(entries.values()) == {0}, entries          # no per-entry reads
-            assert all(1 <= n <= 3 for n in ranges.values()), ranges  # (one per window fill)
+            served = sum(after[b].read_range_entries - before[b].read_range_entries for b in ens)
+            if ens_size == 3:  # spread: a block per bookie, then the hole and strays asked of the rest
+                assert all(1 <= n <= 5 for n in ranges.values()), ranges
+                assert PAST <= served <= PAST + 3 * STRAY, served
+            else:
+                assert all(1 <= n <= 3 for n in ranges.values()), ranges  # (one per window fill)
+                assert served >= 3 * PAST, served  # every entry from each bookie holding it
 
             end = last + 1 + PAST
             p = await w2.append(b"w2-first")
@@ -444,6 +452,67 @@ def test_take_over_recovers_many_entries_past_the_lafr_with_a_few_range_reads(ow
                 await c.close()
 
     run(go())
+
+
+def test_take_over_asks_the_rest_when_a_spread_read_stalls(own, caplog):
+    """Spread recovery reads (E3 Qw3: each entry read from one bookie): the
+    first bookie a range read goes to is stopped as it is sent, so its block
+    stalls; after speculative_read_timeout the driver asks the rest of the
+    write sets (logged), the bookie is resumed then, and the take-over
+    recovers every entry."""
+    procs = own.start(3)
+    name = sname()
+    PAST = 600
+    by_address = {p.address: p for p in procs}
+    stopped: list = []
+    real_read_range = BookieClient.read_range
+
+    def read_range(self, *a, **kw):
+        if kw.get("sparse") and not stopped:  # the take-over's first range read: its bookie stalls
+            stopped.append(by_address[self.address])
+            os.kill(stopped[0].pid, signal.SIGSTOP)
+        return real_read_range(self, *a, **kw)
+
+    class Resume(logging.Handler):
+        def emit(self, record):
+            if "recovery reads stalled" in record.getMessage() and stopped:
+                os.kill(stopped[0].pid, signal.SIGCONT)
+
+    resume = Resume()
+    logging.getLogger("stream.ledger").addHandler(resume)
+    caplog.set_level(logging.INFO, logger="stream.ledger")
+
+    async def go():
+        async with aclient(own) as c1, aclient(own) as c2:
+            w1 = await c1.open_writer(name, StreamConfig(3, 3, 2))
+            last = (await w1.append(b"a")).entry_id
+            await w1.flush()
+            info = await c1.stream_info(name)
+            lid, ens = info["ledger_id"], info["ensemble"]
+            recs = b"".join(E.encode(lid, last + 1 + k, b"past-%d" % k, lac=last, lafr=last, term=w1.term)
+                            for k in range(PAST))
+            for b in ens:  # on every bookie, never acknowledged
+                raw = BookieClient(next(p.address for p in procs if p.bookie_id == b))
+                assert (await raw.add(recs)).status == Status.OK
+                await raw.close()
+            BookieClient.read_range = read_range
+            try:
+                w2 = await c2.open_writer(name)   # the take-over
+            finally:
+                BookieClient.read_range = real_read_range
+            assert stopped, "no range read was sent"
+            p = await w2.append(b"w2-first")
+            got = await read_all(c2, name, until=b"w2-first")
+            assert [r.payload for r in got] == [b"a"] + [b"past-%d" % k for k in range(PAST)] + [b"w2-first"]
+            assert p.entry_id == last + PAST + 2   # after the truncate no-op at last + PAST + 1
+
+    try:
+        run(go())
+    finally:
+        logging.getLogger("stream.ledger").removeHandler(resume)
+        for p in stopped:
+            os.kill(p.pid, signal.SIGCONT)
+    assert any("recovery reads stalled" in r.getMessage() for r in caplog.records)
 
 
 # -- fragments: rolling, trimming, tailing ------------------------------------------------------
