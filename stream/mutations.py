@@ -22,15 +22,14 @@ WRITEBACK_KEEPS_TRUNCATE   a recovered no-op is written back with its       writ
 Hooks (one line each):
 
 - ``stream/recovery_core.py`` ``RecoveryCore.start``: ``strip_read_terms(self._o_fencing)``
-- ``stream/recovery_core.py`` ``RecoveryCore._read``: ``strip_read_terms(self._o_reads)``
+- ``stream/recovery_core.py`` ``RecoveryCore._fill_window`` and ``_ask_the_rest``: ``strip_read_terms(self._o_reads)``
 - ``stream/recovery_core.py`` ``RecoveryCore._recovered``: ``flags = writeback_flags(flags, e.data_flags)``
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``noop = recovery_noop(noop)``
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``after_end_found(self)``
-- ``stream/recovery_core.py`` ``RecoveryCore.on_write_ack``: ``noop_acked(self, wb)``
+- ``stream/recovery_core.py`` ``RecoveryCore._take_ack`` and ``on_write_acks``: ``noop_acked(self, wb)``
 """
 from __future__ import annotations
 
-import dataclasses
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -72,7 +71,7 @@ def strip_read_terms(requests: list) -> None:
     """RECOVERY_READS_WITHOUT_TERM: fencing/recovery reads leave with term 0
     (a plain read: the bookie neither fences nor raises its term)."""
     if RECOVERY_READS_WITHOUT_TERM in ACTIVE:
-        requests[:] = [dataclasses.replace(r, term=0) for r in requests]
+        requests[:] = [r._replace(term=0) for r in requests]
 
 
 def writeback_flags(flags: int, original: int) -> int:

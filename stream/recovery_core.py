@@ -136,6 +136,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from bookie import entry as entry_codec
 from bookie.core import Status
@@ -203,8 +204,7 @@ class InvalidRecoveryTransition(RecoveryError):
 
 # -- outputs --------------------------------------------------------------------
 
-@dataclass(frozen=True, slots=True)
-class FencingRead:
+class FencingRead(NamedTuple):
     bookie_index: int
     bookie_id: str
     ledger_id: int
@@ -212,8 +212,7 @@ class FencingRead:
     fence: bool
 
 
-@dataclass(frozen=True, slots=True)
-class RecoveryRead:
+class RecoveryRead(NamedTuple):  # (tuples: a window makes them by the thousand)
     entry_id: int
     bookie_index: int
     bookie_id: str
@@ -222,8 +221,7 @@ class RecoveryRead:
     fence: bool
 
 
-@dataclass(frozen=True, slots=True)
-class RecoveryWrite:
+class RecoveryWrite(NamedTuple):
     entry_id: int
     bookie_index: int
     bookie_id: str
@@ -271,7 +269,7 @@ class _WriteBack:
 
     @property
     def complete(self) -> bool:
-        return self.acked.issuperset(self.targets)
+        return len(self.acked) == len(self.targets)  # (acked only ever holds targets)
 
 
 class RecoveryCore:
@@ -486,8 +484,18 @@ class RecoveryCore:
         self._step(RecoveryEvent.WRITE_ACK)
         if bookie_index in self.replacing:
             return
-        for eid in entry_ids:
-            self._take_ack(eid, bookie_index)
+        writes, incomplete, hooks = self.writes, self._incomplete, bool(mutations.ACTIVE)
+        for eid in entry_ids:  # _take_ack for each, inlined: a frame holds up to thousands
+            wb = writes.get(eid)
+            if wb is None:
+                continue
+            assert bookie_index in wb.targets, (eid, bookie_index)
+            acked = wb.acked
+            acked.add(bookie_index)
+            if hooks:
+                mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
+            if len(acked) == len(wb.targets):
+                incomplete.discard(eid)
         self._progress()
 
     def _take_ack(self, entry_id: int, bookie_index: int) -> bool:
@@ -597,13 +605,16 @@ class RecoveryCore:
     def _first_reader(self, eid: int, ws: tuple[int, ...]) -> int | None:
         """The one bookie to read ``eid`` from first (spread reads, see the
         module doc), or None: read the whole write set."""
-        if self.Qw != self.E:
+        E = self.E
+        if self.Qw != E:
             return None  # striped: the ids one bookie is given would be scattered among those it holds
-        holders = [i for i in ws if self.held.get(i, -1) >= eid]
-        if not holders:
-            return None
-        turn = (eid - self.start_entry) // READ_BLOCK % self.E
-        return min(holders, key=lambda i: (i - turn) % self.E)
+        held = self.held
+        turn = (eid - self.start_entry) // READ_BLOCK
+        for k in range(E):  # (Qw = E: every bookie is in the write set)
+            i = (turn + k) % E
+            if held.get(i, -1) >= eid:
+                return i
+        return None
 
     def _ask(self, eid: int, indexes) -> None:
         for i in indexes:
