@@ -68,23 +68,21 @@ not of a whole window.  ``max_read_ahead_bytes`` stops the window from growing w
 records held above the frontier exceed it (the frontier's own read is always
 outstanding, so reading never stalls on it).
 
-Spread reads.  An id that some fencing responder reported holding (its
-``last_entry`` is at or above it) is read first from one bookie of its write
-set only, a responder that holds it: the ids go to the bookies in blocks of
-``READ_BLOCK`` (bookie ``(id - start) // READ_BLOCK mod E``, or the next
-responder of the write set holding it), so each bookie serves one range
-read of its block and the window costs one read per entry, not Qw.  Only
-when Qw = E: with striping (E > Qw) the ids one bookie would be given lie
-scattered among ids it holds but is not asked for, and a sparse range read
-per run of them would be a read per entry or two.  Any
-answer but OK (NO_SUCH_ENTRY, an error, a timeout) asks the rest of the
-write set at once, and ``speculate()`` (the adapter's timer, when reads
-stall) asks them for every entry still waiting on its first bookie.  Ids
-nobody reported holding are read from their whole write set (their end
-needs Qw - Qa + 1 answers).  Which bookies are asked, and when, never
-decides anything: an outcome is still made of its answers by the
-EntryReadOutcome rules (one OK: RECOVERABLE, as when that answer came
-first; ABSENT only on Qw - Qa + 1 NO_SUCH_ENTRY).
+Spread reads (Qw = E).  An id that some fencing responder reported holding
+(its ``last_entry`` is at or above the id) is read first from one responder
+that holds it: the ids go to the bookies in blocks of ``READ_BLOCK`` (block
+k to bookie k mod E, or to the next responder holding the id), so each
+bookie serves one range read of its blocks and a window costs one read per
+entry, not Qw.  Any answer but OK (NO_SUCH_ENTRY, an error, a timeout) asks
+the rest of the write set at once, and ``speculate()`` (the adapter's timer,
+when reads stall) asks them for every entry still waiting on its first
+bookie.  Ids nobody reported holding are read from their whole write set
+(an end needs Qw - Qa + 1 answers).  Striped ensembles (E > Qw) read the
+whole write set: the ids one bookie would be given lie scattered among ids
+it holds but is not asked for, a sparse range read per id or two.  Which
+bookies are asked, and when, never decides anything: an outcome is still
+made of its answers by the EntryReadOutcome rules (one OK: RECOVERABLE, as
+when that answer came first; ABSENT only on Qw - Qa + 1 NO_SUCH_ENTRY).
 
 Why reading ahead is safe.  It changes *when* entry n is read, not how n is
 decided from its answers: an answer is used only once the frontier reaches n,
