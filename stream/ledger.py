@@ -60,7 +60,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-FRAME_BYTES = 4 << 20  # split a bookie's batch into frames of at most this
+# A bookie's batch leaves in frames of at most this: at 1 MiB gRPC's cost per
+# message is already small beside its cost per byte, and a large batch in
+# several frames lets a bookie journal one while the next arrives (with 4 MiB
+# the whole window moved as one frame, a stage at a time: bench medians of six
+# alternating runs, 1 KiB and 64 KiB appends, about 8 % higher at 1 MiB).
+FRAME_BYTES = 1 << 20
 # Frames in flight per bookie.  A small batch waits for the frame ahead of
 # it to be acknowledged, gathering what comes meanwhile (fewer, larger frames:
 # gRPC's cost is per message); a backlog of PIPELINE_BYTES or more goes at

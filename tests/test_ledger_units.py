@@ -283,3 +283,16 @@ def test_tune_malloc_keeps_freed_buffers_for_reuse():
     # untuned, the freed 32 MiB go back to the kernel (heap trimmed) and are
     # faulted in again, 8,192 pages per round
     assert got["0"][1] > 20 * 4000 and got["1"][1] < 20 * 100, got
+
+
+def test_a_batch_leaves_in_frames_of_at_most_frame_bytes_in_order():
+    from stream.ledger import FRAME_BYTES, _frames
+
+    size = FRAME_BYTES // 4
+    records = [bytes([k]) * size for k in range(10)] + [b"x" * (FRAME_BYTES + 1), b"y"]
+    ids = list(range(100, 112))
+    frames = list(_frames(records, ids))
+    assert [f[0] for f in frames] == [ids[0:4], ids[4:8], ids[8:10], [110], [111]]  # an oversized record alone
+    assert [r for _, recs in frames for r in recs] == records
+    assert all(sum(map(len, recs)) <= FRAME_BYTES for fids, recs in frames if len(fids) > 1)
+    assert list(_frames(records[:3], ids[:3])) == [(ids[:3], records[:3])]  # a small batch: one frame
