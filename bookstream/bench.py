@@ -342,14 +342,19 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int, min
 async def _open_loop(append_async, size: int, seconds: float, rate: float) -> dict:
     """Appends offered at a fixed rate, whatever the acks do (open loop);
     each latency runs from the append's *scheduled* time to its ack, so a
-    stall counts against every append it delays (no coordinated omission)."""
+    stall counts against every append it delays (no coordinated omission).
+    The first third of ``seconds`` more (at most 1 s) is offered before, at
+    the same rate, and not recorded: a warm-up (the first frames of a new
+    stream, channels and buffers growing), as wrk2 and JMH do."""
     payload = os.urandom(size)
     lat: list[float] = []
     failed = 0
     futs = []
     interval = 1.0 / rate
+    warmup = min(1.0, seconds / 3)
+    n_warm = round(warmup * rate)
+    n = n_warm + round(seconds * rate)
     t0 = time.perf_counter()
-    n = int(seconds * rate)
 
     def on_done(t_sched, f):
         nonlocal failed
@@ -358,6 +363,10 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
         else:
             lat.append(time.perf_counter() - t_sched)
 
+    def warm_done(f):
+        if not f.cancelled():
+            f.exception()  # (retrieved: a failed warm-up append is not an error here)
+
     k = 0
     while k < n:
         now = time.perf_counter()
@@ -365,14 +374,14 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
         while k < due:  # every append whose time has come (a burst after a stall)
             t_sched = t0 + k * interval
             f = append_async(payload)
-            f.add_done_callback(functools.partial(on_done, t_sched))
+            f.add_done_callback(functools.partial(on_done, t_sched) if k >= n_warm else warm_done)
             futs.append(f)
             k += 1
         await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
     await asyncio.gather(*futs, return_exceptions=True)
-    el = time.perf_counter() - t0
-    return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el,
-            "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
+    el = time.perf_counter() - t0 - warmup
+    return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el, "warmup_s": warmup,
+            "warmup_appends": n_warm, "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
             "p999_ms": _pct(lat, 0.999) * 1e3, "cdf_ms": latency_cdf(lat)}
 
 

@@ -259,7 +259,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                 before = await _journal_counters(addrs)
                 r = await bench.stream_open_loop(sc, f"suite-open-loop-{tag}", p["open_loop_size"], p["seconds"],
                                                  p["open_loop_rate"])
-                r["journal"] = _journal(before, await _journal_counters(addrs), r["completed"])
+                r["journal"] = _journal(before, await _journal_counters(addrs), r["completed"] + r["warmup_appends"])
                 out["open_loop"] = r
                 say("bookstream " + bench.open_loop_line(r))
             for size, window, min_count in workload_plan(p):
