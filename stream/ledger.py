@@ -138,6 +138,7 @@ class _Writer:
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
         self._lac_told = (self.core.lac, self.core.lafr)
+        self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
         self._lac_timer: asyncio.TimerHandle | None = None
         self._retry_timer: asyncio.TimerHandle | None = None
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
@@ -288,11 +289,20 @@ class _Writer:
         then see every acknowledged entry at once)."""
         core = self.core
         told = (core.lac, core.lafr)
-        if core.state is not WriterState.OPEN or told <= self._lac_told:
+        if core.state is not WriterState.OPEN:
+            return
+        if told <= self._lac_told:
+            # told already, by an explicit LAC: its answers are awaited too
+            # (the writer stopping next would cancel a WriteLac on its way)
+            if self._lac_round is not None and not self._lac_round.done():
+                await asyncio.wait([self._lac_round], timeout=TELL_LAC_TIMEOUT)
             return
         self._lac_told = told
         # advisory: a slow bookie does not hold a closing writer for long
-        await asyncio.gather(*(self._write_lac(bid, *told, timeout=TELL_LAC_TIMEOUT) for bid in core.ensemble))
+        await self._tell_ensemble(*told, timeout=TELL_LAC_TIMEOUT)
+
+    async def _tell_ensemble(self, lac: int, lafr: int, timeout: float | None = None) -> None:
+        await asyncio.gather(*(self._write_lac(bid, lac, lafr, timeout=timeout) for bid in self.core.ensemble))
 
     def _explicit_lac(self) -> None:
         """Adds went quiet: the last entries' LAC (and LAFR: a take-over
@@ -306,8 +316,7 @@ class _Writer:
         if core.state is not WriterState.OPEN or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
             return
         self._lac_told = told
-        for bid in core.ensemble:
-            self._spawn(self._write_lac(bid, core.lac, core.lafr))
+        self._lac_round = self._spawn(self._tell_ensemble(*told))
 
     def _retry_held(self) -> None:
         self._retry_timer = None
@@ -321,10 +330,11 @@ class _Writer:
         self._waiters.append(w)
         return w
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro) -> asyncio.Task:
         t = self.loop.create_task(coro)
         self._tasks.add(t)
         t.add_done_callback(self._tasks.discard)
+        return t
 
     def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
         inflight = self._inflight.get(bookie_id, 0)

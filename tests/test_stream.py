@@ -198,7 +198,10 @@ def test_closing_the_client_ends_an_open_writer_as_its_close_would(shared, caplo
     name = sname()
 
     async def go():
-        sc = aclient(shared)
+        # explicit LAC at once: its WriteLacs are often on their way when the
+        # close tells the LAC (which must then await them, not let the
+        # writer's stop cancel them: readers would see r0 only)
+        sc = aclient(shared, explicit_lac_delay=0.0)
         w = await sc.open_writer(name)
         await w.append(b"r0")
         futs = [w.append_async(b"r%d" % i) for i in range(1, 300)]  # in flight at the close
