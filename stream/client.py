@@ -99,13 +99,12 @@ class BookKeeperClient:
         self._handles.add(handle)
 
     def confirmed_here(self, ledger_id: int) -> int:
-        """The highest LAC a writer of this client confirmed on the ledger
-        (-1 if none writes it here).  The ensemble learns a LAC with the next
-        add or an explicit LAC a moment later; a reader of the same client
-        starting at the latest position takes this one, so it never reads
-        back what its own writer had already acknowledged."""
-        return max((h.last_add_confirmed for h in list(self._handles)
-                    if h.ledger_id == ledger_id and h._writer is not None), default=-1)
+        """The highest LAC a handle of this client knows for the ledger (a
+        writer's own, a reader's last read; -1 if none).  The ensemble learns
+        a writer's LAC with its next add or an explicit LAC a moment later; a
+        reader of the same client starting at the latest position takes this
+        one, so it never reads back what its own writer had acknowledged."""
+        return max((h.last_add_confirmed for h in list(self._handles) if h.ledger_id == ledger_id), default=-1)
 
     def mark_failed(self, bookie_id: str) -> None:
         self._failed[bookie_id] = time.monotonic()
