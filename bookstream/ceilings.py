@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from bookstream.tuning import run as run_loop
 from bookstream.processes import ServedProcess
 
 CEILING_READY = "CEILING_READY "
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
-    asyncio.run(_serve(args.host, args.port))
+    run_loop(_serve(args.host, args.port))
     return 0
 
 

