@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookstream.ceilings import pct as _pct
-from bookstream.tuning import run as run_loop, tune_process
+from bookstream.tuning import tune_process
 from bookstream.ceilings import raw_disk_rate, read_files_rate
 from stream.errors import TooManyPendingAdds
 
@@ -159,7 +159,7 @@ def _bench_bookie(args: argparse.Namespace, base: Path, sizes: list[int], batche
                     b //= 2
                 write_bytes = b * (size + E.HEADER_SIZE)
                 raw = raw_disk_rate(base / "raw.dat", write_bytes, min(args.seconds, 2.0))["writes_per_s"]
-                r = run_loop(bookie_rate(bookie.address, lid, size, b, args.seconds, args.inflight))
+                r = asyncio.run(bookie_rate(bookie.address, lid, size, b, args.seconds, args.inflight))
                 lid += 100_000
                 raw_mb = raw * write_bytes / 1e6
                 row = {"entry_bytes": size, "batch": b, **r, "raw_fsyncs_per_s": raw, "raw_mb_per_s": raw_mb,
@@ -210,10 +210,10 @@ def replay_rate(base: Path, size: int, mb: int, bookie_args: list[str] = ()) -> 
             await c.close()
 
     try:
-        run_loop(fill())
+        asyncio.run(fill())
         b.kill()
         b.start(timeout=600)
-        inf = run_loop(info())
+        inf = asyncio.run(info())
     finally:
         b.stop()
     raw = read_files_rate(sorted(b.data_dir.rglob("segment-*.log")))
@@ -564,7 +564,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                           f"{r['ms']:.1f} ms", flush=True)
 
     with _cluster(args, args.bookies) as cluster:
-        run_loop(go())
+        asyncio.run(go())
     _write_results(args, "stream", results)
     return 0
 
@@ -629,6 +629,6 @@ def cmd_bench_ledger(args: argparse.Namespace) -> int:
                 await lh.close()
 
     with _cluster(args, 3) as cluster:
-        run_loop(go())
+        asyncio.run(go())
     _write_results(args, "ledger", results)
     return 0

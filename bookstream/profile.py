@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bookstream.tuning import run as run_loop, tune_process
+from bookstream.tuning import tune_process
 
 # Leaves of stacks where a thread waits rather than computes.
 IDLE_LEAVES = ("select (selectors.py", "Condition.wait", "_worker (concurrent/futures/thread.py",
@@ -104,7 +104,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             return r
 
     try:
-        r = run_loop(go())
+        r = asyncio.run(go())
     finally:
         cluster.stop()
         if not args.keep_data:

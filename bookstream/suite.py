@@ -28,6 +28,7 @@ target, and whether the target was met.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
@@ -39,7 +40,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookstream.bench import int_list
-from bookstream.tuning import run as run_loop, tune_process
+from bookstream.tuning import tune_process
 
 SCHEMA = 1
 
@@ -172,7 +173,7 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     say("ceiling: starting 3 empty gRPC servers")
     servers = start_empty_servers(base / "empty", 3)
     try:
-        return run_loop(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
+        return asyncio.run(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
                                         p["ceiling_seconds"], progress=say))
     finally:
         for s in servers:
@@ -292,7 +293,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                         f"{r['ms']:.1f} ms")
 
     try:
-        run_loop(go())
+        asyncio.run(go())
     finally:
         cluster.stop()
     return out
@@ -327,7 +328,7 @@ def phase_jetstream(base: Path, p: dict, say) -> dict:
         say(f"jetstream unavailable: {e}")
         return {"error": str(e)}
     try:
-        r = run_loop(run_workloads(cluster.urls, workload_plan(p), p["seconds"], p["open_loop_rate"],
+        r = asyncio.run(run_workloads(cluster.urls, workload_plan(p), p["seconds"], p["open_loop_rate"],
                                       p["open_loop_size"], progress=say))
         r["servers"] = len(cluster.servers)
         r["sync_interval"] = cluster.sync
@@ -355,7 +356,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
     try:
         for i, size in enumerate(int_list(p["sizes"])):
             batch = frame_batches(size, [1000])[0]
-            r = run_loop(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
+            r = asyncio.run(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
             raw = raw_disk_rate(base / "raw.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"])
             row = {"entry_bytes": size, "batch": batch, **r, "raw": raw}
             rows.append(row)

@@ -28,11 +28,12 @@ it after its own start-up (the benchmarks do, and say so).
 
 The event loop: ``run()`` runs a coroutine on uvloop's loop (libuv, the
 loop's own machinery in C) where uvloop is installed, else on asyncio's.
-Bookies and every benchmark command run on it, the JetStream peer's client
-and the gRPC ceiling's servers included.  Measured here (`bench stream`,
-three alternating pairs, closed loops of 4,000 in flight and the open loop
-at 10,000/s): appends/s 5-12 % higher at 100 B and 4-9 % at 1 KiB, open-loop
-p50 2.61-2.84 ms against 2.86-3.19 ms.
+Bookies run on it (and the gRPC ceiling's empty servers, which stand in for
+them). Clients are left on the application's loop, and the benchmarks keep
+theirs on asyncio's: measured here (`bench stream`, alternating runs, 1 KiB),
+bookies on uvloop took the open loop's p50 from 3.03-3.09 to 2.83-2.91 ms
+with the tail unchanged, while a client on uvloop doubled the open loop's
+p99 (8.3-8.6 against 4.7-5.3 ms) for 1 and 13 % more appends/s (two runs).
 """
 from __future__ import annotations
 
