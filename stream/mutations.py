@@ -26,7 +26,7 @@ Hooks (one line each):
 - ``stream/recovery_core.py`` ``RecoveryCore._recovered``: ``flags = writeback_flags(flags, e.data_flags)``
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``noop = recovery_noop(noop)``
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``after_end_found(self)``
-- ``stream/recovery_core.py`` ``RecoveryCore._take_ack`` and ``on_write_acks``: ``noop_acked(self, wb)``
+- ``stream/recovery_core.py`` ``RecoveryCore._take_acks``: ``noop_acked(self, wb)``
 """
 from __future__ import annotations
 

@@ -467,7 +467,7 @@ class RecoveryCore:
         if status is not Status.OK:
             return self.on_write_failed(entry_id, bookie_index)
         self._step(RecoveryEvent.WRITE_ACK)
-        if bookie_index in self.replacing or not self._take_ack(entry_id, bookie_index):
+        if bookie_index in self.replacing or not self._take_acks((entry_id,), bookie_index):
             return
         self._progress()
 
@@ -482,31 +482,27 @@ class RecoveryCore:
         self._step(RecoveryEvent.WRITE_ACK)
         if bookie_index in self.replacing:
             return
+        self._take_acks(entry_ids, bookie_index)
+        self._progress()
+
+    def _take_acks(self, entry_ids, bookie_index: int) -> int:
+        """Records a bookie's OKs for write backs (one loop: a frame holds up
+        to thousands); returns how many were known."""
         writes, incomplete, hooks = self.writes, self._incomplete, bool(mutations.ACTIVE)
-        for eid in entry_ids:  # _take_ack for each, inlined: a frame holds up to thousands
+        known = 0
+        for eid in entry_ids:
             wb = writes.get(eid)
             if wb is None:
                 continue
+            known += 1
             assert bookie_index in wb.targets, (eid, bookie_index)
             acked = wb.acked
             acked.add(bookie_index)
             if hooks:
                 mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
-            if len(acked) == len(wb.targets):
+            if len(acked) == len(wb.targets):  # (wb.complete)
                 incomplete.discard(eid)
-        self._progress()
-
-    def _take_ack(self, entry_id: int, bookie_index: int) -> bool:
-        """Records a bookie's OK for a write back; False if none is known."""
-        wb = self.writes.get(entry_id)
-        if wb is None:
-            return False
-        assert bookie_index in wb.targets, (entry_id, bookie_index)
-        wb.acked.add(bookie_index)
-        mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
-        if wb.complete:
-            self._incomplete.discard(entry_id)
-        return True
+        return known
 
     def on_write_failed(self, entry_id: int, bookie_index: int) -> None:
         """A recovery write failed or timed out: ask for a replacement bookie."""
