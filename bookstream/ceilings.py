@@ -102,8 +102,9 @@ def read_files_rate(paths: list[Path]) -> dict:
 # -- loopback gRPC with empty handlers --------------------------------------------------------------
 
 
-def _empty_servicer():
+def _empty_servicer(journal_dir: str | None = None):
     from bookie import wire
+    from bookie.journal import R_ENTRIES, Journal
     from bookstream_pb import bookie_pb2 as pb
     from bookstream_pb import bookie_pb2_grpc as pb_grpc
 
@@ -115,10 +116,46 @@ def _empty_servicer():
 
         def __init__(self):
             self._frames: dict[tuple[int, int], tuple[pb.ReadRangeResponse, int]] = {}
+            self.journal = None
+            if journal_dir is not None:
+                self.journal = Journal(journal_dir)
+                self.journal.open_for_append(self.journal.end)
 
         async def Add(self, request_iterator, context):
-            async for message in request_iterator:  # raw, as a bookie takes them (bookie.server.register)
-                yield pb.AddAcks(acks=[pb.AddAck(frame_id=wire.decode_add_frame(message)[0])])
+            if self.journal is None:
+                async for message in request_iterator:  # raw, as a bookie takes them (bookie.server.register)
+                    yield pb.AddAcks(acks=[pb.AddAck(frame_id=wire.decode_add_frame(message)[0])])
+                return
+            # With a journal: each frame is journalled as it comes (the
+            # bookie's own group commit) and acked once durable, in order;
+            # the acks ready together go as one message, as a bookie's do.
+            acks: asyncio.Queue = asyncio.Queue()
+
+            def on_durable(frame_id: int):
+                return lambda f: acks.put_nowait(pb.AddAck(frame_id=frame_id) if f.exception() is None else
+                                                 pb.AddAck(frame_id=frame_id, status=pb.INTERNAL_ERROR))
+
+            async def journal_frames():
+                try:
+                    async for message in request_iterator:
+                        frame_id, entries = wire.decode_add_frame(message)
+                        self.journal.append(R_ENTRIES, entries)
+                        self.journal.sync().add_done_callback(on_durable(frame_id))
+                finally:
+                    await self.journal.sync()
+                    acks.put_nowait(None)
+
+            reader = asyncio.create_task(journal_frames())
+            try:
+                while (ack := await acks.get()) is not None:
+                    batch = [ack]
+                    while not acks.empty() and (ack := acks.get_nowait()) is not None:
+                        batch.append(ack)
+                    yield pb.AddAcks(acks=batch)
+                    if ack is None:
+                        break
+            finally:
+                reader.cancel()
 
         async def Info(self, request, context):
             return pb.InfoResponse()
@@ -141,7 +178,7 @@ def _empty_servicer():
     return EmptyBookie()
 
 
-async def _serve(host: str, port: int) -> None:
+async def _serve(host: str, port: int, journal_dir: str | None = None) -> None:
     import signal
 
     import grpc
@@ -149,7 +186,7 @@ async def _serve(host: str, port: int) -> None:
     from bookie.server import GRPC_OPTIONS, register
 
     server = grpc.aio.server(options=GRPC_OPTIONS)
-    register(_empty_servicer(), server)
+    register(_empty_servicer(journal_dir), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     stop = asyncio.Event()
@@ -166,15 +203,17 @@ class EmptyServerProcess(ServedProcess):
 
     log_name = "empty-server.log"
 
-    def __init__(self, data_dir):
+    def __init__(self, data_dir, journal: bool = False):
         super().__init__(data_dir)
+        self.journal = journal
         self.address: str | None = None
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "bookstream.ceilings", "serve", "--port", "0"]
+        journal = ["--journal", str(Path(self.data_dir) / "journal")] if self.journal else []
+        return [sys.executable, "-m", "bookstream.ceilings", "serve", "--port", "0", *journal]
 
     def describe(self) -> str:
-        return "empty gRPC server"
+        return "empty gRPC server" + (" with a journal" if self.journal else "")
 
     def start(self, timeout: float = 30.0) -> "EmptyServerProcess":
         self.spawn()
@@ -184,11 +223,11 @@ class EmptyServerProcess(ServedProcess):
         return self
 
 
-def start_empty_servers(base: Path, n: int) -> list[EmptyServerProcess]:
+def start_empty_servers(base: Path, n: int, journal: bool = False) -> list[EmptyServerProcess]:
     from concurrent.futures import ThreadPoolExecutor
 
     with ThreadPoolExecutor(n) as ex:
-        return list(ex.map(lambda i: EmptyServerProcess(base / f"empty-{i}").start(), range(n)))
+        return list(ex.map(lambda i: EmptyServerProcess(base / f"empty-{i}", journal=journal).start(), range(n)))
 
 
 def frame_batches(size: int, batches: list[int], max_frame_bytes: int = 4 << 20) -> list[int]:
@@ -219,18 +258,44 @@ async def _timed_window(start_one, seconds: float, window: int) -> tuple[int, fl
     return done_n, time.perf_counter() - t0
 
 
+async def add_rates(clients, size: int, batches: list[int], seconds: float, windows: list[int], say,
+                    what: str) -> list[dict]:
+    """Frames of `batch` entries of `size` bytes, each sent to every server
+    with `window` frames in flight per server, for each batch and window:
+    messages/s over all servers, and the implied appends/s (frames/s per
+    server x batch) and MB/s."""
+    rows = []
+    for window in windows:
+        for batch in frame_batches(size, batches):
+            frame = E.encode(1, 0, os.urandom(size)) * batch
+            results = await asyncio.gather(*(
+                _timed_window(lambda c=c: c.add_frame(frame), seconds, window) for c in clients))
+            msgs = sum(n for n, _ in results)
+            el = max(e for _, e in results)
+            per_server = msgs / len(clients) / el
+            row = {"entry_bytes": size, "batch": batch, "window": window, "frame_bytes": len(frame),
+                   "messages_per_s": msgs / el, "frames_per_s_per_server": per_server,
+                   "entries_per_s": per_server * batch, "mb_per_s": per_server * batch * size / 1e6}
+            rows.append(row)
+            say(f"ceiling {what}, {size} B x {batch}/frame, {window} in flight, to {len(clients)} servers: "
+                f"{row['messages_per_s']:,.0f} msgs/s, {row['entries_per_s']:,.0f} entries/s, "
+                f"{row['mb_per_s']:.1f} MB/s")
+    return rows
+
+
 async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
-                       window: int = 8, ack_quorum: int = 2, progress=None) -> dict:
+                       window: int = 8, ack_quorum: int = 2, progress=None,
+                       open_loop: dict | None = None) -> dict:
     """Loopback gRPC with empty handlers, from this process.
 
     - unary: sequential `Info` calls (latency) and a window of 64 in flight (calls/s);
     - rtt: one frame (one 1 KiB entry) at a time to every server, until
       `ack_quorum` acks: the round trip under an append, with no disk;
-    - add: frames of `batch` entries of `size` bytes, each sent to every server
-      with `window` frames in flight per server: messages/s over all servers,
-      and the implied appends/s (frames/s per server x batch) and MB/s;
+    - add: `add_rates` with `window` frames in flight;
     - read: range reads from one server in 1 MiB frames (as the reader asks):
-      entries/s and MB/s.
+      entries/s and MB/s;
+    - open_loop, given `open_loop_floor`'s size, seconds and rate: the
+      latency gRPC alone gives the open loop's load.
     """
     from stream.bookie_client import BookieClient
     from stream.ledger import RANGE_FRAME_BYTES
@@ -270,21 +335,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
             f"p50 {out['rtt']['p50_ms']:.3f} ms")
 
         for size in sizes:
-            for batch in frame_batches(size, batches):
-                frame = E.encode(1, 0, os.urandom(size)) * batch
-                results = await asyncio.gather(*(
-                    _timed_window(lambda c=c: c.add_frame(frame), seconds, window) for c in clients))
-                msgs = sum(n for n, _ in results)
-                el = max(e for _, e in results)
-                per_server = msgs / len(clients) / el
-                row = {"entry_bytes": size, "batch": batch, "frame_bytes": len(frame),
-                       "messages_per_s": msgs / el, "frames_per_s_per_server": per_server,
-                       "entries_per_s": per_server * batch, "mb_per_s": per_server * batch * size / 1e6}
-                out["add"].append(row)
-                say(f"ceiling gRPC add, {size} B x {batch}/frame to {len(clients)} servers: "
-                    f"{row['messages_per_s']:,.0f} msgs/s, {row['entries_per_s']:,.0f} entries/s, "
-                    f"{row['mb_per_s']:.1f} MB/s")
-
+            out["add"].extend(await add_rates(clients, size, batches, seconds, [window], say, "gRPC add"))
             want = max(1, int(256 << 20) // (size + E.HEADER_SIZE))  # per call; repeated for `seconds`
             n = calls = 0
             t0 = time.perf_counter()
@@ -303,7 +354,118 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
     finally:
         for c in clients:
             await c.close()
+    if open_loop:
+        out["open_loop"] = await open_loop_floor(addresses, **open_loop)
+        say("ceiling gRPC " + _open_loop_line(out["open_loop"]))
     return out
+
+
+async def journal_floor(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
+                        windows: list[int], open_loop: dict | None = None,
+                        progress=None) -> dict:
+    """Servers that journal every frame before acking it (`serve
+    --journal`), driven as `grpc_ceiling` drives the empty ones: appends/s
+    per size (the best of `add_rates` over `batches` and `windows` in
+    flight), and the open loop's latency at its load (`open_loop_floor`).  This is the design's floor: gRPC's
+    transport and the journal's write + fdatasync, both sharing the
+    machine's cores with the client as a cluster does, and nothing else (no
+    bookie state, index, validation, nor the writer's bookkeeping)."""
+    from stream.bookie_client import BookieClient
+
+    say = progress or (lambda msg: None)
+    clients = [BookieClient(a) for a in addresses]
+    out: dict = {"servers": len(addresses), "add": []}
+    try:
+        for c in clients:
+            await c.add(E.encode(1, 0, b"open"))  # open the streams
+        for size in sizes:
+            out["add"].extend(await add_rates(clients, size, batches, seconds, windows, say, "gRPC + journal add"))
+    finally:
+        for c in clients:
+            await c.close()
+    if open_loop:
+        out["open_loop"] = await open_loop_floor(addresses, **open_loop)
+        say("ceiling gRPC + journal " + _open_loop_line(out["open_loop"]))
+    return out
+
+
+def _open_loop_line(r: dict) -> str:
+    return (f"open loop, {r['entry_bytes']} B at {r['offered_per_s']:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
+            f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms")
+
+
+class FloorWriter:
+    """A writer that does no more than move frames: `append_async` returns
+    a future done once `ack_quorum` servers acked the entry's frame.  It
+    batches as the stream writer does: the appends of one turn of the event
+    loop are handed over together, one frame in flight per server, and what
+    comes meanwhile goes as that server's next frame when its ack is back.
+    No entry ids, no LAC, no ensemble: the floor under the writer."""
+
+    def __init__(self, clients, ack_quorum: int = 2):
+        self.clients, self.ack_quorum = clients, ack_quorum
+        self.loop = asyncio.get_running_loop()
+        self._queued: list[tuple[bytes, asyncio.Future]] = []
+        self._held: list[list[tuple[bytes, asyncio.Future]]] = [[] for _ in clients]
+        self._inflight = [False] * len(clients)
+        self._acks: dict[asyncio.Future, int] = {}
+
+    def append_async(self, payload: bytes) -> asyncio.Future:
+        fut = self.loop.create_future()
+        if not self._queued:
+            self.loop.call_soon(self._hand_queued)
+        self._queued.append((payload, fut))
+        return fut
+
+    def _hand_queued(self) -> None:
+        queued, self._queued = self._queued, []
+        for _, fut in queued:
+            self._acks[fut] = 0
+        for i in range(len(self.clients)):
+            self._held[i].extend(queued)
+            if not self._inflight[i]:
+                self._send(i)
+
+    def _send(self, i: int) -> None:
+        adds, self._held[i] = self._held[i], []
+        self._inflight[i] = True
+        frame = b"".join(E.encode(1, k, payload) for k, (payload, _) in enumerate(adds))
+        self.clients[i].add_frame(frame).add_done_callback(lambda f: self._acked(i, adds, f))
+
+    def _acked(self, i: int, adds, f: asyncio.Future) -> None:
+        self._inflight[i] = False
+        failed = f.exception()
+        for _, fut in adds:
+            if fut.done():
+                continue
+            if failed is not None:
+                fut.set_exception(failed)
+                continue
+            self._acks[fut] += 1
+            if self._acks[fut] == self.ack_quorum:
+                del self._acks[fut]
+                fut.set_result(None)
+        if self._held[i]:
+            self._send(i)
+
+
+async def open_loop_floor(addresses: list[str], size: int, seconds: float, rate: float, ack_quorum: int = 2) -> dict:
+    """The open loop of `bench stream` (`bookstream.bench._open_loop`, the
+    same measuring code) through a `FloorWriter` to servers that do no more
+    than gRPC (and their journal, if started with one): the floor of that
+    figure at that load, without any bookie or client logic."""
+    from bookstream.bench import _open_loop
+    from stream.bookie_client import BookieClient
+
+    clients = [BookieClient(a) for a in addresses]
+    try:
+        for c in clients:
+            await c.add(E.encode(1, 0, b"open"))  # open the streams
+        r = await _open_loop(FloorWriter(clients, ack_quorum).append_async, size, seconds, rate)
+    finally:
+        for c in clients:
+            await c.close()
+    return {"entry_bytes": size, "ack_quorum": ack_quorum, **r}
 
 
 def best(rows: list[dict], size: int, key: str) -> dict | None:
@@ -318,8 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("serve", help="serve the bookie service with empty handlers")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0)
+    s.add_argument("--journal", metavar="DIR", help="journal every add frame there (fdatasync) before its ack")
     args = p.parse_args(argv)
-    run_loop(_serve(args.host, args.port))
+    run_loop(_serve(args.host, args.port, args.journal))
     return 0
 
 

@@ -1,15 +1,17 @@
 """The suite's plot, drawn from its JSON document alone (so a saved run can
 be redrawn: `bookstream bench plot results.json`).
 
-Three panels: appends/s per entry size (bookstream, JetStream and the two
-ceilings); the open-loop latency CDF of both systems with the targets; and
-every figure's ratio to its tightest ceiling and to JetStream.
+Three panels: appends/s per entry size (bookstream, JetStream and the
+ceilings); the open-loop latency CDF of both systems and of the floors, with
+the targets; and every figure's ratio to its tightest ceiling and to
+JetStream.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-COLORS = {"bookstream": "#1f77b4", "jetstream": "#2ca02c", "grpc": "#ff7f0e", "disk": "#7f7f7f", "cpu": "#d62728"}
+COLORS = {"bookstream": "#1f77b4", "jetstream": "#2ca02c", "grpc": "#ff7f0e", "disk": "#7f7f7f", "cpu": "#d62728",
+          "grpc_journal": "#9467bd"}
 
 
 def _appends_panel(ax, doc: dict) -> None:
@@ -18,12 +20,14 @@ def _appends_panel(ax, doc: dict) -> None:
               "jetstream": [f["jetstream"]["value"] if f["jetstream"] else 0 for f in figs],
               "gRPC ceiling": [f["ceilings"].get("grpc", {}).get("value") or 0 for f in figs],
               "disk ceiling": [f["ceilings"].get("disk", {}).get("value") or 0 for f in figs],
-              "CPU ceiling": [f["ceilings"].get("cpu", {}).get("value") or 0 for f in figs]}
-    colors = [COLORS["bookstream"], COLORS["jetstream"], COLORS["grpc"], COLORS["disk"], COLORS["cpu"]]
-    width = 0.16
+              "CPU ceiling": [f["ceilings"].get("cpu", {}).get("value") or 0 for f in figs],
+              "gRPC + journal floor": [f["ceilings"].get("grpc_journal", {}).get("value") or 0 for f in figs]}
+    colors = [COLORS["bookstream"], COLORS["jetstream"], COLORS["grpc"], COLORS["disk"], COLORS["cpu"],
+              COLORS["grpc_journal"]]
+    width = 0.13
     xs = range(len(figs))
     for i, ((name, vals), color) in enumerate(zip(series.items(), colors)):
-        bars = ax.bar([x + (i - 2) * width for x in xs], vals, width, label=name, color=color)
+        bars = ax.bar([x + (i - 2.5) * width for x in xs], vals, width, label=name, color=color)
         ax.bar_label(bars, labels=[f"{v:,.0f}" if v else "" for v in vals], fontsize=6, rotation=90, padding=2)
     ax.set_xticks(list(xs), [_size(f["entry_bytes"]) for f in figs])
     ax.set_yscale("log")
@@ -38,13 +42,16 @@ def _size(n: int) -> str:
 
 def _cdf_panel(ax, doc: dict) -> None:
     runs = [("bookstream", (doc.get("bookstream") or {}).get("open_loop")),
-            ("jetstream", ((doc.get("jetstream") or {}).get("open_loop") or [None])[0])]
+            ("jetstream", ((doc.get("jetstream") or {}).get("open_loop") or [None])[0]),
+            ("grpc", ((doc.get("ceilings") or {}).get("grpc") or {}).get("open_loop")),
+            ("grpc_journal", ((doc.get("ceilings") or {}).get("grpc_journal") or {}).get("open_loop"))]
+    names = {"grpc": "floor: gRPC", "grpc_journal": "floor: gRPC + journal"}
     for name, r in runs:
         if r and r.get("cdf_ms"):
             qs = [q for q, _ in r["cdf_ms"]]
             ms = [max(v, 1e-3) for _, v in r["cdf_ms"]]
-            ax.step(ms, qs, where="post", label=f"{name} (p50 {r['p50_ms']:.2f}, p99.9 {r['p999_ms']:.1f} ms)",
-                    color=COLORS[name])
+            ax.step(ms, qs, where="post", color=COLORS[name], linestyle="--" if name in names else "-",
+                    label=f"{names.get(name, name)} (p50 {r['p50_ms']:.2f}, p99.9 {r['p999_ms']:.1f} ms)")
     for key, q in (("open_loop_p50", 0.5), ("open_loop_p99", 0.99), ("open_loop_p999", 0.999)):
         t = (doc.get("targets") or {}).get(key)
         if t:

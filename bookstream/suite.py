@@ -7,7 +7,8 @@ its ceiling and its peer, written as one JSON document and a plot.
 In one run, in this order (so that no two of them share the 2 cores):
 
 1. gRPC ceiling: three empty bookie servers (`bookstream.ceilings`), driven
-   by one client process as the stream client drives bookies;
+   by one client process as the stream client drives bookies, and the open
+   loop at its load through them (`ceilings.FloorWriter`);
 2. bookstream on a local cluster (etcd + 3 bookie processes, fsync on,
    E3 Qw3 Qa2, one client process): closed-loop appends per entry size, the
    catch-up read of each stream, the open loop at a fixed offered rate,
@@ -15,9 +16,13 @@ In one run, in this order (so that no two of them share the 2 cores):
    group commit;
 3. disk ceiling: write + fdatasync at exactly those write sizes, from as
    many writers as there are bookies;
-4. the peer, NATS JetStream (3 servers, replicas=3, file storage, fsync on
+4. the design's floor: three servers that only journal each frame (the
+   bookie's own `Journal`, fdatasync before the ack): appends/s per size
+   and the open loop at its load, gRPC and the disk together on the same
+   cores and nothing else;
+5. the peer, NATS JetStream (3 servers, replicas=3, file storage, fsync on
    every write), through the same measuring code;
-5. one bookie beside the raw disk, journal replay beside reading the same
+6. one bookie beside the raw disk, journal replay beside reading the same
    files, the index's memory per entry.
 
 Every figure carries `ratio` = value / reference for each of its ceilings
@@ -66,10 +71,12 @@ TARGETS = {
 # turns); the latency of the closed loop grows with it (p50 in the JSON).
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
-            replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100)
+            replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
+            floor_batches="10,100,1000", floor_windows="4,16")
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
-             replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100)
+             replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,
+             floor_batches="1000", floor_windows="4")
 
 
 def add_parsers(bsub) -> None:
@@ -167,6 +174,13 @@ def machine_facts(data_dir: Path) -> dict:
 # -- the phases --------------------------------------------------------------------------------------
 
 
+def _open_loop_params(p: dict) -> dict | None:
+    """The open loop's load, for its floors (none if the run has no open loop)."""
+    if not p["open_loop_rate"]:
+        return None
+    return {"size": p["open_loop_size"], "seconds": p["seconds"], "rate": p["open_loop_rate"]}
+
+
 def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     from bookstream.ceilings import grpc_ceiling, start_empty_servers
 
@@ -174,7 +188,23 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     servers = start_empty_servers(base / "empty", 3)
     try:
         return asyncio.run(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
-                                        p["ceiling_seconds"], progress=say))
+                                        p["ceiling_seconds"], progress=say, open_loop=_open_loop_params(p)))
+    finally:
+        for s in servers:
+            s.stop()
+
+
+def phase_journal_floor(base: Path, p: dict, say) -> dict:
+    """The design's floor: 3 servers that only journal each frame (fdatasync)
+    before acking it, in the data directory the bookies used."""
+    from bookstream.ceilings import journal_floor, start_empty_servers
+
+    say("ceiling: starting 3 gRPC servers with a journal each")
+    servers = start_empty_servers(base / "journal-floor", 3, journal=True)
+    try:
+        return asyncio.run(journal_floor([s.address for s in servers], int_list(p["sizes"]),
+                                         int_list(p["floor_batches"]), p["ceiling_seconds"],
+                                         int_list(p["floor_windows"]), open_loop=_open_loop_params(p), progress=say))
     finally:
         for s in servers:
             s.stop()
@@ -411,7 +441,7 @@ def build_figures(doc: dict) -> list[dict]:
     from bookstream.ceilings import best
 
     bs, js, ce = doc["bookstream"], doc.get("jetstream") or {}, doc["ceilings"]
-    grpc, disk = ce.get("grpc") or {}, ce.get("disk") or []
+    grpc, disk, journal_floor = ce.get("grpc") or {}, ce.get("disk") or [], ce.get("grpc_journal") or {}
     figs: list[dict] = []
 
     def add(key, label, unit, better, value, ceilings, peer, **extra):
@@ -434,6 +464,12 @@ def build_figures(doc: dict) -> list[dict]:
         if g:
             ceilings["grpc"] = _ref(r["appends_per_s"], g["entries_per_s"],
                                     f"empty servers, frames of {g['batch']} x {size} B to 3 servers", unit="appends/s")
+        g = best(journal_floor.get("add", []), size, "entries_per_s")
+        if g:
+            ceilings["grpc_journal"] = _ref(r["appends_per_s"], g["entries_per_s"],
+                                            f"servers that only journal (write+fdatasync) each frame: frames of "
+                                            f"{g['batch']} x {size} B, {g['window']} in flight, to 3 servers",
+                                            unit="appends/s")
         c = r.get("cpu")
         if c and c["ceiling_per_s"]:
             ceilings["cpu"] = _ref(r["appends_per_s"], c["ceiling_per_s"],
@@ -448,14 +484,14 @@ def build_figures(doc: dict) -> list[dict]:
 
     ol, jol = bs.get("open_loop"), (js.get("open_loop") or [None])[0]
     if ol:
-        d = next((x for x in disk if x["for"] == "open_loop"), None)
-        rtt = grpc.get("rtt")
         for q, pk in (("p50", "p50_ms"), ("p99", "p99_ms"), ("p999", "p999_ms")):
             ceilings = {}
-            if d and rtt:
-                floor = rtt[pk] + d[pk]
-                ceilings["floor"] = _ref(ol[pk], floor, f"gRPC frame round trip {q} ({rtt[pk]:.3f} ms) + "
-                                         f"write+fdatasync {q} of {d['write_bytes']:,} B ({d[pk]:.3f} ms)", unit="ms")
+            for name, floor_ol, what in (("grpc", grpc.get("open_loop"), "empty servers"),
+                                         ("grpc_journal", journal_floor.get("open_loop"),
+                                          "servers that only journal (write+fdatasync) each frame")):
+                if floor_ol:
+                    ceilings[name] = _ref(ol[pk], floor_ol[pk], f"the same open loop {q}, {what}, batched as the "
+                                          f"writer batches (ceilings.FloorWriter)", unit="ms")
             peer = _ref(ol[pk], jol[pk], "JetStream, same offered rate") if jol else None
             add(f"open_loop_{q}", f"open loop {q}, {ol['entry_bytes']} B at {ol['offered_per_s']:,.0f}/s", "ms",
                 "lower", ol[pk], ceilings, peer, ms=ol[pk])
@@ -557,6 +593,7 @@ def run_suite(args: argparse.Namespace) -> dict:
         doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
+        doc["ceilings"]["grpc_journal"] = phase_journal_floor(base, p, say)
         doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
         doc["bookie"] = phase_bookie(base, p, say)
         doc["replay"] = phase_replay(base, p, say)

@@ -47,6 +47,12 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert {(r["for"], r["entry_bytes"]) for r in doc["ceilings"]["disk"]} == {
         ("appends", 100), ("appends", 1024), ("appends", 65536), ("open_loop", 1024)}
     assert all(_positive(r["writes_per_s"]) and r["writers"] == 3 for r in doc["ceilings"]["disk"])
+    # the open loop's floors, at its load: gRPC alone, and gRPC + a journal
+    floor = doc["ceilings"]["grpc_journal"]
+    assert {r["entry_bytes"] for r in floor["add"]} == {100, 1024, 65536}
+    assert all(_positive(r["entries_per_s"]) for r in floor["add"])
+    for ol in (grpc["open_loop"], floor["open_loop"]):
+        assert ol["offered_per_s"] == 10_000 and ol["completed"] > 0 and ol["failed"] == 0 and ol["cdf_ms"]
 
     bs = doc["bookstream"]
     assert [r["entry_bytes"] for r in bs["appends"]] == [100, 1024, 65536]
@@ -70,7 +76,9 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         for c in f["ceilings"].values():
             assert _positive(c["value"]) and _positive(c["ratio"]), f
     for key in ("appends_100", "appends_1024", "appends_65536"):
-        assert {"disk", "grpc", "cpu"} <= figs[key]["ceilings"].keys()
+        assert {"disk", "grpc", "cpu", "grpc_journal"} <= figs[key]["ceilings"].keys()
+    for key in ("open_loop_p50", "open_loop_p99", "open_loop_p999"):
+        assert {"grpc", "grpc_journal"} <= figs[key]["ceilings"].keys()
     for key in ("appends_100", "appends_1024", "appends_65536", "open_loop_p50", "tail_read", "catchup_read"):
         assert _positive(figs[key]["jetstream"]["ratio"]), key
     for key in ("appends_100", "open_loop_p99", "takeover@200", "replay", "index_memory"):
@@ -116,6 +124,69 @@ def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
     finally:
         server.stop()
     assert not server.alive()
+
+
+def test_journal_server_acks_frames_it_journalled(tmp_path):
+    """`serve --journal`: every frame acked is in the server's journal,
+    whole and in order (the acks wait for the journal's sync)."""
+    from bookie.journal import R_ENTRIES, Journal, Position
+    from stream.bookie_client import BookieClient
+
+    server = ceilings.EmptyServerProcess(tmp_path / "j", journal=True).start()
+    frames = [b"".join(E.encode(7, i * 10 + k, bytes([i]) * (100 + k)) for k in range(i + 1)) for i in range(20)]
+    try:
+        async def go():
+            c = BookieClient(server.address)
+            try:
+                return await asyncio.gather(*(c.add(f) for f in frames))
+            finally:
+                await c.close()
+
+        acks = asyncio.run(go())
+    finally:
+        server.stop()
+    assert [a.status for a in acks] == [0] * len(frames)
+    records = list(Journal(tmp_path / "j" / "journal").scan(Position(1, 0)))
+    assert [r.rtype for r in records] == [R_ENTRIES] * len(frames)
+    assert [bytes(r.body) for r in records] == frames
+
+
+def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
+    """The open loop's floor: the appends of one turn go as one frame per
+    server, the next turn's wait for those acks, and an append is done at
+    its ack quorum."""
+    from stream.bookie_client import BookieClient
+
+    servers = ceilings.start_empty_servers(tmp_path, 2)
+    sent: list[list[int]] = [[], []]
+
+    async def go():
+        clients = [BookieClient(s.address) for s in servers]
+        for i, c in enumerate(clients):
+            def counting(frame, i=i, add_frame=c.add_frame):
+                sent[i].append(len(list(E.iter_headers(frame))))
+                return add_frame(frame)
+            c.add_frame = counting
+        try:
+            w = ceilings.FloorWriter(clients, ack_quorum=2)
+            first = [w.append_async(b"a" * 10) for _ in range(5)]
+            await asyncio.sleep(0)  # the next turn: handed over, the acks still on their way
+            second = [w.append_async(b"b" * 10) for _ in range(3)]
+            assert not any(f.done() for f in first + second)
+            await asyncio.gather(*first, *second)
+            r = await ceilings.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
+        finally:
+            for c in clients:
+                await c.close()
+        return r
+
+    try:
+        r = asyncio.run(go())
+    finally:
+        for s in servers:
+            s.stop()
+    assert sent == [[5, 3], [5, 3]]
+    assert r["completed"] == 400 and r["failed"] == 0 and _positive(r["p50_ms"]) and r["ack_quorum"] == 2
 
 
 def test_disk_ceiling_writes_and_removes_its_files(tmp_path):
