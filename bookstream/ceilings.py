@@ -371,6 +371,7 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
     machine's cores with the client as a cluster does, and nothing else (no
     bookie state, index, validation, nor the writer's bookkeeping)."""
     from stream.bookie_client import BookieClient
+    from stream.ledger import FRAME_BYTES
 
     say = progress or (lambda msg: None)
     clients = [BookieClient(a) for a in addresses]
@@ -379,7 +380,9 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
         for c in clients:
             await c.add(E.encode(1, 0, b"open"))  # open the streams
         for size in sizes:
-            out["add"].extend(await add_rates(clients, size, batches, seconds, windows, say, "gRPC + journal add"))
+            # frames as large as the writer's, and up to the gRPC ceiling's
+            tried = sorted(set(frame_batches(size, batches, FRAME_BYTES) + frame_batches(size, batches)))
+            out["add"].extend(await add_rates(clients, size, tried, seconds, windows, say, "gRPC + journal add"))
     finally:
         for c in clients:
             await c.close()
