@@ -75,6 +75,32 @@ PREPARED_SUFFIX = ".prep"
 IOV_MAX = 512
 _ZEROS = bytes(1 << 20)
 
+# How long each group commit took (its writes and its fdatasync, in the
+# flusher): bucket i counts those under SYNC_BUCKET_BOUNDS_US[i] and at least
+# the bound before; the last bucket counts the rest (1 s and more).
+SYNC_BUCKET_BOUNDS_US = tuple(64 << i for i in range(15))  # 64 us ... 1.05 s
+
+
+def sync_bucket(seconds: float) -> int:
+    """The bucket of SYNC_BUCKET_BOUNDS_US a group commit of `seconds` counts in."""
+    us = int(seconds * 1e6)
+    return min(max(0, (us >> 6).bit_length()), len(SYNC_BUCKET_BOUNDS_US))
+
+
+def sync_quantile(histogram: list[int], q: float) -> float | None:
+    """The upper bound (ms) of the bucket holding quantile `q` of a
+    histogram of SYNC_BUCKET_BOUNDS_US; None if it is empty, inf past the
+    last bound."""
+    total = sum(histogram)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for i, n in enumerate(histogram):
+        seen += n
+        if seen >= rank and n:
+            return SYNC_BUCKET_BOUNDS_US[i] / 1e3 if i < len(SYNC_BUCKET_BOUNDS_US) else float("inf")
+    return float("inf")
+
 
 def segment_name(seg: int) -> str:
     return f"segment-{seg:010d}.log"
@@ -170,6 +196,8 @@ class Journal:
         self._inflight_bytes = 0   # handed to the flusher, not yet durable
         self.bytes_appended = 0
         self.fsyncs = 0
+        self.sync_histogram = [0] * (len(SYNC_BUCKET_BOUNDS_US) + 1)  # group commits by duration
+        self.sync_max_seconds = 0.0
 
     # -- segments ------------------------------------------------------------
 
@@ -346,17 +374,22 @@ class Journal:
             self._waiters, self._pending, self._pending_bytes = [], [], 0
             self._seg, self._tail = self._durable.segment, self._durable.offset
             return
+        grew, took = f.result()
         self.fsyncs += 1
-        self._disk_bytes += f.result()  # what the files grew by (not writes into preallocated ones)
+        self.sync_histogram[sync_bucket(took)] += 1
+        self.sync_max_seconds = max(self.sync_max_seconds, took)
+        self._disk_bytes += grew  # what the files grew by (not writes into preallocated ones)
         for w in waiters:
             if not w.done():
                 w.set_result(None)
         if self._waiters:
             self._start_flush(loop)
 
-    def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> int:
+    def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> tuple[int, float]:
         """Flusher thread: write each segment's chunks, fdatasync, roll.
-        Returns how many bytes the segment files grew by."""
+        Returns how many bytes the segment files grew by, and the seconds
+        it took."""
+        t0 = time.perf_counter()
         grew = 0
         for seg, chunks in batch:
             if self._write_fd < 0 or seg != self._write_seg:
@@ -382,7 +415,7 @@ class Journal:
                 # a quarter through: prepare the next segment (an idle
                 # bookie never writes a segment of zeros it does not need)
                 self._prepared = (seg + 1, self._prep_executor.submit(self._prepare, seg + 1))
-        return grew
+        return grew, time.perf_counter() - t0
 
     def _undo_write(self, start: int, length: int) -> None:
         """A failed write: nothing from ``start`` on may be read back as a

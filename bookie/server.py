@@ -348,6 +348,8 @@ class BookieService(pb_grpc.BookieServicer):
             read_entry_requests=self.read_entry_requests,
             read_range_requests=self.read_range_requests,
             read_range_entries=self.read_range_entries,
+            journal_sync_histogram=self.storage.journal.sync_histogram,
+            journal_sync_max_seconds=self.storage.journal.sync_max_seconds,
         )
 
 

@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import contextlib
 import functools
+import gc
 import json
 import os
 import shutil
@@ -345,9 +346,14 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
     stall counts against every append it delays (no coordinated omission).
     The first third of ``seconds`` more (at most 1 s) is offered before, at
     the same rate, and not recorded: a warm-up (the first frames of a new
-    stream, channels and buffers growing), as wrk2 and JMH do."""
+    stream, channels and buffers growing), as wrk2 and JMH do.
+
+    Also recorded, to tell where a tail comes from: how late the harness
+    issued each append (this event loop busy or stalled: ``late_*``), and
+    the cyclic garbage collector's passes in this process (``gc_*``)."""
     payload = os.urandom(size)
     lat: list[float] = []
+    late: list[float] = []
     failed = 0
     interval = 1.0 / rate
     warmup = min(1.0, seconds / 3)
@@ -359,7 +365,14 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
     # the whole p99.9 of a run.
     unfinished = n
     all_done = asyncio.Event()
-    t0 = time.perf_counter()
+    gc_passes: list[float] = []
+    gc_started = [0.0]
+
+    def gc_watch(phase, info):
+        if phase == "start":
+            gc_started[0] = time.perf_counter()
+        else:
+            gc_passes.append(time.perf_counter() - gc_started[0])
 
     def finished() -> None:
         nonlocal unfinished
@@ -380,21 +393,34 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
             f.exception()  # (retrieved: a failed warm-up append is not an error here)
         finished()
 
+    t0 = time.perf_counter()
     k = 0
-    while k < n:
-        now = time.perf_counter()
-        due = min(n, int((now - t0) / interval) + 1)
-        while k < due:  # every append whose time has come (a burst after a stall)
-            t_sched = t0 + k * interval
-            f = append_async(payload)
-            f.add_done_callback(functools.partial(on_done, t_sched) if k >= n_warm else warm_done)
-            k += 1
-        await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
-    await all_done.wait()
+    try:
+        while k < n:
+            now = time.perf_counter()
+            due = min(n, int((now - t0) / interval) + 1)
+            while k < due:  # every append whose time has come (a burst after a stall)
+                t_sched = t0 + k * interval
+                f = append_async(payload)
+                if k >= n_warm:
+                    if k == n_warm:
+                        gc.callbacks.append(gc_watch)
+                    late.append(now - t_sched)
+                    f.add_done_callback(functools.partial(on_done, t_sched))
+                else:
+                    f.add_done_callback(warm_done)
+                k += 1
+            await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+        await all_done.wait()
+    finally:
+        if gc_watch in gc.callbacks:
+            gc.callbacks.remove(gc_watch)
     el = time.perf_counter() - t0 - warmup
     return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el, "warmup_s": warmup,
             "warmup_appends": n_warm, "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
-            "p999_ms": _pct(lat, 0.999) * 1e3, "cdf_ms": latency_cdf(lat)}
+            "p999_ms": _pct(lat, 0.999) * 1e3, "cdf_ms": latency_cdf(lat),
+            "late_p99_ms": _pct(late, 0.99) * 1e3, "late_max_ms": max(late, default=0.0) * 1e3,
+            "gc_passes": len(gc_passes), "gc_max_ms": max(gc_passes, default=0.0) * 1e3}
 
 
 CDF_QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
@@ -526,9 +552,13 @@ async def stream_takeover(sc, name: str, length: int, window: int, past_lafr: in
 
 
 def open_loop_line(r: dict) -> str:
-    return (f"open loop, {r['entry_bytes']} B at {r['offered_per_s']:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
+    line = (f"open loop, {r['entry_bytes']} B at {r['offered_per_s']:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
             f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms ({r['completed']:,} acked, "
-            f"{r['failed']} failed)")
+            f"{r['failed']} failed")
+    if "late_max_ms" in r:
+        line += (f"; issued late by up to {r['late_max_ms']:.2f} ms; {r['gc_passes']} GC passes, "
+                 f"the longest {r['gc_max_ms']:.2f} ms")
+    return line + ")"
 
 
 def cmd_bench_stream(args: argparse.Namespace) -> int:

@@ -355,8 +355,10 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
         for c in clients:
             await c.close()
     if open_loop:
+        from bookstream.bench import open_loop_line
+
         out["open_loop"] = await open_loop_floor(addresses, **open_loop)
-        say("ceiling gRPC " + _open_loop_line(out["open_loop"]))
+        say("ceiling gRPC " + open_loop_line(out["open_loop"]))
     return out
 
 
@@ -387,14 +389,11 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
         for c in clients:
             await c.close()
     if open_loop:
+        from bookstream.bench import open_loop_line
+
         out["open_loop"] = await open_loop_floor(addresses, **open_loop)
-        say("ceiling gRPC + journal " + _open_loop_line(out["open_loop"]))
+        say("ceiling gRPC + journal " + open_loop_line(out["open_loop"]))
     return out
-
-
-def _open_loop_line(r: dict) -> str:
-    return (f"open loop, {r['entry_bytes']} B at {r['offered_per_s']:,.0f}/s offered: p50 {r['p50_ms']:.2f} ms, "
-            f"p99 {r['p99_ms']:.2f} ms, p99.9 {r['p999_ms']:.2f} ms")
 
 
 class FloorWriter:

@@ -250,10 +250,13 @@ class CpuMeter:
                 "ceiling_per_s": cores / per if per else 0.0}
 
 
-async def _journal_counters(addresses: list[str]) -> tuple[int, int]:
+async def _journal_counters(addresses: list[str]) -> tuple[int, int, list[int]]:
+    """The bookies' journal counters, summed: bytes, group commits, and
+    group commits by duration (bookie.journal.SYNC_BUCKET_BOUNDS_US)."""
     from stream.bookie_client import BookieClient
 
     total_bytes = total_fsyncs = 0
+    histogram: list[int] = []
     for a in addresses:
         c = BookieClient(a)
         try:
@@ -262,13 +265,26 @@ async def _journal_counters(addresses: list[str]) -> tuple[int, int]:
             await c.close()
         total_bytes += inf.journal_bytes
         total_fsyncs += inf.journal_fsyncs
-    return total_bytes, total_fsyncs
+        histogram = [x + y for x, y in zip(histogram or [0] * len(inf.journal_sync_histogram),
+                                           inf.journal_sync_histogram)]
+    return total_bytes, total_fsyncs, histogram
 
 
-def _journal(before: tuple[int, int], after: tuple[int, int], appends: int) -> dict:
+def _journal(before: tuple, after: tuple, appends: int) -> dict:
+    """What the bookies' journals did between two `_journal_counters`: bytes,
+    group commits, their mean write size, and how long they took (each
+    quantile is its histogram bucket's upper bound)."""
+    from bookie.journal import SYNC_BUCKET_BOUNDS_US, sync_quantile
+
+    def bound(v):  # past the last bucket: JSON has no infinity
+        return v if v is None or v < float("inf") else f"over {SYNC_BUCKET_BOUNDS_US[-1] / 1e3:g}"
+
     db, df = after[0] - before[0], after[1] - before[1]
+    hist = [y - x for x, y in zip(before[2], after[2])]
     return {"bytes": db, "fsyncs": df, "write_bytes": db / df if df else 0.0,
-            "bytes_per_append": db / appends if appends else 0.0}
+            "bytes_per_append": db / appends if appends else 0.0, "sync_histogram": hist,
+            **{f"sync_{name}_ms_at_most": bound(sync_quantile(hist, q))
+               for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))}}
 
 
 def phase_bookstream(base: Path, p: dict, say) -> dict:
@@ -300,7 +316,10 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                                                  p["open_loop_rate"])
                 r["journal"] = _journal(before, await _journal_counters(addrs), r["completed"] + r["warmup_appends"])
                 out["open_loop"] = r
-                say("bookstream " + bench.open_loop_line(r))
+                j = r["journal"]
+                say(f"bookstream {bench.open_loop_line(r)}; the journals' group commits, warm-up included: p99 "
+                    f"<= {j['sync_p99_ms_at_most']} ms, p99.9 <= {j['sync_p999_ms_at_most']} ms, the longest <= "
+                    f"{j['sync_max_ms_at_most']} ms")
             for size, window, min_count in workload_plan(p):
                 name = f"suite-{size}-{tag}"
                 before = await _journal_counters(addrs)

@@ -61,7 +61,14 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert all(r["entries"] == a["appends"] for r, a in zip(bs["reads"], bs["appends"]))
     assert all(r["cpu"]["client_s"] > 0 and r["cpu"]["bookies_s"] > 0 and r["cpu"]["us_per_op"] > 0
                for r in bs["appends"])
-    assert bs["open_loop"]["completed"] > 0 and bs["open_loop"]["failed"] == 0 and bs["open_loop"]["cdf_ms"]
+    ol = bs["open_loop"]
+    assert ol["completed"] > 0 and ol["failed"] == 0 and ol["cdf_ms"]
+    # where a tail would come from: the harness's own lateness, GC passes, the journals' group commits
+    assert ol["late_max_ms"] >= ol["late_p99_ms"] >= 0 and ol["gc_passes"] >= 0 and ol["gc_max_ms"] >= 0
+    j = ol["journal"]
+    assert sum(j["sync_histogram"]) == j["fsyncs"] > 0
+    assert 0 < j["sync_p50_ms_at_most"] <= j["sync_p99_ms_at_most"]
+    assert isinstance(j["sync_max_ms_at_most"], str) or j["sync_p999_ms_at_most"] <= j["sync_max_ms_at_most"]
 
     js = doc["jetstream"]
     assert "error" not in js, js
@@ -187,6 +194,40 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
             s.stop()
     assert sent == [[5, 3], [5, 3]]
     assert r["completed"] == 400 and r["failed"] == 0 and _positive(r["p50_ms"]) and r["ack_quorum"] == 2
+
+
+def test_open_loop_reports_its_own_lateness_and_gc_passes():
+    """A stall of the event loop makes the appends after it late (counted
+    from their scheduled times), and the collector's passes are counted,
+    both only past the warm-up."""
+    import gc
+    import time
+
+    from bookstream import bench
+
+    calls = 0
+
+    async def go():
+        loop = asyncio.get_running_loop()
+
+        def append_async(payload):
+            nonlocal calls
+            calls += 1
+            if calls == 150:  # measured: the warm-up is the first 100
+                time.sleep(0.02)
+            if calls % 50 == 0:
+                gc.collect(0)
+            f = loop.create_future()
+            f.set_result(None)
+            return f
+
+        return await bench._open_loop(append_async, 10, 0.3, 1000)
+
+    r = asyncio.run(go())
+    assert calls == 400 and r["completed"] == 300 and r["warmup_appends"] == 100
+    assert r["late_max_ms"] >= 19 and r["p999_ms"] >= 19
+    assert r["gc_passes"] >= 5  # calls 150, 200, ..., 400 (not the two of the warm-up)
+    assert all(cb.__name__ != "gc_watch" for cb in gc.callbacks)
 
 
 def test_disk_ceiling_writes_and_removes_its_files(tmp_path):

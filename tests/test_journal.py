@@ -100,3 +100,23 @@ def test_a_stale_prepared_file_is_removed_on_open(tmp_path):
     j = Journal(tmp_path, segment_size=SEG, preallocate=False)
     j.close()
     assert not list(tmp_path.glob("*" + PREPARED_SUFFIX))
+
+
+def test_group_commits_are_counted_by_duration(tmp_path):
+    from bookie.journal import SYNC_BUCKET_BOUNDS_US, sync_bucket, sync_quantile
+
+    # bucket i: under 64 << i us and at least the bound before
+    assert [sync_bucket(s) for s in (0.0, 63e-6, 64e-6, 127e-6, 128e-6, 1.5e-3, 1.048575, 1.048576, 30.0)] == [
+        0, 0, 1, 1, 2, 5, 14, 15, 15]
+    assert all(sync_bucket(b / 1e6 - 1e-9) == i for i, b in enumerate(SYNC_BUCKET_BOUNDS_US))
+    hist = [0] * 16
+    hist[1], hist[3], hist[15] = 98, 1, 1
+    assert sync_quantile(hist, 0.5) == 0.128 and sync_quantile(hist, 0.99) == 0.512
+    assert sync_quantile(hist, 1.0) == float("inf") and sync_quantile([0] * 16, 0.5) is None
+
+    j, _ = _open(tmp_path, preallocate=False)
+    _write(j, [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(12)], wait_prepared=False)
+    assert j.fsyncs >= 12 and sum(j.sync_histogram) == j.fsyncs
+    assert 0 < j.sync_max_seconds and sync_bucket(j.sync_max_seconds) == max(
+        i for i, n in enumerate(j.sync_histogram) if n)
+    j.close()
