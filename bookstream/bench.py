@@ -340,7 +340,7 @@ async def _closed_loop(append_async, size: int, seconds: float, window: int, min
             "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3, "seconds": el}
 
 
-async def _open_loop(append_async, size: int, seconds: float, rate: float) -> dict:
+async def _open_loop(append_async, size: int, seconds: float, rate: float, hiccups: bool = True) -> dict:
     """Appends offered at a fixed rate, whatever the acks do (open loop);
     each latency runs from the append's *scheduled* time to its ack, so a
     stall counts against every append it delays (no coordinated omission).
@@ -349,8 +349,13 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
     stream, channels and buffers growing), as wrk2 and JMH do.
 
     Also recorded, to tell where a tail comes from: how late the harness
-    issued each append (this event loop busy or stalled: ``late_*``), and
-    the cyclic garbage collector's passes in this process (``gc_*``)."""
+    issued each append (this event loop busy or stalled: ``late_*``, and
+    ``stalls``: [seconds into the measured part, ms late] for each burst
+    issued STALL_MS late or more), the cyclic garbage collector's passes in
+    this process (``gc_*``), and with `hiccups`, what a process doing
+    nothing but waking every millisecond suffered meanwhile
+    (``ceilings.HiccupMeter``: the machine's own stalls, on the same clock)."""
+    from bookstream.ceilings import STALL_MS, HiccupMeter
     payload = os.urandom(size)
     lat: list[float] = []
     late: list[float] = []
@@ -393,12 +398,18 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
             f.exception()  # (retrieved: a failed warm-up append is not an error here)
         finished()
 
+    stalls: list[list[float]] = []
+    meter = HiccupMeter() if hiccups else contextlib.nullcontext()
+    meter.__enter__()
     t0 = time.perf_counter()
+    measured_from = t0 + n_warm * interval
     k = 0
     try:
         while k < n:
             now = time.perf_counter()
             due = min(n, int((now - t0) / interval) + 1)
+            if k >= n_warm and (now - (t0 + k * interval)) * 1e3 >= STALL_MS:
+                stalls.append([t0 + k * interval - measured_from, (now - (t0 + k * interval)) * 1e3])
             while k < due:  # every append whose time has come (a burst after a stall)
                 t_sched = t0 + k * interval
                 f = append_async(payload)
@@ -415,12 +426,17 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float) -> di
     finally:
         if gc_watch in gc.callbacks:
             gc.callbacks.remove(gc_watch)
+        meter.__exit__(None, None, None)
     el = time.perf_counter() - t0 - warmup
+    machine = None
+    if hiccups:
+        machine = {k: v for k, v in meter.result.items() if k != "stalls"}
+        machine["stalls"] = [[at - measured_from, ms] for at, ms in meter.result["stalls"] if at >= measured_from]
     return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el, "warmup_s": warmup,
             "warmup_appends": n_warm, "p50_ms": _pct(lat, 0.50) * 1e3, "p99_ms": _pct(lat, 0.99) * 1e3,
             "p999_ms": _pct(lat, 0.999) * 1e3, "cdf_ms": latency_cdf(lat),
-            "late_p99_ms": _pct(late, 0.99) * 1e3, "late_max_ms": max(late, default=0.0) * 1e3,
-            "gc_passes": len(gc_passes), "gc_max_ms": max(gc_passes, default=0.0) * 1e3}
+            "late_p99_ms": _pct(late, 0.99) * 1e3, "late_max_ms": max(late, default=0.0) * 1e3, "stalls": stalls,
+            "gc_passes": len(gc_passes), "gc_max_ms": max(gc_passes, default=0.0) * 1e3, "hiccups": machine}
 
 
 CDF_QUANTILES = (0.0, 0.01, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.98, 0.99, 0.995,
@@ -558,6 +574,8 @@ def open_loop_line(r: dict) -> str:
     if "late_max_ms" in r:
         line += (f"; issued late by up to {r['late_max_ms']:.2f} ms; {r['gc_passes']} GC passes, "
                  f"the longest {r['gc_max_ms']:.2f} ms")
+    if r.get("hiccups"):
+        line += f"; the machine's stalls: up to {r['hiccups']['max_ms']:.2f} ms"
     return line + ")"
 
 

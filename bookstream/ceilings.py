@@ -21,6 +21,7 @@ import argparse
 import asyncio
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -97,6 +98,73 @@ def read_files_rate(paths: list[Path]) -> dict:
                 n += len(chunk)
     el = time.perf_counter() - t0
     return {"bytes": n, "mb_per_s": n / el / 1e6 if el else 0.0, "seconds": el}
+
+
+# -- the machine's own hiccups -------------------------------------------------------------------
+
+
+HICCUPS_READY = "HICCUPS_READY"
+STALL_MS = 5.0
+
+
+def _hiccups(interval: float) -> None:
+    """The meter's child: wakes every `interval` seconds doing nothing else
+    and records how late each wake came; on EOF of stdin, prints a JSON
+    summary (lateness quantiles, and each stall of STALL_MS or more with
+    its time on the system-wide monotonic clock, `time.perf_counter`)."""
+    import select
+
+    late: list[float] = []
+    stalls: list[list[float]] = []
+    print(HICCUPS_READY, flush=True)
+    stdin = sys.stdin.fileno()
+    due = time.perf_counter() + interval
+    while True:
+        ready, _, _ = select.select([stdin], [], [], max(0.0, due - time.perf_counter()))
+        if ready and not os.read(stdin, 4096):
+            break
+        now = time.perf_counter()
+        if now < due:
+            continue
+        d = now - due
+        late.append(d)
+        if d * 1e3 >= STALL_MS and len(stalls) < 100:
+            stalls.append([due, d * 1e3])
+        due = now + interval
+    print(json.dumps({"interval_ms": interval * 1e3, "wakes": len(late), "p50_ms": pct(late, 0.5) * 1e3,
+                      "p99_ms": pct(late, 0.99) * 1e3, "p999_ms": pct(late, 0.999) * 1e3,
+                      "max_ms": max(late, default=0.0) * 1e3, "stalls": stalls}), flush=True)
+
+
+class HiccupMeter:
+    """A process that only wakes every millisecond and notes how late it
+    woke (as jHiccup does for the JVM): the scheduling stalls any process
+    of this machine suffered meanwhile (the cores busy, the host's own
+    pauses), to tell them apart from a stall of the process measured.
+
+        with HiccupMeter() as h:
+            ...
+        h.result  # {"p99_ms", "max_ms", "stalls": [[monotonic time, ms], ...], ...}
+    """
+
+    def __init__(self, interval: float = 0.001):
+        self.interval = interval
+        self.result: dict | None = None
+        self._proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> "HiccupMeter":
+        self._proc = subprocess.Popen([sys.executable, "-m", "bookstream.ceilings", "hiccups",
+                                       "--interval-ms", str(self.interval * 1e3)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        line = self._proc.stdout.readline()
+        if line.strip() != HICCUPS_READY:
+            self._proc.kill()
+            raise RuntimeError(f"hiccup meter did not start: {line!r}")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        out, _ = self._proc.communicate(timeout=30)  # closes stdin: the child reports and exits
+        self.result = json.loads(out)
 
 
 # -- loopback gRPC with empty handlers --------------------------------------------------------------
@@ -483,8 +551,13 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=0)
     s.add_argument("--journal", metavar="DIR", help="journal every add frame there (fdatasync) before its ack")
+    h = sub.add_parser("hiccups", help="wake every interval until stdin closes; print how late the wakes were")
+    h.add_argument("--interval-ms", type=float, default=1.0)
     args = p.parse_args(argv)
-    run_loop(_serve(args.host, args.port, args.journal))
+    if args.cmd == "hiccups":
+        _hiccups(args.interval_ms / 1e3)
+    else:
+        run_loop(_serve(args.host, args.port, args.journal))
     return 0
 
 

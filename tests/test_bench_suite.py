@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 
@@ -221,13 +222,32 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
             f.set_result(None)
             return f
 
-        return await bench._open_loop(append_async, 10, 0.3, 1000)
+        return await bench._open_loop(append_async, 10, 0.3, 1000, hiccups=False)
 
     r = asyncio.run(go())
     assert calls == 400 and r["completed"] == 300 and r["warmup_appends"] == 100
     assert r["late_max_ms"] >= 19 and r["p999_ms"] >= 19
+    assert len(r["stalls"]) == 1 and r["stalls"][0][0] == pytest.approx(0.05) and r["stalls"][0][1] >= 19
     assert r["gc_passes"] >= 5  # calls 150, 200, ..., 400 (not the two of the warm-up)
     assert all(cb.__name__ != "gc_watch" for cb in gc.callbacks)
+
+
+def test_hiccup_meter_sees_a_stall_of_the_machine():
+    """The meter's process stopped for 50 ms (as a host pause or busy cores
+    would hold it) reports that stall, on the clock the benchmarks use."""
+    import signal
+    import time
+
+    with ceilings.HiccupMeter() as h:
+        time.sleep(0.05)
+        before = time.perf_counter()
+        os.kill(h._proc.pid, signal.SIGSTOP)
+        time.sleep(0.05)
+        os.kill(h._proc.pid, signal.SIGCONT)
+        time.sleep(0.05)
+    r = h.result
+    assert r["wakes"] > 20 and r["max_ms"] >= 40
+    assert [s for s in r["stalls"] if s[1] >= 40 and before - 0.01 <= s[0] <= before + 0.01]
 
 
 def test_disk_ceiling_writes_and_removes_its_files(tmp_path):
