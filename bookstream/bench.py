@@ -575,7 +575,10 @@ def open_loop_line(r: dict) -> str:
         line += (f"; issued late by up to {r['late_max_ms']:.2f} ms; {r['gc_passes']} GC passes, "
                  f"the longest {r['gc_max_ms']:.2f} ms")
     if r.get("hiccups"):
-        line += f"; the machine's stalls: up to {r['hiccups']['max_ms']:.2f} ms"
+        h = r["hiccups"]
+        line += f"; the machine's stalls: up to {h['max_ms']:.2f} ms"
+        if "steal_s" in h:
+            line += f", steal {h['steal_s'] * 1e3:.0f} ms, CPU pressure {h.get('cpu_pressure_s', 0) * 1e3:.0f} ms"
     return line + ")"
 
 

@@ -12,8 +12,15 @@
   stream client drives bookies (a long-lived bidi stream of frames, unary
   calls, server-streamed range reads), so the figures are what gRPC and
   protobuf framing alone allow this client.
+- **The design's floor**: the same servers with a journal each (`serve
+  --journal`): gRPC and the journal's write + fdatasync, nothing else;
+  `FloorWriter` drives them (and the empty ones) in the benchmark's own
+  open loop, batching as the stream writer does.
+- **The machine's hiccups**: `HiccupMeter`, a process that only wakes every
+  millisecond, records the stalls every process here suffered meanwhile.
 
-    python -m bookstream.ceilings serve [--port 0]      one empty server
+    python -m bookstream.ceilings serve [--port 0] [--journal DIR]   one empty server
+    python -m bookstream.ceilings hiccups [--interval-ms 1]          the meter (until stdin closes)
 """
 from __future__ import annotations
 
@@ -107,15 +114,38 @@ HICCUPS_READY = "HICCUPS_READY"
 STALL_MS = 5.0
 
 
+def _machine_counters() -> dict:
+    """Linux's own account of time taken from this machine's processes: the
+    CPU time the hypervisor gave other guests (steal, /proc/stat) and the
+    time some runnable task waited for a CPU (pressure stall information,
+    /proc/pressure/cpu), in seconds since boot; empty where not available."""
+    out = {}
+    try:
+        with open("/proc/stat") as f:
+            fields = f.readline().split()
+        out["steal_s"] = int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        pass
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+        out["cpu_pressure_s"] = int(some[-1].split("=")[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        pass
+    return out
+
+
 def _hiccups(interval: float) -> None:
     """The meter's child: wakes every `interval` seconds doing nothing else
     and records how late each wake came; on EOF of stdin, prints a JSON
-    summary (lateness quantiles, and each stall of STALL_MS or more with
-    its time on the system-wide monotonic clock, `time.perf_counter`)."""
+    summary (lateness quantiles, each stall of STALL_MS or more with its
+    time on the system-wide monotonic clock, `time.perf_counter`, and the
+    steal and CPU-pressure seconds of the machine meanwhile)."""
     import select
 
     late: list[float] = []
     stalls: list[list[float]] = []
+    before = _machine_counters()
     print(HICCUPS_READY, flush=True)
     stdin = sys.stdin.fileno()
     due = time.perf_counter() + interval
@@ -131,9 +161,11 @@ def _hiccups(interval: float) -> None:
         if d * 1e3 >= STALL_MS and len(stalls) < 100:
             stalls.append([due, d * 1e3])
         due = now + interval
+    after = _machine_counters()
     print(json.dumps({"interval_ms": interval * 1e3, "wakes": len(late), "p50_ms": pct(late, 0.5) * 1e3,
                       "p99_ms": pct(late, 0.99) * 1e3, "p999_ms": pct(late, 0.999) * 1e3,
-                      "max_ms": max(late, default=0.0) * 1e3, "stalls": stalls}), flush=True)
+                      "max_ms": max(late, default=0.0) * 1e3, "stalls": stalls,
+                      **{k: after[k] - before[k] for k in after if k in before}}), flush=True)
 
 
 class HiccupMeter:

@@ -248,6 +248,8 @@ def test_hiccup_meter_sees_a_stall_of_the_machine():
     r = h.result
     assert r["wakes"] > 20 and r["max_ms"] >= 40
     assert [s for s in r["stalls"] if s[1] >= 40 and before - 0.01 <= s[0] <= before + 0.01]
+    if os.path.exists("/proc/pressure/cpu"):
+        assert r["steal_s"] >= 0 and r["cpu_pressure_s"] >= 0
 
 
 def test_disk_ceiling_writes_and_removes_its_files(tmp_path):
