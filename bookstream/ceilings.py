@@ -258,7 +258,11 @@ def _empty_servicer(journal_dir: str | None = None):
                 reader.cancel()
 
         async def Info(self, request, context):
-            return pb.InfoResponse()
+            j = self.journal
+            if j is None:
+                return pb.InfoResponse()
+            return pb.InfoResponse(journal_fsyncs=j.fsyncs, journal_bytes=j.bytes_appended,
+                                   journal_sync_histogram=j.sync_histogram, journal_sync_max_seconds=j.sync_max_seconds)
 
         async def ReadRange(self, request, context):
             size, frame_bytes = request.ledger_id, request.max_frame_bytes or (1 << 20)
@@ -491,9 +495,55 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
     if open_loop:
         from bookstream.bench import open_loop_line
 
-        out["open_loop"] = await open_loop_floor(addresses, **open_loop)
-        say("ceiling gRPC + journal " + open_loop_line(out["open_loop"]))
+        before = await journal_counters(addresses)
+        r = out["open_loop"] = await open_loop_floor(addresses, **open_loop)
+        j = r["journal"] = journal_delta(before, await journal_counters(addresses),
+                                         r["completed"] + r["warmup_appends"])
+        say(f"ceiling gRPC + journal {open_loop_line(r)}; {journal_line(j)}")
     return out
+
+
+async def journal_counters(addresses: list[str]) -> tuple[int, int, list[int]]:
+    """The journal counters of bookies (or of journal-only servers), summed:
+    bytes, group commits, and group commits by duration
+    (bookie.journal.SYNC_BUCKET_BOUNDS_US)."""
+    from stream.bookie_client import BookieClient
+
+    total_bytes = total_fsyncs = 0
+    histogram: list[int] = []
+    for a in addresses:
+        c = BookieClient(a)
+        try:
+            inf = await c.info()
+        finally:
+            await c.close()
+        total_bytes += inf.journal_bytes
+        total_fsyncs += inf.journal_fsyncs
+        histogram = [x + y for x, y in zip(histogram or [0] * len(inf.journal_sync_histogram),
+                                           inf.journal_sync_histogram)]
+    return total_bytes, total_fsyncs, histogram
+
+
+def journal_delta(before: tuple, after: tuple, appends: int) -> dict:
+    """What the journals did between two `journal_counters`: bytes,
+    group commits, their mean write size, and how long they took (each
+    quantile is its histogram bucket's upper bound)."""
+    from bookie.journal import SYNC_BUCKET_BOUNDS_US, sync_quantile
+
+    def bound(v):  # past the last bucket: JSON has no infinity
+        return v if v is None or v < float("inf") else f"over {SYNC_BUCKET_BOUNDS_US[-1] / 1e3:g}"
+
+    db, df = after[0] - before[0], after[1] - before[1]
+    hist = [y - x for x, y in zip(before[2], after[2])]
+    return {"bytes": db, "fsyncs": df, "write_bytes": db / df if df else 0.0,
+            "bytes_per_append": db / appends if appends else 0.0, "sync_histogram": hist,
+            **{f"sync_{name}_ms_at_most": bound(sync_quantile(hist, q))
+               for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))}}
+
+
+def journal_line(j: dict) -> str:
+    return (f"the journals' group commits, warm-up included: p99 <= {j['sync_p99_ms_at_most']} ms, p99.9 <= "
+            f"{j['sync_p999_ms_at_most']} ms, the longest <= {j['sync_max_ms_at_most']} ms")
 
 
 class FloorWriter:

@@ -250,45 +250,9 @@ class CpuMeter:
                 "ceiling_per_s": cores / per if per else 0.0}
 
 
-async def _journal_counters(addresses: list[str]) -> tuple[int, int, list[int]]:
-    """The bookies' journal counters, summed: bytes, group commits, and
-    group commits by duration (bookie.journal.SYNC_BUCKET_BOUNDS_US)."""
-    from stream.bookie_client import BookieClient
-
-    total_bytes = total_fsyncs = 0
-    histogram: list[int] = []
-    for a in addresses:
-        c = BookieClient(a)
-        try:
-            inf = await c.info()
-        finally:
-            await c.close()
-        total_bytes += inf.journal_bytes
-        total_fsyncs += inf.journal_fsyncs
-        histogram = [x + y for x, y in zip(histogram or [0] * len(inf.journal_sync_histogram),
-                                           inf.journal_sync_histogram)]
-    return total_bytes, total_fsyncs, histogram
-
-
-def _journal(before: tuple, after: tuple, appends: int) -> dict:
-    """What the bookies' journals did between two `_journal_counters`: bytes,
-    group commits, their mean write size, and how long they took (each
-    quantile is its histogram bucket's upper bound)."""
-    from bookie.journal import SYNC_BUCKET_BOUNDS_US, sync_quantile
-
-    def bound(v):  # past the last bucket: JSON has no infinity
-        return v if v is None or v < float("inf") else f"over {SYNC_BUCKET_BOUNDS_US[-1] / 1e3:g}"
-
-    db, df = after[0] - before[0], after[1] - before[1]
-    hist = [y - x for x, y in zip(before[2], after[2])]
-    return {"bytes": db, "fsyncs": df, "write_bytes": db / df if df else 0.0,
-            "bytes_per_append": db / appends if appends else 0.0, "sync_histogram": hist,
-            **{f"sync_{name}_ms_at_most": bound(sync_quantile(hist, q))
-               for name, q in (("p50", 0.5), ("p99", 0.99), ("p999", 0.999), ("max", 1.0))}}
-
-
 def phase_bookstream(base: Path, p: dict, say) -> dict:
     from bookstream import bench
+    from bookstream.ceilings import journal_counters, journal_delta, journal_line
     from bookstream.standalone import Standalone
     from stream.stream import AsyncStreamClient
 
@@ -311,24 +275,21 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
             # The open loop before the closed loops: a latency at a fixed load,
             # not the disk's write-back of the 1 GiB burst they leave behind.
             if p["open_loop_rate"]:
-                before = await _journal_counters(addrs)
+                before = await journal_counters(addrs)
                 r = await bench.stream_open_loop(sc, f"suite-open-loop-{tag}", p["open_loop_size"], p["seconds"],
                                                  p["open_loop_rate"])
-                r["journal"] = _journal(before, await _journal_counters(addrs), r["completed"] + r["warmup_appends"])
+                r["journal"] = journal_delta(before, await journal_counters(addrs), r["completed"] + r["warmup_appends"])
                 out["open_loop"] = r
-                j = r["journal"]
-                say(f"bookstream {bench.open_loop_line(r)}; the journals' group commits, warm-up included: p99 "
-                    f"<= {j['sync_p99_ms_at_most']} ms, p99.9 <= {j['sync_p999_ms_at_most']} ms, the longest <= "
-                    f"{j['sync_max_ms_at_most']} ms")
+                say(f"bookstream {bench.open_loop_line(r)}; {journal_line(r['journal'])}")
             for size, window, min_count in workload_plan(p):
                 name = f"suite-{size}-{tag}"
-                before = await _journal_counters(addrs)
+                before = await journal_counters(addrs)
                 cpu0 = cpu.sample()
                 r = await bench.stream_closed_loop(sc, name, size, p["seconds"], window, min_count,
                                                    batch=max(1, min(p["batch"], window // 4)))
                 r["cpu"] = CpuMeter.per_op(cpu0, cpu.sample(), r["appends"], r["seconds"])
                 r["window"] = window
-                r["journal"] = _journal(before, await _journal_counters(addrs), r["appends"])
+                r["journal"] = journal_delta(before, await journal_counters(addrs), r["appends"])
                 out["appends"].append(r)
                 c = r["cpu"]
                 say(f"bookstream closed loop, {size} B: {r['appends_per_s']:,.0f} appends/s, {r['mb_per_s']:.1f} MB/s, "

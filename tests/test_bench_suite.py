@@ -54,6 +54,8 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert all(_positive(r["entries_per_s"]) for r in floor["add"])
     for ol in (grpc["open_loop"], floor["open_loop"]):
         assert ol["offered_per_s"] == 10_000 and ol["completed"] > 0 and ol["failed"] == 0 and ol["cdf_ms"]
+        assert ol["hiccups"]["wakes"] > 0 and ol["hiccups"]["max_ms"] >= ol["hiccups"]["p50_ms"]
+    assert sum(floor["open_loop"]["journal"]["sync_histogram"]) == floor["open_loop"]["journal"]["fsyncs"] > 0
 
     bs = doc["bookstream"]
     assert [r["entry_bytes"] for r in bs["appends"]] == [100, 1024, 65536]
@@ -146,14 +148,15 @@ def test_journal_server_acks_frames_it_journalled(tmp_path):
         async def go():
             c = BookieClient(server.address)
             try:
-                return await asyncio.gather(*(c.add(f) for f in frames))
+                return await asyncio.gather(*(c.add(f) for f in frames)), await c.info()
             finally:
                 await c.close()
 
-        acks = asyncio.run(go())
+        acks, info = asyncio.run(go())
     finally:
         server.stop()
     assert [a.status for a in acks] == [0] * len(frames)
+    assert 0 < info.journal_fsyncs == sum(info.journal_sync_histogram) and info.journal_bytes > sum(map(len, frames))
     records = list(Journal(tmp_path / "j" / "journal").scan(Position(1, 0)))
     assert [r.rtype for r in records] == [R_ENTRIES] * len(frames)
     assert [bytes(r.body) for r in records] == frames
