@@ -425,6 +425,17 @@ def _by_size(rows, size):
     return None
 
 
+def _stalls(ol: dict) -> dict:
+    """Where an open loop's tail came from: the client's own lateness, its
+    GC passes, the machine's stalls and steal (`ceilings.HiccupMeter`) and
+    the journals' longest group commit, all over the same run."""
+    h = ol.get("hiccups") or {}
+    return {"client_late_max_ms": ol.get("late_max_ms"), "client_gc_max_ms": ol.get("gc_max_ms"),
+            "machine_stall_max_ms": h.get("max_ms"), "machine_steal_ms": (h["steal_s"] * 1e3 if "steal_s" in h
+                                                                          else None),
+            "journal_sync_max_ms_at_most": (ol.get("journal") or {}).get("sync_max_ms_at_most")}
+
+
 def build_figures(doc: dict) -> list[dict]:
     from bookstream.ceilings import best
 
@@ -482,7 +493,7 @@ def build_figures(doc: dict) -> list[dict]:
                                           f"writer batches (ceilings.FloorWriter)", unit="ms")
             peer = _ref(ol[pk], jol[pk], "JetStream, same offered rate") if jol else None
             add(f"open_loop_{q}", f"open loop {q}, {ol['entry_bytes']} B at {ol['offered_per_s']:,.0f}/s", "ms",
-                "lower", ol[pk], ceilings, peer, ms=ol[pk])
+                "lower", ol[pk], ceilings, peer, ms=ol[pk], stalls=_stalls(ol))
 
     reads = bs.get("reads", [])
     if reads:

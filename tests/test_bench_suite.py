@@ -89,6 +89,8 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         assert {"disk", "grpc", "cpu", "grpc_journal"} <= figs[key]["ceilings"].keys()
     for key in ("open_loop_p50", "open_loop_p99", "open_loop_p999"):
         assert {"grpc", "grpc_journal"} <= figs[key]["ceilings"].keys()
+        st = figs[key]["stalls"]
+        assert st["client_late_max_ms"] >= 0 and st["machine_stall_max_ms"] >= 0 and st["journal_sync_max_ms_at_most"]
     for key in ("appends_100", "appends_1024", "appends_65536", "open_loop_p50", "tail_read", "catchup_read"):
         assert _positive(figs[key]["jetstream"]["ratio"]), key
     for key in ("appends_100", "open_loop_p99", "takeover@200", "replay", "index_memory"):
