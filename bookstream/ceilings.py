@@ -52,11 +52,13 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def raw_disk_rate(path: Path, write_bytes: int, seconds: float, writers: int = 1,
-                  max_bytes: int = 1 << 30) -> dict:
+                  max_bytes: int = 1 << 30, keep: bool = False) -> dict:
     """write + fdatasync of `write_bytes` at a time, appending, from `writers`
     threads (each its own file, `path` with a suffix): writes/s and MB/s over
     all writers, and the latency of one write + fdatasync.  Stops after
-    `seconds` or `max_bytes` written in all."""
+    `seconds` or `max_bytes` written in all.  The files are removed after,
+    unless `keep` (see `bookstream.suite`: removing a gigabyte here makes
+    the disk stall what runs next)."""
     buf = os.urandom(write_bytes)
     lat: list[list[float]] = [[] for _ in range(writers)]
     counts = [0] * writers
@@ -77,7 +79,8 @@ def raw_disk_rate(path: Path, write_bytes: int, seconds: float, writers: int = 1
                     stop.set()
         finally:
             os.close(fd)
-            os.unlink(p)
+            if not keep:
+                os.unlink(p)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(writers)]
     t0 = time.perf_counter()
@@ -197,6 +200,32 @@ class HiccupMeter:
     def __exit__(self, *exc) -> None:
         out, _ = self._proc.communicate(timeout=30)  # closes stdin: the child reports and exits
         self.result = json.loads(out)
+
+
+def settle(max_seconds: float = 60.0, window: float = 1.0, progress=None) -> dict:
+    """Waits until the machine is quiet: a `window` with no stall of
+    STALL_MS or more and no steal (`HiccupMeter`), or `max_seconds`.  On
+    this machine, removing gigabytes of files left it stalling 15-30 ms
+    every 2 s for several seconds after (online discard on ext4 and the
+    hypervisor's own work: the steal rose with it), and a run started then
+    measured those stalls, not itself."""
+    say = progress or (lambda msg: None)
+    t0 = time.monotonic()
+    windows = 0
+    while True:
+        with HiccupMeter() as h:
+            time.sleep(window)
+        windows += 1
+        r = h.result
+        quiet = r["max_ms"] < STALL_MS and not r.get("steal_s")
+        waited = time.monotonic() - t0
+        if quiet or waited >= max_seconds:
+            if not quiet:
+                say(f"machine not quiet after {waited:.0f} s (stalls up to {r['max_ms']:.1f} ms): going on")
+            return {"quiet": quiet, "waited_s": waited, "windows": windows, "last_max_ms": r["max_ms"],
+                    "last_steal_s": r.get("steal_s")}
+        say(f"waiting for a quiet machine: stalls up to {r['max_ms']:.1f} ms, steal "
+            f"{(r.get('steal_s') or 0) * 1e3:.0f} ms in the last {window:g} s")
 
 
 # -- loopback gRPC with empty handlers --------------------------------------------------------------

@@ -25,6 +25,12 @@ In one run, in this order (so that no two of them share the 2 cores):
 6. one bookie beside the raw disk, journal replay beside reading the same
    files, the index's memory per entry.
 
+Before the floor and each system, the run waits for a quiet machine
+(`ceilings.settle`: a second with no stall of 5 ms or more and no steal):
+nothing it removed or did before is then measured as the next one's tail.
+Files written by one phase stay until the run ends (see
+`phase_journal_floor`).
+
 Every figure carries `ratio` = value / reference for each of its ceilings
 and for JetStream (throughputs: a ratio below 1 is the share of the ceiling
 reached; latencies: a ratio above 1 is how many times the floor), its
@@ -199,8 +205,6 @@ def phase_journal_floor(base: Path, p: dict, say) -> dict:
     before acking it, in the data directory the bookies used."""
     from bookstream.ceilings import journal_floor, start_empty_servers
 
-    import shutil
-
     say("ceiling: starting 3 gRPC servers with a journal each")
     servers = start_empty_servers(base / "journal-floor", 3, journal=True)
     try:
@@ -210,11 +214,12 @@ def phase_journal_floor(base: Path, p: dict, say) -> dict:
     finally:
         for s in servers:
             s.stop()
-        # Gigabytes were journalled: their files go, and what the kernel
-        # still holds dirty is written out now, not under the cluster's run
-        # (left behind, the closed loops that followed took twice the CPU
-        # per append in two runs out of two).
-        shutil.rmtree(base / "journal-floor", ignore_errors=True)
+        # Gigabytes were journalled: what the kernel still holds dirty is
+        # written out now, not under the cluster's run (left behind, the
+        # closed loops that followed took twice the CPU per append in two
+        # runs out of two).  The files stay until the run's end: removed
+        # here, their blocks' discards stalled the whole machine for 15-30
+        # ms every 2 s during the open loop that followed (see settle()).
         os.sync()
 
 
@@ -328,7 +333,7 @@ def phase_disk_ceiling(base: Path, p: dict, bs: dict, say) -> list[dict]:
     rows = []
     for what, size, wb in wanted:
         wb = max(4096, int(wb))
-        r = raw_disk_rate(base / "raw.dat", wb, p["ceiling_seconds"], writers=3)
+        r = raw_disk_rate(base / f"raw-{what}-{size}.dat", wb, p["ceiling_seconds"], writers=3, keep=True)
         r.update({"for": what, "entry_bytes": size})
         rows.append(r)
         say(f"ceiling disk, {wb:,} B writes x 3 writers (as the journals wrote for {what} {size} B): "
@@ -375,7 +380,8 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
         for i, size in enumerate(int_list(p["sizes"])):
             batch = frame_batches(size, [1000])[0]
             r = asyncio.run(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
-            raw = raw_disk_rate(base / "raw.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"])
+            raw = raw_disk_rate(base / f"raw-bookie-{size}.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"],
+                                keep=True)
             row = {"entry_bytes": size, "batch": batch, **r, "raw": raw}
             rows.append(row)
             say(f"one bookie, {size} B x {batch}: {r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:.1f} MB/s "
@@ -571,6 +577,7 @@ def table(doc: dict) -> str:
 
 def run_suite(args: argparse.Namespace) -> dict:
     from bookstream.bench import data_dir, index_bytes_per_entry
+    from bookstream.ceilings import settle
 
     say = Progress()
     p = parameters(args)
@@ -589,11 +596,17 @@ def run_suite(args: argparse.Namespace) -> dict:
             "targets": {k: {"op": op, "value": v, "metric": m} for k, (op, v, m) in TARGETS.items()},
             "ceilings": {},
         }
+        settled = doc["machine"]["settled"] = {}
+        settled["start"] = settle(progress=say)
         doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
         # the floor just before the cluster, on the disk as the cluster finds it
+        settled["floor"] = settle(progress=say)
         doc["ceilings"]["grpc_journal"] = phase_journal_floor(base, p, say)
+        settled["bookstream"] = settle(progress=say)
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
+        if not args.no_jetstream:
+            settled["jetstream"] = settle(progress=say)
         doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
         doc["bookie"] = phase_bookie(base, p, say)
         doc["replay"] = phase_replay(base, p, say)

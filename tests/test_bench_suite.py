@@ -40,6 +40,10 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert doc["benchmark"] == "suite" and doc["parameters"]["quick"] is True
     assert {"cpus", "kernel", "python", "filesystem", "nats_server"} <= doc["machine"].keys()
     assert doc["machine"]["cpus"] >= 1
+    # each system waited for a quiet machine first (or said it did not get one)
+    settled = doc["machine"]["settled"]
+    assert set(settled) == {"start", "floor", "bookstream", "jetstream"}
+    assert all(x["windows"] >= 1 and x["quiet"] in (True, False) for x in settled.values())
     grpc = doc["ceilings"]["grpc"]
     assert _positive(grpc["unary"]["calls_per_s"]) and _positive(grpc["rtt"]["p50_ms"])
     assert {r["entry_bytes"] for r in grpc["add"]} == {100, 1024, 65536}
