@@ -52,13 +52,11 @@ def pct(xs: list[float], q: float) -> float:
 
 
 def raw_disk_rate(path: Path, write_bytes: int, seconds: float, writers: int = 1,
-                  max_bytes: int = 1 << 30, keep: bool = False) -> dict:
+                  max_bytes: int = 1 << 30) -> dict:
     """write + fdatasync of `write_bytes` at a time, appending, from `writers`
     threads (each its own file, `path` with a suffix): writes/s and MB/s over
     all writers, and the latency of one write + fdatasync.  Stops after
-    `seconds` or `max_bytes` written in all.  The files are removed after,
-    unless `keep` (see `bookstream.suite`: removing a gigabyte here makes
-    the disk stall what runs next)."""
+    `seconds` or `max_bytes` written in all.  The files are removed after."""
     buf = os.urandom(write_bytes)
     lat: list[list[float]] = [[] for _ in range(writers)]
     counts = [0] * writers
@@ -79,8 +77,7 @@ def raw_disk_rate(path: Path, write_bytes: int, seconds: float, writers: int = 1
                     stop.set()
         finally:
             os.close(fd)
-            if not keep:
-                os.unlink(p)
+            os.unlink(p)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(writers)]
     t0 = time.perf_counter()
@@ -202,16 +199,24 @@ class HiccupMeter:
         self.result = json.loads(out)
 
 
-def settle(max_seconds: float = 60.0, window: float = 1.0, progress=None) -> dict:
-    """Waits until the machine is quiet: a `window` with no stall of
-    STALL_MS or more and no steal (`HiccupMeter`), or `max_seconds`.  On
-    this machine, removing gigabytes of files left it stalling 15-30 ms
-    every 2 s for several seconds after (online discard on ext4 and the
-    hypervisor's own work: the steal rose with it), and a run started then
-    measured those stalls, not itself."""
+def settle(min_seconds: float = 0.0, max_seconds: float = 90.0, window: float = 2.5, progress=None) -> dict:
+    """Waits until the machine is quiet: at least `min_seconds`, then until
+    a `window` passes with no stall of STALL_MS or more and no steal
+    (`HiccupMeter`; a window longer than the 2.1 s period of the stalls
+    below), or `max_seconds`.
+
+    Why: on this machine (ext4 mounted with `discard`, on a virtio disk),
+    after gigabytes of files were removed, a cluster run stalled as a whole
+    for 12-26 ms every 2.1 s, the steal rising with it (the hypervisor's
+    work), for 20-30 s: two runs each, 10 s after the removal still
+    stalling, 20 s after quiet or nearly.  The machine idle does not show
+    it, so a phase that removed gigabytes asks for `min_seconds` too."""
     say = progress or (lambda msg: None)
     t0 = time.monotonic()
     windows = 0
+    if min_seconds > 0:
+        say(f"letting the machine settle for {min_seconds:g} s")
+        time.sleep(min_seconds)
     while True:
         with HiccupMeter() as h:
             time.sleep(window)

@@ -26,10 +26,10 @@ In one run, in this order (so that no two of them share the 2 cores):
    files, the index's memory per entry.
 
 Before the floor and each system, the run waits for a quiet machine
-(`ceilings.settle`: a second with no stall of 5 ms or more and no steal):
-nothing it removed or did before is then measured as the next one's tail.
-Files written by one phase stay until the run ends (see
-`phase_journal_floor`).
+(`ceilings.settle`: 2.5 s with no stall of 5 ms or more and no steal, and
+before each system at least `--settle-seconds` after the gigabytes the
+phase before removed): nothing it removed or did before is then measured
+as the next one's tail.
 
 Every figure carries `ratio` = value / reference for each of its ceilings
 and for JetStream (throughputs: a ratio below 1 is the share of the ceiling
@@ -78,11 +78,11 @@ TARGETS = {
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
-            floor_batches="10,100,1000", floor_windows="4,16")
+            floor_batches="10,100,1000", floor_windows="4,16", settle_seconds=30.0)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,
-             floor_batches="1000", floor_windows="4")
+             floor_batches="1000", floor_windows="4", settle_seconds=0.0)
 
 
 def add_parsers(bsub) -> None:
@@ -203,6 +203,8 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
 def phase_journal_floor(base: Path, p: dict, say) -> dict:
     """The design's floor: 3 servers that only journal each frame (fdatasync)
     before acking it, in the data directory the bookies used."""
+    import shutil
+
     from bookstream.ceilings import journal_floor, start_empty_servers
 
     say("ceiling: starting 3 gRPC servers with a journal each")
@@ -214,12 +216,11 @@ def phase_journal_floor(base: Path, p: dict, say) -> dict:
     finally:
         for s in servers:
             s.stop()
-        # Gigabytes were journalled: what the kernel still holds dirty is
-        # written out now, not under the cluster's run (left behind, the
-        # closed loops that followed took twice the CPU per append in two
-        # runs out of two).  The files stay until the run's end: removed
-        # here, their blocks' discards stalled the whole machine for 15-30
-        # ms every 2 s during the open loop that followed (see settle()).
+        # Gigabytes were journalled: left behind, the closed loops that
+        # followed took 1.5-2x the CPU per append (three runs out of three,
+        # written out or not); removed, the machine stalls for a while
+        # after (ceilings.settle, which the run calls next).
+        shutil.rmtree(base / "journal-floor", ignore_errors=True)
         os.sync()
 
 
@@ -333,7 +334,7 @@ def phase_disk_ceiling(base: Path, p: dict, bs: dict, say) -> list[dict]:
     rows = []
     for what, size, wb in wanted:
         wb = max(4096, int(wb))
-        r = raw_disk_rate(base / f"raw-{what}-{size}.dat", wb, p["ceiling_seconds"], writers=3, keep=True)
+        r = raw_disk_rate(base / "raw.dat", wb, p["ceiling_seconds"], writers=3)
         r.update({"for": what, "entry_bytes": size})
         rows.append(r)
         say(f"ceiling disk, {wb:,} B writes x 3 writers (as the journals wrote for {what} {size} B): "
@@ -380,8 +381,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
         for i, size in enumerate(int_list(p["sizes"])):
             batch = frame_batches(size, [1000])[0]
             r = asyncio.run(bookie_rate(bookie.address, 1 + i * 100_000, size, batch, p["seconds"], 8))
-            raw = raw_disk_rate(base / f"raw-bookie-{size}.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"],
-                                keep=True)
+            raw = raw_disk_rate(base / "raw.dat", batch * (size + E.HEADER_SIZE), p["ceiling_seconds"])
             row = {"entry_bytes": size, "batch": batch, **r, "raw": raw}
             rows.append(row)
             say(f"one bookie, {size} B x {batch}: {r['entries_per_s']:,.0f} entries/s, {r['mb_per_s']:.1f} MB/s "
@@ -602,11 +602,11 @@ def run_suite(args: argparse.Namespace) -> dict:
         # the floor just before the cluster, on the disk as the cluster finds it
         settled["floor"] = settle(progress=say)
         doc["ceilings"]["grpc_journal"] = phase_journal_floor(base, p, say)
-        settled["bookstream"] = settle(progress=say)
+        settled["bookstream"] = settle(p["settle_seconds"], progress=say)
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
         if not args.no_jetstream:
-            settled["jetstream"] = settle(progress=say)
+            settled["jetstream"] = settle(p["settle_seconds"], progress=say)
         doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
         doc["bookie"] = phase_bookie(base, p, say)
         doc["replay"] = phase_replay(base, p, say)
