@@ -208,9 +208,10 @@ def settle(min_seconds: float = 0.0, max_seconds: float = 90.0, window: float = 
     Why: on this machine (ext4 mounted with `discard`, on a virtio disk),
     after gigabytes of files were removed, a cluster run stalled as a whole
     for 12-26 ms every 2.1 s, the steal rising with it (the hypervisor's
-    work), for 20-30 s: two runs each, 10 s after the removal still
-    stalling, 20 s after quiet or nearly.  The machine idle does not show
-    it, so a phase that removed gigabytes asks for `min_seconds` too."""
+    work), for 20-30 s: started 10 s after the removal, two runs still
+    stalled; 20 s after, two of three were quiet and one had a stall of
+    11 ms.  The machine idle does not show it, so a phase that removed
+    gigabytes asks for `min_seconds` too."""
     say = progress or (lambda msg: None)
     t0 = time.monotonic()
     windows = 0
@@ -505,11 +506,13 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
                         progress=None) -> dict:
     """Servers that journal every frame before acking it (`serve
     --journal`), driven as `grpc_ceiling` drives the empty ones: appends/s
-    per size (the best of `add_rates` over `batches` and `windows` in
-    flight), and the open loop's latency at its load (`open_loop_floor`).  This is the design's floor: gRPC's
-    transport and the journal's write + fdatasync, both sharing the
-    machine's cores with the client as a cluster does, and nothing else (no
-    bookie state, index, validation, nor the writer's bookkeeping)."""
+    per size (`add_rates` over `batches` and `windows` in flight), and the
+    open loop's latency at its load (`open_loop_floor`).  This is the
+    design's floor: gRPC's transport and the journal's write + fdatasync,
+    both sharing the machine's cores with the client as a cluster does, and
+    nothing else (no bookie state, index, validation, nor the writer's
+    bookkeeping).  Its add client is cruder than the stream writer (a fixed
+    window of fixed frames), which can beat it at large entries."""
     from stream.bookie_client import BookieClient
     from stream.ledger import FRAME_BYTES
 
