@@ -70,13 +70,14 @@ def _cdf_panel(ax, doc: dict) -> None:
 def _ratio_panel(ax, doc: dict) -> None:
     figs = doc["figures"]
     labels, to_ceiling, to_peer = [], [], []
+    from bookstream.suite import tightest
+
     for f in figs:
-        ratios = [c["ratio"] for c in f["ceilings"].values() if c.get("ratio")]
-        if not ratios and not (f["jetstream"] and f["jetstream"]["ratio"]):
+        _, c = tightest(f)
+        if c is None and not (f["jetstream"] and f["jetstream"]["ratio"]):
             continue
         labels.append(f["label"])
-        # the tightest ceiling: the highest share for throughputs, the lowest multiple for latencies
-        to_ceiling.append((max(ratios) if f["better"] == "higher" else min(ratios)) if ratios else 0)
+        to_ceiling.append(c["ratio"] if c else 0)
         to_peer.append(f["jetstream"]["ratio"] if f["jetstream"] and f["jetstream"]["ratio"] else 0)
     ys = range(len(labels))
     ax.barh([y + 0.2 for y in ys], to_ceiling, 0.4, label="÷ ceiling", color=COLORS["grpc"])

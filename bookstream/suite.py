@@ -551,13 +551,25 @@ def _fmt(v, unit: str = "") -> str:
     return f"{v:,.0f}"
 
 
+def tightest(fig: dict) -> tuple[str | None, dict | None]:
+    """The figure's tightest ceiling (or floor): of those that bound it (a
+    throughput at or under its ceiling, a latency at or over its floor),
+    the nearest; if none does (a reference measured more crudely than the
+    figure), the nearest all the same."""
+    refs = [(name, c) for name, c in fig["ceilings"].items() if c.get("ratio")]
+    if not refs:
+        return None, None
+    higher = fig["better"] == "higher"
+    binding = [(n, c) for n, c in refs if (c["ratio"] <= 1 if higher else c["ratio"] >= 1)]
+    if binding:
+        return (max if higher else min)(binding, key=lambda nc: nc[1]["ratio"])
+    return (min if higher else max)(refs, key=lambda nc: nc[1]["ratio"])
+
+
 def table(doc: dict) -> str:
     rows = [("figure", "bookstream", "unit", "ceiling", "÷ceiling", "JetStream", "÷JetStream", "target", "met")]
     for f in doc["figures"]:
-        cname, c = next(iter(f["ceilings"].items()), (None, None))
-        if len(f["ceilings"]) > 1:  # the tightest ceiling
-            cname, c = max(f["ceilings"].items(), key=lambda kv: kv[1]["ratio"] or 0) if f["better"] == "higher" \
-                else min(f["ceilings"].items(), key=lambda kv: kv[1]["ratio"] or 1e9)
+        cname, c = tightest(f)
         j, t = f["jetstream"], f["target"]
         tshow = f"{t['op']} {_fmt(t['value'])} {'MB/s' if t['metric'] == 'mb_per_s' else ''}".strip() if t else "-"
         rows.append((f["label"], _fmt(f["value"], f["unit"]), f["unit"],

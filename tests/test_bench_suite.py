@@ -282,6 +282,21 @@ def test_targets_are_judged_in_their_direction():
     assert suite._target("no_such_figure", {"value": 1}) is None
 
 
+def test_the_tightest_ceiling_is_the_nearest_that_bounds_the_figure():
+    def fig(better, **ratios):
+        return {"better": better, "ceilings": {n: {"value": 1.0, "ratio": r} for n, r in ratios.items()}}
+
+    # throughputs: the highest share among the ceilings at or above the figure
+    assert suite.tightest(fig("higher", cpu=0.88, disk=0.5, grpc_journal=1.3))[0] == "cpu"
+    # latencies: the lowest multiple among the floors at or under the figure
+    assert suite.tightest(fig("lower", grpc=2.4, grpc_journal=1.3))[0] == "grpc_journal"
+    assert suite.tightest(fig("lower", grpc=1.2, grpc_journal=0.6))[0] == "grpc"
+    # none bounds it: the nearest all the same
+    assert suite.tightest(fig("higher", grpc_journal=1.3, other=1.1))[0] == "other"
+    assert suite.tightest(fig("lower", grpc=0.4, grpc_journal=0.6))[0] == "grpc_journal"
+    assert suite.tightest(fig("higher")) == (None, None)
+
+
 def test_jetstream_peer_is_a_3_node_cluster_with_replicas_3_that_reads_back(tmp_path):
     pytest.importorskip("nats")
     cluster = peer_jetstream.JetStreamCluster(tmp_path / "js").start()
