@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
+from bookstream.ceilings import STALL_MS, HiccupMeter
 from bookstream.ceilings import pct as _pct
 from bookstream.tuning import tune_process
 from bookstream.ceilings import raw_disk_rate, read_files_rate
@@ -355,7 +356,6 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float, hiccu
     this process (``gc_*``), and with `hiccups`, what a process doing
     nothing but waking every millisecond suffered meanwhile
     (``ceilings.HiccupMeter``: the machine's own stalls, on the same clock)."""
-    from bookstream.ceilings import STALL_MS, HiccupMeter
     payload = os.urandom(size)
     lat: list[float] = []
     late: list[float] = []
@@ -399,37 +399,36 @@ async def _open_loop(append_async, size: int, seconds: float, rate: float, hiccu
         finished()
 
     stalls: list[list[float]] = []
-    meter = HiccupMeter() if hiccups else contextlib.nullcontext()
-    meter.__enter__()
-    t0 = time.perf_counter()
-    measured_from = t0 + n_warm * interval
-    k = 0
-    try:
-        while k < n:
-            now = time.perf_counter()
-            due = min(n, int((now - t0) / interval) + 1)
-            if k >= n_warm and (now - (t0 + k * interval)) * 1e3 >= STALL_MS:
-                stalls.append([t0 + k * interval - measured_from, (now - (t0 + k * interval)) * 1e3])
-            while k < due:  # every append whose time has come (a burst after a stall)
-                t_sched = t0 + k * interval
-                f = append_async(payload)
-                if k >= n_warm:
-                    if k == n_warm:
-                        gc.callbacks.append(gc_watch)
-                    late.append(now - t_sched)
-                    f.add_done_callback(functools.partial(on_done, t_sched))
-                else:
-                    f.add_done_callback(warm_done)
-                k += 1
-            await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
-        await all_done.wait()
-    finally:
-        if gc_watch in gc.callbacks:
-            gc.callbacks.remove(gc_watch)
-        meter.__exit__(None, None, None)
+    meter = HiccupMeter() if hiccups else None
+    with meter or contextlib.nullcontext():
+        t0 = time.perf_counter()
+        measured_from = t0 + n_warm * interval
+        k = 0
+        try:
+            while k < n:
+                now = time.perf_counter()
+                due = min(n, int((now - t0) / interval) + 1)
+                if k >= n_warm and (now - (t0 + k * interval)) * 1e3 >= STALL_MS:
+                    stalls.append([t0 + k * interval - measured_from, (now - (t0 + k * interval)) * 1e3])
+                while k < due:  # every append whose time has come (a burst after a stall)
+                    t_sched = t0 + k * interval
+                    f = append_async(payload)
+                    if k >= n_warm:
+                        if k == n_warm:
+                            gc.callbacks.append(gc_watch)
+                        late.append(now - t_sched)
+                        f.add_done_callback(functools.partial(on_done, t_sched))
+                    else:
+                        f.add_done_callback(warm_done)
+                    k += 1
+                await asyncio.sleep(max(0.0, t0 + k * interval - time.perf_counter()))
+            await all_done.wait()
+        finally:
+            if gc_watch in gc.callbacks:
+                gc.callbacks.remove(gc_watch)
     el = time.perf_counter() - t0 - warmup
     machine = None
-    if hiccups:
+    if meter is not None:
         machine = {k: v for k, v in meter.result.items() if k != "stalls"}
         machine["stalls"] = [[at - measured_from, ms] for at, ms in meter.result["stalls"] if at >= measured_from]
     return {"offered_per_s": rate, "completed": len(lat), "failed": failed, "seconds": el, "warmup_s": warmup,

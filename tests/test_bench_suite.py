@@ -236,7 +236,9 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
     r = asyncio.run(go())
     assert calls == 400 and r["completed"] == 300 and r["warmup_appends"] == 100
     assert r["late_max_ms"] >= 19 and r["p999_ms"] >= 19
-    assert len(r["stalls"]) == 1 and r["stalls"][0][0] == pytest.approx(0.05) and r["stalls"][0][1] >= 19
+    # the stall at its time (others may come with a loaded machine)
+    assert [ms for at, ms in r["stalls"] if at == pytest.approx(0.05)] and all(
+        ms >= 19 for at, ms in r["stalls"] if at == pytest.approx(0.05))
     assert r["gc_passes"] >= 5  # calls 150, 200, ..., 400 (not the two of the warm-up)
     assert all(cb.__name__ != "gc_watch" for cb in gc.callbacks)
 
@@ -256,7 +258,8 @@ def test_hiccup_meter_sees_a_stall_of_the_machine():
         time.sleep(0.05)
     r = h.result
     assert r["wakes"] > 20 and r["max_ms"] >= 40
-    assert [s for s in r["stalls"] if s[1] >= 40 and before - 0.01 <= s[0] <= before + 0.01]
+    # the wake due just after the stop (or, on a loaded machine, one due a little before it)
+    assert [s for s in r["stalls"] if s[1] >= 40 and before - 0.05 <= s[0] <= before + 0.01]
     if os.path.exists("/proc/pressure/cpu"):
         assert r["steal_s"] >= 0 and r["cpu_pressure_s"] >= 0
 
