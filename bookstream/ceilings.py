@@ -397,28 +397,26 @@ async def _timed_window(start_one, seconds: float, window: int) -> tuple[int, fl
     return done_n, time.perf_counter() - t0
 
 
-async def add_rates(clients, size: int, batches: list[int], seconds: float, windows: list[int], say,
-                    what: str) -> list[dict]:
+async def add_rates(clients, size: int, batches: list[int], seconds: float, window: int, say) -> list[dict]:
     """Frames of `batch` entries of `size` bytes, each sent to every server
-    with `window` frames in flight per server, for each batch and window:
-    messages/s over all servers, and the implied appends/s (frames/s per
-    server x batch) and MB/s."""
+    with `window` frames in flight per server, for each batch: messages/s
+    over all servers, and the implied appends/s (frames/s per server x
+    batch) and MB/s."""
     rows = []
-    for window in windows:
-        for batch in frame_batches(size, batches):
-            frame = E.encode(1, 0, os.urandom(size)) * batch
-            results = await asyncio.gather(*(
-                _timed_window(lambda c=c: c.add_frame(frame), seconds, window) for c in clients))
-            msgs = sum(n for n, _ in results)
-            el = max(e for _, e in results)
-            per_server = msgs / len(clients) / el
-            row = {"entry_bytes": size, "batch": batch, "window": window, "frame_bytes": len(frame),
-                   "messages_per_s": msgs / el, "frames_per_s_per_server": per_server,
-                   "entries_per_s": per_server * batch, "mb_per_s": per_server * batch * size / 1e6}
-            rows.append(row)
-            say(f"ceiling {what}, {size} B x {batch}/frame, {window} in flight, to {len(clients)} servers: "
-                f"{row['messages_per_s']:,.0f} msgs/s, {row['entries_per_s']:,.0f} entries/s, "
-                f"{row['mb_per_s']:.1f} MB/s")
+    for batch in frame_batches(size, batches):
+        frame = E.encode(1, 0, os.urandom(size)) * batch
+        results = await asyncio.gather(*(
+            _timed_window(lambda c=c: c.add_frame(frame), seconds, window) for c in clients))
+        msgs = sum(n for n, _ in results)
+        el = max(e for _, e in results)
+        per_server = msgs / len(clients) / el
+        row = {"entry_bytes": size, "batch": batch, "frame_bytes": len(frame),
+               "messages_per_s": msgs / el, "frames_per_s_per_server": per_server,
+               "entries_per_s": per_server * batch, "mb_per_s": per_server * batch * size / 1e6}
+        rows.append(row)
+        say(f"ceiling gRPC add, {size} B x {batch}/frame to {len(clients)} servers: "
+            f"{row['messages_per_s']:,.0f} msgs/s, {row['entries_per_s']:,.0f} entries/s, "
+            f"{row['mb_per_s']:.1f} MB/s")
     return rows
 
 
@@ -430,7 +428,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
     - unary: sequential `Info` calls (latency) and a window of 64 in flight (calls/s);
     - rtt: one frame (one 1 KiB entry) at a time to every server, until
       `ack_quorum` acks: the round trip under an append, with no disk;
-    - add: `add_rates` with `window` frames in flight;
+    - add: `add_rates`;
     - read: range reads from one server in 1 MiB frames (as the reader asks):
       entries/s and MB/s;
     - open_loop, given `open_loop_floor`'s size, seconds and rate: the
@@ -474,7 +472,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
             f"p50 {out['rtt']['p50_ms']:.3f} ms")
 
         for size in sizes:
-            out["add"].extend(await add_rates(clients, size, batches, seconds, [window], say, "gRPC add"))
+            out["add"].extend(await add_rates(clients, size, batches, seconds, window, say))
             want = max(1, int(256 << 20) // (size + E.HEADER_SIZE))  # per call; repeated for `seconds`
             n = calls = 0
             t0 = time.perf_counter()
@@ -501,20 +499,18 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
     return out
 
 
-async def journal_floor(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
-                        windows: list[int], open_loop: dict | None = None,
-                        progress=None) -> dict:
+async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], seconds: float,
+                        open_loop: dict | None = None, progress=None) -> dict:
     """Servers that journal every frame before acking it (`serve
-    --journal`), driven as `grpc_ceiling` drives the empty ones: appends/s
-    per size (`add_rates` over `batches` and `windows` in flight), and the
-    open loop's latency at its load (`open_loop_floor`).  This is the
-    design's floor: gRPC's transport and the journal's write + fdatasync,
-    both sharing the machine's cores with the client as a cluster does, and
-    nothing else (no bookie state, index, validation, nor the writer's
-    bookkeeping).  Its add client is cruder than the stream writer (a fixed
-    window of fixed frames), which can beat it at large entries."""
+    --journal`), driven through a `FloorWriter` by the benchmark's own
+    loops: for each (entry size, appends in flight, appends per call) of
+    `plan`, the closed loop of `bench stream` (appends/s), and the open
+    loop at its load (`open_loop_floor`).  This is the design's floor:
+    gRPC's transport, the writer's batching and the journal's write +
+    fdatasync, sharing the machine's cores as a cluster does, and nothing
+    else (no bookie state, index or validation, no writer bookkeeping)."""
+    from bookstream.bench import _closed_loop
     from stream.bookie_client import BookieClient
-    from stream.ledger import FRAME_BYTES
 
     say = progress or (lambda msg: None)
     clients = [BookieClient(a) for a in addresses]
@@ -522,10 +518,14 @@ async def journal_floor(addresses: list[str], sizes: list[int], batches: list[in
     try:
         for c in clients:
             await c.add(E.encode(1, 0, b"open"))  # open the streams
-        for size in sizes:
-            # frames as large as the writer's, and up to the gRPC ceiling's
-            tried = sorted(set(frame_batches(size, batches, FRAME_BYTES) + frame_batches(size, batches)))
-            out["add"].extend(await add_rates(clients, size, tried, seconds, windows, say, "gRPC + journal add"))
+        for size, window, batch in plan:
+            w = FloorWriter(clients)
+            r = await _closed_loop(w.append_async, size, seconds, window, append_many_async=w.append_many_async,
+                                   batch=batch)
+            row = {"entry_bytes": size, "window": window, **r, "entries_per_s": r["appends_per_s"]}
+            out["add"].append(row)
+            say(f"ceiling gRPC + journal closed loop, {size} B ({batch} per call, {window} in flight): "
+                f"{r['appends_per_s']:,.0f} appends/s, {r['mb_per_s']:.1f} MB/s")
     finally:
         for c in clients:
             await c.close()
@@ -583,57 +583,97 @@ def journal_line(j: dict) -> str:
             f"{j['sync_p999_ms_at_most']} ms, the longest <= {j['sync_max_ms_at_most']} ms")
 
 
+class _Add:
+    """One call's entries (one, or a batch) and its future; done once
+    `ack_quorum` servers acked all of them."""
+
+    __slots__ = ("fut", "n", "acked", "servers_done")
+
+    def __init__(self, fut: asyncio.Future, n: int, servers: int):
+        self.fut, self.n, self.acked, self.servers_done = fut, n, [0] * servers, 0
+
+
 class FloorWriter:
-    """A writer that does no more than move frames: `append_async` returns
-    a future done once `ack_quorum` servers acked the entry's frame.  It
-    batches as the stream writer does: the appends of one turn of the event
-    loop are handed over together, one frame in flight per server, and what
-    comes meanwhile goes as that server's next frame when its ack is back.
-    No entry ids, no LAC, no ensemble: the floor under the writer."""
+    """A writer that does no more than move frames, batched as the stream
+    writer batches them (stream/ledger.py): the appends of one turn of the
+    event loop are handed over together; a server with no frame in flight
+    is sent them at once, else they wait, and go when its frame's ack is
+    back or once MAX_INFLIGHT_FRAMES allows and PIPELINE_BYTES wait; frames
+    of at most FRAME_BYTES.  `append_async` (one entry) and
+    `append_many_async` (a batch, one future) resolve once `ack_quorum`
+    servers acked every entry.  No entry ids, no LAC, no ensemble, no
+    retries: the floor under the writer."""
 
     def __init__(self, clients, ack_quorum: int = 2):
+        from stream.ledger import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
+
+        self.frame_bytes, self.max_inflight, self.pipeline_bytes = FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
         self.clients, self.ack_quorum = clients, ack_quorum
         self.loop = asyncio.get_running_loop()
-        self._queued: list[tuple[bytes, asyncio.Future]] = []
-        self._held: list[list[tuple[bytes, asyncio.Future]]] = [[] for _ in clients]
-        self._inflight = [False] * len(clients)
-        self._acks: dict[asyncio.Future, int] = {}
+        self._queued: list[tuple[list[bytes], _Add]] = []
+        self._held: list[list[tuple[list[bytes], _Add]]] = [[] for _ in clients]
+        self._held_bytes = [0] * len(clients)
+        self._inflight = [0] * len(clients)
 
     def append_async(self, payload: bytes) -> asyncio.Future:
+        return self.append_many_async([payload])
+
+    def append_many_async(self, payloads) -> asyncio.Future:
         fut = self.loop.create_future()
         if not self._queued:
             self.loop.call_soon(self._hand_queued)
-        self._queued.append((payload, fut))
+        self._queued.append(([E.encode(1, k, p) for k, p in enumerate(payloads)], _Add(fut, len(payloads),
+                                                                                     len(self.clients))))
         return fut
 
     def _hand_queued(self) -> None:
         queued, self._queued = self._queued, []
-        for _, fut in queued:
-            self._acks[fut] = 0
+        size = sum(len(r) for records, _ in queued for r in records)
         for i in range(len(self.clients)):
             self._held[i].extend(queued)
-            if not self._inflight[i]:
+            self._held_bytes[i] += size
+            if not self._inflight[i] or (self._held_bytes[i] >= self.pipeline_bytes
+                                         and self._inflight[i] < self.max_inflight):
                 self._send(i)
 
     def _send(self, i: int) -> None:
-        adds, self._held[i] = self._held[i], []
-        self._inflight[i] = True
-        frame = b"".join(E.encode(1, k, payload) for k, (payload, _) in enumerate(adds))
-        self.clients[i].add_frame(frame).add_done_callback(lambda f: self._acked(i, adds, f))
+        held, self._held[i], self._held_bytes[i] = self._held[i], [], 0
+        frame: list[bytes] = []
+        parts: list[tuple[_Add, int]] = []
+        size = 0
+        for records, add in held:
+            n = 0
+            for r in records:
+                if frame and size + len(r) > self.frame_bytes:
+                    if n:
+                        parts.append((add, n))
+                    self._transmit(i, frame, parts)
+                    frame, parts, size, n = [], [], 0, 0
+                frame.append(r)
+                size += len(r)
+                n += 1
+            parts.append((add, n))
+        if frame:
+            self._transmit(i, frame, parts)
 
-    def _acked(self, i: int, adds, f: asyncio.Future) -> None:
-        self._inflight[i] = False
+    def _transmit(self, i: int, frame: list[bytes], parts: list[tuple[_Add, int]]) -> None:
+        self._inflight[i] += 1
+        self.clients[i].add_frame(b"".join(frame)).add_done_callback(lambda f: self._acked(i, parts, f))
+
+    def _acked(self, i: int, parts: list[tuple[_Add, int]], f: asyncio.Future) -> None:
+        self._inflight[i] -= 1
         failed = f.exception()
-        for _, fut in adds:
-            if fut.done():
+        for add, n in parts:
+            if add.fut.done():
                 continue
             if failed is not None:
-                fut.set_exception(failed)
+                add.fut.set_exception(failed)
                 continue
-            self._acks[fut] += 1
-            if self._acks[fut] == self.ack_quorum:
-                del self._acks[fut]
-                fut.set_result(None)
+            add.acked[i] += n
+            if add.acked[i] == add.n:
+                add.servers_done += 1
+                if add.servers_done == self.ack_quorum:
+                    add.fut.set_result(None)
         if self._held[i]:
             self._send(i)
 

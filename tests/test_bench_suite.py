@@ -54,8 +54,9 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert all(_positive(r["writes_per_s"]) and r["writers"] == 3 for r in doc["ceilings"]["disk"])
     # the open loop's floors, at its load: gRPC alone, and gRPC + a journal
     floor = doc["ceilings"]["grpc_journal"]
-    assert {r["entry_bytes"] for r in floor["add"]} == {100, 1024, 65536}
-    assert all(_positive(r["entries_per_s"]) for r in floor["add"])
+    assert [(r["entry_bytes"], r["window"], r["batch"]) for r in floor["add"]] == [
+        (a["entry_bytes"], a["window"], a["batch"]) for a in doc["bookstream"]["appends"]]  # the same loops
+    assert all(_positive(r["entries_per_s"]) and r["appends"] > 0 for r in floor["add"])
     for ol in (grpc["open_loop"], floor["open_loop"]):
         assert ol["offered_per_s"] == 10_000 and ol["completed"] > 0 and ol["failed"] == 0 and ol["cdf_ms"]
         assert ol["hiccups"]["wakes"] > 0 and ol["hiccups"]["max_ms"] >= ol["hiccups"]["p50_ms"]
@@ -169,9 +170,9 @@ def test_journal_server_acks_frames_it_journalled(tmp_path):
 
 
 def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
-    """The open loop's floor: the appends of one turn go as one frame per
-    server, the next turn's wait for those acks, and an append is done at
-    its ack quorum."""
+    """The floors' writer: the appends of one turn go as one frame per
+    server, the next turn's wait for those acks, a batch goes in frames of
+    at most FRAME_BYTES, and an append is done at its ack quorum."""
     from stream.bookie_client import BookieClient
 
     servers = ceilings.start_empty_servers(tmp_path, 2)
@@ -191,6 +192,8 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
             second = [w.append_async(b"b" * 10) for _ in range(3)]
             assert not any(f.done() for f in first + second)
             await asyncio.gather(*first, *second)
+            # a batch: one future, its entries in frames of at most the writer's FRAME_BYTES
+            await w.append_many_async([b"c" * 102_400] * 20)
             r = await ceilings.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
         finally:
             for c in clients:
@@ -202,7 +205,7 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
     finally:
         for s in servers:
             s.stop()
-    assert sent == [[5, 3], [5, 3]]
+    assert sent == [[5, 3, 10, 10], [5, 3, 10, 10]]
     assert r["completed"] == 400 and r["failed"] == 0 and _positive(r["p50_ms"]) and r["ack_quorum"] == 2
 
 
