@@ -614,6 +614,7 @@ class FloorWriter:
         self._held: list[list[tuple[list[bytes], _Add]]] = [[] for _ in clients]
         self._held_bytes = [0] * len(clients)
         self._inflight = [0] * len(clients)
+        self._last_frame: tuple | None = None
 
     def append_async(self, payload: bytes) -> asyncio.Future:
         return self.append_many_async([payload])
@@ -657,8 +658,15 @@ class FloorWriter:
             self._transmit(i, frame, parts)
 
     def _transmit(self, i: int, frame: list[bytes], parts: list[tuple[_Add, int]]) -> None:
+        # one frame's bytes for every server it goes to, as the writer encodes a run once
+        c = self._last_frame
+        if c is not None and c[0] is frame[0] and c[1] is frame[-1] and c[2] == len(frame):
+            message = c[3]
+        else:
+            message = b"".join(frame)
+            self._last_frame = (frame[0], frame[-1], len(frame), message)
         self._inflight[i] += 1
-        self.clients[i].add_frame(b"".join(frame)).add_done_callback(lambda f: self._acked(i, parts, f))
+        self.clients[i].add_frame(message).add_done_callback(lambda f: self._acked(i, parts, f))
 
     def _acked(self, i: int, parts: list[tuple[_Add, int]], f: asyncio.Future) -> None:
         self._inflight[i] -= 1
