@@ -492,10 +492,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
         for c in clients:
             await c.close()
     if open_loop:
-        from bookstream.bench import open_loop_line
-
-        out["open_loop"] = await open_loop_floor(addresses, **open_loop)
-        say("ceiling gRPC " + open_loop_line(out["open_loop"]))
+        out["open_loop"] = await _floor_open_loop(addresses, open_loop, say, "gRPC", journal=False)
     return out
 
 
@@ -530,14 +527,23 @@ async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], 
         for c in clients:
             await c.close()
     if open_loop:
-        from bookstream.bench import open_loop_line
-
-        before = await journal_counters(addresses)
-        r = out["open_loop"] = await open_loop_floor(addresses, **open_loop)
-        j = r["journal"] = journal_delta(before, await journal_counters(addresses),
-                                         r["completed"] + r["warmup_appends"])
-        say(f"ceiling gRPC + journal {open_loop_line(r)}; {journal_line(j)}")
+        out["open_loop"] = await _floor_open_loop(addresses, open_loop, say, "gRPC + journal", journal=True)
     return out
+
+
+async def _floor_open_loop(addresses: list[str], open_loop: dict, say, what: str, journal: bool) -> dict:
+    """`open_loop_floor` for a ceiling phase, with the servers' journals'
+    group commits over it when they have journals."""
+    from bookstream.bench import open_loop_line
+
+    before = await journal_counters(addresses) if journal else None
+    r = await open_loop_floor(addresses, **open_loop)
+    line = f"ceiling {what} {open_loop_line(r)}"
+    if journal:
+        r["journal"] = journal_delta(before, await journal_counters(addresses), r["completed"] + r["warmup_appends"])
+        line += f"; {journal_line(r['journal'])}"
+    say(line)
+    return r
 
 
 async def journal_counters(addresses: list[str]) -> tuple[int, int, list[int]]:
