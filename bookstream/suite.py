@@ -478,8 +478,8 @@ def build_figures(doc: dict) -> list[dict]:
         g = best(journal_floor.get("add", []), size, "entries_per_s")
         if g:
             ceilings["grpc_journal"] = _ref(r["appends_per_s"], g["entries_per_s"],
-                                            f"servers that only journal (write+fdatasync) each frame, the same "
-                                            f"closed loop batched as the writer batches (ceilings.FloorWriter)",
+                                            "servers that only journal (write+fdatasync) each frame, the same "
+                                            "closed loop batched as the writer batches (ceilings.FloorWriter)",
                                             unit="appends/s")
         c = r.get("cpu")
         if c and c["ceiling_per_s"]:
