@@ -1,9 +1,14 @@
 """The entry record: the one place that packs and parses entries.
 
 An entry travels, is journalled and is served back as the same bytes: a
-52-byte little-endian header followed by the payload (layout in
-proto/bookie.proto).  The CRC-32 covers bytes [18, 52) of the header (ledger
-id, entry id, LAC, LAFR, data flags) and the payload: what the entry *is*.
+60-byte little-endian header followed by the payload (layout in
+proto/bookie.proto).  The CRC-32 covers bytes [18, 60) of the header (ledger
+id, entry id, LAC, LAFR, data flags, origin term) and the payload: what the
+entry *is*.  The *origin term* is the term of whoever created the entry (a
+writer's appends: its term; a recovery's truncate no-op: the recovering
+term; classic ledgers: 0); a recovery write-back copies it unchanged, like
+the payload, so recovery can tell an older term's leftovers from what a
+newer term decided (README, "Recovery and the origin term").
 The term and the RECOVERY_ADD flag describe how a record was sent, so they
 sit outside the checksum, before it: the checked bytes run to the record's
 end, and one CRC call over one slice checks a record (two were needed while
@@ -18,10 +23,10 @@ from typing import Iterator, NamedTuple
 
 from bookie.crc import crc32
 
-# payload_len, checksum, req_flags, term | ledger_id, entry_id, lac, lafr, data_flags
-ENTRY_HEADER = struct.Struct("<IIHQQqqqH")
+# payload_len, checksum, req_flags, term | ledger_id, entry_id, lac, lafr, data_flags, origin
+ENTRY_HEADER = struct.Struct("<IIHQQqqqHQ")
 HEADER_SIZE = ENTRY_HEADER.size
-assert HEADER_SIZE == 52
+assert HEADER_SIZE == 60
 
 CHECKSUM_START = 18  # the checksum covers bytes [18, end of the record)
 
@@ -82,6 +87,7 @@ class EntryHeader(_Flags):
     data_flags: int
     req_flags: int
     term: int
+    origin: int  # the origin term (covered by the checksum)
     checksum: int
     payload_len: int
     offset: int  # of the record in the buffer it was parsed from
@@ -105,8 +111,12 @@ def encode(
     data_flags: int = 0,
     req_flags: int = 0,
     term: int = 0,
+    origin: int | None = None,
 ) -> bytes:
-    """Builds one signed record."""
+    """Builds one signed record; ``origin`` (the origin term) defaults to
+    ``term``: an entry created by whoever sends it."""
+    if origin is None:
+        origin = term
     if not 0 <= ledger_id <= MAX_LEDGER_ID:
         raise ValueError(f"ledger id out of range: {ledger_id}")
     if not 0 <= entry_id <= MAX_ENTRY_ID:
@@ -115,21 +125,24 @@ def encode(
         raise ValueError("unknown flags")
     if data_flags & FLAG_TRUNCATE and not data_flags & FLAG_NOOP:
         raise ValueError("the truncate flag is only valid on a no-op entry")
-    head = ENTRY_HEADER.pack(len(payload), 0, req_flags, term, ledger_id, entry_id, lac, lafr, data_flags)
+    if not 0 <= origin <= term:
+        raise ValueError(f"origin term {origin} must be in [0, term {term}]")
+    head = ENTRY_HEADER.pack(len(payload), 0, req_flags, term, ledger_id, entry_id, lac, lafr, data_flags, origin)
     crc = crc32(payload, crc32(head[CHECKSUM_START:]))
     return struct.pack("<II", len(payload), crc) + head[8:] + payload
 
 
 _UNSIGNED = struct.Struct("<HQ")        # bytes 8..18: req_flags, term
-_SIGNED = struct.Struct("<QqqqH")       # bytes 18..52: ledger_id, entry_id, lac, lafr, data_flags
+_SIGNED = struct.Struct("<QqqqHQ")      # bytes 18..60: ledger_id, entry_id, lac, lafr, data_flags, origin
 _LEN_CRC = struct.Struct("<II")
 assert _LEN_CRC.size + _UNSIGNED.size + _SIGNED.size == HEADER_SIZE and 8 + _UNSIGNED.size == CHECKSUM_START
 _SPAN = struct.Struct("<I22xq")         # payload_len, entry_id
 
 
 def encode_run(ledger_id: int, first_entry: int, payloads, *, lac: int, lafr: int, term: int) -> list[bytes]:
-    """Signed records for consecutive entries from ``first_entry`` (no flags):
-    the writer's hot path, the same bytes as ``encode`` one at a time."""
+    """Signed records for consecutive entries from ``first_entry`` (no flags,
+    origin term = ``term``): the writer's hot path, the same bytes as
+    ``encode`` one at a time."""
     if not 0 <= ledger_id <= MAX_LEDGER_ID:
         raise ValueError(f"ledger id out of range: {ledger_id}")
     if not 0 <= first_entry and first_entry + len(payloads) - 1 <= MAX_ENTRY_ID:
@@ -139,7 +152,7 @@ def encode_run(ledger_id: int, first_entry: int, payloads, *, lac: int, lafr: in
     out = []
     eid = first_entry
     for payload in payloads:
-        t = signed(ledger_id, eid, lac, lafr, 0)
+        t = signed(ledger_id, eid, lac, lafr, 0, term)
         out.append(lencrc(len(payload), checksum(payload, checksum(t))) + unsigned + t + payload)
         eid += 1
     return out
@@ -148,7 +161,7 @@ def encode_run(ledger_id: int, first_entry: int, payloads, *, lac: int, lafr: in
 def parse_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:
     if len(buf) - offset < HEADER_SIZE:
         raise MalformedEntry("truncated entry header")
-    plen, crc, rflags, term, lid, eid, lac, lafr, dflags = ENTRY_HEADER.unpack_from(buf, offset)
+    plen, crc, rflags, term, lid, eid, lac, lafr, dflags, origin = ENTRY_HEADER.unpack_from(buf, offset)
     if len(buf) - offset - HEADER_SIZE < plen:
         raise MalformedEntry("truncated entry payload")
     if eid < 0:
@@ -159,7 +172,9 @@ def parse_header(buf: bytes | memoryview, offset: int = 0) -> EntryHeader:
         raise MalformedEntry("unknown flags")
     if dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP:
         raise MalformedEntry("truncate flag on an entry that is not a no-op")
-    return EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, crc, plen, offset)
+    if origin > term:
+        raise MalformedEntry(f"origin term {origin} above the record's term {term}")
+    return EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, origin, crc, plen, offset)
 
 
 def verify(buf: bytes | memoryview, header: EntryHeader) -> None:
@@ -185,12 +200,12 @@ def _checked(buf: bytes | memoryview, max_payload: int | None = None):
         if n - off < HEADER_SIZE:
             raise MalformedEntry("truncated entry header")
         f = unpack(buf, off)
-        plen, crc, rflags, term, lid, eid, lac, lafr, dflags = f
+        plen, crc, rflags, term, lid, eid, lac, lafr, dflags, origin = f
         end = off + HEADER_SIZE + plen
         if end > n:
             raise MalformedEntry("truncated entry payload")
         if eid < 0 or lac < -1 or lafr < -1 or dflags & ~DATA_FLAGS_MASK or rflags & ~REQ_FLAGS_MASK or (
-                dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP):
+                dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP) or origin > term:
             parse_header(buf, off)  # raises the precise MalformedEntry
         if max_payload is not None and plen > max_payload:
             raise EntryTooLarge(parse_header(buf, off), max_payload)
@@ -205,8 +220,8 @@ def scan(buf: bytes | memoryview, max_payload: int | None = None) -> list[EntryH
     bookie's hot path: what ``iter_headers`` + ``verify`` do, record by
     record).  Raises MalformedEntry (EntryTooLarge above ``max_payload``) or
     ChecksumMismatch."""
-    return [EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, crc, plen, off)
-            for off, _, (plen, crc, rflags, term, lid, eid, lac, lafr, dflags) in _checked(buf, max_payload)]
+    return [EntryHeader(lid, eid, lac, lafr, dflags, rflags, term, origin, crc, plen, off)
+            for off, _, (plen, crc, rflags, term, lid, eid, lac, lafr, dflags, origin) in _checked(buf, max_payload)]
 
 
 class EntryRun(_Flags):
@@ -264,13 +279,13 @@ def scan_runs(buf: bytes | memoryview, max_payload: int | None = None) -> list[E
     while off < n:
         if n - off < HEADER_SIZE:
             raise MalformedEntry("truncated entry header")
-        plen, crc, rflags, term, lid, eid, lac, lafr, dflags = unpack(buf, off)
+        plen, crc, rflags, term, lid, eid, lac, lafr, dflags, origin = unpack(buf, off)
         size = HEADER_SIZE + plen
         end = off + size
         if end > n:
             raise MalformedEntry("truncated entry payload")
         if eid < 0 or lac < -1 or lafr < -1 or dflags & ~DATA_FLAGS_MASK or rflags & ~REQ_FLAGS_MASK or (
-                dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP):
+                dflags & FLAG_TRUNCATE and not dflags & FLAG_NOOP) or origin > term:
             parse_header(buf, off)  # raises the precise MalformedEntry
         if limit >= 0 and plen > limit:
             raise EntryTooLarge(parse_header(buf, off), limit)
@@ -359,6 +374,7 @@ class Entry(NamedTuple):
     lac: int
     lafr: int
     data_flags: int
+    origin: int = 0  # the origin term
 
     @property
     def is_noop(self) -> bool:
@@ -369,7 +385,7 @@ def decode(record: bytes | memoryview, *, offset: int = 0, check: bool = True) -
     h = parse_header(record, offset)
     if check:
         verify(record, h)
-    return Entry(h.ledger_id, h.entry_id, payload(record, h), h.lac, h.lafr, h.data_flags)
+    return Entry(h.ledger_id, h.entry_id, payload(record, h), h.lac, h.lafr, h.data_flags, h.origin)
 
 
 def decode_run(buf: bytes, ledger_id: int, first_entry: int) -> list[Entry]:
@@ -379,10 +395,10 @@ def decode_run(buf: bytes, ledger_id: int, first_entry: int) -> list[Entry]:
     MalformedEntry / ChecksumMismatch like ``decode``."""
     out: list[Entry] = []
     want = first_entry
-    for off, end, (_, _, _, _, lid, eid, lac, lafr, dflags) in _checked(buf):
+    for off, end, (_, _, _, _, lid, eid, lac, lafr, dflags, origin) in _checked(buf):
         if lid != ledger_id or eid != want:
             raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:{want}")
-        out.append(Entry(lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags))
+        out.append(Entry(lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags, origin))
         want += 1
     return out
 

@@ -88,6 +88,7 @@ class SimClient:
                 del out["val"], out["ack"]
             elif ph == "reading":
                 out["next"] = r.frontier
+                out["floor"] = r.floor
                 ahead = {}
                 for n, o in r.outcomes.items():
                     if o.outcome is ReadOutcome.RECOVERABLE:
@@ -102,7 +103,7 @@ class SimClient:
         ens = wr.ensemble
         return {"phase": "open", "term": wr.term, "frags": self.frags, "lac": wr.lac, "lafr": wr.lafr,
                 "lap": wr.next_entry - 1,
-                "val": {e: ("data", p.payload) for e, p in wr.pending.items()},
+                "val": {e: ("data", p.payload, wr.term) for e, p in wr.pending.items()},
                 "ack": {e: {ens[i] for i in p.acks} for e, p in wr.pending.items()}}
 
     def compare(self) -> None:
@@ -415,7 +416,8 @@ class SimClient:
             return None
         self.adds_left -= 1
         self.payloads[eid] = payload
-        w.step("WriterAdd", self.name, eid, ("data", payload), w.sc.window)
+        w.sent.setdefault(self.term, []).append((eid, ("data", payload, self.term)))
+        w.step("WriterAdd", self.name, eid, ("data", payload, self.term), w.sc.window)
         w.count("adds")
         self.pump_writer()
         return eid
@@ -429,7 +431,7 @@ class SimClient:
             w.step("DropAcks", self.name, {prop.ensemble[i] for i in prop.replace}, prop.first_entry, True)
         r = wr.ready()
         for eid in r.acked:
-            v = ("data", self.payloads[eid])
+            v = ("data", self.payloads[eid], self.term)
             if eid in w.acked and w.acked[eid] != v:
                 from sim.invariants import InvariantViolation
                 raise InvariantViolation("AckedUnique", f"entry {eid} acknowledged as {v}, earlier as {w.acked[eid]}")

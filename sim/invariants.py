@@ -28,6 +28,11 @@ TruncatedAtFinish  unbounded: when a recovery of term t ends (its final CAS),
                    entry above the no-op written in a term < t (what the
                    truncate flag and the guaranteed write quorum promise:
                    protocol-rules.md, steps 5 and 6)
+NoHole             unbounded: when a recovery ends, what survives of each
+                   writer term's adds up to its no-op is a prefix of what
+                   that writer sent, at the same consecutive positions
+                   (issue 12: a recovery must not keep an older term's
+                   entries above a newer term's no-op)
 ================== =============================================================
 """
 from __future__ import annotations
@@ -106,6 +111,29 @@ class State:
                         raise InvariantViolation(
                             "TruncatedAtFinish", f"recovery of term {term} ended with its no-op at {noop}, but "
                                                  f"{b} holds entry {eid} of term {t}")
+        self.no_hole(term, noop)
+
+    def no_hole(self, term: int, noop: int) -> None:
+        """Entries 0..noop are decided: per origin term, the data entries
+        kept must be what its writer sent first, at the same positions."""
+        w = self.w
+        kept: dict[int, list] = {}
+        for n in range(noop + 1):
+            values = {x for _, x in self._holders(n, w.meta.frags) if x is not None}
+            if len(values) == 1:  # (more than one: NoDivergence's finding)
+                v = values.pop()
+                if v[0] == "data":
+                    kept.setdefault(v[-1], []).append((n, v))
+        for t, got in sorted(kept.items()):
+            sent = w.sent.get(t, [])
+            if got != sent[:len(got)]:
+                bad = next(k for k, x in enumerate(got) if k >= len(sent) or x != sent[k])
+                want = sent[bad] if bad < len(sent) else None
+                raise InvariantViolation(
+                    "NoHole", f"recovery of term {term} ended with its no-op at {noop}: term {t}'s entries kept "
+                              f"are {[(n, _fmt(v)) for n, v in got]}, not a prefix of what it sent (at "
+                              f"{got[bad][0]}: {_fmt(got[bad][1])}, expected "
+                              f"{(want[0], _fmt(want[1])) if want else 'nothing'})")
 
     # -- the checks ----------------------------------------------------------------------------
 
@@ -184,8 +212,8 @@ class State:
 def _fmt(v) -> str:
     if v is None:
         return "-"
-    if v == ("noop",):
-        return "noop"
+    if v[0] == "noop":
+        return f"noop/t{v[-1]}"
     return v[1].decode(errors="replace")
 
 

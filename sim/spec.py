@@ -30,13 +30,22 @@ cl[c].fenced          RecoveryCore.coverage.responders
 cl[c].next            RecoveryCore.frontier (READING) / .end_entry
 cl[c].nosuch          the NoSuchEntry answers of the window's entries:
   (model: .ahead)     RecoveryCore.outcomes, id -> the value (RECOVERABLE)
-                      or the bookies that answered NoSuchEntry
+                      or the bookies that answered NoSuchEntry (a stale OK
+                      among them)
+cl[c].floor           RecoveryCore.floor: the highest origin term decided
 acked                 entries in WriterCore Ready.acked, with their payloads
 ===================== ========================================================
 
-Values: ("data", payload) for an add (payloads are unique per add, a
-refinement of the spec's Data(t)); ("noop",) for a no-op (a written-back
-no-op is the same bytes, so NoOp(t)'s t is not observable).
+Values: ("data", payload, origin) for an add (payloads are unique per add,
+a refinement of the spec's Data(t)); ("noop", origin) for a no-op, NoOp(t).
+The origin is the record's origin term (the term of whoever created the
+entry; a write-back copies it), so a copy has the value of the original.
+Log matching (issue 12): RecoveryDecide raises cl[c].floor to the origin of
+what it decides; an OK answer whose origin is below the floor counts as
+NoSuchEntry (ClientReadAnswer), and a value held above next is judged again
+when the floor rises (RecoveryDecide: the stale value becomes a
+NoSuchEntry of the bookie that gave it, and the rest of the write set may
+be asked again: a bookie asked twice answers once, the second is late).
 
 Granularity (where the implementation is finer than the spec):
 
@@ -85,7 +94,16 @@ from bookie import entry as E
 from sim.metadata import CLOSED, IN_RECOVERY, OPEN, frag_of, with_fragment
 from stream.quorum import write_quorums, write_set
 
-NOOP = ("noop",)
+def noop(origin: int) -> tuple:
+    return ("noop", origin)
+
+
+def is_noop(v) -> bool:
+    return isinstance(v, tuple) and bool(v) and v[0] == "noop"
+
+
+def origin_of(v: tuple) -> int:
+    return v[-1]
 
 # Where this transcription follows the implementation rather than the spec text.
 DEVIATIONS = {
@@ -105,8 +123,8 @@ DEVIATIONS = {
 def value_of(record: bytes) -> tuple:
     h = E.parse_header(record)
     if h.is_noop:
-        return NOOP
-    return ("data", E.payload(record, h))
+        return noop(h.origin)
+    return ("data", E.payload(record, h), h.origin)
 
 
 class SpecViolation(AssertionError):
@@ -145,6 +163,8 @@ class MClient:
     fenced: set = field(default_factory=set)
     next: int = 0
     ahead: dict = field(default_factory=dict)  # read-ahead answers: id -> value | NoSuchEntry bookies
+    okfrom: dict = field(default_factory=dict)  # id -> (bookie that gave ahead's value, NoSuchEntry before it)
+    floor: int = 0                              # the highest origin term decided (log matching)
     start: int = -1
     proposed: int | None = None  # a writer's ensemble change: its first entry, fixed at the proposal
 
@@ -196,7 +216,7 @@ class Model:
         return self.write_set(n, w.frags)
 
     def truncate_flag(self, w: MClient, n: int) -> bool:
-        return self.unbounded and w.val.get(n) == NOOP and w.phase == "finishing" and n == w.next
+        return self.unbounded and is_noop(w.val.get(n)) and w.phase == "finishing" and n == w.next
 
     # -- take-over, metadata ----------------------------------------------------------
 
@@ -226,7 +246,7 @@ class Model:
         for n, v in w.val.items():
             need = len(w.frags[-1][1]) if (self.unbounded and n == w.next) else self.Qw
             self._need(len(w.ack.get(n, ())) >= need, a,
-                       f"entry {n} ({'no-op' if v == NOOP else 'data'}) acked by {sorted(w.ack.get(n, ()))}, "
+                       f"entry {n} ({'no-op' if is_noop(v) else 'data'}) acked by {sorted(w.ack.get(n, ()))}, "
                        f"needs {need}")
         if self.unbounded:
             self._need(m.term == w.term and m.state == IN_RECOVERY, a, f"metadata {m.state} term {m.term}")
@@ -499,14 +519,29 @@ class Model:
         got = w.ahead.get(n, set())
         if n < w.next or (end is not None and n > end) or not isinstance(got, set) or len(got) >= self.coverage:
             return "late"
-        self._need(b not in got, a, f"{b} answered entry {n} twice")
-        if value is not None:
+        if b in got:
+            return "late"  # asked again after a stale value was dropped: its first answer counted
+        if value is not None and origin_of(value) >= w.floor:
             w.ahead[n] = value
+            w.okfrom[n] = (b, got)
             return "recorded"
-        w.ahead[n] = got | {b}
-        if len(w.ahead[n]) >= self.coverage:  # a known end: nothing above it matters
-            w.ahead = {i: x for i, x in w.ahead.items() if i <= n}
+        self._nosuch(w, n, got | {b})  # NoSuchEntry, or a stale OK: an older term's leftover
         return "recorded"
+
+    def _nosuch(self, w: MClient, n: int, bs: set) -> None:
+        w.ahead[n] = bs
+        if len(bs) >= self.coverage:  # a known end: nothing above it matters
+            w.ahead = {i: x for i, x in w.ahead.items() if i <= n}
+            w.okfrom = {i: x for i, x in w.okfrom.items() if i <= n}
+
+    def _demote(self, w: MClient) -> None:
+        """The floor rose: values held above next whose origin is below it
+        are stale, each a NoSuchEntry of the bookie that gave it."""
+        for i in sorted(w.ahead):
+            x = w.ahead.get(i)
+            if x is not None and not isinstance(x, set) and origin_of(x) < w.floor:
+                b, before = w.okfrom.pop(i)
+                self._nosuch(w, i, before | {b})
 
     def RecoveryDecide(self, c: str, n: int, outcome: str) -> None:
         """The decision on entry next from its recorded answers: "recovered"
@@ -521,16 +556,20 @@ class Model:
             self._need(not isinstance(got, set), a, f"entry {n} recovered without a value: {got}")
             w.val[n], w.ack[n] = got, set()
             del w.ahead[n]
+            w.okfrom.pop(n, None)
             w.next = n + 1
+            if origin_of(got) > w.floor:
+                w.floor = origin_of(got)
+                self._demote(w)
             return
         self._need(isinstance(got, set) and len(got) >= self.coverage, a,
                    f"entry {n} {outcome} with NoSuchEntry from {got} only")
         self._need((outcome == "data_loss") == (n <= w.lac), a, f"entry {n} {outcome}, frozen LAC {w.lac}")
         if outcome == "data_loss":
             return
-        w.phase, w.ahead = "finishing", {}
+        w.phase, w.ahead, w.okfrom = "finishing", {}, {}
         if self.unbounded:
-            w.val[n], w.ack[n] = NOOP, set()
+            w.val[n], w.ack[n] = noop(w.term), set()
 
     # -- bookies -------------------------------------------------------------------------------
 

@@ -105,6 +105,7 @@ class World:
                             meta=self.metastore.meta, clients=self.client_ids, creator=self.client_ids[0])
                       if check_trace else None)
         self.acked: dict[int, tuple] = {}        # entry id -> value acknowledged to an application
+        self.sent: dict[int, list] = {}          # writer term -> [(entry id, value)] it sent, in order
         self.read_values: dict[int, tuple] = {}  # entry id -> value a reader read
         self.blocked: set[tuple[str, str, str]] = set()   # scripted: (src, dst, kind) dropped
         self.cut: dict[tuple[str, str], int] = {}          # (client, bookie) -> partitioned until
@@ -457,6 +458,6 @@ def _short(v) -> str:
         return f"<e{v.entry_id} t{v.term}{' R' if v.is_recovery else ''}>"
     if isinstance(v, tuple) and v and v[0] == "data":
         return v[1].decode(errors="replace")
-    if isinstance(v, tuple) and v == ("noop",):
-        return "noop"
+    if isinstance(v, tuple) and v and v[0] == "noop":
+        return f"noop/t{v[-1]}"
     return repr(v)

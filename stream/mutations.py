@@ -17,6 +17,10 @@ TRUNCATE_WITHOUT_GWQ       the no-op counts as written once Qa bookies      trun
 RECOVERY_READS_WITHOUT_TERM fencing and recovery reads carry no term        recovery_reads_no_term
 WRITEBACK_KEEPS_TRUNCATE   a recovered no-op is written back with its       writeback_truncates
                            truncate flag
+IGNORE_ORIGIN_TERM         recovery ignores origin terms (no log matching:  (tla engineer: issue 12)
+                           the floor stays 0), the rule before issue 12:
+                           an aborted recovery's no-op, written back, lets
+                           an older term's later entries in above it
 ========================== ================================================ ==============================
 
 Hooks (one line each):
@@ -27,6 +31,8 @@ Hooks (one line each):
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``noop = recovery_noop(noop)``
 - ``stream/recovery_core.py`` ``RecoveryCore._absent``: ``after_end_found(self)``
 - ``stream/recovery_core.py`` ``RecoveryCore._take_acks``: ``noop_acked(self, wb)``
+- ``stream/recovery_core.py`` ``RecoveryCore._advance``: ``self.floor = origin_floor(e.origin)``
+- ``stream/recovery_core.py`` ``RecoveryCore._demote_stale``: ``strip_read_terms(self._o_reads)``
 """
 from __future__ import annotations
 
@@ -38,9 +44,10 @@ NOOP_WITHOUT_TRUNCATE = "noop_without_truncate"
 TRUNCATE_WITHOUT_GWQ = "truncate_without_gwq"
 RECOVERY_READS_WITHOUT_TERM = "recovery_reads_without_term"
 WRITEBACK_KEEPS_TRUNCATE = "writeback_keeps_truncate"
+IGNORE_ORIGIN_TERM = "ignore_origin_term"
 
 ALL = (SKIP_TRUNCATE_NOOP, NOOP_WITHOUT_TRUNCATE, TRUNCATE_WITHOUT_GWQ, RECOVERY_READS_WITHOUT_TERM,
-       WRITEBACK_KEEPS_TRUNCATE)
+       WRITEBACK_KEEPS_TRUNCATE, IGNORE_ORIGIN_TERM)
 
 # The active mutations.  Empty in production; only mutated() changes it.
 ACTIVE: set[str] = set()
@@ -81,6 +88,14 @@ def writeback_flags(flags: int, original: int) -> int:
     return flags
 
 
+def origin_floor(floor: int) -> int:
+    """IGNORE_ORIGIN_TERM: the recovery's floor never rises (no answer is
+    ever stale)."""
+    if IGNORE_ORIGIN_TERM in ACTIVE:
+        return 0
+    return floor
+
+
 def recovery_noop(record: bytes) -> bytes:
     """NOOP_WITHOUT_TRUNCATE: the final no-op loses its truncate flag."""
     if NOOP_WITHOUT_TRUNCATE not in ACTIVE:
@@ -90,7 +105,8 @@ def recovery_noop(record: bytes) -> bytes:
     h = E.parse_header(record)
     e = E.decode(record)
     return E.encode(e.ledger_id, e.entry_id, e.payload, lac=e.lac, lafr=e.lafr,
-                    data_flags=e.data_flags & ~E.FLAG_TRUNCATE, req_flags=h.req_flags, term=h.term)
+                    data_flags=e.data_flags & ~E.FLAG_TRUNCATE, req_flags=h.req_flags, term=h.term,
+                    origin=e.origin)
 
 
 def after_end_found(core) -> None:

@@ -22,6 +22,11 @@
   Errors, UNKNOWN_ENTRY and timeouts never count as "absent" (BookKeeper
   #2908): absent means fewer than Qa bookies of the write set can hold the
   entry, so it was never acknowledged.
+
+  A *stale* OK (its record's origin term is below the recovery's floor:
+  ``stream/recovery_core.py``, "Log matching") counts as NO_SUCH_ENTRY: the
+  caller feeds it as one, or ``demote``s the OK an outcome holds once the
+  floor has risen above its origin.
 """
 from __future__ import annotations
 
@@ -145,6 +150,7 @@ class EntryReadOutcome:
         self.answered: dict[int, Status | None] = {}
         self.no_such = 0
         self.record: bytes | None = None
+        self.record_from: int | None = None  # the bookie whose OK made it RECOVERABLE
         self.outcome = ReadOutcome.PENDING
 
     def on_response(self, bookie_index: int, status: Status | None, record: bytes | None = None) -> ReadOutcome:
@@ -155,14 +161,32 @@ class EntryReadOutcome:
         assert len(self.answered) < self.Qw
         self.answered[bookie_index] = status
         if status is Status.OK:
-            self.record = bytes(record)
+            self.record, self.record_from = bytes(record), bookie_index
             self.outcome = ReadOutcome.RECOVERABLE
         elif status in ABSENT_STATUSES:
             self.no_such += 1
+        self._settle()
+        return self.outcome
+
+    def _settle(self) -> None:
+        if self.outcome is ReadOutcome.PENDING:
             if self.no_such >= self.Qw - self.Qa + 1:
                 self.outcome = ReadOutcome.ABSENT
-        if self.outcome is ReadOutcome.PENDING and len(self.answered) == self.Qw:
-            self.outcome = ReadOutcome.UNKNOWN
+            elif len(self.answered) == self.Qw:
+                self.outcome = ReadOutcome.UNKNOWN
+
+    def demote(self) -> ReadOutcome:
+        """The OK this RECOVERABLE outcome holds is stale: it counts as
+        NO_SUCH_ENTRY from its bookie, and the outcome is made again from
+        the answers (PENDING: the bookies that have not answered are still
+        to be asked; answers dropped while it was RECOVERABLE were never
+        recorded)."""
+        assert self.outcome is ReadOutcome.RECOVERABLE and self.record_from is not None
+        self.answered[self.record_from] = Status.NO_SUCH_ENTRY
+        self.no_such += 1
+        self.record = self.record_from = None
+        self.outcome = ReadOutcome.PENDING
+        self._settle()
         return self.outcome
 
     def on_timeout(self, bookie_index: int) -> ReadOutcome:

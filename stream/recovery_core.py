@@ -25,10 +25,11 @@ Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
 3. Read forward over each entry's write set in the last fragment's ensemble
    only (``stream.quorum.EntryReadOutcome``), with a read-ahead window (see
    below): RECOVERABLE -> write it back to its whole write set (recovery
-   add: term, REQ_RECOVERY, frozen LAC; a recovered no-op loses its
-   truncate flag, which already did its work); ABSENT -> the end; UNKNOWN ->
-   ABORTED, never a guess.  An entry at or below the frozen LAC read as
-   ABSENT is data loss: ABORTED as well.
+   add: term, REQ_RECOVERY, frozen LAC, the record's *origin term* copied
+   unchanged; a recovered no-op loses its truncate flag, which already did
+   its work); ABSENT -> the end; UNKNOWN -> ABORTED, never a guess.  An
+   entry at or below the frozen LAC read as ABSENT is data loss: ABORTED as
+   well.  An OK whose origin term is below the floor is stale (below).
 4. Unbounded mode: at the first absent id, write a no-op with
    FLAG_NOOP|FLAG_TRUNCATE that must be acknowledged by every bookie of the
    ensemble (guaranteed write quorum: no bookie keeps a dirty entry above it).
@@ -38,6 +39,19 @@ Steps (../shared/notes/protocol-rules.md, "Recovery at the start of a term"):
    changed ensemble locally (a fragment starting at the first entry read) and
    resends to it every recovery write of that index.
 6. INVALID_TERM from any bookie: FENCED_OUT (a newer term took over).
+
+Log matching (the origin term).  Every record carries the term of whoever
+created it (``bookie/entry.py``), and a write-back copies it.  The entries a
+recovery decides, from its start entry up, have non-decreasing origin
+terms: ``floor`` is the highest origin term among the entries decided so
+far, and an OK answer whose record's origin is below it is *stale*: it
+counts as NO_SUCH_ENTRY in its entry's outcome (that bookie holds no valid
+copy).  The floor only rises, so an answer judged stale when it arrives is
+stale at its decision; an OK held above the frontier is judged again when
+the floor rises (``EntryReadOutcome.demote``: the outcome is made again, and
+the bookies of the write set that have not answered are asked).  Why it is
+safe and closes the hole of issue 12: README, "Recovery and the origin
+term".  Classic ledgers: origin 0 everywhere, the floor stays 0.
 
 Read-ahead.  Reads are outstanding for a window of up to ``max_read_ahead``
 entries from the *frontier*, the lowest undecided id (``max_read_ahead=1``:
@@ -313,6 +327,8 @@ class RecoveryCore:
         self.outcomes: dict[int, EntryReadOutcome] = {}  # the window: [frontier, read_top)
         self.read_top: int | None = None           # reads issued below this id
         self.known_end: int | None = None          # an ABSENT outcome above the frontier
+        self.floor = 0                             # the highest origin term decided (log matching)
+        self.stale_answers = 0                     # OK answers that counted as NO_SUCH_ENTRY
         self.held_bytes = 0                        # records held by the window's outcomes
         self.held_hint: int | None = -1            # the highest id any fencing responder holds
         self.held: dict[int, int] = {}             # responder index -> the highest id it holds
@@ -439,6 +455,10 @@ class RecoveryCore:
                 assert got.ledger_id == self.ledger_id and got.entry_id == entry_id, (got, entry_id)
             except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
                 status, record = Status.CHECKSUM_MISMATCH, None  # an error, never "absent"
+            else:
+                if got.origin < self.floor:  # stale: an older term's leftover above a newer term's entry
+                    status, record = Status.NO_SUCH_ENTRY, None
+                    self.stale_answers += 1
         else:
             record = None
         outcome = o.on_response(bookie_index, status, record)
@@ -678,9 +698,38 @@ class RecoveryCore:
             del self.outcomes[eid]
             self.held_bytes -= len(o.record)
             self.frontier = eid + 1
-            self._recovered(eid, self._decoded.pop(eid))
+            e = self._decoded.pop(eid)
+            self._recovered(eid, e)
+            if e.origin > self.floor:
+                self.floor = mutations.origin_floor(e.origin)  # tests only (stream/mutations.py)
+                self._demote_stale()
         if self.state is RecoveryState.READING and (self.frontier != start or self.frontier == self.read_top):
             self._fill_window()
+
+    def _demote_stale(self) -> None:
+        """The floor rose: the OK answers held above the frontier whose
+        origin is below it are stale.  Each such outcome is made again with
+        that answer as NO_SUCH_ENTRY: ABSENT above the frontier is a known
+        end; PENDING asks the rest of the write set (the answers dropped
+        while the outcome was RECOVERABLE were never recorded)."""
+        if not self.floor:
+            return  # (IGNORE_ORIGIN_TERM: nothing is ever stale)
+        n = len(self._o_reads)
+        for eid in sorted(self.outcomes):
+            o = self.outcomes.get(eid)
+            if o is None or o.outcome is not ReadOutcome.RECOVERABLE or self._decoded[eid].origin >= self.floor:
+                continue  # (None: dropped above a known end found meanwhile)
+            self.held_bytes -= len(o.record)
+            del self._decoded[eid]
+            self.stale_answers += 1
+            out = o.demote()
+            if out is ReadOutcome.ABSENT and eid > self.frontier:
+                self._known_end(eid)
+            elif out is ReadOutcome.PENDING:
+                self._single.pop(eid, None)
+                self._ask(eid, [i for i in o.members if i not in o.answered])
+        if len(self._o_reads) > n:
+            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
 
     def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
         assert eid not in self.writes
@@ -701,7 +750,8 @@ class RecoveryCore:
         flags = e.data_flags & ~entry_codec.FLAG_TRUNCATE
         flags = mutations.writeback_flags(flags, e.data_flags)  # tests only (stream/mutations.py)
         rec = entry_codec.encode(self.ledger_id, eid, e.payload, lac=self.frozen_lac, lafr=self.frozen_lafr,
-                                 data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term)
+                                 data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term,
+                                 origin=e.origin)  # what the entry is: copied, as the payload
         self.recovered.append(eid)
         self._write(eid, rec, write_set(eid, self.E, self.Qw))
 

@@ -580,13 +580,15 @@ def drive(r, contents, down, order, batched: bool = False):
 def test_read_ahead_decides_like_one_at_a_time(data, e, ahead, inflight):
     qw = data.draw(st.integers(2, e))
     qa = data.draw(st.integers(1, qw))
-    # which bookies hold which entries (each entry on some subset of its write set)
+    # which bookies hold which entries (each entry on some subset of its write set), with
+    # which origin terms (older terms' leftovers: answers below the floor are stale)
     n = data.draw(st.integers(0, 25))
     contents = {i: {} for i in range(e)}
     for eid in range(n):
         for i in write_set(eid, e, qw):
             if data.draw(st.booleans()):
-                contents[i][eid] = rec(eid, b"v%d" % eid)
+                o = data.draw(st.sampled_from([1, 1, 0, 2]))
+                contents[i][eid] = rec(eid, b"v%d/%d" % (eid, o), term=o)
     down = set(data.draw(st.lists(st.integers(0, e - 1), max_size=1)))
     seed = data.draw(st.integers(0, 2**32))
 

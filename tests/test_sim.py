@@ -65,8 +65,8 @@ def test_a_seed_replays_exactly():
 
 def test_seed_counterexample_does_not_diverge():
     w = seed_counterexample()
-    assert w.acked == {0: ("data", b"c0/t1/#1"), 2: ("data", b"c1/t2/#1")}
-    assert w.bookie_state("b0")[2] == {0: ("data", b"c0/t1/#1"), 1: ("noop",)}  # c0's entry 2 truncated
+    assert w.acked == {0: ("data", b"c0/t1/#1", 1), 2: ("data", b"c1/t2/#1", 2)}
+    assert w.bookie_state("b0")[2] == {0: ("data", b"c0/t1/#1", 1), 1: ("noop", 2)}  # c0's entry 2 truncated
     assert w.meta.term == 2 and w.meta.state == "OPEN"
 
 
@@ -177,11 +177,11 @@ def test_the_trace_checker_refuses_steps_the_spec_does_not_allow():
     m.StartTakeover("c1", 2)
     with pytest.raises(SpecViolation, match="not covered"):
         m.StartReading("c1", 0)                # needs coverage first
-    m.WriterAdd("c0", 0, ("data", b"a"), 4)
+    m.WriterAdd("c0", 0, ("data", b"a", 1), 4)
     m.ClientAddAnswer("c0", "b0", 0, True)
     assert m.cl["c0"].lac == -1                # one ack < Qa
     m.ClientAddAnswer("c0", "b1", 0, True)
-    assert (m.cl["c0"].lac, m.cl["c0"].lafr, m.acked) == (0, -1, {0: ("data", b"a")})
+    assert (m.cl["c0"].lac, m.cl["c0"].lafr, m.acked) == (0, -1, {0: ("data", b"a", 1)})
 
 
 def test_the_trace_checker_takes_read_ahead_answers_but_decisions_in_order():
@@ -191,7 +191,7 @@ def test_the_trace_checker_takes_read_ahead_answers_but_decisions_in_order():
         m.ClientFenceAnswer("c1", b, -1, -1)
     m.StartReading("c1", 0)
     m.ClientSendRead("c1", "b2", 5, 2, False)      # any id of the window
-    assert m.ClientReadAnswer("c1", "b2", 3, ("data", b"x")) == "recorded"  # out of order
+    assert m.ClientReadAnswer("c1", "b2", 3, ("data", b"x", 1)) == "recorded"  # out of order
     with pytest.raises(SpecViolation, match="next 0, decides 3"):
         m.RecoveryDecide("c1", 3, "recovered")     # decisions only at next
     with pytest.raises(SpecViolation, match="recovered without a value"):
@@ -202,15 +202,15 @@ def test_the_trace_checker_takes_read_ahead_answers_but_decisions_in_order():
     assert m.ClientReadAnswer("c1", "b0", 3, None) == "late"  # ... and later answers ignored
     with pytest.raises(SpecViolation, match="known end 2"):
         m.ClientSendRead("c1", "b0", 3, 2, False)  # no read above a known end
-    m.ClientReadAnswer("c1", "b1", 0, ("data", b"a"))
+    m.ClientReadAnswer("c1", "b1", 0, ("data", b"a", 1))
     m.RecoveryDecide("c1", 0, "recovered")
     with pytest.raises(SpecViolation, match="NoSuchEntry from set"):
         m.RecoveryDecide("c1", 1, "absent")        # 1 is undecided: no conclusion from 2
-    m.ClientReadAnswer("c1", "b2", 1, ("data", b"b"))
+    m.ClientReadAnswer("c1", "b2", 1, ("data", b"b", 1))
     m.RecoveryDecide("c1", 1, "recovered")
     m.RecoveryDecide("c1", 2, "absent")
     w = m.cl["c1"]
-    assert (w.phase, w.next, w.val) == ("finishing", 2, {0: ("data", b"a"), 1: ("data", b"b"), 2: ("noop",)})
+    assert (w.phase, w.next, w.val) == ("finishing", 2, {0: ("data", b"a", 1), 1: ("data", b"b", 1), 2: ("noop", 2)})
 
 
 def test_cli_replays_a_seed(capsys):
