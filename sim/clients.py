@@ -59,6 +59,7 @@ class SimClient:
         self.finishing = False          # the final CAS is scheduled
         self.closing = False
         self._lac_told = -1              # the explicit LAC last sent (stream/ledger.py explicit_lac)
+        self._stale_seen = 0             # the recovery's stale answers counted so far
 
     # -- state ------------------------------------------------------------------------------
 
@@ -187,6 +188,7 @@ class SimClient:
         self.writer = None
         self.term, self.frags = t, m.frags
         first, ens = m.last_frag
+        self._stale_seen = 0
         self.rec = RecoveryCore(7, first, list(ens), w.sc.E, w.sc.Qw, w.sc.Qa, term=t,
                                 fence=not w.unbounded, unbounded=w.unbounded,
                                 max_read_ahead=w.sc.read_ahead, max_inflight_writes=w.sc.rec_writes)
@@ -236,6 +238,9 @@ class SimClient:
         """Records the transitions an input caused (``decided``: how many
         entries were recovered before it), then compares."""
         w = self.w
+        if rec.stale_answers > self._stale_seen:  # OK answers below the floor (log matching)
+            w.count("stale_answers", rec.stale_answers - self._stale_seen)
+            self._stale_seen = rec.stale_answers
         if rec.state is RecoveryState.READING and before is RecoveryState.FENCING:
             w.step("StartReading", self.name, rec.start_entry)
         if before is RecoveryState.READING:

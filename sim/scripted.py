@@ -9,6 +9,10 @@ faults; every message takes one tick; links are blocked by hand).
   again; it then holds a stale value for an entry the new writer commits
   without it (the spec's EnsembleChange prepares the new bookie; the
   implementation has no such step).
+- ``recovery_hole``: issue 12's hole.  An aborted take-over's truncate no-op
+  at p+1 on two bookies, the old writer's p+1..p+3 on the third; the next
+  take-over reads p+1 as the no-op and must not recover p+2, p+3 above it
+  (log matching on origin terms; without it: NoHole).
 """
 from __future__ import annotations
 
@@ -72,4 +76,41 @@ def reused_bookie(*, check_trace: bool = True) -> World:
     return w
 
 
-SCRIPTS = {"seed_counterexample": seed_counterexample, "reused_bookie": reused_bookie}
+def recovery_hole(*, check_trace: bool = True) -> World:
+    """E3 Qw3 Qa2 on exactly three bookies (no spare).
+    1. c0 (term 1) writes entries 0, 1 to b0, b1, b2 (acknowledged); its
+       2, 3, 4 reach b2 only.
+    2. c1 takes over with term 2; b2 is paused for it: c1 reads 2 as absent
+       on b0 and b1, writes its truncate no-op at 2 to them, times out on
+       b2, has no bookie to replace it with, and aborts.
+    3. c2 takes over with term 3; its fencing read to b0 is lost, so b1
+       and b2 make the coverage: they say b1 holds up to 2 and b2 up to 4,
+       so 2 is read from b1 first (the no-op, origin 2) and 3, 4 from b2
+       first (c0's, origin 1): stale, since the floor is 2 once 2 is
+       decided.  The end is 3 (without log matching: 3, 4 are recovered
+       above the no-op, and the stream has a hole)."""
+    w = World(Scenario(seed=0, bookies=3, **{**SCRIPTED, "clients": 3}), scripted=True, check_trace=check_trace)
+    c0, c1, c2 = w.clients["c0"], w.clients["c1"], w.clients["c2"]
+    w.do(c0.add)
+    w.do(c0.add)
+    w.run(until=10)
+    assert set(w.acked) == {0, 1}
+    w.blocked |= {("c0", "b0", "add"), ("c0", "b1", "add")}
+    for _ in range(3):
+        w.do(c0.add)
+    w.run(until=20)
+    w.blocked |= {("c1", "b2", kind) for kind in ("lac", "read", "add")}
+    assert w.do(c1.takeover)
+    w.run(until=200)
+    assert w.stats.get("recovery_aborted") == 1 and w.meta.state == "IN_RECOVERY", w.stats
+    for b in ("b0", "b1"):
+        assert w.bookie_state(b)[2][2] == ("noop", 2), w.bookie_state(b)
+    assert {n for n in w.bookie_state("b2")[2]} == {0, 1, 2, 3, 4}
+    w.blocked = {("c2", "b0", "lac")}
+    assert w.do(c2.takeover)
+    w.run()
+    return w
+
+
+SCRIPTS = {"seed_counterexample": seed_counterexample, "reused_bookie": reused_bookie,
+           "recovery_hole": recovery_hole}

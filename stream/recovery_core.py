@@ -456,6 +456,10 @@ class RecoveryCore:
             except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
                 status, record = Status.CHECKSUM_MISMATCH, None  # an error, never "absent"
             else:
+                if got.origin > self.term:  # only a newer term creates it: it took over (a bookie that
+                    self._end(RecoveryEvent.INVALID_TERM,  # saw it should have refused this read)
+                              f"bookie {self.read_ensemble[bookie_index]}: entry {entry_id} of term {got.origin}")
+                    return False
                 if got.origin < self.floor:  # stale: an older term's leftover above a newer term's entry
                     status, record = Status.NO_SUCH_ENTRY, None
                     self.stale_answers += 1

@@ -257,3 +257,12 @@ def test_a_take_over_that_aborted_after_a_partial_write_back(order, written_to, 
             assert_no_hole(s)
     else:
         assert_no_hole(s)
+
+
+def test_a_record_of_a_newer_term_means_a_newer_term_took_over():
+    """(A bookie holding it must have refused this read with INVALID_TERM;
+    the core does not take it for data of its own term.)"""
+    r = core(term=3)
+    fence_all(r, lac=-1, lafr=-1)
+    r.on_read_response(0, 0, OK, rec(0, b"x", origin=4))
+    assert r.state is RecoveryState.FENCED_OUT and "term 4" in r.reason and r.recovered == []

@@ -9,6 +9,9 @@ simulated bookies, network, disks and metadata, with faults.
 - Every mutation of stream/mutations.py is found within a bounded number of
   seeds: by the trace check (its first broken spec action), and by the
   invariants alone (which invariant).
+- Issue 12's recovery hole, scripted (``recovery_hole``): clean with log
+  matching on origin terms; with IGNORE_ORIGIN_TERM the NoHole invariant and
+  the trace check (the spec's floor) catch it.
 - A bug this harness found, now fixed and kept as regressions: a bookie
   re-used by an ensemble change kept an older term's entries (the spec's
   EnsembleChange prepares it; the implementation now does, with the bookie's
@@ -25,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 import sim
 from sim import Scenario, Violation, World
 from sim.metadata import LedgerMeta
-from sim.scripted import reused_bookie, seed_counterexample
+from sim.scripted import recovery_hole, reused_bookie, seed_counterexample
 from sim.spec import Model, SpecViolation
 from stream import mutations as M
 
@@ -84,6 +87,23 @@ def test_seed_counterexample_diverges_without_truncation(mutation, monkeypatch):
     assert ei.value.invariant.startswith("trace:")
 
 
+def test_the_recovery_hole_schedule_leaves_a_prefix():
+    w = recovery_hole()
+    assert w.stats["stale_answers"] >= 1 and w.stats["recoveries_done"] == 1
+    kept = w.bookie_state("b1")[2]
+    assert {n: v[0] for n, v in kept.items()} == {0: "data", 1: "data", 2: "noop", 3: "noop"}
+    assert (kept[2][1], kept[3][1]) == (2, 3)  # c1's aborted no-op, then c2's end
+
+
+def test_the_recovery_hole_schedule_without_log_matching_has_a_hole():
+    with M.mutated(M.IGNORE_ORIGIN_TERM), pytest.raises(Violation) as ei:
+        recovery_hole(check_trace=False)
+    assert ei.value.invariant == "NoHole" and "c0/t1/#4" in ei.value.detail
+    with M.mutated(M.IGNORE_ORIGIN_TERM), pytest.raises(Violation) as ei:
+        recovery_hole(check_trace=True)
+    assert ei.value.invariant == "trace:state" and "floor" in ei.value.detail
+
+
 def test_a_reused_bookie_holds_no_stale_entries():
     reused_bookie(check_trace=False)
 
@@ -111,6 +131,7 @@ TRACE_FINDS = {
     M.TRUNCATE_WITHOUT_GWQ: (20, {"trace:state"}),           # no-op counted written at Qa acks
     M.RECOVERY_READS_WITHOUT_TERM: (20, {"trace:ClientSendFenceRead"}),
     M.WRITEBACK_KEEPS_TRUNCATE: (20, {"trace:ClientSendAdd"}),
+    M.IGNORE_ORIGIN_TERM: (20, {"trace:state"}),             # the spec's floor rises, the core's does not
 }
 
 # mutation -> (seeds searched, the invariants that may catch it first), trace checking off.
@@ -122,6 +143,7 @@ INVARIANT_FINDS = {
     M.TRUNCATE_WITHOUT_GWQ: (150, {"LafrFullyReplicated", "TruncatedAtFinish"} | DATA_LOSS),
     M.RECOVERY_READS_WITHOUT_TERM: (200, DATA_LOSS),
     M.WRITEBACK_KEEPS_TRUNCATE: (600, {"LafrFullyReplicated", "TruncatedAtFinish"} | DATA_LOSS),
+    M.IGNORE_ORIGIN_TERM: (300, {"NoHole"}),                 # first hit: seed 265
 }
 # Scenario overrides for the invariant search.  A written-back no-op that keeps
 # its truncate flag deletes the entries above it; with read-ahead the recovery
