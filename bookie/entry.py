@@ -30,6 +30,10 @@ assert HEADER_SIZE == 60
 
 CHECKSUM_START = 18  # the checksum covers bytes [18, end of the record)
 
+# What a bookie's data dir says it holds (its FORMAT file, bookie/storage.py):
+# records of another layout would read as a torn journal tail and be cut.
+RECORD_FORMAT = "bookstream entry records v2: 60-byte header with the origin term"
+
 # data_flags (covered by the checksum)
 FLAG_NOOP = 1
 FLAG_TRUNCATE = 2

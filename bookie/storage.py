@@ -52,6 +52,10 @@ _CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
 _CKP_RUN = struct.Struct("<QI")            # start, count
 
 
+class StorageFormatError(RuntimeError):
+    """The data dir holds records of another layout than this bookie's."""
+
+
 @dataclass
 class StorageConfig:
     segment_size: int = 64 << 20
@@ -90,6 +94,7 @@ class Storage:
     def open(self) -> None:
         """Load the checkpoint and replay the journal after it.  Blocking; run
         before serving."""
+        self._check_format()
         ckp = self._load_checkpoint()
         if ckp is not None:
             self.checkpoint_pos = ckp
@@ -504,6 +509,31 @@ class Storage:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, self.dir / "checkpoint")
+        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _check_format(self) -> None:
+        """Refuses a data dir written with another entry record layout
+        (``E.RECORD_FORMAT``): replayed, its first entry record would fail
+        its checks and the journal be cut there as a torn tail."""
+        path, want = self.dir / "FORMAT", E.RECORD_FORMAT
+        if path.exists():
+            got = path.read_text().strip()
+            if got != want:
+                raise StorageFormatError(f"{self.dir} holds {got!r}; this bookie reads {want!r}")
+            return
+        if self.journal.segments() or (self.dir / "checkpoint").exists():
+            raise StorageFormatError(f"{self.dir} was written by an earlier bookie (52-byte entry records, no "
+                                     f"FORMAT file); this bookie reads {want!r}: use a new data dir")
+        tmp = path.with_name("FORMAT.tmp")
+        with open(tmp, "w") as f:
+            f.write(want + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
         fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)

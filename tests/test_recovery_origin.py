@@ -16,7 +16,6 @@ from __future__ import annotations
 import pytest
 
 from bookie import entry as E
-from bookie.core import Status
 from stream import mutations
 from stream.recovery_core import RecoveryCore, RecoveryState
 from stream.writer_core import WriterCore
