@@ -25,6 +25,7 @@ from bookstream.tuning import run as run_loop, tune_process
 log = logging.getLogger("bookstream")
 
 READY_PREFIX = "BOOKIE_READY "
+LEASE_FILE = "registration.lease"  # in the data dir: the lease id of the current registration (hex)
 DEFAULT_CLUSTER = "default"
 
 
@@ -141,13 +142,28 @@ def _registration_factory(args: argparse.Namespace):
             free_bytes=free,
             total_bytes=total,
         )
-        # After a crash, the previous registration lives on until its lease
-        # expires: wait for it rather than refuse to start.
+        lease_file = Path(server.config.data_dir) / LEASE_FILE
+        # The lease of this bookie's previous run (recorded below): a
+        # registration still under it is our own stale one, replaced at once
+        # (no wait for its expiry).  Another lease holding the id is waited for.
         try:
-            return registry.register(reg, ttl=args.registration_ttl, wait_for_stale=2.0 * args.registration_ttl)
+            previous = [int(lease_file.read_text().strip(), 16)]
+        except (OSError, ValueError):
+            previous = []
+
+        def record(lease) -> None:
+            tmp = lease_file.with_suffix(".tmp")
+            tmp.write_text(f"{lease.id:x}\n")
+            os.replace(tmp, lease_file)
+
+        try:
+            registration = registry.register(reg, ttl=args.registration_ttl, replace_leases=previous,
+                                              wait_for_stale=2.0 * args.registration_ttl, on_created=record)
         except BaseException:
             store.close()
             raise
+        record(registration.lease)
+        return registration
 
     return register
 
