@@ -58,7 +58,10 @@ class ServedProcess:
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT if self.merge_stderr else logf,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     # its own process group: a Ctrl-C at the terminal reaches the
+                                     # parent only, which stops its children in order (standalone)
+                                     process_group=0)
         logf.close()
         self._out = b""
 
