@@ -4,6 +4,7 @@
     bookstream standalone [--data-dir DIR] [--bookies N]      etcd + N bookies
     bookstream bench bookie|replay|stream|ledger [...]        benchmarks
     bookstream bench suite [--quick]                          all of them + ceilings + JetStream
+    bookstream bookies|streams|ledgers|logs|simpletest ...    the admin commands (bookstream/admin.py)
 """
 from __future__ import annotations
 
@@ -194,7 +195,9 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 # -- main ----------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def argparse_main(argv: list[str] | None = None) -> int:
+    """The argparse commands (bookie, standalone, bench), which the click
+    tree of bookstream/admin.py passes their arguments through to."""
     parser = argparse.ArgumentParser(prog="bookstream", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -210,6 +213,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`bookstream`: the whole command tree (bookstream/admin.py)."""
+    from bookstream.admin import main as admin_main
+
+    return admin_main(argv)
 
 
 if __name__ == "__main__":
