@@ -411,6 +411,7 @@ class BookieServer:
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         service = BookieService(self.storage, self.config)
         service.registration_status = lambda: self.registration.status() if self.registration else None
+        self.service = service  # the admin HTTP port reads its Info (bookstream/admin_http.py)
         register(service, self.server)
         self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if not self.port:

@@ -75,28 +75,13 @@ async def _info(address: str, timeout: float):
 def info(adm: Admin, bookie: str) -> Output:
     """Address, state, disk usage, journal and index figures, ledgers held,
     and the bookie's own view of its registration."""
-    from bookstream_pb import bookie_pb2 as pb
+    from bookstream.admin_http import info_record
 
     with adm.store() as store:
         bid, address, reg = find_bookie(adm, store, bookie)
     i = adm.run(_info(address, adm.timeout))
-    hist = list(i.journal_sync_histogram)
-    rec = {
-        "bookie_id": i.bookie_id, "address": address, "registered": reg is not None,
-        "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
-        "registration_state": i.registration_state or "not registering",
-        "unregistered_seconds": round(i.unregistered_seconds, 1),
-        "used_bytes": i.used_bytes, "free_bytes": i.free_bytes, "total_bytes": i.total_bytes,
-        "disk_used_percent": round(100.0 * (i.total_bytes - i.free_bytes) / i.total_bytes, 1) if i.total_bytes else None,
-        "ledgers": i.ledgers, "entries": i.entries, "journal_segments": i.segments,
-        "journal_fsyncs": i.journal_fsyncs, "journal_bytes": i.journal_bytes,
-        "journal_sync_max_ms": round(i.journal_sync_max_seconds * 1000, 2),
-        "replayed_records": i.replayed_records, "replayed_bytes": i.replayed_bytes,
-        "replay_seconds": round(i.replay_seconds, 3),
-        "read_entry_requests": i.read_entry_requests, "read_range_requests": i.read_range_requests,
-        "read_range_entries": i.read_range_entries,
-        "journal_sync_histogram": hist,
-    }
+    rec = {"bookie_id": i.bookie_id, "address": address, "registered": reg is not None}
+    rec.update(info_record(i))
     if bid is not None and i.bookie_id != bid:
         raise CheckFailed(f"{address} answers as bookie {i.bookie_id!r}, but is registered as {bid!r}")
     return Output(record=rec, title=f"bookie {i.bookie_id}")

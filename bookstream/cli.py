@@ -84,6 +84,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="compact journal segments whose live fraction is below this")
     p.add_argument("--disk-check-interval", type=float, default=1.0)
     p.add_argument("--gc-interval", type=float, default=30.0)
+    p.add_argument("--admin-port", type=int, default=None,
+                   help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
+                        "default: no admin HTTP)")
+    p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -178,11 +182,19 @@ async def run_bookie(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid()}
+    http = None
+    if args.admin_port is not None:
+        from bookstream.admin_http import AdminHttp
+
+        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port).start()
+        info["admin_address"] = http.address
     tune_process()  # after start-up (replay, index): bookstream/tuning.py
     print(READY_PREFIX + json.dumps(info), flush=True)
     log.info("bookie %s serving on %s", config.bookie_id, server.address)
     await stop.wait()
     log.info("bookie %s stopping", config.bookie_id)
+    if http is not None:
+        http.stop()
     await server.stop()
 
 

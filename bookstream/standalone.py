@@ -146,7 +146,8 @@ class Standalone:
         lines = [f"etcd:    {self.etcd_endpoint}" + ("" if self.external_etcd else f"  (data in {self.etcd.data_dir})"),
                  f"cluster: {self.cluster}"]
         for b in self.bookies:
-            lines.append(f"bookie:  {b.address}  id={b.bookie_id}  pid={b.pid}  data={b.data_dir}")
+            admin = f"  admin=http://{b.admin_address}" if b.admin_address else ""
+            lines.append(f"bookie:  {b.address}  id={b.bookie_id}  pid={b.pid}  data={b.data_dir}{admin}")
         return "\n".join(lines)
 
     def restart_command(self, b) -> str:
@@ -253,7 +254,7 @@ class Supervisor:
 def cmd_standalone(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bookie_args = []
+    bookie_args = ["--admin-port", "0"]  # each bookie's /health /ready /metrics /info
     if args.registration_ttl is not None:
         bookie_args += ["--registration-ttl", str(args.registration_ttl)]
     cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
