@@ -105,7 +105,6 @@ def read(adm: Admin, ledger_id: int, first: int, last: int | None, noops: bool, 
             if meta.mode is LedgerMode.CLASSIC:
                 h = await bk.open_ledger(ledger_id, recovery=False)
             else:
-                meta, rev = await _read_meta(bk, ledger_id, "last")
                 h = LedgerHandle(bk, meta, rev, writable=False, lac=await read_lac_covering(bk, meta))
             top = h.last_add_confirmed if last is None else min(last, h.last_add_confirmed)
             start = max(first, meta.trimmed_before)
