@@ -76,6 +76,7 @@ class BookieService(pb_grpc.BookieServicer):
         self.read_entry_requests = 0
         self.read_range_requests = 0
         self.read_range_entries = 0
+        self.registration_status = lambda: None  # set by BookieServer: the etcd registration's status()
 
     # -- adds ----------------------------------------------------------------
 
@@ -350,7 +351,14 @@ class BookieService(pb_grpc.BookieServicer):
             read_range_entries=self.read_range_entries,
             journal_sync_histogram=self.storage.journal.sync_histogram,
             journal_sync_max_seconds=self.storage.journal.sync_max_seconds,
+            **_registration_fields(self.registration_status()),
         )
+
+
+def _registration_fields(status: dict | None) -> dict:
+    if not status:
+        return {}
+    return {"registration_state": status["state"], "unregistered_seconds": status["unregistered_seconds"]}
 
 
 def _ack(frame_id: int, errors: list, count: int, message: str = "") -> pb.AddAck:
@@ -401,7 +409,10 @@ class BookieServer:
         log.info("storage opened in %.2fs", time.monotonic() - t0)
         self.storage.update_read_only()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        register(BookieService(self.storage, self.config), self.server)
+        service = BookieService(self.storage, self.config)
+        service.registration_status = lambda: self.registration.status() if self.registration else None
+        self.service = service  # the admin HTTP port reads its Info (bookstream/admin_http.py)
+        register(service, self.server)
         self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")

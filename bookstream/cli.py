@@ -4,6 +4,7 @@
     bookstream standalone [--data-dir DIR] [--bookies N]      etcd + N bookies
     bookstream bench bookie|replay|stream|ledger [...]        benchmarks
     bookstream bench suite [--quick]                          all of them + ceilings + JetStream
+    bookstream bookies|streams|ledgers|logs|simpletest ...    the admin commands (bookstream/admin.py)
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from bookstream.tuning import run as run_loop, tune_process
 log = logging.getLogger("bookstream")
 
 READY_PREFIX = "BOOKIE_READY "
+LEASE_FILE = "registration.lease"  # in the data dir: the lease id of the current registration (hex)
 DEFAULT_CLUSTER = "default"
 
 
@@ -82,6 +84,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="compact journal segments whose live fraction is below this")
     p.add_argument("--disk-check-interval", type=float, default=1.0)
     p.add_argument("--gc-interval", type=float, default=30.0)
+    p.add_argument("--admin-port", type=int, default=None,
+                   help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
+                        "default: no admin HTTP)")
+    p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -141,13 +147,28 @@ def _registration_factory(args: argparse.Namespace):
             free_bytes=free,
             total_bytes=total,
         )
-        # After a crash, the previous registration lives on until its lease
-        # expires: wait for it rather than refuse to start.
+        lease_file = Path(server.config.data_dir) / LEASE_FILE
+        # The lease of this bookie's previous run (recorded below): a
+        # registration still under it is our own stale one, replaced at once
+        # (no wait for its expiry).  Another lease holding the id is waited for.
         try:
-            return registry.register(reg, ttl=args.registration_ttl, wait_for_stale=2.0 * args.registration_ttl)
+            previous = [int(lease_file.read_text().strip(), 16)]
+        except (OSError, ValueError):
+            previous = []
+
+        def record(lease) -> None:
+            tmp = lease_file.with_suffix(".tmp")
+            tmp.write_text(f"{lease.id:x}\n")
+            os.replace(tmp, lease_file)
+
+        try:
+            registration = registry.register(reg, ttl=args.registration_ttl, replace_leases=previous,
+                                              wait_for_stale=2.0 * args.registration_ttl, on_created=record)
         except BaseException:
             store.close()
             raise
+        record(registration.lease)
+        return registration
 
     return register
 
@@ -161,11 +182,19 @@ async def run_bookie(args: argparse.Namespace) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid()}
+    http = None
+    if args.admin_port is not None:
+        from bookstream.admin_http import AdminHttp
+
+        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port).start()
+        info["admin_address"] = http.address
     tune_process()  # after start-up (replay, index): bookstream/tuning.py
     print(READY_PREFIX + json.dumps(info), flush=True)
     log.info("bookie %s serving on %s", config.bookie_id, server.address)
     await stop.wait()
     log.info("bookie %s stopping", config.bookie_id)
+    if http is not None:
+        http.stop()
     await server.stop()
 
 
@@ -178,7 +207,9 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 # -- main ----------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def argparse_main(argv: list[str] | None = None) -> int:
+    """The argparse commands (bookie, standalone, bench), which the click
+    tree of bookstream/admin.py passes their arguments through to."""
     parser = argparse.ArgumentParser(prog="bookstream", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,6 +225,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     return args.func(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`bookstream`: the whole command tree (bookstream/admin.py)."""
+    from bookstream.admin import main as admin_main
+
+    return admin_main(argv)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,10 @@ class ServedProcess:
         logf = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT if self.merge_stderr else logf,
-                                     stdin=subprocess.DEVNULL)
+                                     stdin=subprocess.DEVNULL,
+                                     # its own process group: a Ctrl-C at the terminal reaches the
+                                     # parent only, which stops its children in order (standalone)
+                                     process_group=0)
         logf.close()
         self._out = b""
 
@@ -158,6 +161,7 @@ class BookieProcess(ServedProcess):
         self.log_level = log_level
         self.address: str | None = None
         self.bookie_id: str | None = None
+        self.admin_address: str | None = None
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(self.data_dir),
@@ -174,6 +178,7 @@ class BookieProcess(ServedProcess):
         line = self.wait_for_line(lambda s: s.startswith(READY_PREFIX), timeout)
         info = json.loads(line[len(READY_PREFIX):])
         self.address, self.bookie_id = info["address"], info["bookie_id"]
+        self.admin_address = info.get("admin_address")  # with --admin-port: /health /ready /metrics /info
         if self.port == 0:  # keep the port across restarts of this process object
             self.port = int(self.address.rsplit(":", 1)[1])
         self.start_draining()

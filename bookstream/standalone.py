@@ -1,35 +1,61 @@
-"""`bookstream standalone`: a local etcd and N bookies, until Ctrl-C.
+"""`bookstream standalone`: a local etcd and N bookies (4 by default), until Ctrl-C.
 
 Data lives under --data-dir (etcd/ and bookie-<i>/), and ports are kept in
 standalone.json there, so a restart of the command brings back the same
-cluster with its data.  With --etcd, that etcd is used instead of a local one.
+cluster with its data.  etcd listens on 127.0.0.1:2379 (--etcd-port), so the
+README's examples run as written; with --etcd, that etcd is used instead.
+
+Every child runs in a process group of its own, so a Ctrl-C at the terminal
+reaches only this command, which then stops the bookies first (each revokes
+its registration's lease and checkpoints) and etcd last.
+
+A bookie that dies does not stop the others: its death is reported with the
+command that starts it again by hand, and `--restart-bookies` restarts it
+by itself (with a back-off).  SIGHUP restarts every dead bookie now.  A
+restarted bookie replaces its stale registration at once (it kept its lease
+id in its data dir: metadata/registration.py).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
+import queue
+import shlex
 import signal
 import socket
 import sys
 import threading
+import time
 from pathlib import Path
 
 log = logging.getLogger("bookstream.standalone")
 
 DEFAULT_BOOKIE_PORT = 3181
+DEFAULT_ETCD_PORT = 2379
+DEFAULT_BOOKIES = 4   # E3 Qw3 Qa2 streams keep a spare bookie for an ensemble change
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("standalone", help="run a local etcd and bookies until Ctrl-C")
+    add_arguments(p)
+    p.set_defaults(func=cmd_standalone)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", type=Path, default=Path("data/standalone"))
-    p.add_argument("--bookies", type=int, default=3)
+    p.add_argument("--bookies", type=int, default=DEFAULT_BOOKIES)
     p.add_argument("--etcd", help="use this etcd endpoint instead of starting one")
+    p.add_argument("--etcd-port", type=int, default=DEFAULT_ETCD_PORT,
+                   help=f"client port of the local etcd (default {DEFAULT_ETCD_PORT}; 0: any free port)")
     p.add_argument("--cluster", default="default")
     p.add_argument("--base-port", type=int, default=DEFAULT_BOOKIE_PORT,
                    help="first bookie port; the next ones follow (0: any free ports)")
+    p.add_argument("--restart-bookies", action="store_true",
+                   help="start a bookie that died again by itself (with a back-off)")
+    p.add_argument("--registration-ttl", type=int, default=None, help="the bookies' lease TTL (seconds)")
     p.add_argument("--log-level", default="INFO")
-    p.set_defaults(func=cmd_standalone)
 
 
 def _free(port: int) -> bool:
@@ -55,15 +81,28 @@ def _ports(state: dict, n: int, base: int) -> list[int]:
     return ports
 
 
+class StandaloneError(RuntimeError):
+    """The cluster cannot start as asked (a port in use, a bad option)."""
+
+
 class Standalone:
-    def __init__(self, data_dir: Path, bookies: int = 3, etcd: str | None = None,
+    """etcd (unless ``etcd`` names one) and ``bookies`` bookie processes.
+
+    ``etcd_port`` 0 picks a free port (what programs and tests use); the
+    command's default is 2379.  ``stop()`` stops the bookies first, etcd last.
+    """
+
+    def __init__(self, data_dir: Path, bookies: int = DEFAULT_BOOKIES, etcd: str | None = None,
                  cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO",
-                 bookie_args: list[str] | None = None):
+                 bookie_args: list[str] | None = None, etcd_port: int = 0):
         if bookies < 1:
-            raise ValueError("need at least one bookie")
+            raise StandaloneError("need at least one bookie")
+        if not 0 <= etcd_port < 65536:
+            raise StandaloneError(f"bad etcd port {etcd_port}")
         self.data_dir = Path(data_dir).resolve()
         self.n = bookies
         self.external_etcd = etcd
+        self.etcd_port = etcd_port
         self.cluster = cluster
         self.base_port = base_port
         self.log_level = log_level
@@ -84,7 +123,10 @@ class Standalone:
         if not self.external_etcd:
             from metadata.etcd_server import ManagedEtcd
 
-            self.etcd = ManagedEtcd(self.data_dir / "etcd")
+            if self.etcd_port and not _free(self.etcd_port):
+                raise StandaloneError(f"port {self.etcd_port} is in use (another etcd or standalone?): "
+                                      f"pass --etcd-port PORT, or --etcd HOST:PORT to use that etcd")
+            self.etcd = ManagedEtcd(self.data_dir / "etcd", client_port=self.etcd_port)
             self.etcd.start()
         ports = _ports(state, self.n, self.base_port)
         try:
@@ -104,10 +146,19 @@ class Standalone:
         lines = [f"etcd:    {self.etcd_endpoint}" + ("" if self.external_etcd else f"  (data in {self.etcd.data_dir})"),
                  f"cluster: {self.cluster}"]
         for b in self.bookies:
-            lines.append(f"bookie:  {b.address}  id={b.bookie_id}  data={b.data_dir}")
+            admin = f"  admin=http://{b.admin_address}" if b.admin_address else ""
+            lines.append(f"bookie:  {b.address}  id={b.bookie_id}  pid={b.pid}  data={b.data_dir}{admin}")
         return "\n".join(lines)
 
+    def restart_command(self, b) -> str:
+        """The command that starts bookie ``b`` again by hand, as this cluster ran it."""
+        cmd = ["bookstream", "bookie", "--data-dir", str(b.data_dir), "--port", str(b.port),
+               "--etcd", self.etcd_endpoint, "--cluster", self.cluster, *self.bookie_args]
+        return shlex.join(cmd)
+
     def stop(self) -> None:
+        """Bookies first (each deregisters: its lease is revoked while etcd is
+        still up, and checkpoints), etcd last."""
         for b in self.bookies:
             if b.alive():
                 b.proc.send_signal(signal.SIGTERM)
@@ -125,26 +176,125 @@ class Standalone:
         self.stop()
 
 
+class Supervisor:
+    """Watches the bookies of a running Standalone: reports each death, and
+    restarts (automatically with ``restart``, or on :meth:`restart_dead`).
+
+    Deaths arrive as events: one thread per bookie process waits for it to
+    exit and puts it on :attr:`events`, which the command's main loop reads.
+    """
+
+    def __init__(self, cluster: Standalone, restart: bool, out=sys.stderr,
+                 backoff: float = 1.0, max_backoff: float = 30.0):
+        self.cluster = cluster
+        self.restart = restart
+        self.out = out
+        self.events: "queue.Queue[tuple]" = queue.Queue()
+        self.backoff0, self.max_backoff = backoff, max_backoff
+        self._backoff = {}        # bookie index -> current back-off
+        self._due: dict[int, float] = {}   # bookie index -> when to restart it
+        self.deaths = 0
+        self.restarts = 0
+
+    def watch_all(self) -> None:
+        for i, b in enumerate(self.cluster.bookies):
+            self._watch(i, b)
+
+    def _watch(self, i: int, b) -> None:
+        proc = b.proc
+
+        def wait():
+            rc = proc.wait()
+            self.events.put(("died", i, proc, rc))
+
+        threading.Thread(target=wait, name=f"watch-bookie-{i}", daemon=True).start()
+
+    def on_death(self, i: int, proc, rc: int, now: float) -> None:
+        b = self.cluster.bookies[i]
+        if b.proc is not proc:
+            return  # an earlier process of this bookie
+        self.deaths += 1
+        how = f"signal {-rc}" if rc < 0 else f"status {rc}"
+        print(f"bookie {b.bookie_id} ({b.address}) DIED ({how}); the others keep running. "
+              f"Its log: {b.log_path}", file=self.out, flush=True)
+        if self.restart:
+            delay = self._backoff.get(i, self.backoff0)
+            self._backoff[i] = min(self.max_backoff, delay * 2)
+            self._due[i] = now + delay
+            print(f"restarting it in {delay:.0f} s (--restart-bookies)", file=self.out, flush=True)
+        else:
+            print(f"restart it with: {self.cluster.restart_command(b)}\n"
+                  f"  (or send SIGHUP to this command, pid {os.getpid()}; "
+                  f"or run standalone with --restart-bookies)", file=self.out, flush=True)
+
+    def restart_dead(self, now: float, only_due: bool = False) -> None:
+        for i, b in enumerate(self.cluster.bookies):
+            if b.alive():
+                continue
+            if only_due and (i not in self._due or self._due[i] > now):
+                continue
+            self._due.pop(i, None)
+            try:
+                b.start()
+            except Exception as e:
+                print(f"bookie {b.bookie_id} failed to start again: {e}", file=self.out, flush=True)
+                if self.restart:
+                    delay = self._backoff.get(i, self.backoff0)
+                    self._backoff[i] = min(self.max_backoff, delay * 2)
+                    self._due[i] = now + delay
+                continue
+            self.restarts += 1
+            print(f"bookie {b.bookie_id} restarted on {b.address} (pid {b.pid})", file=self.out, flush=True)
+            self._watch(i, b)
+
+    def next_due(self) -> float | None:
+        return min(self._due.values()) if self._due else None
+
+
 def cmd_standalone(args: argparse.Namespace) -> int:
     logging.basicConfig(level=getattr(logging, args.log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    done = threading.Event()
-    signal.signal(signal.SIGINT, lambda *_: done.set())
-    signal.signal(signal.SIGTERM, lambda *_: done.set())
-    cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level)
-    cluster.start()
+    bookie_args = ["--admin-port", "0"]  # each bookie's /health /ready /metrics /info
+    if args.registration_ttl is not None:
+        bookie_args += ["--registration-ttl", str(args.registration_ttl)]
+    cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
+                         bookie_args=bookie_args, etcd_port=args.etcd_port)
+    sup = Supervisor(cluster, args.restart_bookies)
+    stop_signals = []
+
+    def on_stop(signum, _frame):
+        stop_signals.append(signum)
+        sup.events.put(("stop",))
+
+    signal.signal(signal.SIGINT, on_stop)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGHUP, lambda *_: sup.events.put(("restart",)))
+    try:
+        cluster.start()
+    except Exception as e:
+        print(f"bookstream standalone: {e}", file=sys.stderr, flush=True)
+        return 1
+    sup.watch_all()
     print("bookstream standalone is up", flush=True)
     print(cluster.describe(), flush=True)
     print("Ctrl-C to stop.", flush=True)
     try:
-        while not done.wait(1.0):
-            dead = [b for b in cluster.bookies if not b.alive()]
-            if dead:
-                for b in dead:
-                    print(f"bookie {b.bookie_id} exited ({b.proc.returncode}); see {b.log_path}", file=sys.stderr)
+        while not stop_signals:
+            due = sup.next_due()
+            timeout = 1.0 if due is None else min(1.0, max(0.0, due - time.monotonic()))
+            try:
+                ev = sup.events.get(timeout=timeout)
+            except queue.Empty:
+                sup.restart_dead(time.monotonic(), only_due=True)
+                continue
+            if ev[0] == "stop":
                 break
+            if ev[0] == "restart":
+                sup.restart_dead(time.monotonic())
+            elif ev[0] == "died":
+                sup.on_death(ev[1], ev[2], ev[3], time.monotonic())
     finally:
-        print("stopping...", flush=True)
+        print("stopping: bookies first, then etcd...", flush=True)
         cluster.stop()
         print("stopped.", flush=True)
     return 0

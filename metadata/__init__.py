@@ -8,6 +8,9 @@ Modules:
 * :mod:`metadata.ledgers` -- ledger metadata (:class:`LedgerMetadata`,
   :class:`LedgerStore`);
 * :mod:`metadata.registration` -- bookie membership (:class:`BookieRegistry`);
+* :mod:`metadata.keeper` / :mod:`metadata.keeper_core` -- a lease-bound key
+  kept alive and created again after a lost lease (:class:`KeptKey`), and its
+  pure policy (:class:`KeeperCore`), for every lease holder;
 * :mod:`metadata.cluster` -- the cluster record;
 * :mod:`metadata.etcd_server` -- :class:`ManagedEtcd`, a local etcd process;
 * :mod:`metadata.errors` -- the typed errors (each has ``retriable``).
@@ -33,6 +36,8 @@ from metadata.errors import (
 from metadata.etcd_server import EtcdServerError, ManagedEtcd
 from metadata.layout import KeyLayout, validate_name
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, LedgerStore
+from metadata.keeper import KeptKey
+from metadata.keeper_core import KeeperCore, KeeperState
 from metadata.registration import BookieRegistry, MembershipChange, MembershipEvent, Registration
 from metadata.store import (
     Delete,
@@ -58,5 +63,5 @@ __all__ = [
     "KeyLayout", "validate_name", "Fragment", "LedgerMetadata", "LedgerMode", "LedgerState", "LedgerStore",
     "BookieRegistry", "MembershipChange", "MembershipEvent", "Registration", "Delete", "EventType", "Get",
     "KeepAlive", "Lease", "MetadataStore", "Put", "TxnResult", "Versioned", "WatchEvent", "absent", "exists",
-    "mod_revision_is", "get_cluster_info", "init_cluster",
+    "mod_revision_is", "get_cluster_info", "init_cluster", "KeptKey", "KeeperCore", "KeeperState",
 ]

@@ -220,7 +220,8 @@ class ManagedEtcd:
         self._log_file.flush()
         self._log_offset = self._log_file.tell()
         self._proc = subprocess.Popen(self._command(client, peer), stdin=subprocess.DEVNULL,
-                                      stdout=self._log_file, stderr=subprocess.STDOUT, close_fds=True)
+                                      stdout=self._log_file, stderr=subprocess.STDOUT, close_fds=True,
+                                      process_group=0)  # a terminal's Ctrl-C reaches the parent only
 
     def _wait_ready(self, client: int) -> None:
         # Nothing to await: poll with a deadline.  First for *our* etcd's

@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -85,26 +86,50 @@ def test_bookie_id_in_use(store, cluster):
 def test_restarted_bookie_waits_for_its_stale_registration(store, cluster):
     reg = BookieRegistry(store, cluster)
     old = reg.register(_reg("b1"), ttl=1)
-    old.keepalive.stop()  # the old process "dies": no more refreshes, no revoke
+    old.keeper.stop(revoke=False)  # the old process "dies": no more refreshes, no revoke
     new = reg.register(_reg("b1"), ttl=5, wait_for_stale=old.lease.ttl + WAIT)
     try:
         assert new.lease.id != old.lease.id
         assert store.get(reg.layout.bookie_key("b1", False)).lease == new.lease.id
-        with pytest.raises(RegistrationLost):
-            old.set_read_only(True)
     finally:
         new.close()
 
 
-def test_lost_lease_is_reported(store, cluster):
+def test_restarted_bookie_replaces_its_own_stale_registration_at_once(store, cluster):
+    reg = BookieRegistry(store, cluster)
+    old = reg.register(_reg("b1"), ttl=30)
+    old.keeper.stop(revoke=False)  # killed: its key lives on for 30 s
+    t0 = time.monotonic()
+    # a stranger's lease is not replaced
+    with pytest.raises(BookieIdInUse):
+        reg.register(_reg("b1"), ttl=5, replace_leases=[old.lease.id + 1])
+    new = reg.register(_reg("b1", read_only=True), ttl=5, replace_leases=[old.lease.id])
+    try:
+        assert time.monotonic() - t0 < 10  # not the 30 s of the old lease
+        assert store.get(reg.layout.bookie_key("b1", False)) is None
+        assert store.get(reg.layout.bookie_key("b1", True)).lease == new.lease.id
+        assert old.lease.remaining() == -1  # the old lease was revoked
+    finally:
+        new.close()
+
+
+def test_lost_lease_is_reported_and_the_key_created_again(store, cluster):
     reg = BookieRegistry(store, cluster)
     lost: Collector[MetadataError] = Collector()
     r = reg.register(_reg("b1"), ttl=3, on_lost=lost)
+    first = r.lease.id
     r.lease.revoke()  # e.g. an operator, or an expiry during a long pause
     err = lost.wait_for(lambda e: True, WAIT)
-    assert isinstance(err, LeaseExpired) and r.lost
+    assert isinstance(err, LeaseExpired)
+    assert r.keeper.wait_for(lambda k: k.registered and k.lease.id != first, WAIT)
+    assert store.get(reg.layout.bookie_key("b1", False)).lease == r.lease.id
+    assert r.status()["creations"] == 2 and r.status()["registered"]
+    # a key removed behind its back is noticed on the next write, and created again
+    store.delete(reg.layout.bookie_key("b1", False))
     with pytest.raises(RegistrationLost):
         r.set_read_only(True)
+    assert r.keeper.wait_for(lambda k: k.registered and k.core.creations == 3, WAIT)
+    assert [(b.bookie_id, b.read_only) for b in reg.list_bookies()] == [("b1", True)]
     r.close()
     assert reg.list_bookies() == []
 

@@ -1,0 +1,148 @@
+"""`bookstream bookies list|info|sanity`: the bookies of a cluster.
+
+A BOOKIE argument is a bookie id (as registered) or its address (host:port).
+"""
+from __future__ import annotations
+
+import time
+
+import click
+
+from bookstream.admin import Admin, CheckFailed, Column, NotFound, Output, admin_command, human_bytes
+
+
+@click.group("bookies")
+def bookies() -> None:
+    """The bookies of the cluster (registrations in etcd, Info from each bookie)."""
+
+
+def _registration_row(r) -> dict:
+    return {"bookie_id": r.bookie_id, "address": r.address, "state": "readonly" if r.read_only else "writable",
+            "free_bytes": r.free_bytes, "total_bytes": r.total_bytes,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.started_ms / 1000)) if r.started_ms else None}
+
+
+LIST_COLUMNS = [
+    Column("bookie_id", "bookie"), Column("address", "address"), Column("state", "state"),
+    Column("free_bytes", "free", human_bytes, "right"), Column("total_bytes", "total", human_bytes, "right"),
+    Column("started", "started"),
+]
+
+
+@admin_command(bookies, "list")
+@click.option("--readonly", "which", flag_value="readonly", help="only the read-only bookies")
+@click.option("--writable", "which", flag_value="writable", help="only the writable bookies")
+def list_bookies(adm: Admin, which: str | None) -> Output:
+    """The registered bookies (writable and read-only)."""
+    from metadata.registration import BookieRegistry
+
+    with adm.store() as store:
+        regs = BookieRegistry(store, adm.cluster).list_bookies()
+    rows = [_registration_row(r) for r in regs]
+    if which:
+        rows = [r for r in rows if r["state"] == which]
+    return Output(rows=rows, columns=LIST_COLUMNS)
+
+
+def find_bookie(adm: Admin, store, bookie: str) -> tuple[str | None, str, object | None]:
+    """(id, address, registration) of BOOKIE, an id or an address; an
+    unregistered address is taken as is (its Info names it)."""
+    from metadata.registration import BookieRegistry
+
+    regs = BookieRegistry(store, adm.cluster).list_bookies()
+    for r in regs:
+        if bookie in (r.bookie_id, r.address):
+            return r.bookie_id, r.address, r
+    host, sep, port = bookie.rpartition(":")
+    if sep and host and port.isdigit():
+        return None, bookie, None
+    known = ", ".join(r.bookie_id for r in regs) or "none"
+    raise NotFound(f"no bookie {bookie!r} registered in cluster {adm.cluster!r} (registered: {known})")
+
+
+async def _info(address: str, timeout: float):
+    from stream.bookie_client import BookieClient
+
+    c = BookieClient(address)
+    try:
+        return await c.info(timeout=timeout)
+    finally:
+        await c.close()
+
+
+@admin_command(bookies, "info")
+@click.argument("bookie")
+def info(adm: Admin, bookie: str) -> Output:
+    """Address, state, disk usage, journal and index figures, ledgers held,
+    and the bookie's own view of its registration."""
+    from bookstream.admin_http import info_record
+
+    with adm.store() as store:
+        bid, address, reg = find_bookie(adm, store, bookie)
+    i = adm.run(_info(address, adm.timeout))
+    rec = {"bookie_id": i.bookie_id, "address": address, "registered": reg is not None}
+    rec.update(info_record(i))
+    if bid is not None and i.bookie_id != bid:
+        raise CheckFailed(f"{address} answers as bookie {i.bookie_id!r}, but is registered as {bid!r}")
+    return Output(record=rec, title=f"bookie {i.bookie_id}")
+
+
+@admin_command(bookies, "sanity")
+@click.argument("bookie")
+@click.option("--entries", type=click.IntRange(1, 100_000), default=10, show_default=True)
+def sanity(adm: Admin, bookie: str, entries: int) -> Output:
+    """Write, read back and delete a test ledger on that bookie alone (E1 Qw1 Qa1)."""
+    with adm.store() as store:
+        bid, address, reg = find_bookie(adm, store, bookie)
+    if bid is None:
+        raise NotFound(f"{bookie!r} is not a registered bookie: sanity needs one the cluster can use")
+    return Output(record=adm.run(_sanity(adm, bid, entries)), title=f"sanity of bookie {bid}")
+
+
+async def _sanity(adm: Admin, bookie_id: str, n: int) -> dict:
+    from metadata.ledgers import LedgerMetadata, LedgerMode
+    from stream.ledger import LedgerHandle
+
+    bk = adm.bk()
+    step = "create"
+    t0 = time.monotonic()
+    ledger_id = None
+    try:
+        header = LedgerMetadata(1, 1, 1, mode=LedgerMode.CLASSIC, custom={"sanity": bookie_id})
+        meta, rev = await bk.meta_call(bk.ledgers.create, header, (bookie_id,))
+        ledger_id = meta.ledger_id
+        lh = LedgerHandle(bk, meta, rev, writable=True, placement=bk.placement)
+        step = "write"
+        sent = [b"sanity-%d-%d" % (ledger_id, i) for i in range(n)]
+        for p in sent:
+            await lh.add_entry(p)
+        await lh.close()
+        written = time.monotonic()
+        step = "read"
+        rh = await bk.open_ledger(ledger_id, recovery=False)
+        got = [e.payload for e in await rh.read_entries(0, n - 1)]
+        if got != sent:
+            raise CheckFailed(f"bookie {bookie_id}: read back {len(got)} entries that differ from those written")
+        read = time.monotonic()
+        step = "delete"
+        await bk.delete_ledger(ledger_id)
+        ledger_id = None
+        done = time.monotonic()
+        return {"bookie_id": bookie_id, "ok": True, "ledger_entries": n,
+                "write_ms": round((written - t0) * 1000, 1), "read_ms": round((read - written) * 1000, 1),
+                "delete_ms": round((done - read) * 1000, 1)}
+    except CheckFailed:
+        raise
+    except Exception as e:
+        raise CheckFailed(f"sanity of bookie {bookie_id} failed at {step}: {type(e).__name__}: "
+                          f"{' '.join(str(e).split())}") from None
+    finally:
+        if ledger_id is not None:
+            try:
+                await bk.delete_ledger(ledger_id)
+            except Exception:
+                pass
+        await bk.close()
+
+
+COMMANDS = [bookies]

@@ -1,0 +1,186 @@
+"""A bookie's admin HTTP port: `/health`, `/ready`, `/metrics`, `/info`.
+
+    bookstream bookie --data-dir DIR --etcd HOST:PORT --admin-port 8000
+
+- `/health` (liveness): 200 when the bookie's event loop answers within
+  ``LOOP_TIMEOUT`` seconds, 503 otherwise (a stuck bookie fails it);
+- `/ready` (for a Kubernetes readiness probe): 200 when the bookie is
+  registered in etcd (`held`, or `suspect`: refreshes failing for less than
+  a TTL) and writable; 503 with the reason otherwise;
+- `/metrics`: Prometheus text format (``prometheus_client``);
+- `/info`: the Info figures as JSON (the same record `bookstream bookies info` prints).
+
+Every figure comes from one source, the bookie's own Info RPC handler, run on
+the bookie's event loop (so what HTTP reports is a consistent snapshot, read
+where the values change); the HTTP server is a small threaded WSGI server of
+its own, so a scrape never waits behind the data path's event loop for more
+than that one call.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socketserver
+import threading
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+log = logging.getLogger(__name__)
+
+LOOP_TIMEOUT = 2.0
+# journal_sync_histogram: element i counts group commits under 64 << i microseconds (i < 15).
+SYNC_BUCKETS_S = [(64 << i) / 1e6 for i in range(15)]
+
+
+def info_record(i) -> dict:
+    """An InfoResponse as a flat record (JSON-ready)."""
+    from bookstream_pb import bookie_pb2 as pb
+
+    return {
+        "bookie_id": i.bookie_id,
+        "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
+        "registration_state": i.registration_state or "not registering",
+        "unregistered_seconds": round(i.unregistered_seconds, 1),
+        "used_bytes": i.used_bytes, "free_bytes": i.free_bytes, "total_bytes": i.total_bytes,
+        "disk_used_percent": round(100.0 * (i.total_bytes - i.free_bytes) / i.total_bytes, 1) if i.total_bytes else None,
+        "ledgers": i.ledgers, "entries": i.entries, "journal_segments": i.segments,
+        "journal_fsyncs": i.journal_fsyncs, "journal_bytes": i.journal_bytes,
+        "journal_sync_max_ms": round(i.journal_sync_max_seconds * 1000, 2),
+        "replayed_records": i.replayed_records, "replayed_bytes": i.replayed_bytes,
+        "replay_seconds": round(i.replay_seconds, 3),
+        "read_entry_requests": i.read_entry_requests, "read_range_requests": i.read_range_requests,
+        "read_range_entries": i.read_range_entries,
+        "journal_sync_histogram": list(i.journal_sync_histogram),
+    }
+
+
+def readiness(rec: dict) -> tuple[bool, str]:
+    """Ready: registered (or not registering at all) and writable."""
+    if rec["state"] != "writable":
+        return False, "read-only (disk usage above the threshold)"
+    if rec["registration_state"] not in ("held", "suspect", "not registering"):
+        return False, f"not registered in etcd ({rec['registration_state']} for {rec['unregistered_seconds']} s)"
+    return True, "ready"
+
+
+class _Collector:
+    """Prometheus families from one Info snapshot per scrape."""
+
+    def __init__(self, snapshot):
+        self._snapshot = snapshot
+
+    def describe(self):
+        return []  # unchecked collector: families are known only at scrape time
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        i = self._snapshot()
+        rec = info_record(i)
+        bid = [i.bookie_id]
+
+        def gauge(name, doc, value):
+            g = GaugeMetricFamily(f"bookstream_bookie_{name}", doc, labels=["bookie_id"])
+            g.add_metric(bid, float(value))
+            return g
+
+        def counter(name, doc, value):
+            c = CounterMetricFamily(f"bookstream_bookie_{name}", doc, labels=["bookie_id"])
+            c.add_metric(bid, float(value))
+            return c
+
+        yield gauge("registered", "1 while the bookie's etcd registration is held",
+                    rec["registration_state"] in ("held", "suspect"))
+        yield gauge("unregistered_seconds", "seconds since the registration was lost (0 when held)",
+                    i.unregistered_seconds)
+        yield gauge("read_only", "1 while the bookie refuses normal adds for lack of disk", rec["state"] == "readonly")
+        yield gauge("disk_used_bytes", "bytes of journal segments on disk", i.used_bytes)
+        yield gauge("disk_free_bytes", "free bytes of the data dir's disk (or of --max-storage-bytes)", i.free_bytes)
+        yield gauge("disk_total_bytes", "size of the data dir's disk (or --max-storage-bytes)", i.total_bytes)
+        yield gauge("ledgers", "ledgers held", i.ledgers)
+        yield gauge("index_entries", "entries in the index", i.entries)
+        yield gauge("journal_segments", "journal segments on disk", i.segments)
+        yield counter("journal_fsyncs", "journal group commits (write + fdatasync) since start", i.journal_fsyncs)
+        yield counter("journal_bytes", "bytes appended to the journal since start", i.journal_bytes)
+        yield counter("read_entry_requests", "ReadEntry RPCs since start", i.read_entry_requests)
+        yield counter("read_range_requests", "ReadRange RPCs since start", i.read_range_requests)
+        yield counter("read_range_entries", "entries sent by ReadRange since start", i.read_range_entries)
+        yield gauge("replay_seconds", "time the last start spent replaying the journal", i.replay_seconds)
+        hist = list(i.journal_sync_histogram)
+        if hist:
+            h = HistogramMetricFamily("bookstream_bookie_journal_sync_seconds",
+                                      "duration of journal group commits (writes + fdatasync)", labels=["bookie_id"])
+            cum, buckets = 0, []
+            for bound, n in zip(SYNC_BUCKETS_S + [float("inf")], hist):
+                cum += n
+                buckets.append(("+Inf" if bound == float("inf") else repr(bound), float(cum)))
+            # the sum is not tracked by the bookie: estimate it from the bucket bounds (lower bound)
+            lower = [0.0] + SYNC_BUCKETS_S
+            estimate = sum(n * lower[k] for k, n in enumerate(hist[:len(lower)]))
+            h.add_metric(bid, buckets, estimate)
+            yield h
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # access logs would flood the bookie's log at every scrape
+        pass
+
+
+class AdminHttp:
+    """Serves the admin endpoints of a running BookieServer on ``host:port``
+    (0: any free port) from a thread of its own."""
+
+    def __init__(self, server, loop: asyncio.AbstractEventLoop, host: str = "127.0.0.1", port: int = 0):
+        from prometheus_client import CollectorRegistry, generate_latest
+
+        self._bookie = server
+        self._loop = loop
+        self._registry = CollectorRegistry(auto_describe=False)
+        self._registry.register(_Collector(self.snapshot))
+        self._generate = generate_latest
+        self._httpd = make_server(host, port, self._app, server_class=_Server, handler_class=_Quiet)
+        self.port = self._httpd.server_port
+        self.address = f"{host}:{self.port}"
+        self._thread = threading.Thread(target=self._httpd.serve_forever, name="admin-http", daemon=True)
+
+    def start(self) -> "AdminHttp":
+        self._thread.start()
+        log.info("admin HTTP on http://%s (/health /ready /metrics /info)", self.address)
+        return self
+
+    def stop(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def snapshot(self):
+        """The bookie's InfoResponse, computed on its event loop."""
+        fut = asyncio.run_coroutine_threadsafe(self._bookie.service.Info(None, None), self._loop)
+        return fut.result(LOOP_TIMEOUT)
+
+    def _app(self, environ, start_response):
+        path = environ.get("PATH_INFO", "/")
+        try:
+            if path == "/metrics":
+                body, ctype, status = self._generate(self._registry), "text/plain; version=0.0.4; charset=utf-8", 200
+            elif path in ("/health", "/healthz", "/livez"):
+                self.snapshot()
+                body, ctype, status = b"ok\n", "text/plain", 200
+            elif path in ("/ready", "/readyz"):
+                ok, why = readiness(info_record(self.snapshot()))
+                body, ctype, status = (json.dumps({"ready": ok, "reason": why}) + "\n").encode(), "application/json", \
+                    200 if ok else 503
+            elif path == "/info":
+                rec = info_record(self.snapshot())
+                rec["address"] = self._bookie.address
+                body, ctype, status = (json.dumps(rec) + "\n").encode(), "application/json", 200
+            else:
+                body, ctype, status = b"not found: try /health /ready /metrics /info\n", "text/plain", 404
+        except Exception as e:  # the loop did not answer in time (a stuck bookie), or a bug
+            body, ctype, status = f"unavailable: {type(e).__name__}: {e}\n".encode(), "text/plain", 503
+        reason = {200: "OK", 404: "Not Found", 503: "Service Unavailable"}[status]
+        start_response(f"{status} {reason}", [("Content-Type", ctype), ("Content-Length", str(len(body)))])
+        return [body]
