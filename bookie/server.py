@@ -39,6 +39,9 @@ class BookieConfig:
     host: str = "127.0.0.1"
     port: int = 0
     bookie_id: str = ""
+    # The address registered for clients, when they reach the bookie through
+    # something in front of it (the fault suite's proxies); default host:port.
+    advertise_address: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
     # Unacknowledged bytes one add stream may have in flight before the
     # bookie stops reading it (back-pressure).
@@ -457,7 +460,7 @@ class BookieServer:
 
     @property
     def address(self) -> str:
-        return f"{self.config.host}:{self.port}"
+        return self.config.advertise_address or f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
         t0 = time.monotonic()
