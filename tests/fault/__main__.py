@@ -37,6 +37,9 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=150.0, help="appends/s per writer")
     p.add_argument("--fragment-entries", type=int, default=0, help="roll fragments every N entries")
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    p.add_argument("--api", choices=["stream", "log"], default="stream",
+                   help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
+    p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")
     p.add_argument("--no-tmpfs", action="store_true", help="no full-disk fault (no mount)")
     p.add_argument("--dir", type=Path, default=Path("fault-runs"))
     p.add_argument("--keep", action="store_true", help="keep every run's files")
@@ -45,7 +48,8 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     opts = Options(seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
                    readers=args.readers, rate=args.rate, fragment_entries=args.fragment_entries,
-                   kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs)
+                   kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs,
+                   mutant=args.mutant, api=args.api)
     args.dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     reports = []

@@ -40,6 +40,8 @@ class Options:
     final_timeout: float = 45.0
     keep: bool = False             # keep the run's directory even without anomalies
     tmpfs: bool = True
+    api: str = "stream"            # or "log": classic ledgers-to-logs (stream/log.py)
+    mutant: str | None = None      # writers run with a broken rule (stream/mutations.py): must be caught
 
 
 async def final_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
@@ -89,10 +91,11 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         dump(run_dir / "plan.json", [asdict(f) for f in faults])
         report["cluster"] = c.describe()
         extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries)]
+        extra += ["--mutant", opts.mutant] if opts.mutant else []
         for name in writers:
-            c.add_worker(name, "writer", extra).start()
+            c.add_worker(name, "writer", extra + ["--api", opts.api]).start()
         for name in readers:
-            c.add_worker(name, "reader", []).start()
+            c.add_worker(name, "reader", ["--api", opts.api]).start()
         nem = Nemesis(c, faults, run_dir / "nemesis.jsonl", seed)
         nem.run()
         healed = nem.heal_all()
@@ -155,9 +158,34 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     return report
 
 
-def _final(c: FaultCluster, marker: str, opts: Options, timeout: float) -> tuple[list | None, str | None]:
+async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
+    """The same for a log: a last leader (fences the last two ledgers),
+    the marker, and a read of every ledger of the list."""
+    from stream.client import BookKeeperClient
+    from stream.log import LogWriter
+    from tests.fault.worker import read_log
+    deadline = time.monotonic() + timeout
+    bk = BookKeeperClient(endpoint, cluster)
     try:
-        return asyncio.run(final_read(c.etcd.endpoint, c.name, marker, timeout)), None
+        while True:
+            try:
+                lw = await asyncio.wait_for(LogWriter(bk, STREAM, 3, 3, 2).open(), 30)
+                await asyncio.wait_for(lw.append(marker.encode()), 30)
+                await asyncio.wait_for(lw.close(), 30)
+                break
+            except Exception as e:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"final log leader failed for {timeout}s: {type(e).__name__}: {e}") from e
+                await asyncio.sleep(1.0)
+        return await asyncio.wait_for(read_log(bk, STREAM, None), 60)
+    finally:
+        await bk.close()
+
+
+def _final(c: FaultCluster, marker: str, opts: Options, timeout: float) -> tuple[list | None, str | None]:
+    read = final_log_read if opts.api == "log" else final_read
+    try:
+        return asyncio.run(read(c.etcd.endpoint, c.name, marker, timeout)), None
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"
 

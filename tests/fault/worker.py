@@ -100,6 +100,90 @@ async def run_writer(args, h: History, rng: random.Random, stop: asyncio.Event, 
                 await asyncio.sleep(rng.uniform(args.duel_min, args.duel_max))
 
 
+# -- classic ledgers-to-logs (stream/log.py) -------------------------------------------------
+# A log position (ledger, entry) is written as ledger << 32 | entry, which
+# orders as the log does; a session is one leadership, on one ledger (its
+# id plays the term's part: ids grow along the log's list).
+
+LOG_SHIFT = 32
+
+
+async def run_log_writer(args, h: History, rng: random.Random, stop: asyncio.Event, takeover: asyncio.Event) -> None:
+    from stream.client import BookKeeperClient
+    from stream.log import LogWriter
+    mean_gap = args.batch_max / 2 / args.rate
+    bk = BookKeeperClient(args.etcd, args.cluster)
+    try:
+        session = 0
+        while not stop.is_set():
+            session += 1
+            h.emit("open", session=session)
+            lw = LogWriter(bk, args.stream, args.ensemble, args.write_quorum, args.ack_quorum)
+            try:
+                await asyncio.wait_for(lw.open(), args.op_timeout)
+            except Exception as e:
+                h.emit("open_fail", session=session, **_err(e))
+                await asyncio.sleep(rng.uniform(0.2, 1.0))
+                continue
+            h.emit("opened", session=session, term=lw.current_ledger.ledger_id)
+            takeover.clear()
+            seq, lost = 0, False
+            while not stop.is_set() and not takeover.is_set():
+                n = rng.randint(1, args.batch_max)
+                payloads = [f"{args.name}.{args.incarnation}.{session}.{seq + k}" for k in range(n)]
+                for k, p in enumerate(payloads):
+                    h.emit("invoke", session=session, seq=seq + k, payload=p)
+                try:
+                    futs = [lw.append_async(p.encode()) for p in payloads]
+                    ps = await asyncio.wait_for(asyncio.gather(*futs), args.op_timeout)
+                    first = ps[0].ledger_id << LOG_SHIFT | ps[0].entry_id
+                    h.emit("ok", session=session, seq=seq, n=n, pos=first,
+                           last=ps[-1].ledger_id << LOG_SHIFT | ps[-1].entry_id)
+                except Exception as e:
+                    h.emit("fail", session=session, seq=seq, n=n, **_err(e))
+                    lost = isinstance(e, (err.NotLeader, err.LedgerFenced))
+                    break
+                finally:
+                    seq += n
+                await asyncio.sleep(rng.expovariate(1.0 / mean_gap))
+            h.emit("leave", session=session, takeover=takeover.is_set(), fenced=lost)
+            try:
+                await asyncio.wait_for(lw.close(), 5)
+            except BaseException:
+                pass
+            if lost:
+                await asyncio.sleep(rng.uniform(args.duel_min, args.duel_max))
+    finally:
+        await bk.close()
+
+
+async def read_log(bk, name: str, after: int | None) -> list[tuple[int, str]]:
+    """The log's records after position ``after`` (None: all), as (position, payload)."""
+    from stream.log import LogPosition, LogReader
+    start = None if after is None else LogPosition(after >> LOG_SHIFT, (after & ((1 << LOG_SHIFT) - 1)) + 1)
+    recs = await LogReader(bk, name).read_all(start)
+    return [(p.ledger_id << LOG_SHIFT | p.entry_id, e.payload.decode(errors="replace")) for p, e in recs]
+
+
+async def run_log_reader(args, h: History, rng: random.Random, stop: asyncio.Event, takeover: asyncio.Event) -> None:
+    from stream.client import BookKeeperClient
+    last = None
+    bk = BookKeeperClient(args.etcd, args.cluster)
+    h.emit("reader_open", after=None)
+    try:
+        while not stop.is_set():
+            try:
+                recs = await asyncio.wait_for(read_log(bk, args.stream, last), args.op_timeout)
+                if recs:
+                    h.emit("read", recs=recs)
+                    last = recs[-1][0]
+            except Exception as e:
+                h.emit("read_fail", **_err(e))
+            await asyncio.sleep(0.3)  # a poll: LogReader has no tail
+    finally:
+        await bk.close()
+
+
 async def run_reader(args, h: History, rng: random.Random, stop: asyncio.Event, takeover: asyncio.Event) -> None:
     last: Position | None = None
     async with AsyncStreamClient(args.etcd, args.cluster) as sc:
@@ -148,6 +232,9 @@ def main(argv=None) -> int:
     p.add_argument("--write-quorum", type=int, default=3)
     p.add_argument("--ack-quorum", type=int, default=2)
     p.add_argument("--fragment-entries", type=int, default=0)
+    p.add_argument("--api", choices=["stream", "log"], default="stream",
+                   help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
+    p.add_argument("--mutant", help="a broken protocol rule (stream/mutations.py), to show the checker catches it")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     h = History(args.history, proc=args.name, inc=args.incarnation)
@@ -158,10 +245,11 @@ def main(argv=None) -> int:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGTERM, stop.set)
         loop.add_signal_handler(signal.SIGUSR1, takeover.set)
-        h.emit("start", pid=os.getpid(), role=args.role)
+        h.emit("start", pid=os.getpid(), role=args.role, api=args.api, mutant=args.mutant)
         print(WORKER_READY, flush=True)  # the nemesis may signal it from now on
-        task = asyncio.ensure_future((run_writer if args.role == "writer" else run_reader)(args, h, rng, stop,
-                                                                                           takeover))
+        run = {("writer", "stream"): run_writer, ("reader", "stream"): run_reader,
+               ("writer", "log"): run_log_writer, ("reader", "log"): run_log_reader}[args.role, args.api]
+        task = asyncio.ensure_future(run(args, h, rng, stop, takeover))
         await stop.wait()
         task.cancel()
         try:
@@ -170,7 +258,12 @@ def main(argv=None) -> int:
             pass
         h.emit("stop")
 
-    asyncio.run(go())
+    if args.mutant:
+        from stream import mutations
+        with mutations.mutated(args.mutant):
+            asyncio.run(go())
+    else:
+        asyncio.run(go())
     return 0
 
 
