@@ -184,6 +184,9 @@ class FaultCluster:
         except Exception:
             pass
         self.ploop.close()
+        for b in self.bookies:  # the tmpfs goes with its contents: keep the bookie's log
+            if b.tmpfs and b.proc.log_path.exists():
+                shutil.copy(b.proc.log_path, self.dir / f"b{b.index}.tmpfs-bookie.log")
         for m in self.mounts:
             subprocess.run(["umount", "-l", str(m)], capture_output=True)
         self.mounts = []

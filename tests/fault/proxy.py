@@ -156,15 +156,19 @@ class BookieProxy:
         link.tasks = [asyncio.create_task(self._pump(link, c_reader, b_writer)),
                       asyncio.create_task(self._pump(link, b_reader, c_writer))]
 
+    async def _gate(self, link: _Link) -> None:
+        while self._mode(link.pid) == "blackhole":
+            self._healed.clear()
+            await self._healed.wait()
+
     async def _pump(self, link: _Link, reader, writer) -> None:
         try:
             while True:
-                while self._mode(link.pid) == "blackhole":
-                    self._healed.clear()
-                    await self._healed.wait()
+                await self._gate(link)
                 data = await reader.read(1 << 16)
                 if not data:
                     break
+                await self._gate(link)  # bytes read as the blackhole began are held too
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.CancelledError):

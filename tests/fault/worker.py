@@ -21,6 +21,12 @@ it waits a moment first.
 A reader tails the stream from the start (each incarnation from EARLIEST;
 after an error, from after the last record it saw) and logs every record
 it reads (``read``: [position, payload] pairs).
+
+``--api log`` does the same on classic ledgers-to-logs (stream/log.py): a
+session is a leadership (``LogWriter.open``: fence the last two ledgers,
+create one, CAS the list), a reader polls ``LogReader.read_all``.
+``--mutant NAME`` runs the writer with a broken protocol rule
+(stream/mutations.py), to show the checker catches what it breaks.
 """
 from __future__ import annotations
 
