@@ -9,13 +9,16 @@ anomaly, or with ``--keep``); the summary (runs, faults by kind, operations,
 anomalies by kind and by known bug, seeds) is printed as JSON at the end and
 written to ``--dir/summary.json``.  Exit status 1 if any anomaly was not
 attributed to a known bug (``--strict``: any anomaly at all).  Needs root
-for the full-disk fault's tmpfs (skipped otherwise).
+for the full-disk fault's tmpfs (skipped otherwise).  Stop it with Ctrl-C
+or SIGTERM (the current run's processes are stopped and its tmpfs
+unmounted; a kill -9 of the runner leaves them behind).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
@@ -51,6 +54,10 @@ def main(argv=None) -> int:
                    kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs,
                    mutant=args.mutant, api=args.api)
     args.dir.mkdir(parents=True, exist_ok=True)
+
+    def interrupted(*_):  # a SIGTERM'd runner still stops its cluster and unmounts its tmpfs
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, interrupted)
     t0 = time.monotonic()
     reports = []
     for k in range(args.runs):

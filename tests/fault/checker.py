@@ -169,6 +169,7 @@ def check(h: History, final: list | None, final_error: str | None = None, marker
 
 
 KNOWN = {
+    "beyond-model": "a bookie lost fsynced journal bytes (cut_tail): outside the fault model",
     "12.0": "the recovery hole (issue 12 item 0, branch hole)",
     "12.1": "bookies dropped for good after an etcd outage or a pause longer than the TTL (issue 12 item 1, "
             "branch ops)",
@@ -178,6 +179,8 @@ KNOWN = {
 def attribute(anomaly: dict, context: dict) -> str | None:
     """The known bug an anomaly is most likely an instance of, or None."""
     kind = anomaly["kind"]
+    if context.get("beyond_model") and kind in ("lost", "moved", "hole", "divergence", "order"):
+        return "beyond-model"  # a bookie's disk lost acknowledged bytes (nemesis kind cut_tail)
     if kind == "hole":
         return "12.0"
     if kind == "order" and anomaly.get("what", "").startswith("older term"):

@@ -245,6 +245,22 @@ class FaultCluster:
             return {"torn": 0, "error": str(e)}
         return {"torn": len(torn), "segment": seg.name}
 
+    def cut_journal_tail(self, i: int, rng) -> dict:
+        """After a kill -9: the newest journal segment loses its last bytes
+        (up to 256).  Those may have been fsynced and acknowledged: a disk
+        that loses synced data, outside the protocol's fault model (one
+        such bookie can make recovery decide an acknowledged entry absent),
+        so this kind is only run when asked for (``--kinds cut_tail``)."""
+        b = self.bookies[i]
+        assert not b.proc.alive()
+        segs = sorted((b.data_dir / "journal").glob("segment-*.log"))
+        if not segs or segs[-1].stat().st_size == 0:
+            return {"cut": 0}
+        size = segs[-1].stat().st_size
+        n = rng.randint(1, min(size, 256))
+        os.truncate(segs[-1], size - n)
+        return {"cut": n, "segment": segs[-1].name}
+
     def fill_disk(self, i: int) -> dict:
         b = self.bookies[i]
         if not b.tmpfs or b.filler is not None:

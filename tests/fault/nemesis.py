@@ -22,7 +22,10 @@ Fault kinds (``KINDS``: weight, duration range in seconds):
 - ``takeover``: a writer is told (SIGUSR1) to take the stream over now (the
   writers also duel by themselves: a fenced writer takes it back);
 - ``kill_etcd``: kill -9 of etcd, restarted after the duration (some
-  outages longer than the lease TTL).
+  outages longer than the lease TTL);
+- ``cut_tail`` (only when named in ``kinds``): kill -9, the journal's last
+  bytes cut off, restart: a disk losing fsynced data, outside the fault
+  model (its anomalies are attributed to it, not to a bug).
 
 At most ``max_bookie_faults`` bookies are hurt at once, so that an
 ensemble of three can still be formed from five bookies.
@@ -41,7 +44,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail"}
+BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail", "cut_tail"}
 RESTART_MARGIN = 8.0   # a killed bookie's restart can wait for its old lease (2 x TTL)
 
 
@@ -61,6 +64,8 @@ KINDS: dict[str, Kind] = {
     "kill_reader": Kind(1, (0.2, 2.0)),
     "takeover": Kind(2, (0.0, 0.0)),
     "kill_etcd": Kind(1, (0.5, 7.0)),
+    # outside the fault model (cluster.cut_journal_tail): only when named in ``kinds``
+    "cut_tail": Kind(0, (0.3, 3.0)),
 }
 
 
@@ -79,7 +84,7 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
     """The fault schedule of a seed (pure: no clock, no I/O)."""
     rng = random.Random(seed)
     names = [k for k in (kinds or KINDS) if k != "full_disk" or tmpfs_bookie is not None]
-    weights = [KINDS[k].weight for k in names]
+    weights = [KINDS[k].weight or (1 if kinds else 0) for k in names]  # a named kind runs, weight 0 or not
     bookie_free = [0.0] * bookies
     worker_free = {w: 0.0 for w in writers + readers}
     etcd_free = 0.0
@@ -102,7 +107,7 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                     params = {"mode": rng.choice(["blackhole", "cut"]),
                               "scope": rng.choice(["all", "all"] + writers)}
                 f = Fault(round(t, 2), kind, i, d, params)
-                margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail") else 0.5
+                margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail") else 0.5
                 bookie_free[i] = t + d + margin
         elif kind in ("kill_writer", "kill_reader", "takeover"):
             pool = [w for w in (readers if kind == "kill_reader" else writers) if worker_free[w] <= t]
@@ -188,6 +193,9 @@ class Nemesis:
             elif k == "torn_tail":
                 c.kill_bookie(f.target)
                 return c.tear_journal_tail(f.target, self.rng)
+            elif k == "cut_tail":
+                c.kill_bookie(f.target)
+                return c.cut_journal_tail(f.target, self.rng)
             elif k in ("kill_writer", "kill_reader"):
                 self._worker(f.target).kill()
             elif k == "takeover":
@@ -197,7 +205,7 @@ class Nemesis:
             return {}
         if f.params.get("skipped"):
             return {"skipped": True}
-        if k in ("kill_bookie", "torn_tail"):
+        if k in ("kill_bookie", "torn_tail", "cut_tail"):
             self.pending.append(self.pool.submit(self._logged, n, "restarted", c.start_bookie, f.target))
         elif k == "pause_bookie":
             c.cont_bookie(f.target)

@@ -111,7 +111,8 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         regs = _registrations(c)
         alive = sum(1 for b in c.bookies if b.proc.alive())
         lease_faults = any(f.kind in ("kill_etcd", "pause_bookie") for f in faults)
-        context = {"registered": len(regs), "bookies_alive": alive, "lease_faults": lease_faults}
+        context = {"registered": len(regs), "bookies_alive": alive, "lease_faults": lease_faults,
+                   "beyond_model": any(f.kind == "cut_tail" for f in faults)}
         marker = f"final-{seed}"
         # with bookies alive but unregistered the first attempt is expected to fail: a short one
         final, final_error = _final(c, marker, opts, 10.0 if len(regs) < alive else opts.final_timeout)
