@@ -180,6 +180,8 @@ class FaultCluster:
             b.proc.kill()
             b.proxy.close()
         try:
+            if self.etcd_state == "stopped":
+                os.kill(self.etcd.pid, signal.SIGCONT)
             self.etcd.kill()
         except Exception:
             pass
@@ -298,6 +300,15 @@ class FaultCluster:
 
     def start_etcd(self) -> None:
         self.etcd.start()
+        self.etcd_state = "up"
+
+    def stop_etcd(self) -> None:
+        """SIGSTOP: an outage whose connections hang instead of failing."""
+        os.kill(self.etcd.pid, signal.SIGSTOP)
+        self.etcd_state = "stopped"
+
+    def cont_etcd(self) -> None:
+        os.kill(self.etcd.pid, signal.SIGCONT)
         self.etcd_state = "up"
 
     def registrations(self) -> dict:

@@ -19,10 +19,13 @@ Fault kinds (``KINDS``: weight, duration range in seconds):
   restart after the duration;
 - ``kill_writer`` / ``kill_reader``: kill -9, a new incarnation after the
   duration;
+- ``pause_writer``: SIGSTOP, SIGCONT after the duration (a zombie leader:
+  the other writer takes over meanwhile, and its adds must then fail);
 - ``takeover``: a writer is told (SIGUSR1) to take the stream over now (the
   writers also duel by themselves: a fenced writer takes it back);
 - ``kill_etcd``: kill -9 of etcd, restarted after the duration (some
-  outages longer than the lease TTL);
+  outages longer than the lease TTL); ``pause_etcd``: SIGSTOP / SIGCONT
+  (an outage whose connections hang);
 - ``cut_tail`` (only when named in ``kinds``): kill -9, the journal's last
   bytes cut off, restart: a disk losing fsynced data, outside the fault
   model (its anomalies are attributed to it, not to a bug).
@@ -61,9 +64,11 @@ KINDS: dict[str, Kind] = {
     "full_disk": Kind(1, (1.0, 6.0)),
     "torn_tail": Kind(1, (0.3, 3.0)),
     "kill_writer": Kind(2, (0.2, 2.0)),
+    "pause_writer": Kind(2, (0.5, 6.0)),
     "kill_reader": Kind(1, (0.2, 2.0)),
     "takeover": Kind(2, (0.0, 0.0)),
     "kill_etcd": Kind(1, (0.5, 7.0)),
+    "pause_etcd": Kind(1, (0.5, 6.0)),
     # outside the fault model (cluster.cut_journal_tail): only when named in ``kinds``
     "cut_tail": Kind(0, (0.3, 3.0)),
 }
@@ -109,13 +114,13 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                 f = Fault(round(t, 2), kind, i, d, params)
                 margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail") else 0.5
                 bookie_free[i] = t + d + margin
-        elif kind in ("kill_writer", "kill_reader", "takeover"):
+        elif kind in ("kill_writer", "kill_reader", "takeover", "pause_writer"):
             pool = [w for w in (readers if kind == "kill_reader" else writers) if worker_free[w] <= t]
             if pool:
                 w = rng.choice(pool)
                 f = Fault(round(t, 2), kind, w, d)
                 worker_free[w] = t + d + 1.0
-        elif kind == "kill_etcd" and etcd_free <= t:
+        elif kind in ("kill_etcd", "pause_etcd") and etcd_free <= t:
             f = Fault(round(t, 2), kind, "etcd", d)
             etcd_free = t + d + 3.0
         if f is not None:
@@ -200,8 +205,12 @@ class Nemesis:
                 self._worker(f.target).kill()
             elif k == "takeover":
                 self._worker(f.target).signal(signal.SIGUSR1)
+            elif k == "pause_writer":
+                self._worker(f.target).signal(signal.SIGSTOP)
             elif k == "kill_etcd":
                 c.kill_etcd()
+            elif k == "pause_etcd":
+                c.stop_etcd()
             return {}
         if f.params.get("skipped"):
             return {"skipped": True}
@@ -215,8 +224,12 @@ class Nemesis:
             c.free_disk(f.target)
         elif k in ("kill_writer", "kill_reader"):
             self.pending.append(self.pool.submit(self._logged, n, "restarted", self._worker(f.target).start))
+        elif k == "pause_writer":
+            self._worker(f.target).signal(signal.SIGCONT)
         elif k == "kill_etcd":
             self.pending.append(self.pool.submit(self._logged, n, "restarted", c.start_etcd))
+        elif k == "pause_etcd":
+            c.cont_etcd()
         return {}
 
     def _logged(self, n: int, phase: str, fn, *args):
@@ -239,7 +252,9 @@ class Nemesis:
             except Exception as e:
                 self._log(phase="heal", error=repr(e))
         c = self.c
-        if c.etcd_state != "up":
+        if c.etcd_state == "stopped":
+            c.cont_etcd()
+        elif c.etcd_state != "up":
             c.start_etcd()
         restarted = []
         for b in c.bookies:
@@ -252,6 +267,8 @@ class Nemesis:
         for w in c.workers:
             if w.pid is None:
                 w.start()
+            else:
+                w.signal(signal.SIGCONT)
         self.pool.shutdown(wait=True)
         self._log(phase="heal_all", restarted=restarted)
         return {"restarted": restarted}
