@@ -38,7 +38,7 @@ def main(argv=None) -> int:
     p.add_argument("--writers", type=int, default=2)
     p.add_argument("--readers", type=int, default=2)
     p.add_argument("--rate", type=float, default=150.0, help="appends/s per writer")
-    p.add_argument("--fragment-entries", type=int, default=0, help="roll fragments every N entries")
+    p.add_argument("--fragment-entries", type=int, default=500, help="roll stream fragments every N entries (0: never)")
     p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
     p.add_argument("--api", choices=["stream", "log"], default="stream",
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")

@@ -36,7 +36,7 @@ class Options:
     ttl: int = 3                   # the bookies' registration TTL
     kinds: list[str] | None = None
     rate: float = 150.0            # appends/s per writer
-    fragment_entries: int = 0      # roll fragments every N entries (0: never)
+    fragment_entries: int = 500    # roll fragments every N entries (0: never): rolls under faults
     final_timeout: float = 45.0
     keep: bool = False             # keep the run's directory even without anomalies
     tmpfs: bool = True

@@ -16,7 +16,7 @@ Frames are built with ``bookie.entry.encode`` (never hand-packed headers), so
 they follow the record layout wherever it goes.
 
 ``FUZZ_EXAMPLES=N`` sets the examples per test (default 40; derandomized, so
-CI runs the same ones every time).
+CI runs the same ones every time); ``FUZZ_RANDOM=1`` draws new ones each run.
 """
 from __future__ import annotations
 
@@ -42,8 +42,9 @@ MAX_ENTRY = 64 << 10          # the bookie's --max-entry-size here
 U64 = (1 << 64) - 1
 I64_MIN, I64_MAX = -(1 << 63), (1 << 63) - 1
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")), deadline=None, derandomize=True,
-                database=None, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", "40")), deadline=None,
+                derandomize=not os.environ.get("FUZZ_RANDOM"), database=None,
+                suppress_health_check=list(HealthCheck))
 
 pytestmark = pytest.mark.fault
 
