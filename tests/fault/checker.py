@@ -18,7 +18,9 @@ in the stream; the next writer's recovery decides).  Anomalies:
   term's payload above a newer term's;
 - ``hole``: what survives of one session (one writer's term) is not a
   prefix of what it sent, at consecutive positions;
-- ``unrecoverable``: the final take-over (or its read) failed.
+- ``unrecoverable``: the final take-over (or its read) failed;
+- ``unregistered`` (found by the runner, not here): a bookie running,
+  healed, and still not registered in etcd at the end.
 
 ``attribute`` names the known bug an anomaly most likely is (issue 12 and
 19, fixed on other branches) so a run can tell new anomalies from known
@@ -185,6 +187,8 @@ def attribute(anomaly: dict, context: dict) -> str | None:
         return "12.0"
     if kind == "order" and anomaly.get("what", "").startswith("older term"):
         return "12.0"  # an older term's leftover recovered above a newer term's entry (the hole's sibling)
+    if kind == "unregistered" and context.get("lease_faults"):
+        return "12.1"
     if kind == "unrecoverable":
         # an etcd outage or a pause, however short, can outlast a lease's
         # refreshes (the store declares it lost after one TTL without one)

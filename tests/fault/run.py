@@ -133,6 +133,9 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         anomalies = checker.check(h, final, final_error, markers={marker})
         if first_failure is not None:
             anomalies.insert(0, first_failure)
+        unregistered = [b.proc.bookie_id for b in c.bookies if b.proc.bookie_id not in regs]
+        if len(regs) < alive:  # healed, running, and still not in etcd after the quiet period
+            anomalies.insert(0, {"kind": "unregistered", "bookies": unregistered})
         for a in anomalies:
             a["known"] = checker.attribute(a, context)
         ok_after_heal = _acks_after(run_dir / "history", t_healed)

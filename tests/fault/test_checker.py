@@ -88,6 +88,8 @@ def test_known_bugs_are_attributed():
     assert checker.attribute({"kind": "unrecoverable"}, ctx) == "12.1"
     assert checker.attribute({"kind": "unrecoverable"}, {**ctx, "registered": 5}) is None
     assert checker.attribute({"kind": "lost"}, ctx) is None
+    assert checker.attribute({"kind": "unregistered"}, ctx) == "12.1"
+    assert checker.attribute({"kind": "unregistered"}, {**ctx, "lease_faults": False}) is None
 
 
 def test_the_schedule_is_a_function_of_its_seed():
