@@ -3,6 +3,7 @@
     python -m tests.fault --seed 1 --runs 3 --seconds 20          # three runs, seeds 1, 2, 3
     python -m tests.fault --seed 100 --runs 1000 --minutes 240     # until 1000 runs or 4 hours
     python -m tests.fault --seed 7 --runs 1 --keep                 # replay seed 7, keep all its files
+    python -m tests.fault --plan tests/fault/plans/hole-seed109.json   # an exact schedule that found a hole
 
 Each run's files go to ``--dir/seed-N`` (kept when the run found an
 anomaly, or with ``--keep``); the summary (runs, faults by kind, operations,
@@ -43,6 +44,7 @@ def main(argv=None) -> int:
     p.add_argument("--api", choices=["stream", "log"], default="stream",
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
     p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")
+    p.add_argument("--plan", help="replay this schedule (a run's plan.json, e.g. tests/fault/plans/*.json)")
     p.add_argument("--no-tmpfs", action="store_true", help="no full-disk fault (no mount)")
     p.add_argument("--dir", type=Path, default=Path("fault-runs"))
     p.add_argument("--keep", action="store_true", help="keep every run's files")
@@ -52,7 +54,7 @@ def main(argv=None) -> int:
     opts = Options(seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
                    readers=args.readers, rate=args.rate, fragment_entries=args.fragment_entries,
                    kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs,
-                   mutant=args.mutant, api=args.api)
+                   mutant=args.mutant, api=args.api, plan_file=args.plan)
     args.dir.mkdir(parents=True, exist_ok=True)
 
     def interrupted(*_):  # a SIGTERM'd runner still stops its cluster and unmounts its tmpfs

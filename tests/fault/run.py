@@ -20,7 +20,7 @@ from pathlib import Path
 
 from tests.fault import checker
 from tests.fault.cluster import FaultCluster, dump, rmtree
-from tests.fault.nemesis import Nemesis, plan
+from tests.fault.nemesis import Fault, Nemesis, plan
 from tests.fault.worker import STREAM
 
 log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ class Options:
     tmpfs: bool = True
     api: str = "stream"            # or "log": classic ledgers-to-logs (stream/log.py)
     mutant: str | None = None      # writers run with a broken rule (stream/mutations.py): must be caught
+    plan_file: str | None = None   # replay this schedule (a run's plan.json) instead of the seed's
 
 
 async def final_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
@@ -86,8 +87,11 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     try:
         c.start()
         tmpfs = next((b.index for b in c.bookies if b.tmpfs), None)
-        faults = plan(seed, opts.seconds, bookies=opts.bookies, writers=writers, readers=readers,
-                      tmpfs_bookie=tmpfs, kinds=opts.kinds)
+        if opts.plan_file:  # an exact schedule, whatever the generator has become since
+            faults = [Fault(**f) for f in json.loads(Path(opts.plan_file).read_text())]
+        else:
+            faults = plan(seed, opts.seconds, bookies=opts.bookies, writers=writers, readers=readers,
+                          tmpfs_bookie=tmpfs, kinds=opts.kinds)
         dump(run_dir / "plan.json", [asdict(f) for f in faults])
         report["cluster"] = c.describe()
         extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries)]
