@@ -40,7 +40,8 @@ def main(argv=None) -> int:
     p.add_argument("--readers", type=int, default=2)
     p.add_argument("--rate", type=float, default=150.0, help="appends/s per writer")
     p.add_argument("--fragment-entries", type=int, default=500, help="roll stream fragments every N entries (0: never)")
-    p.add_argument("--kinds", help=f"comma-separated fault kinds (default all: {','.join(KINDS)})")
+    p.add_argument("--kinds", help="comma-separated fault kinds (default: "
+                   f"{','.join(k for k, v in KINDS.items() if v.weight)}; cut_tail only when named)")
     p.add_argument("--api", choices=["stream", "log"], default="stream",
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
     p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")

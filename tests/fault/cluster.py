@@ -23,7 +23,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -335,6 +334,3 @@ def dump(path: Path, obj) -> None:
 def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
-
-def now() -> float:
-    return time.monotonic()

@@ -15,7 +15,7 @@ import logging
 import signal
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tests.fault import checker
