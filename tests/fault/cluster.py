@@ -333,4 +333,3 @@ def dump(path: Path, obj) -> None:
 
 def rmtree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
-
