@@ -32,6 +32,11 @@ fencing read (READ_FENCE)      sets the fence; creates the ledger if unknown,
 normal read                    no term, no state change; unknown ledger:
                                NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
 LAC, LAFR                      never go down
+a record's LAFR and LAC        below its entry id, or BAD_REQUEST for the
+                               frame (a recovery add's LAC excepted: it is
+                               the LAC frozen when recovery began, rule 7)
+a term above MAX_TERM          BAD_REQUEST, nothing changes (a term must leave
+                               room for a successor that fences it)
 ============================== ===============================================
 """
 from __future__ import annotations
@@ -40,8 +45,14 @@ import enum
 from array import array
 from dataclasses import dataclass, field
 
-from bookie.entry import FLAG_TRUNCATE, EntryHeader, EntryRun
+from bookie.entry import FLAG_TRUNCATE, EntryHeader, EntryRun, parse_header
 from bookie.index import LedgerIndex, Removed
+
+# The highest term a request may carry.  A ledger at term T can be taken
+# over only at T + 1; a term at the top of its field (u64 on the wire, i64 in
+# Java's BookKeeper) would leave no successor and the ledger could never be
+# recovered again.  2^63 - 1 keeps T + 1 inside every field that holds it.
+MAX_TERM = (1 << 63) - 1
 
 
 class Status(enum.IntEnum):
@@ -107,6 +118,8 @@ class BookieCore:
     def admit_add(self, h: EntryHeader | EntryRun) -> Verdict:
         """Step 1 of an add: the term and fence rules, on receipt."""
         st = self.ledgers.get(h.ledger_id)
+        if h.term > MAX_TERM:
+            return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is not None and h.term < st.term:
             return Verdict(Status.INVALID_TERM, st.term)
         if not h.is_recovery:
@@ -119,6 +132,28 @@ class BookieCore:
         changed = h.term > st.term
         st.term = h.term if changed else st.term
         return Verdict(Status.OK, st.term, changed)
+
+    @staticmethod
+    def check_positions(runs: list[EntryRun], buf) -> str | None:
+        """Every record of a scanned frame claims a LAFR below its own entry
+        id, and, unless it is a recovery add, a LAC below it too: a writer
+        can only have confirmed entries it sent before.  (A recovery add
+        carries the LAC frozen when recovery began, which may be above the
+        entries it writes back.)  Otherwise a bookie's LAC would jump to a
+        claimed 10^9 for good.  Returns why the frame is refused, or None.
+        Per run first: every record's LAC/LAFR is at most the run's and its
+        id at least the run's first, so one comparison clears a usual run;
+        only a run that fails it is checked record by record."""
+        for run in runs:
+            first, recovery = run.first_entry, run.is_recovery
+            if run.lafr < first and (recovery or run.lac < first):
+                continue
+            for off in run.offsets:
+                h = parse_header(buf, off)
+                if h.lafr >= h.entry_id or (not recovery and h.lac >= h.entry_id):
+                    return (f"entry {h.entry_id} of ledger {h.ledger_id} claims LAC {h.lac} / LAFR {h.lafr}: "
+                            f"both must be below its id (a recovery add's LAC excepted)")
+        return None
 
     def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> LedgerState:
         """The ledger durable adds apply to, its term, LAC and LAFR raised
@@ -176,6 +211,8 @@ class BookieCore:
         """An explicit LAC from the writer: the same term and fence rules as
         a normal add (it never creates a ledger: NO_SUCH_LEDGER)."""
         st = self.ledgers.get(ledger_id)
+        if term > MAX_TERM:
+            return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is None:
             return Verdict(Status.NO_SUCH_LEDGER)
         if term < st.term:
@@ -201,6 +238,8 @@ class BookieCore:
         seen it, so that a writer that reaches this bookie later is refused."""
         assert term >= 0
         st = self.ledgers.get(ledger_id)
+        if term > MAX_TERM:
+            return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is not None and term < st.term:
             return Verdict(Status.INVALID_TERM, st.term)
         created = st is None

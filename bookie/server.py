@@ -39,6 +39,9 @@ class BookieConfig:
     host: str = "127.0.0.1"
     port: int = 0
     bookie_id: str = ""
+    # The address registered for clients, when they reach the bookie through
+    # something in front of it (the fault suite's proxies); default host:port.
+    advertise_address: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
     # Unacknowledged bytes one add stream may have in flight before the
     # bookie stops reading it (back-pressure).
@@ -48,9 +51,66 @@ class BookieConfig:
     gc_interval_s: float = 30.0
 
 
+class Undecodable:
+    """What a request that protobuf could not parse reaches a handler as
+    (instead of grpc's UNKNOWN status and a traceback in the log)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: str):
+        self.error = error
+
+
+def _lenient(deserialize):
+    def parse(data: bytes):
+        try:
+            return deserialize(data)
+        except Exception as e:  # DecodeError, or anything else protobuf raises on junk
+            return Undecodable(str(e))
+    return parse
+
+
+def _refusing_undecodable(handler, response_cls):
+    """A unary-request handler that answers an Undecodable request with
+    BAD_REQUEST in the method's own response (INVALID_ARGUMENT where the
+    response has no status field) and passes any other to the service."""
+    has_status = "status" in response_cls.DESCRIPTOR.fields_by_name
+
+    def refusal(req: Undecodable):
+        return response_cls(status=Status.BAD_REQUEST, message=f"undecodable request: {req.error}")
+
+    async def abort(req: Undecodable, context):
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {req.error}")
+
+    if handler.response_streaming:
+        inner = handler.unary_stream
+
+        async def unary_stream(request, context):
+            if isinstance(request, Undecodable):
+                if not has_status:
+                    await abort(request, context)
+                yield refusal(request)
+                return
+            async for resp in inner(request, context):
+                yield resp
+        return handler._replace(request_deserializer=_lenient(handler.request_deserializer),
+                                unary_stream=unary_stream)
+    inner = handler.unary_unary
+
+    async def unary_unary(request, context):
+        if isinstance(request, Undecodable):
+            if not has_status:
+                await abort(request, context)
+            return refusal(request)
+        return await inner(request, context)
+    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), unary_unary=unary_unary)
+
+
 def register(service: "BookieService", server) -> None:
     """The generated registration, except that the Add stream's frames reach
-    the service as raw bytes (bookie/wire.py: no protobuf copies of them)."""
+    the service as raw bytes (bookie/wire.py: no protobuf copies of them),
+    and that an undecodable request to any other method gets a typed
+    BAD_REQUEST (``Undecodable``)."""
     handlers: dict = {}
 
     class _Collect:
@@ -65,6 +125,11 @@ def register(service: "BookieService", server) -> None:
     add = by_method["Add"]
     by_method["Add"] = grpc.stream_stream_rpc_method_handler(
         add.stream_stream, request_deserializer=None, response_serializer=add.response_serializer)
+    methods = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
+    for method, handler in by_method.items():
+        if method != "Add":
+            response_cls = getattr(pb, methods[method].output_type.name)
+            by_method[method] = _refusing_undecodable(handler, response_cls)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, by_method),))
     server.add_registered_method_handlers(name, by_method)
 
@@ -101,6 +166,8 @@ class BookieService(pb_grpc.BookieServicer):
                         break  # the stream ends with INVALID_ARGUMENT once its acks are out
                     size = len(entries)
                     status, msg, runs = storage.validate_frame(entries)
+                    if status is Status.OK and (bad := storage.core.check_positions(runs, entries)):
+                        status, msg = Status.BAD_REQUEST, bad
                     if status is not Status.OK:
                         acks.put_nowait(pb.AddAck(frame_id=frame_id, status=status, message=msg))
                         continue
@@ -295,8 +362,8 @@ class BookieService(pb_grpc.BookieServicer):
         return self._lac_response(request.ledger_id)
 
     async def WriteLac(self, request, context):
-        if request.lac < -1 or request.lafr < -1:
-            return pb.WriteLacResponse(status=Status.BAD_REQUEST, message="LAC and LAFR must be >= -1")
+        if request.lac < -1 or request.lafr < -1 or request.lafr > request.lac:
+            return pb.WriteLacResponse(status=Status.BAD_REQUEST, message="need -1 <= LAFR <= LAC")
         try:
             v = await self.storage.write_lac(request.ledger_id, request.lac, request.lafr, request.term)
         except Exception as e:
@@ -401,7 +468,7 @@ class BookieServer:
 
     @property
     def address(self) -> str:
-        return f"{self.config.host}:{self.port}"
+        return self.config.advertise_address or f"{self.config.host}:{self.port}"
 
     async def start(self) -> None:
         t0 = time.monotonic()

@@ -62,6 +62,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--advertise-address", default="", help="HOST:PORT registered for clients (default: where it listens)")
     p.add_argument("--bookie-id", help="default: generated once and kept in the data dir")
     p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)
@@ -106,6 +107,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         data_dir=str(args.data_dir),
         host=args.host,
         port=args.port,
+        advertise_address=args.advertise_address,
         bookie_id=bookie_id_for(args.data_dir, args.bookie_id),
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,

@@ -1,0 +1,335 @@
+"""The real cluster the nemesis hurts: etcd, bookie processes behind proxies,
+and writer and reader processes (tests/fault/worker.py).
+
+Every fault here is done to a real OS process or its real files:
+
+- kill -9 and restart (bookies, etcd, writers, readers); SIGSTOP / SIGCONT;
+- partitions of client<->bookie links, by the bookie's proxy
+  (tests/fault/proxy.py): blackhole or cut, for every client or for chosen
+  client processes;
+- a full disk: one bookie's data dir is a small tmpfs (mounted here, as
+  root), filled up with a file and freed again;
+- a torn journal tail: the bookie is killed -9 and its newest journal
+  segment gets a record cut short appended (what a crash in the middle of a
+  write leaves: bytes never fsynced, so never acknowledged), found and cut
+  off by the bookie on restart.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from bookie.journal import R_ENTRIES, frame_record, segment_name
+from bookstream.processes import BookieProcess, BookieStartError, ServedProcess
+from metadata.etcd_server import ManagedEtcd
+from tests.fault.proxy import BookieProxy, ProxyLoop, _free_port
+from tests.fault.worker import WORKER_READY
+
+log = logging.getLogger(__name__)
+
+TMPFS_BYTES = 48 << 20
+TMPFS_SEGMENT = 4 << 20      # journal segments of the tmpfs bookie (so several fit)
+
+
+class Bookie:
+    """One bookie slot: its process, its proxy, its state in the nemesis's eyes."""
+
+    def __init__(self, index: int, proc: BookieProcess, proxy: BookieProxy, tmpfs: bool):
+        self.index, self.proc, self.proxy, self.tmpfs = index, proc, proxy, tmpfs
+        self.state = "up"   # up / killed / stopped
+        self.filler: Path | None = None
+
+    @property
+    def data_dir(self) -> Path:
+        return self.proc.data_dir
+
+
+class Worker(ServedProcess):
+    """A writer or reader process (tests/fault/worker.py); each start is a
+    new incarnation, with its own history file.  ``start`` returns once the
+    process says it is ready (its signal handlers are installed: a SIGUSR1
+    before that would kill it)."""
+
+    merge_stderr = True
+
+    def __init__(self, cluster: "FaultCluster", name: str, role: str, extra: list[str]):
+        super().__init__(cluster.dir)
+        self.cluster, self.name, self.role, self.extra = cluster, name, role, extra
+        self.incarnation = 0
+        self.state = "down"
+
+    @property
+    def log_path(self) -> Path:
+        return self.cluster.dir / f"{self.name}.log"
+
+    def describe(self) -> str:
+        return f"{self.role} {self.name}.{self.incarnation}"
+
+    def history_path(self, inc: int) -> Path:
+        return self.cluster.dir / "history" / f"{self.name}.{inc}.jsonl"
+
+    def command(self) -> list[str]:
+        c = self.cluster
+        return [sys.executable, str(Path(__file__).with_name("worker.py")), self.role, "--etcd", c.etcd.endpoint,
+                "--cluster", c.name, "--name", self.name, "--incarnation", str(self.incarnation),
+                "--history", str(self.history_path(self.incarnation)),
+                "--seed", str(c.seed * 1000 + self.incarnation), *self.extra]
+
+    def start(self, timeout: float = 60.0) -> "Worker":
+        self.incarnation += 1
+        self.history_path(self.incarnation).parent.mkdir(parents=True, exist_ok=True)
+        self.spawn()
+        self.wait_for_line(lambda line: line.startswith(WORKER_READY), timeout)
+        self.start_draining()
+        self.state = "up"
+        return self
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.alive() else None
+
+    def signal(self, sig: int) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        if self.alive():
+            try:
+                os.kill(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        super().kill()
+        self.state = "down"
+
+
+class FaultCluster:
+    def __init__(self, base: Path, *, seed: int, bookies: int = 5, ttl: int = 3, tmpfs_bookie: int | None = 0,
+                 name: str | None = None):
+        self.dir = Path(base)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.seed = seed
+        self.name = name or f"faults-{seed}-{os.getpid()}"
+        self.ttl = ttl
+        self.ploop = ProxyLoop()
+        self.etcd = ManagedEtcd(self.dir / "etcd")
+        self.etcd_state = "down"
+        self.bookies: list[Bookie] = []
+        self.workers: list[Worker] = []
+        self.n_bookies = bookies
+        self.tmpfs_bookie = tmpfs_bookie
+        self.mounts: list[Path] = []
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self) -> "FaultCluster":
+        self.etcd.start()
+        self.etcd_state = "up"
+        slots = []
+        for i in range(self.n_bookies):
+            data = self.dir / f"b{i}"
+            data.mkdir(parents=True, exist_ok=True)
+            tmpfs = i == self.tmpfs_bookie and self._mount_tmpfs(data)
+            port = _free_port()
+            proxy = BookieProxy(self.ploop, port, self.client_pids)
+            extra = ["--registration-ttl", str(self.ttl), "--advertise-address", proxy.address,
+                     "--disk-check-interval", "0.5"]
+            if tmpfs:
+                extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
+                          "--gc-interval", "2"]
+            proc = BookieProcess(data, port=port, etcd=self.etcd.endpoint, cluster=self.name, extra_args=extra)
+            slots.append(Bookie(i, proc, proxy, tmpfs))
+        with ThreadPoolExecutor(len(slots)) as ex:
+            list(ex.map(lambda b: b.proc.start(), slots))
+        self.bookies = slots
+        return self
+
+    def _mount_tmpfs(self, path: Path) -> bool:
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(path)],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            log.warning("no tmpfs for the full-disk fault (%s): that fault is skipped", r.stderr.strip())
+            return False
+        self.mounts.append(path)
+        return True
+
+    def add_worker(self, name: str, role: str, extra: list[str]) -> Worker:
+        w = Worker(self, name, role, extra)
+        self.workers.append(w)
+        return w
+
+    def client_pids(self) -> list[int]:
+        return [os.getpid()] + [w.pid for w in self.workers if w.pid is not None]
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.kill()
+        for b in self.bookies:
+            try:
+                if b.proc.alive():
+                    os.kill(b.proc.pid, signal.SIGCONT)
+            except (ProcessLookupError, AssertionError):
+                pass
+            b.proc.kill()
+            b.proxy.close()
+        try:
+            if self.etcd_state == "stopped":
+                os.kill(self.etcd.pid, signal.SIGCONT)
+            self.etcd.kill()
+        except Exception:
+            pass
+        self.ploop.close()
+        for b in self.bookies:  # the tmpfs goes with its contents: keep the bookie's log
+            if b.tmpfs and b.proc.log_path.exists():
+                shutil.copy(b.proc.log_path, self.dir / f"b{b.index}.tmpfs-bookie.log")
+        for m in self.mounts:
+            subprocess.run(["umount", "-l", str(m)], capture_output=True)
+        self.mounts = []
+
+    # -- bookie faults ----------------------------------------------------------------------
+
+    def kill_bookie(self, i: int) -> None:
+        b = self.bookies[i]
+        if b.proc.alive():
+            os.kill(b.proc.pid, signal.SIGCONT)
+        b.proc.kill()
+        b.state = "killed"
+
+    def start_bookie(self, i: int, attempts: int = 3) -> bool:
+        """Restarts a killed bookie (same id, port and data); a start that
+        fails (a full disk, etcd away longer than --metadata-wait) is retried,
+        then reported."""
+        b = self.bookies[i]
+        for _ in range(attempts):
+            try:
+                b.proc.start(timeout=60)
+                b.state = "up"
+                return True
+            except BookieStartError as e:
+                log.warning("bookie %d did not start: %s", i, str(e)[-300:])
+        return False
+
+    def stop_bookie(self, i: int) -> None:
+        b = self.bookies[i]
+        os.kill(b.proc.pid, signal.SIGSTOP)
+        b.state = "stopped"
+
+    def cont_bookie(self, i: int) -> None:
+        b = self.bookies[i]
+        os.kill(b.proc.pid, signal.SIGCONT)
+        b.state = "up"
+
+    def tear_journal_tail(self, i: int, rng) -> dict:
+        """After a kill -9: a record cut short at the end of the newest
+        journal segment, as a crash in the middle of a write leaves it."""
+        b = self.bookies[i]
+        assert not b.proc.alive()
+        jdir = b.data_dir / "journal"
+        segs = sorted(jdir.glob("segment-*.log"))
+        if not segs:
+            return {"torn": 0}
+        seg = segs[-1]
+        assert seg.name == segment_name(int(seg.name.split("-")[1].split(".")[0]))
+        body = rng.randbytes(rng.randint(64, 4096))
+        record = frame_record(R_ENTRIES, body) + body
+        torn = record[:rng.randint(1, len(record) - 1)]
+        try:
+            with open(seg, "ab") as f:
+                f.write(torn)
+        except OSError as e:  # a full tmpfs: the crash tore nothing
+            return {"torn": 0, "error": str(e)}
+        return {"torn": len(torn), "segment": seg.name}
+
+    def cut_journal_tail(self, i: int, rng) -> dict:
+        """After a kill -9: the newest journal segment loses its last bytes
+        (up to 256).  Those may have been fsynced and acknowledged: a disk
+        that loses synced data, outside the protocol's fault model (one
+        such bookie can make recovery decide an acknowledged entry absent),
+        so this kind is only run when asked for (``--kinds cut_tail``)."""
+        b = self.bookies[i]
+        assert not b.proc.alive()
+        segs = sorted((b.data_dir / "journal").glob("segment-*.log"))
+        if not segs or segs[-1].stat().st_size == 0:
+            return {"cut": 0}
+        size = segs[-1].stat().st_size
+        n = rng.randint(1, min(size, 256))
+        os.truncate(segs[-1], size - n)
+        return {"cut": n, "segment": segs[-1].name}
+
+    def fill_disk(self, i: int) -> dict:
+        b = self.bookies[i]
+        if not b.tmpfs or b.filler is not None:
+            return {"filled": 0}
+        b.filler = b.data_dir / "filler"
+        st = os.statvfs(b.data_dir)
+        n = st.f_bavail * st.f_frsize
+        written = 0
+        try:
+            with open(b.filler, "wb") as f:
+                while written < n:
+                    written += f.write(b"\0" * min(1 << 20, n - written))
+        except OSError:
+            pass
+        return {"filled": written}
+
+    def free_disk(self, i: int) -> None:
+        b = self.bookies[i]
+        if b.filler is not None:
+            b.filler.unlink(missing_ok=True)
+            b.filler = None
+
+    def partition(self, i: int, mode: str, pids=None) -> None:
+        p = self.bookies[i].proxy
+        (p.blackhole if mode == "blackhole" else p.cut)(pids)
+
+    def heal(self, i: int) -> None:
+        self.bookies[i].proxy.heal()
+
+    # -- etcd ---------------------------------------------------------------------------------
+
+    def kill_etcd(self) -> None:
+        self.etcd.kill()
+        self.etcd_state = "down"
+
+    def start_etcd(self) -> None:
+        self.etcd.start()
+        self.etcd_state = "up"
+
+    def stop_etcd(self) -> None:
+        """SIGSTOP: an outage whose connections hang instead of failing."""
+        os.kill(self.etcd.pid, signal.SIGSTOP)
+        self.etcd_state = "stopped"
+
+    def cont_etcd(self) -> None:
+        os.kill(self.etcd.pid, signal.SIGCONT)
+        self.etcd_state = "up"
+
+    def registrations(self) -> dict:
+        """The bookies registered in etcd now (writable and read-only)."""
+        from metadata.registration import BookieRegistry
+        from metadata.store import MetadataStore
+        store = MetadataStore(self.etcd.endpoint, timeout=5.0)
+        try:
+            regs = BookieRegistry(store, self.name).list_bookies()
+            return {r.bookie_id: {"address": r.address, "read_only": r.read_only} for r in regs}
+        finally:
+            store.close()
+
+    def describe(self) -> dict:
+        return {"etcd": self.etcd.endpoint, "cluster": self.name,
+                "bookies": [{"index": b.index, "id": b.proc.bookie_id, "proxy": b.proxy.address,
+                             "listen": b.proc.port, "tmpfs": b.tmpfs} for b in self.bookies]}
+
+
+def dump(path: Path, obj) -> None:
+    path.write_text(json.dumps(obj, indent=1, default=str))
+
+
+def rmtree(path: Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,98 @@
+"""The partitioning proxy (tests/fault/proxy.py) on a plain TCP echo server:
+it forwards, holds a blackholed link's bytes until healed, resets a cut
+one, and touches only the client processes it is told to."""
+from __future__ import annotations
+
+import os
+import socket
+import socketserver
+import threading
+
+import pytest
+
+from tests.fault.proxy import BookieProxy, ProxyLoop, socket_owner
+
+pytestmark = pytest.mark.fault
+
+
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        try:
+            while data := self.request.recv(65536):
+                self.request.sendall(data)
+        except OSError:  # the proxy reset the link: what the test does
+            pass
+
+
+@pytest.fixture
+def proxy():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    ploop = ProxyLoop()
+    p = BookieProxy(ploop, server.server_address[1], lambda: [os.getpid()])
+    yield p
+    p.close()
+    ploop.close()
+    server.shutdown()
+    server.server_close()
+
+
+def connect(p: BookieProxy) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", p.port), timeout=5)
+    s.sendall(b"hello")
+    assert s.recv(5) == b"hello"  # the link is set up (and attributed) once this returns
+    return s
+
+
+def test_socket_owner_finds_this_process():
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        c = socket.create_connection(srv.getsockname())
+        try:
+            assert socket_owner(c.getsockname()[1], [1, os.getpid()]) == os.getpid()
+            assert socket_owner(c.getsockname()[1], [1]) is None
+        finally:
+            c.close()
+
+
+def test_blackhole_holds_the_bytes_until_healed(proxy):
+    s = connect(proxy)
+    proxy.blackhole([os.getpid()])
+    s.sendall(b"held")
+    s.settimeout(0.5)
+    with pytest.raises(socket.timeout):  # nothing comes back while the link is held
+        s.recv(4)
+    proxy.heal()
+    s.settimeout(5)
+    assert s.recv(4) == b"held"  # ... and it flows once healed, as after TCP's retransmissions
+    s.close()
+
+
+def test_a_partition_of_other_processes_leaves_this_one_alone(proxy):
+    s = connect(proxy)
+    proxy.blackhole([1])
+    proxy.cut([1])
+    s.sendall(b"still")
+    assert s.recv(5) == b"still"
+    s.close()
+
+
+def test_cut_resets_the_links_and_refuses_new_ones(proxy):
+    s = connect(proxy)
+    proxy.cut()
+    s.settimeout(5)
+    with pytest.raises((ConnectionResetError, BrokenPipeError, ConnectionAbortedError)):
+        s.sendall(b"x")
+        if s.recv(1) == b"":  # an orderly close counts as cut too
+            raise ConnectionResetError
+    s.close()
+    s2 = socket.create_connection(("127.0.0.1", proxy.port), timeout=5)
+    s2.sendall(b"x")
+    with pytest.raises((ConnectionResetError, BrokenPipeError)):
+        if s2.recv(1) == b"":
+            raise ConnectionResetError
+    s2.close()
+    proxy.heal()
+    connect(proxy).close()
