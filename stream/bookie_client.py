@@ -150,13 +150,16 @@ class BookieClient:
 
     async def read_range(self, ledger_id: int, first: int, last: int, *, max_frame_bytes: int = 0,
                          term: int = 0, fence: bool = False, sparse: bool = False,
-                         frame_timeout: float | None = None) -> AsyncIterator[pb.ReadRangeResponse]:
+                         frame_timeout: float | None = None, stripe: int = 0,
+                         residues: int = 0) -> AsyncIterator[pb.ReadRangeResponse]:
         """The frames of a range read (proto/bookie.proto ReadRangeRequest);
         ``frame_timeout``: the longest wait for each frame (then
-        asyncio.TimeoutError, and the call is cancelled)."""
+        asyncio.TimeoutError, and the call is cancelled); ``stripe`` and
+        ``residues``: a striped reader's share (sparse reads only)."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
                                   max_frame_bytes=max_frame_bytes, term=term,
-                                  flags=pb.READ_FENCE if fence else 0, sparse=sparse)
+                                  flags=pb.READ_FENCE if fence else 0, sparse=sparse,
+                                  stripe=stripe, residues=residues)
         call = self.stub.ReadRange(req)
         try:
             while True:

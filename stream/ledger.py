@@ -48,6 +48,7 @@ from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.quorum import CoverageTracker, write_set
+from stream.read_plan import RangeRead, plan_reads
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
@@ -890,6 +891,12 @@ class LedgerHandle:
         self._closed = False
         self._close_task: asyncio.Future | None = None
         self._read_sem = asyncio.Semaphore(client.config.read_concurrency)
+        # range reads (stream.read_plan): the frame size asked of bookies, Qw = E
+        # ranges cut into blocks of this many ids dealt round the bookies (0:
+        # one bookie per range), and a turn added to the ledger id's rotation
+        self.read_frame_bytes = RANGE_FRAME_BYTES
+        self.read_block_entries = 0
+        self.read_rotation = 0
         client.track(self)  # its close ends this handle first (see _release)
 
     # -- state -------------------------------------------------------------------
@@ -1228,74 +1235,100 @@ class LedgerHandle:
         bound = self.last_add_confirmed
         if last > bound:
             raise err.ReadBeyondLac(self.ledger_id, last, bound)
-        out: dict[int, entry_codec.Entry] = {}
-        if self._meta.write_quorum == self._meta.ensemble_size and last > first:
-            chunks: list[tuple[int, list]] = []
-            await self._read_ranges(first, last, chunks)
-            if sum(len(es) for _, es in chunks) == last - first + 1:  # all of it, in id order
-                return list(itertools.chain.from_iterable(es for _, es in chunks))
-            for start, es in chunks:
-                out.update(zip(range(start, start + len(es)), es))
-        todo = [e for e in range(first, last + 1) if e not in out]
+        slots = await self._read_ranges(first, last)
+        todo = [first + k for k, e in enumerate(slots) if e is None]
         if todo:
             results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
             for eid, r in zip(todo, results):
                 if isinstance(r, BaseException):
                     raise r
-                out[eid] = r
-        return [out[e] for e in range(first, last + 1)]
+                slots[eid - first] = r
+        return slots
 
-    async def _read_ranges(self, first: int, last: int, out: list[tuple[int, list]]) -> None:
-        """Qw = E: every bookie of a fragment holds all its entries, so one
-        streamed range read per fragment serves most of them; whatever it
-        does not deliver is read entry by entry.  ``out`` gets (first id,
-        entries) for each frame of consecutive entries, in id order."""
+    async def _read_ranges(self, first: int, last: int) -> list:
+        """``first..last`` by range reads, as ``stream.read_plan`` plans them
+        per fragment (every id asked of one bookie of its write set, the
+        bookies in parallel); a slot per id, None where no planned read
+        delivered it (the caller reads those entry by entry, which alone may
+        find an entry missing)."""
+        n = last - first + 1
+        slots: list = [None] * n
+        if n == 1:
+            return slots  # one entry: the speculative read is the plan
+        reads: list[tuple[str, RangeRead]] = []
         nxt_frag = first
+        meta = self._meta
+        q = self.client.quarantined()
         while nxt_frag <= last:
             try:
                 f, end = await self._span(nxt_frag)
             except err.ReadFailed:
-                return  # the entry-by-entry reads report it
+                break  # the entry-by-entry reads report it
             a, b = nxt_frag, last if end is None else min(last, end - 1)
             nxt_frag = b + 1
-            q = self.client.quarantined()
-            healthy = [x for x in f.ensemble if x not in q]
-            if not healthy:
-                continue
-            # Readers of different ledgers spread over the ensemble; one
-            # reader stays on one bookie (turning its reads over the bookies
-            # measured 15-30 % slower: three copies to keep in page cache).
-            bid = healthy[self.ledger_id % len(healthy)]
-            bc = await self.client.bookie(bid)
-            if bc is None:
-                continue
-            cfg = self.client.config
-            stream = bc.read_range(self.ledger_id, a, b, max_frame_bytes=RANGE_FRAME_BYTES)
-            nxt = a
-            try:
-                while True:
-                    # A slow first answer hands over to the speculative
-                    # entry-by-entry reads; so does a stall later on.
-                    wait = cfg.speculative_read_timeout * 5 if nxt == a else cfg.read_timeout
-                    try:
-                        resp = await asyncio.wait_for(stream.__anext__(), wait)
-                    except StopAsyncIteration:
-                        break
-                    except asyncio.TimeoutError:
-                        self.client.mark_failed(bid)
-                        log.info("ledger %s: range read from %s too slow", self.ledger_id, bc.address)
-                        break
-                    # (each access of a protobuf bytes field copies it: once)
-                    got = entry_codec.decode_run(resp.entries, self.ledger_id, nxt)
+            avoid = {i for i, x in enumerate(f.ensemble) if x in q}
+            # Readers of different ledgers start on different bookies.
+            for r in plan_reads(a, b, meta.ensemble_size, meta.write_quorum, avoid=avoid,
+                                rotation=self.ledger_id + self.read_rotation, block_entries=self.read_block_entries):
+                reads.append((f.ensemble[r.bookie_index], r))
+        if len(reads) == 1:
+            await self._planned_read(reads[0][0], reads[0][1], first, slots)
+        else:
+            await asyncio.gather(*(self._planned_read(bid, r, first, slots) for bid, r in reads))
+        return slots
+
+    async def _planned_read(self, bid: str, r: RangeRead, base: int, slots: list) -> None:
+        """One planned range read (sparse, with the plan's stripe filter);
+        the entries it delivers go to ``slots[id - base]``, checksums
+        verified; entries the plan did not ask of this bookie are dropped.
+        A failure or a stall ends it quietly: the slots stay empty."""
+        bc = await self.client.bookie(bid)
+        if bc is None:
+            return
+        cfg = self.client.config
+        stream = bc.read_range(self.ledger_id, r.first, r.last, max_frame_bytes=self.read_frame_bytes, sparse=True,
+                               stripe=r.stripe, residues=r.residues)
+        after = r.first - 1
+        lid = self.ledger_id
+        try:
+            while True:
+                # A slow first answer hands over to the speculative
+                # entry-by-entry reads; so does a stall later on.
+                wait = cfg.speculative_read_timeout * 5 if after < r.first else cfg.read_timeout
+                try:
+                    resp = await asyncio.wait_for(stream.__anext__(), wait)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    self.client.mark_failed(bid)
+                    log.info("ledger %s: range read from %s too slow", lid, bid)
+                    break
+                data = resp.entries  # (each access of a protobuf bytes field copies it: once)
+                if data:
+                    if not r.stripe:
+                        try:  # the common case: consecutive ids
+                            got = entry_codec.decode_run(data, lid, after + 1)
+                        except entry_codec.MalformedEntry:
+                            got = entry_codec.decode_sparse(data, lid, after)
+                    else:
+                        got = entry_codec.decode_sparse(data, lid, after)
                     if got:
-                        out.append((nxt, got))
-                        nxt += len(got)
-                    if resp.status != Status.OK:
-                        break
-            except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
-                log.info("ledger %s: range read from %s stopped: %s", self.ledger_id, bc.address, e)
-            finally:
-                await stream.aclose()
+                        if got[-1].entry_id > r.last:
+                            got = [e for e in got if e.entry_id <= r.last]
+                        if not r.stripe and got and got[-1].entry_id - got[0].entry_id == len(got) - 1:
+                            k = got[0].entry_id - base
+                            slots[k:k + len(got)] = got
+                        else:
+                            for e in got:
+                                if r.wants(e.entry_id):
+                                    slots[e.entry_id - base] = e
+                        after = got[-1].entry_id if got else after
+                if resp.status != Status.OK or resp.through >= r.last:
+                    break
+        except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
+            log.info("ledger %s: range read from %s stopped: %s", lid, bid, e)
+        finally:
+            await stream.aclose()
 
     async def _read_one_bounded(self, eid: int) -> entry_codec.Entry:
         async with self._read_sem:
