@@ -407,15 +407,16 @@ def decode_all(buf: bytes | memoryview, *, check: bool = True) -> list[Entry]:
     return [decode(buf, offset=h.offset, check=check) for h in iter_headers(buf)]
 
 
-def decode_sparse(buf: bytes, ledger_id: int, after: int) -> list[Entry]:
+def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int) -> list[Entry]:
     """``decode_run`` for a sparse range read's frame (a striped reader's
     share): records of ``ledger_id`` with ascending ids above ``after``,
-    gaps allowed.  Raises MalformedEntry / ChecksumMismatch like ``decode``."""
+    gaps allowed; payloads are bytes (copied out of a memoryview ``buf``).
+    Raises MalformedEntry / ChecksumMismatch like ``decode``."""
     out: list[Entry] = []
     for off, end, f in _checked(buf):
         lid, eid, lac, lafr, dflags = f[4:9]  # (the fields after length, checksum, req_flags, term)
         if lid != ledger_id or eid <= after:
             raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:>{after}")
-        out.append(Entry(lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags))
+        out.append(Entry(lid, eid, bytes(buf[off + HEADER_SIZE:end]), lac, lafr, dflags))
         after = eid
     return out

@@ -1287,7 +1287,7 @@ class LedgerHandle:
             return
         cfg = self.client.config
         stream = bc.read_range(self.ledger_id, r.first, r.last, max_frame_bytes=self.read_frame_bytes, sparse=True,
-                               stripe=r.stripe, residues=r.residues)
+                               stripe=r.stripe, residues=r.residues, raw=True)
         after = r.first - 1
         lid = self.ledger_id
         try:
@@ -1303,15 +1303,9 @@ class LedgerHandle:
                     self.client.mark_failed(bid)
                     log.info("ledger %s: range read from %s too slow", lid, bid)
                     break
-                data = resp.entries  # (each access of a protobuf bytes field copies it: once)
+                data = resp.entries  # (a view into the message: bookie_client's raw frames)
                 if data:
-                    if not r.stripe:
-                        try:  # the common case: consecutive ids
-                            got = entry_codec.decode_run(data, lid, after + 1)
-                        except entry_codec.MalformedEntry:
-                            got = entry_codec.decode_sparse(data, lid, after)
-                    else:
-                        got = entry_codec.decode_sparse(data, lid, after)
+                    got = entry_codec.decode_sparse(data, lid, after)
                     if got:
                         if got[-1].entry_id > r.last:
                             got = [e for e in got if e.entry_id <= r.last]
