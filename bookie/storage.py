@@ -53,8 +53,9 @@ _CKP_RUN = struct.Struct("<QI")            # start, count
 
 
 # A striped read takes wanted records this close together on disk in one
-# pread (and slices them out) rather than one pread each.
-STRIPE_GAP_BYTES = 256 << 10
+# pread (and slices them out) rather than one pread each: small records
+# cost more per syscall than per byte, large ones the other way round.
+STRIPE_GAP_BYTES = 4 << 10
 
 
 @dataclass

@@ -109,14 +109,17 @@ def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
 
 class RangeFrame:
     """A ``ReadRangeResponse`` (proto/bookie.proto) as ``decode_range_frame``
-    reads it: the same attributes, ``entries`` a view into the message."""
+    reads it: the same attributes, ``entries`` a view into the message;
+    ``data[start:stop]`` are the entries too (the message's bytes, to
+    slice payloads out of with one copy)."""
 
-    __slots__ = ("status", "entries", "count", "message", "through", "term")
+    __slots__ = ("status", "entries", "count", "message", "through", "term", "data", "start", "stop")
 
     def __init__(self, status: int = 0, entries=b"", count: int = 0, message: str = "", through: int = 0,
                  term: int = 0):
         self.status, self.entries, self.count = status, entries, count
         self.message, self.through, self.term = message, through, term
+        self.data, self.start, self.stop = b"", 0, 0
 
 
 _RANGE_VARINTS = {1: "status", 3: "count", 5: "through", 6: "term"}
@@ -130,6 +133,7 @@ def decode_range_frame(data: bytes) -> RangeFrame:
     wins, unknown fields are skipped.  Raises MalformedFrame."""
     mv = memoryview(data)
     out = RangeFrame(entries=mv[0:0])
+    out.data = data
     pos, end = 0, len(data)
     while pos < end:
         key, pos = _read_varint(data, pos, end)
@@ -154,6 +158,7 @@ def decode_range_frame(data: bytes) -> RangeFrame:
                 raise MalformedFrame("truncated field")
             if field == 2:
                 out.entries = mv[pos:pos + size]
+                out.start, out.stop = pos, pos + size
             elif field == 4:
                 out.message = bytes(mv[pos:pos + size]).decode("utf-8", "replace")
             pos += size

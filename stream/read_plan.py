@@ -61,9 +61,16 @@ class RangeRead(NamedTuple):
                 yield eid
 
     def count(self) -> int:
+        """How many ids this read asks for (without walking them)."""
         if not self.stripe:
             return self.last - self.first + 1
-        return sum(1 for _ in self.ids())
+        n = 0
+        for r in range(self.stripe):
+            if self.residues >> r & 1:
+                lo = self.first + (r - self.first) % self.stripe   # the first id of residue r in range
+                if lo <= self.last:
+                    n += (self.last - lo) // self.stripe + 1
+        return n
 
 
 def residue_owners(ensemble_size: int, write_quorum: int, avoid: frozenset[int] | set[int] = frozenset(),
@@ -118,8 +125,32 @@ def plan_reads(first: int, last: int, ensemble_size: int, write_quorum: int, *,
     return plans
 
 
+def plan_missing(missing: list[int], ensemble_size: int, write_quorum: int, *,
+                 avoid: frozenset[int] | set[int] = frozenset(), rotation: int = 0) -> list[RangeRead]:
+    """A next round for the ids (ascending, of one fragment) that the last
+    round's reads did not deliver, asking other bookies (``avoid``: those
+    that left some undelivered): ``plan_reads`` over their span, each read
+    cut down to the missing ids it covers (its first and last, or with a
+    stripe, the residues of missing ids), reads left with none dropped.
+    Every missing id is in exactly one read, of a bookie of its write set."""
+    if not missing:
+        return []
+    lo, hi = missing[0], missing[-1]
+    out = []
+    for r in plan_reads(lo, hi, ensemble_size, write_quorum, avoid=avoid, rotation=rotation):
+        if not r.stripe:
+            out.append(r)   # (one block: the span of the missing ids)
+            continue
+        mask = 0
+        for eid in missing:
+            mask |= 1 << (eid % r.stripe)
+        if r.residues & mask:
+            out.append(r._replace(residues=r.residues & mask))
+    return out
+
+
 def _first_id(read: RangeRead) -> int:
     return next(read.ids(), read.last + 1)
 
 
-__all__ = ["RangeRead", "plan_reads", "residue_owners"]
+__all__ = ["RangeRead", "plan_missing", "plan_reads", "residue_owners"]

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from stream.quorum import write_set
-from stream.read_plan import RangeRead, plan_reads, residue_owners
+from stream.read_plan import RangeRead, plan_missing, plan_reads, residue_owners
 
 
 @st.composite
@@ -74,3 +74,23 @@ def test_bad_ranges_are_refused():
         plan_reads(-1, 4, 3, 3)
     with pytest.raises(ValueError):
         plan_reads(0, 4, 3, 3, block_entries=-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cases(), st.data())
+def test_a_next_round_asks_every_missing_id_once_of_another_member_of_its_write_set(case, data):
+    e, qw, first, last, avoid, rotation, _ = case
+    ids = list(range(first, last + 1))
+    missing = sorted(data.draw(st.sets(st.sampled_from(ids), min_size=1)))
+    plans = plan_missing(missing, e, qw, avoid=avoid, rotation=rotation)
+    asked = collections.Counter()
+    for p in plans:
+        for eid in p.ids():
+            assert p.bookie_index in write_set(eid, e, qw)
+            if eid in missing:
+                asked[eid] += 1
+                if not set(write_set(eid, e, qw)) <= avoid:
+                    assert p.bookie_index not in avoid
+        assert p.count() == sum(1 for _ in p.ids())
+    assert asked == collections.Counter(missing)
+    assert plan_missing([], e, qw) == []
