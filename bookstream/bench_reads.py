@@ -201,3 +201,74 @@ def cmd_catchup_reader(args: argparse.Namespace) -> int:
 
     print(json.dumps(asyncio.run(go())), flush=True)
     return 0
+
+
+# -- in the suite (bookstream/suite.py) ------------------------------------------------------
+
+
+def _int_list(s: str) -> list[int]:
+    from bookstream.bench import int_list
+
+    return int_list(s)
+
+
+def phase_reads(base: Path, p: dict, say) -> dict:
+    """Issue 18's read figures on a cluster of 5 bookies (`bench_reads`):
+    the catch-up of streams of each ensemble shape (striped against Qw = E,
+    per byte), and the open loop alone and beside a catch-up reader."""
+    from bookstream.standalone import Standalone
+    from stream.stream import AsyncStreamClient
+
+    shapes = ensembles(p["reads_ensembles"])
+    n = max(3, max(e for e, _ in shapes))
+    say(f"reads: starting etcd + {n} bookies (fsync on)")
+    cluster = Standalone(base / "reads", bookies=n, base_port=0, log_level="WARNING",
+                         bookie_args=p["bookie_args"]).start()
+    out: dict = {"bookies": n}
+    tag = os.getpid()
+
+    async def go():
+        async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
+            out["catchup"] = await catchup_figures(sc, tag, _int_list(p["reads_sizes"]), shapes, p["reads_mb"], 2,
+                                                   say=say)
+            if p["open_loop_rate"]:
+                ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
+                big = max(ref, key=lambda r: r["entry_bytes"])
+                out["open_loop"] = await open_loop_beside_reader(
+                    sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, p["seconds"], p["open_loop_rate"],
+                    say=say)
+
+    try:
+        asyncio.run(go())
+    finally:
+        cluster.stop()
+    return out
+
+
+def add_figures(rd: dict, add, _ref, _stalls) -> None:
+    """The suite's figures of ``phase_reads`` (``add``, ``_ref``, ``_stalls``:
+    the suite's helpers): each striped catch-up against the Qw = E one of the
+    same size, the open loop's p99 beside a reader against it alone."""
+    for r in rd.get("catchup", []):
+        if r["ensemble"] == r["write_quorum"]:
+            continue
+        ref = next((x for x in rd["catchup"] if x["ensemble"] == x["write_quorum"]
+                    and x["entry_bytes"] == r["entry_bytes"]), None)
+        ceilings = {"qw_eq_e": _ref(r["mb_per_s"], ref["mb_per_s"], f"the same catch-up of a stream of "
+                                    f"E{ref['ensemble']} Qw{ref['write_quorum']}, same size, same cluster",
+                                    unit="MB/s")} if ref else {}
+        add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}",
+            f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B", "MB/s", "higher",
+            r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
+            mb_per_s=r["mb_per_s"], entry_bytes=r["entry_bytes"], ensemble=r["ensemble"],
+            write_quorum=r["write_quorum"])
+    ol = rd.get("open_loop")
+    if ol:
+        alone, beside = ol["alone"], ol["beside_reader"]
+        add("open_loop_p99_beside_reader", f"open loop p99 beside a catch-up reader "
+            f"({ol['reader'].get('mb_per_s', 0):.0f} MB/s), {beside['entry_bytes']} B at "
+            f"{beside['offered_per_s']:,.0f}/s", "ms", "lower", beside["p99_ms"],
+            {"alone": _ref(beside["p99_ms"], alone["p99_ms"], "the same open loop just before, no reader", unit="ms")},
+            None, ms=beside["p99_ms"], p50_ms=beside["p50_ms"], p999_ms=beside["p999_ms"], reader=ol["reader"],
+            stalls=_stalls(beside))
+
