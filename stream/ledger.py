@@ -75,6 +75,9 @@ MAX_INFLIGHT_FRAMES = 4
 PIPELINE_BYTES = 256 << 10
 TELL_LAC_TIMEOUT = 1.0  # a closing writer's last explicit LAC
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
+# A range read's first frame may take this many speculative read timeouts
+# (several reads are in flight per bookie: a read-ahead queues behind others).
+FIRST_FRAME_SPECULATIONS = 20
 # Recovery's range reads come back in smaller frames still: the frontier moves,
 # and write-backs leave, while the rest of the range is on its way.
 RECOVERY_FRAME_BYTES = 64 << 10
@@ -1323,15 +1326,17 @@ class LedgerHandle:
         lid = self.ledger_id
         try:
             while True:
-                # A slow first answer hands over to the speculative
-                # entry-by-entry reads; so does a stall later on.
-                wait = cfg.speculative_read_timeout * 5 if after < r.first else cfg.read_timeout
+                # A slow first answer hands over to the next round (other
+                # bookies), so does a stall later on.  Not marked failed: a
+                # busy bookie is no dead one, and a client's quarantine keeps
+                # its writers away too (under load, slow reads had
+                # quarantined every bookie of a cluster).
+                wait = cfg.speculative_read_timeout * FIRST_FRAME_SPECULATIONS if after < r.first else cfg.read_timeout
                 try:
                     resp = await asyncio.wait_for(stream.__anext__(), wait)
                 except StopAsyncIteration:
                     break
                 except asyncio.TimeoutError:
-                    self.client.mark_failed(bid)
                     log.info("ledger %s: range read from %s too slow", lid, bid)
                     break
                 if resp.stop > resp.start:  # (raw frames: the records are data[start:stop])
