@@ -149,7 +149,10 @@ class LedgerIndex:
             return
         i = max(runs.bisect_right(first) - 1, 0)
         expect = first
-        for run in runs.values()[i:]:
+        # (runs.islice: the keys from i on, lazily; a slice of values() copied every
+        # run to the end per call, which a striped bookie's many short runs felt)
+        for key in runs.islice(i):
+            run = runs[key]
             if run.start > last:
                 return
             lo, hi = max(first, run.start), min(last + 1, run.end)

@@ -269,8 +269,10 @@ class BookieService(pb_grpc.BookieServicer):
     async def ReadRange(self, request, context):
         self.read_range_requests += 1
         first, last = request.first_entry, request.last_entry
-        if first < 0 or last < first or request.flags & ~pb.READ_FENCE:
-            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range or flags")
+        stripe, residues = request.stripe, request.residues
+        if first < 0 or last < first or request.flags & ~pb.READ_FENCE or (stripe or residues) and not (
+                request.sparse and 0 < stripe <= 64 and 0 < residues < 1 << stripe):
+            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range, flags or stripe")
             return
         try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
             status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
@@ -283,7 +285,7 @@ class BookieService(pb_grpc.BookieServicer):
             return
         frame_bytes = min(request.max_frame_bytes or self.config.read_frame_bytes, MAX_MESSAGE_BYTES // 2)
         if request.sparse:
-            async for resp in self._read_sparse(request.ledger_id, first, last, frame_bytes):
+            async for resp in self._read_sparse(request.ledger_id, first, last, frame_bytes, stripe, residues):
                 yield resp
             return
         nxt = first
@@ -305,15 +307,17 @@ class BookieService(pb_grpc.BookieServicer):
                 return
             nxt = after
 
-    async def _read_sparse(self, ledger_id: int, first: int, last: int, frame_bytes: int):
+    async def _read_sparse(self, ledger_id: int, first: int, last: int, frame_bytes: int,
+                           stripe: int = 0, residues: int = 0):
         """Sparse frames (proto/bookie.proto ReadRangeResponse): each vouches
         for the absence of the ids up to its `through` that it and the
-        earlier frames did not return.  An entry failing its checksum ends
+        earlier frames did not return (with a stripe filter: of the ids it
+        selects).  An entry failing its checksum ends
         the stream with CHECKSUM_MISMATCH after the good entries below it."""
         nxt = first
         while True:
             try:
-                status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes)
+                status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes, stripe, residues)
                 data = b"".join(recs)
                 count, good_end, bad = E.verified_prefix(data)
             except Exception as e:

@@ -30,7 +30,7 @@ from pathlib import Path
 from bookie import entry as E
 from bookie.crc import crc32
 from bookie.core import BookieCore, LedgerState, Status, Verdict
-from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
+from bookie.index import OFFSET_BITS, LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
     LAC_BODY,
@@ -50,6 +50,12 @@ CHECKPOINT_MAGIC = b"BKSTCKP1"
 _CKP_HEAD = struct.Struct("<8sQQQ")        # magic, segment, offset, ledgers
 _CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
 _CKP_RUN = struct.Struct("<QI")            # start, count
+
+
+# A striped read takes wanted records this close together on disk in one
+# pread (and slices them out) rather than one pread each: small records
+# cost more per syscall than per byte, large ones the other way round.
+STRIPE_GAP_BYTES = 4 << 10
 
 
 class StorageFormatError(RuntimeError):
@@ -368,19 +374,25 @@ class Storage:
             return Status.NO_SUCH_ENTRY, out, nxt
         return Status.OK, out, nxt
 
-    def read_sparse(self, ledger_id: int, first: int, last: int,
-                    max_bytes: int) -> tuple[Status, list[bytes], int]:
+    def read_sparse(self, ledger_id: int, first: int, last: int, max_bytes: int,
+                    stripe: int = 0, residues: int = 0) -> tuple[Status, list[bytes], int]:
         """Reads every entry the bookie holds in [first, last], skipping the
         ids it does not hold: at most `max_bytes`, but always at least one
         entry.  Returns (status, records, through): every id in [first,
         through] that is not among the records is not held (the index is
         the truth: an entry being deleted or relocated stays in it, at a
         readable location, until that change is durable and applied).
+        With `stripe` > 0 only the ids e with bit (e mod stripe) set in
+        `residues` are read and vouched for (a striped reader's share).
         NO_SUCH_LEDGER when the bookie does not know the ledger."""
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last
-        out, nxt, full = self._read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes)
+        runs = st.index.runs_from(first, last, skip_gaps=True)
+        if stripe:
+            out, nxt, full = self._read_striped(runs, max_bytes, stripe, residues)
+        else:
+            out, nxt, full = self._read_runs(runs, max_bytes)
         return Status.OK, out, nxt - 1 if full else last
 
     def _read_runs(self, runs, max_bytes: int) -> tuple[list[bytes], int | None, bool]:
@@ -408,6 +420,46 @@ class Storage:
         if run_len:
             out.append(self._read_at(run_loc, run_len))
         return out, nxt, False
+
+    def _read_striped(self, runs, max_bytes: int, stripe: int,
+                      residues: int) -> tuple[list[bytes], int | None, bool]:
+        """``_read_runs`` of the ids with bit (id mod stripe) set in
+        `residues` only.  The records a striped reader skips sit between the
+        ones it wants in the journal (a writer's frame to this bookie holds
+        every id of its write sets): a span of wanted records with gaps of
+        at most STRIPE_GAP_BYTES is read in one pread and sliced."""
+        want = [bool(residues >> r & 1) for r in range(stripe)]
+        spans: list[tuple[int, int, list[tuple[int, int]]]] = []  # (seg loc, end, [(loc, len)])
+        size, nxt = 0, None
+        full = False
+        for start, locs, lens in runs:
+            nxt = start
+            eid = start
+            for loc, ln in zip(locs, lens):
+                if want[eid % stripe]:
+                    if size and size + ln > max_bytes:
+                        full = True
+                        break
+                    if spans and spans[-1][0] >> OFFSET_BITS == loc >> OFFSET_BITS and 0 <= loc - spans[-1][1] <= STRIPE_GAP_BYTES:
+                        s0, _, pieces = spans[-1]
+                        pieces.append((loc, ln))
+                        spans[-1] = (s0, loc + ln, pieces)
+                    else:
+                        spans.append((loc, loc + ln, [(loc, ln)]))
+                    size += ln
+                eid += 1
+            nxt = eid
+            if full:
+                break
+        out = []
+        for s0, end, pieces in spans:
+            data = self._read_at(s0, end - s0)
+            if len(pieces) == 1 or sum(ln for _, ln in pieces) == end - s0:
+                out.append(data)
+            else:
+                mv = memoryview(data)
+                out.append(b"".join([mv[loc - s0:loc - s0 + ln] for loc, ln in pieces]))
+        return out, nxt, full
 
     # -- LAC long poll ------------------------------------------------------------------
 

@@ -102,3 +102,70 @@ def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
         else:
             raise MalformedFrame(f"unsupported wire type {wtype}")
     return fid, entries
+
+
+# -- range-read frames, read without protobuf's copies ----------------------------------
+
+
+class RangeFrame:
+    """A ``ReadRangeResponse`` (proto/bookie.proto) as ``decode_range_frame``
+    reads it: the same attributes, ``entries`` a view into the message;
+    ``data[start:stop]`` are the entries too (the message's bytes, to
+    slice payloads out of with one copy)."""
+
+    __slots__ = ("status", "entries", "count", "message", "through", "term", "data", "start", "stop")
+
+    def __init__(self, status: int = 0, entries=b"", count: int = 0, message: str = "", through: int = 0,
+                 term: int = 0):
+        self.status, self.entries, self.count = status, entries, count
+        self.message, self.through, self.term = message, through, term
+        self.data, self.start, self.stop = b"", 0, 0
+
+
+_RANGE_VARINTS = {1: "status", 3: "count", 5: "through", 6: "term"}
+
+
+def decode_range_frame(data: bytes) -> RangeFrame:
+    """A ReadRangeResponse's fields; ``entries`` is a memoryview into
+    ``data`` (through the generated class a frame's records were copied
+    when the message was parsed and again when the field was read: two
+    copies of every byte a reader reads).  The last occurrence of a field
+    wins, unknown fields are skipped.  Raises MalformedFrame."""
+    mv = memoryview(data)
+    out = RangeFrame(entries=mv[0:0])
+    out.data = data
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = _read_varint(data, pos, end)
+        field, wtype = key >> 3, key & 7
+        if field == 0 or key >> 32:
+            raise MalformedFrame(f"bad field number {field}")
+        if wtype == _VARINT:
+            value, pos = _read_varint(data, pos, end)
+            name = _RANGE_VARINTS.get(field)
+            if name == "through":
+                value &= (1 << 64) - 1
+                value = value - (1 << 64) if value >> 63 else value   # int64
+            elif name in ("status", "count"):
+                value &= (1 << 32) - 1 if name == "count" else (1 << 64) - 1
+                if name == "status" and value >> 31:
+                    value -= 1 << 64                                      # (an enum is int32)
+            if name is not None:
+                setattr(out, name, value)
+        elif wtype == _LEN:
+            size, pos = _read_varint(data, pos, end)
+            if pos + size > end:
+                raise MalformedFrame("truncated field")
+            if field == 2:
+                out.entries = mv[pos:pos + size]
+                out.start, out.stop = pos, pos + size
+            elif field == 4:
+                out.message = bytes(mv[pos:pos + size]).decode("utf-8", "replace")
+            pos += size
+        elif wtype in (_I64, _I32):
+            pos += 8 if wtype == _I64 else 4
+            if pos > end:
+                raise MalformedFrame("truncated field")
+        else:
+            raise MalformedFrame(f"unsupported wire type {wtype}")
+    return out

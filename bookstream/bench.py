@@ -2,7 +2,7 @@
 
     bookstream bench bookie [--sizes 100,1024,65536] [--batches 1,10,100,1000]
                             [--seconds 3] [--out results.json]
-    bookstream bench replay | stream | ledger [...]
+    bookstream bench replay | stream | ledger | reads [...]   (reads: bookstream/bench_reads.py)
     bookstream bench suite [--quick] [--out suite.json]     (bookstream/suite.py)
     bookstream bench plot suite.json
 
@@ -61,7 +61,9 @@ def add_parser(sub) -> None:
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
     add_client_parsers(bsub)
-    from bookstream import profile, suite
+    from bookstream import bench_reads, profile, suite
+
+    bench_reads.add_parsers(bsub)
 
     suite.add_parsers(bsub)
     profile.add_parser(bsub)

@@ -19,6 +19,9 @@ In one run, in this order (so that no two of them share the 2 cores):
    catch-up read of each stream, the open loop at a fixed offered rate,
    take-over; the bookies' journal counters give the write size of each
    group commit;
+3b. reads (issue 18, `bench_reads.phase_reads`): on a cluster of 5 bookies,
+   the catch-up of streams of E3 Qw3, E4 Qw2 and E5 Qw3 (striped against
+   Qw = E, per byte), and the open loop beside a catch-up reader process;
 4. disk ceiling: write + fdatasync at exactly those write sizes, from as
    many writers as there are bookies;
 5. the peer, NATS JetStream (3 servers, replicas=3, file storage, fsync on
@@ -52,6 +55,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookstream.bench import int_list
+from bookstream.bench_reads import phase_reads
 from bookstream.tuning import tune_process
 
 SCHEMA = 1
@@ -79,11 +83,11 @@ TARGETS = {
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
-            settle_seconds=30.0)
+            settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3")
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,
-             settle_seconds=0.0)
+             settle_seconds=0.0, settle_max_seconds=5.0, reads_mb=2, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3")
 
 
 def add_parsers(bsub) -> None:
@@ -421,6 +425,21 @@ def _ref(value, ref_value, what: str, **extra) -> dict:
     return {"value": ref_value, "ratio": _ratio(value, ref_value), "what": what, **extra}
 
 
+# issue 18: catch-up reads (64 KiB and 1 KiB) at 2x JetStream's and half the
+# gRPC range-read ceiling in the same run; striped reads as fast per byte as
+# Qw = E; the writer's open-loop p99 beside a catch-up reader (reported).
+READ_TARGETS = {"jetstream": 2.0, "grpc": 0.5}
+
+
+def _read_targets(fig: dict) -> dict:
+    out = {}
+    for name, want in READ_TARGETS.items():
+        ref = fig["jetstream"] if name == "jetstream" else fig["ceilings"].get(name)
+        ratio = ref.get("ratio") if ref else None
+        out[name] = {"ratio_at_least": want, "ratio": ratio, "met": None if ratio is None else ratio >= want}
+    return out
+
+
 def _target(key: str, fig: dict) -> dict | None:
     if key not in TARGETS:
         return None
@@ -523,6 +542,26 @@ def build_figures(doc: dict) -> list[dict]:
             add(key, label.format(size), unit, "higher", r[metric], ceilings, peer, entries=r["entries"],
                 volume_bytes=r["entries"] * size, entries_per_s=r["entries_per_s"], mb_per_s=r["mb_per_s"],
                 entry_bytes=size)
+            if key == "catchup_read":
+                figs[-1]["read_targets"] = _read_targets(figs[-1])
+        big = max(r["entry_bytes"] for r in reads)
+        for r in reads:   # the catch-up of every other stream of 1 KiB or more (issue 18: 1 KiB)
+            size = r["entry_bytes"]
+            if size < 1024 or size == big:
+                continue
+            g = _by_size(grpc.get("read"), size)
+            ceilings = {"grpc": _ref(r["mb_per_s"], g["mb_per_s"], f"empty server, range read in "
+                                     f"{g['frame_bytes']:,} B frames", unit="MB/s")} if g else {}
+            j = _by_size(js.get("reads"), size)
+            peer = _ref(r["mb_per_s"], j["mb_per_s"], "JetStream ordered consumer") if j else None
+            add(f"catchup_read_{size}", f"catch-up read, {size} B", "MB/s", "higher", r["mb_per_s"], ceilings, peer,
+                entries=r["entries"], volume_bytes=r["entries"] * size, entries_per_s=r["entries_per_s"],
+                mb_per_s=r["mb_per_s"], entry_bytes=size)
+            figs[-1]["read_targets"] = _read_targets(figs[-1])
+
+    from bookstream.bench_reads import add_figures
+
+    add_figures(doc.get("reads") or {}, add, _ref, _stalls)
 
     for r in bs.get("takeover", []):
         past = r.get("past_lafr", 0)
@@ -615,16 +654,18 @@ def run_suite(args: argparse.Namespace) -> dict:
             "ceilings": {},
         }
         settled = doc["machine"]["settled"] = {}
-        settled["start"] = settle(progress=say)
+        settled["start"] = settle(0.0, p["settle_max_seconds"], progress=say)
         doc["ceilings"]["grpc"] = phase_grpc_ceiling(base, p, say)
         # the floor just before the cluster, on the disk as the cluster finds it
-        settled["floor"] = settle(progress=say)
+        settled["floor"] = settle(0.0, p["settle_max_seconds"], progress=say)
         doc["ceilings"]["grpc_journal"] = phase_journal_floor(base, p, say)
-        settled["bookstream"] = settle(p["settle_seconds"], progress=say)
+        settled["bookstream"] = settle(p["settle_seconds"], p["settle_max_seconds"], progress=say)
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
+        settled["reads"] = settle(p["settle_seconds"], p["settle_max_seconds"], progress=say)
+        doc["reads"] = phase_reads(base, p, say)   # (bookstream/bench_reads.py)
         if not args.no_jetstream:
-            settled["jetstream"] = settle(p["settle_seconds"], progress=say)
+            settled["jetstream"] = settle(p["settle_seconds"], p["settle_max_seconds"], progress=say)
         doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
         doc["bookie"] = phase_bookie(base, p, say)
         doc["replay"] = phase_replay(base, p, say)

@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\rbookstream.v1\"-\n\x08\x41\x64\x64\x46rame\x12\x10\n\x08\x66rame_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\"T\n\nEntryError\x12\r\n\x05index\x18\x01 \x01(\r\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x03 \x01(\x04\"\x81\x01\n\x06\x41\x64\x64\x41\x63k\x12\x10\n\x08\x66rame_id\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.bookstream.v1.EntryError\x12\x0f\n\x07message\x18\x04 \x01(\t\".\n\x07\x41\x64\x64\x41\x63ks\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.bookstream.v1.AddAck\"T\n\x10ReadEntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\r\n\x05\x66lags\x18\x04 \x01(\r\"l\n\x11ReadEntryResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\r\n\x05\x65ntry\x18\x02 \x01(\x0c\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x94\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x12\n\nlast_entry\x18\x03 \x01(\x03\x12\x17\n\x0fmax_frame_bytes\x18\x04 \x01(\r\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x0e\n\x06sparse\x18\x07 \x01(\x08\"\x8e\x01\n\x11ReadRangeResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07through\x18\x05 \x01(\x03\x12\x0c\n\x04term\x18\x06 \x01(\x04\"@\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\r\n\x05\x66lags\x18\x03 \x01(\r\"\x9a\x01\n\x0fReadLacResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x0c\n\x04lafr\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x03\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\"Q\n\x12LongPollLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"M\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x0c\n\x04lafr\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\\\n\x10WriteLacResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"F\n\x0ePrepareRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x04\"t\n\x0fPrepareResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x17\n\x0f\x65ntries_deleted\x18\x03 \x01(\x04\x12\x0f\n\x07message\x18\x04 \x01(\t\"^\n\rDeleteRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x11\n\thas_range\x18\x02 \x01(\x08\x12\x13\n\x0b\x66irst_entry\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x03\"e\n\x0e\x44\x65leteResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x17\n\x0f\x65ntries_deleted\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\x88\x04\n\x0cInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.bookstream.v1.BookieState\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07ledgers\x18\x06 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x07 \x01(\x04\x12\x10\n\x08segments\x18\x08 \x01(\x04\x12\x18\n\x10replayed_records\x18\t \x01(\x04\x12\x16\n\x0ereplayed_bytes\x18\n \x01(\x04\x12\x16\n\x0ejournal_fsyncs\x18\x0b \x01(\x04\x12\x15\n\rjournal_bytes\x18\x0c \x01(\x04\x12\x16\n\x0ereplay_seconds\x18\r \x01(\x01\x12\x1b\n\x13read_entry_requests\x18\x0e \x01(\x04\x12\x1b\n\x13read_range_requests\x18\x0f \x01(\x04\x12\x1a\n\x12read_range_entries\x18\x10 \x01(\x04\x12\x1e\n\x16journal_sync_histogram\x18\x11 \x03(\x04\x12 \n\x18journal_sync_max_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12registration_state\x18\x13 \x01(\t\x12\x1c\n\x14unregistered_seconds\x18\x14 \x01(\x01*\xc6\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cINVALID_TERM\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\r\n\tREAD_ONLY\x10\x06\x12\x15\n\x11\x43HECKSUM_MISMATCH\x10\x07\x12\r\n\tTOO_LARGE\x10\x08\x12\x11\n\rUNKNOWN_ENTRY\x10\t\x12\x12\n\x0eINTERNAL_ERROR\x10\n*)\n\x08ReadFlag\x12\r\n\tREAD_NONE\x10\x00\x12\x0e\n\nREAD_FENCE\x10\x01*0\n\x0b\x42ookieState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x13\n\x0fREAD_ONLY_STATE\x10\x01\x32\xa1\x05\n\x06\x42ookie\x12:\n\x03\x41\x64\x64\x12\x17.bookstream.v1.AddFrame\x1a\x16.bookstream.v1.AddAcks(\x01\x30\x01\x12N\n\tReadEntry\x12\x1f.bookstream.v1.ReadEntryRequest\x1a .bookstream.v1.ReadEntryResponse\x12P\n\tReadRange\x12\x1f.bookstream.v1.ReadRangeRequest\x1a .bookstream.v1.ReadRangeResponse0\x01\x12H\n\x07ReadLac\x12\x1d.bookstream.v1.ReadLacRequest\x1a\x1e.bookstream.v1.ReadLacResponse\x12P\n\x0bLongPollLac\x12!.bookstream.v1.LongPollLacRequest\x1a\x1e.bookstream.v1.ReadLacResponse\x12K\n\x08WriteLac\x12\x1e.bookstream.v1.WriteLacRequest\x1a\x1f.bookstream.v1.WriteLacResponse\x12H\n\x07Prepare\x12\x1d.bookstream.v1.PrepareRequest\x1a\x1e.bookstream.v1.PrepareResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.bookstream.v1.DeleteRequest\x1a\x1d.bookstream.v1.DeleteResponse\x12?\n\x04Info\x12\x1a.bookstream.v1.InfoRequest\x1a\x1b.bookstream.v1.InfoResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0c\x62ookie.proto\x12\rbookstream.v1\"-\n\x08\x41\x64\x64\x46rame\x12\x10\n\x08\x66rame_id\x18\x01 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\"T\n\nEntryError\x12\r\n\x05index\x18\x01 \x01(\r\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x03 \x01(\x04\"\x81\x01\n\x06\x41\x64\x64\x41\x63k\x12\x10\n\x08\x66rame_id\x18\x01 \x01(\x04\x12)\n\x06status\x18\x02 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12)\n\x06\x65rrors\x18\x03 \x03(\x0b\x32\x19.bookstream.v1.EntryError\x12\x0f\n\x07message\x18\x04 \x01(\t\".\n\x07\x41\x64\x64\x41\x63ks\x12#\n\x04\x61\x63ks\x18\x01 \x03(\x0b\x32\x15.bookstream.v1.AddAck\"T\n\x10ReadEntryRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\r\n\x05\x66lags\x18\x04 \x01(\r\"l\n\x11ReadEntryResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\r\n\x05\x65ntry\x18\x02 \x01(\x0c\x12\x0c\n\x04term\x18\x03 \x01(\x04\x12\x0f\n\x07message\x18\x04 \x01(\t\"\xb6\x01\n\x10ReadRangeRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x12\n\nlast_entry\x18\x03 \x01(\x03\x12\x17\n\x0fmax_frame_bytes\x18\x04 \x01(\r\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\r\n\x05\x66lags\x18\x06 \x01(\r\x12\x0e\n\x06sparse\x18\x07 \x01(\x08\x12\x0e\n\x06stripe\x18\x08 \x01(\r\x12\x10\n\x08residues\x18\t \x01(\x04\"\x8e\x01\n\x11ReadRangeResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x0c\x12\r\n\x05\x63ount\x18\x03 \x01(\r\x12\x0f\n\x07message\x18\x04 \x01(\t\x12\x0f\n\x07through\x18\x05 \x01(\x03\x12\x0c\n\x04term\x18\x06 \x01(\x04\"@\n\x0eReadLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\r\n\x05\x66lags\x18\x03 \x01(\r\"\x9a\x01\n\x0fReadLacResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x0c\n\x04lafr\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x03\x12\x0c\n\x04term\x18\x05 \x01(\x04\x12\x0e\n\x06\x66\x65nced\x18\x06 \x01(\x08\x12\x0f\n\x07message\x18\x07 \x01(\t\"Q\n\x12LongPollLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x14\n\x0cprevious_lac\x18\x02 \x01(\x03\x12\x12\n\ntimeout_ms\x18\x03 \x01(\r\"M\n\x0fWriteLacRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x0b\n\x03lac\x18\x02 \x01(\x03\x12\x0c\n\x04lafr\x18\x03 \x01(\x03\x12\x0c\n\x04term\x18\x04 \x01(\x04\"\\\n\x10WriteLacResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"F\n\x0ePrepareRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x13\n\x0b\x66irst_entry\x18\x02 \x01(\x03\x12\x0c\n\x04term\x18\x03 \x01(\x04\"t\n\x0fPrepareResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x0c\n\x04term\x18\x02 \x01(\x04\x12\x17\n\x0f\x65ntries_deleted\x18\x03 \x01(\x04\x12\x0f\n\x07message\x18\x04 \x01(\t\"^\n\rDeleteRequest\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x11\n\thas_range\x18\x02 \x01(\x08\x12\x13\n\x0b\x66irst_entry\x18\x03 \x01(\x03\x12\x12\n\nlast_entry\x18\x04 \x01(\x03\"e\n\x0e\x44\x65leteResponse\x12)\n\x06status\x18\x01 \x01(\x0e\x32\x19.bookstream.v1.StatusCode\x12\x17\n\x0f\x65ntries_deleted\x18\x02 \x01(\x04\x12\x0f\n\x07message\x18\x03 \x01(\t\"\r\n\x0bInfoRequest\"\x88\x04\n\x0cInfoResponse\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12)\n\x05state\x18\x02 \x01(\x0e\x32\x1a.bookstream.v1.BookieState\x12\x12\n\nfree_bytes\x18\x03 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x04 \x01(\x04\x12\x12\n\nused_bytes\x18\x05 \x01(\x04\x12\x0f\n\x07ledgers\x18\x06 \x01(\x04\x12\x0f\n\x07\x65ntries\x18\x07 \x01(\x04\x12\x10\n\x08segments\x18\x08 \x01(\x04\x12\x18\n\x10replayed_records\x18\t \x01(\x04\x12\x16\n\x0ereplayed_bytes\x18\n \x01(\x04\x12\x16\n\x0ejournal_fsyncs\x18\x0b \x01(\x04\x12\x15\n\rjournal_bytes\x18\x0c \x01(\x04\x12\x16\n\x0ereplay_seconds\x18\r \x01(\x01\x12\x1b\n\x13read_entry_requests\x18\x0e \x01(\x04\x12\x1b\n\x13read_range_requests\x18\x0f \x01(\x04\x12\x1a\n\x12read_range_entries\x18\x10 \x01(\x04\x12\x1e\n\x16journal_sync_histogram\x18\x11 \x03(\x04\x12 \n\x18journal_sync_max_seconds\x18\x12 \x01(\x01\x12\x1a\n\x12registration_state\x18\x13 \x01(\t\x12\x1c\n\x14unregistered_seconds\x18\x14 \x01(\x01*\xc6\x01\n\nStatusCode\x12\x06\n\x02OK\x10\x00\x12\x12\n\x0eNO_SUCH_LEDGER\x10\x01\x12\x11\n\rNO_SUCH_ENTRY\x10\x02\x12\n\n\x06\x46\x45NCED\x10\x03\x12\x10\n\x0cINVALID_TERM\x10\x04\x12\x0f\n\x0b\x42\x41\x44_REQUEST\x10\x05\x12\r\n\tREAD_ONLY\x10\x06\x12\x15\n\x11\x43HECKSUM_MISMATCH\x10\x07\x12\r\n\tTOO_LARGE\x10\x08\x12\x11\n\rUNKNOWN_ENTRY\x10\t\x12\x12\n\x0eINTERNAL_ERROR\x10\n*)\n\x08ReadFlag\x12\r\n\tREAD_NONE\x10\x00\x12\x0e\n\nREAD_FENCE\x10\x01*0\n\x0b\x42ookieState\x12\x0c\n\x08WRITABLE\x10\x00\x12\x13\n\x0fREAD_ONLY_STATE\x10\x01\x32\xa1\x05\n\x06\x42ookie\x12:\n\x03\x41\x64\x64\x12\x17.bookstream.v1.AddFrame\x1a\x16.bookstream.v1.AddAcks(\x01\x30\x01\x12N\n\tReadEntry\x12\x1f.bookstream.v1.ReadEntryRequest\x1a .bookstream.v1.ReadEntryResponse\x12P\n\tReadRange\x12\x1f.bookstream.v1.ReadRangeRequest\x1a .bookstream.v1.ReadRangeResponse0\x01\x12H\n\x07ReadLac\x12\x1d.bookstream.v1.ReadLacRequest\x1a\x1e.bookstream.v1.ReadLacResponse\x12P\n\x0bLongPollLac\x12!.bookstream.v1.LongPollLacRequest\x1a\x1e.bookstream.v1.ReadLacResponse\x12K\n\x08WriteLac\x12\x1e.bookstream.v1.WriteLacRequest\x1a\x1f.bookstream.v1.WriteLacResponse\x12H\n\x07Prepare\x12\x1d.bookstream.v1.PrepareRequest\x1a\x1e.bookstream.v1.PrepareResponse\x12\x45\n\x06\x44\x65lete\x12\x1c.bookstream.v1.DeleteRequest\x1a\x1d.bookstream.v1.DeleteResponse\x12?\n\x04Info\x12\x1a.bookstream.v1.InfoRequest\x1a\x1b.bookstream.v1.InfoResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'bookie_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_STATUSCODE']._serialized_start=2243
-  _globals['_STATUSCODE']._serialized_end=2441
-  _globals['_READFLAG']._serialized_start=2443
-  _globals['_READFLAG']._serialized_end=2484
-  _globals['_BOOKIESTATE']._serialized_start=2486
-  _globals['_BOOKIESTATE']._serialized_end=2534
+  _globals['_STATUSCODE']._serialized_start=2277
+  _globals['_STATUSCODE']._serialized_end=2475
+  _globals['_READFLAG']._serialized_start=2477
+  _globals['_READFLAG']._serialized_end=2518
+  _globals['_BOOKIESTATE']._serialized_start=2520
+  _globals['_BOOKIESTATE']._serialized_end=2568
   _globals['_ADDFRAME']._serialized_start=31
   _globals['_ADDFRAME']._serialized_end=76
   _globals['_ENTRYERROR']._serialized_start=78
@@ -50,31 +50,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_READENTRYRESPONSE']._serialized_start=430
   _globals['_READENTRYRESPONSE']._serialized_end=538
   _globals['_READRANGEREQUEST']._serialized_start=541
-  _globals['_READRANGEREQUEST']._serialized_end=689
-  _globals['_READRANGERESPONSE']._serialized_start=692
-  _globals['_READRANGERESPONSE']._serialized_end=834
-  _globals['_READLACREQUEST']._serialized_start=836
-  _globals['_READLACREQUEST']._serialized_end=900
-  _globals['_READLACRESPONSE']._serialized_start=903
-  _globals['_READLACRESPONSE']._serialized_end=1057
-  _globals['_LONGPOLLLACREQUEST']._serialized_start=1059
-  _globals['_LONGPOLLLACREQUEST']._serialized_end=1140
-  _globals['_WRITELACREQUEST']._serialized_start=1142
-  _globals['_WRITELACREQUEST']._serialized_end=1219
-  _globals['_WRITELACRESPONSE']._serialized_start=1221
-  _globals['_WRITELACRESPONSE']._serialized_end=1313
-  _globals['_PREPAREREQUEST']._serialized_start=1315
-  _globals['_PREPAREREQUEST']._serialized_end=1385
-  _globals['_PREPARERESPONSE']._serialized_start=1387
-  _globals['_PREPARERESPONSE']._serialized_end=1503
-  _globals['_DELETEREQUEST']._serialized_start=1505
-  _globals['_DELETEREQUEST']._serialized_end=1599
-  _globals['_DELETERESPONSE']._serialized_start=1601
-  _globals['_DELETERESPONSE']._serialized_end=1702
-  _globals['_INFOREQUEST']._serialized_start=1704
-  _globals['_INFOREQUEST']._serialized_end=1717
-  _globals['_INFORESPONSE']._serialized_start=1720
-  _globals['_INFORESPONSE']._serialized_end=2240
-  _globals['_BOOKIE']._serialized_start=2537
-  _globals['_BOOKIE']._serialized_end=3210
+  _globals['_READRANGEREQUEST']._serialized_end=723
+  _globals['_READRANGERESPONSE']._serialized_start=726
+  _globals['_READRANGERESPONSE']._serialized_end=868
+  _globals['_READLACREQUEST']._serialized_start=870
+  _globals['_READLACREQUEST']._serialized_end=934
+  _globals['_READLACRESPONSE']._serialized_start=937
+  _globals['_READLACRESPONSE']._serialized_end=1091
+  _globals['_LONGPOLLLACREQUEST']._serialized_start=1093
+  _globals['_LONGPOLLLACREQUEST']._serialized_end=1174
+  _globals['_WRITELACREQUEST']._serialized_start=1176
+  _globals['_WRITELACREQUEST']._serialized_end=1253
+  _globals['_WRITELACRESPONSE']._serialized_start=1255
+  _globals['_WRITELACRESPONSE']._serialized_end=1347
+  _globals['_PREPAREREQUEST']._serialized_start=1349
+  _globals['_PREPAREREQUEST']._serialized_end=1419
+  _globals['_PREPARERESPONSE']._serialized_start=1421
+  _globals['_PREPARERESPONSE']._serialized_end=1537
+  _globals['_DELETEREQUEST']._serialized_start=1539
+  _globals['_DELETEREQUEST']._serialized_end=1633
+  _globals['_DELETERESPONSE']._serialized_start=1635
+  _globals['_DELETERESPONSE']._serialized_end=1736
+  _globals['_INFOREQUEST']._serialized_start=1738
+  _globals['_INFOREQUEST']._serialized_end=1751
+  _globals['_INFORESPONSE']._serialized_start=1754
+  _globals['_INFORESPONSE']._serialized_end=2274
+  _globals['_BOOKIE']._serialized_start=2571
+  _globals['_BOOKIE']._serialized_end=3244
 # @@protoc_insertion_point(module_scope)

@@ -107,7 +107,7 @@ class ReadEntryResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entry: _Optional[bytes] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse")
+    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse", "stripe", "residues")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,8 @@ class ReadRangeRequest(_message.Message):
     TERM_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
     SPARSE_FIELD_NUMBER: _ClassVar[int]
+    STRIPE_FIELD_NUMBER: _ClassVar[int]
+    RESIDUES_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry: int
     last_entry: int
@@ -122,7 +124,9 @@ class ReadRangeRequest(_message.Message):
     term: int
     flags: int
     sparse: bool
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ...) -> None: ...
+    stripe: int
+    residues: int
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ..., stripe: _Optional[int] = ..., residues: _Optional[int] = ...) -> None: ...
 
 class ReadRangeResponse(_message.Message):
     __slots__ = ("status", "entries", "count", "message", "through", "term")

@@ -32,6 +32,7 @@ CHANNEL_OPTIONS = [
 
 _ADD = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name["Add"]
 _ADD_PATH = f"/{_ADD.containing_service.full_name}/{_ADD.name}"
+_RANGE_PATH = f"/{_ADD.containing_service.full_name}/ReadRange"
 
 
 class BookieUnavailable(ConnectionError):
@@ -48,6 +49,9 @@ class BookieClient:
         self.stub = pb_grpc.BookieStub(self.channel)
         self._add_method = self.channel.stream_stream(
             _ADD_PATH, request_serializer=None, response_deserializer=pb.AddAcks.FromString)
+        self._read_range_raw = self.channel.unary_stream(
+            _RANGE_PATH, request_serializer=pb.ReadRangeRequest.SerializeToString,
+            response_deserializer=wire.decode_range_frame)
         self._pending: dict[int, asyncio.Future] = {}
         self._send_q: asyncio.Queue | None = None
         self._stream_task: asyncio.Task | None = None
@@ -150,14 +154,19 @@ class BookieClient:
 
     async def read_range(self, ledger_id: int, first: int, last: int, *, max_frame_bytes: int = 0,
                          term: int = 0, fence: bool = False, sparse: bool = False,
-                         frame_timeout: float | None = None) -> AsyncIterator[pb.ReadRangeResponse]:
+                         frame_timeout: float | None = None, stripe: int = 0, residues: int = 0,
+                         raw: bool = False) -> AsyncIterator[pb.ReadRangeResponse]:
         """The frames of a range read (proto/bookie.proto ReadRangeRequest);
         ``frame_timeout``: the longest wait for each frame (then
-        asyncio.TimeoutError, and the call is cancelled)."""
+        asyncio.TimeoutError, and the call is cancelled); ``stripe`` and
+        ``residues``: a striped reader's share (sparse reads only); ``raw``:
+        frames as ``wire.RangeFrame`` (entries a view into the message,
+        no protobuf copies)."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
                                   max_frame_bytes=max_frame_bytes, term=term,
-                                  flags=pb.READ_FENCE if fence else 0, sparse=sparse)
-        call = self.stub.ReadRange(req)
+                                  flags=pb.READ_FENCE if fence else 0, sparse=sparse,
+                                  stripe=stripe, residues=residues)
+        call = (self._read_range_raw if raw else self.stub.ReadRange)(req)
         try:
             while True:
                 resp = await asyncio.wait_for(call.read(), frame_timeout)

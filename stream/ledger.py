@@ -48,6 +48,7 @@ from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.quorum import CoverageTracker, write_set
+from stream.read_plan import RangeRead, plan_missing, plan_reads
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
@@ -74,6 +75,9 @@ MAX_INFLIGHT_FRAMES = 4
 PIPELINE_BYTES = 256 << 10
 TELL_LAC_TIMEOUT = 1.0  # a closing writer's last explicit LAC
 RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
+# A range read's first frame may take this many speculative read timeouts
+# (several reads are in flight per bookie: a read-ahead queues behind others).
+FIRST_FRAME_SPECULATIONS = 20
 # Recovery's range reads come back in smaller frames still: the frontier moves,
 # and write-backs leave, while the rest of the range is on its way.
 RECOVERY_FRAME_BYTES = 64 << 10
@@ -747,6 +751,13 @@ class _RecoveryDriver:
         self._schedule()
 
 
+def _undelivered(r: RangeRead, base: int, slots: list) -> bool:
+    """Whether some id of the planned read ``r`` has no entry in ``slots``."""
+    if not r.stripe:
+        return slots[r.first - base:r.last - base + 1].count(None) > 0
+    return any(slots[i - base] is None for i in r.ids())
+
+
 def _call_soon(loop: asyncio.AbstractEventLoop, fn, *args) -> None:
     """``fn(*args)`` on ``loop``, from another thread (an etcd watch's); not
     at all once the loop is closed: nobody waits on it any more."""
@@ -890,6 +901,11 @@ class LedgerHandle:
         self._closed = False
         self._close_task: asyncio.Future | None = None
         self._read_sem = asyncio.Semaphore(client.config.read_concurrency)
+        # range reads (stream.read_plan): the frame size asked of bookies, and
+        # Qw = E ranges cut into blocks of this many ids dealt round the
+        # bookies (0: one bookie per range)
+        self.read_frame_bytes = RANGE_FRAME_BYTES
+        self.read_block_entries = 0
         client.track(self)  # its close ends this handle first (see _release)
 
     # -- state -------------------------------------------------------------------
@@ -1213,10 +1229,11 @@ class LedgerHandle:
     async def read_entry(self, entry_id: int) -> entry_codec.Entry:
         return (await self.read_entries(entry_id, entry_id))[0]
 
-    async def read_entries(self, first: int, last: int) -> list[entry_codec.Entry]:
+    async def read_entries(self, first: int, last: int, *, rotation: int = 0) -> list[entry_codec.Entry]:
         """Entries ``first..last`` in order, every one of them, checksums
         verified.  Never past the LAC (ReadBeyondLac); the LAC is refreshed
-        once if ``last`` is beyond the known one."""
+        once if ``last`` is beyond the known one.  ``rotation`` turns which
+        bookie serves which part (stream.read_plan), e.g. per read-ahead chunk."""
         if not (isinstance(first, int) and isinstance(last, int)) or first < 0 or last < first:
             raise ValueError(f"bad entry range {first}..{last}")
         self._check_client()
@@ -1228,74 +1245,125 @@ class LedgerHandle:
         bound = self.last_add_confirmed
         if last > bound:
             raise err.ReadBeyondLac(self.ledger_id, last, bound)
-        out: dict[int, entry_codec.Entry] = {}
-        if self._meta.write_quorum == self._meta.ensemble_size and last > first:
-            chunks: list[tuple[int, list]] = []
-            await self._read_ranges(first, last, chunks)
-            if sum(len(es) for _, es in chunks) == last - first + 1:  # all of it, in id order
-                return list(itertools.chain.from_iterable(es for _, es in chunks))
-            for start, es in chunks:
-                out.update(zip(range(start, start + len(es)), es))
-        todo = [e for e in range(first, last + 1) if e not in out]
+        slots = await self._read_ranges(first, last, rotation)
+        todo = [first + k for k, e in enumerate(slots) if e is None]
         if todo:
             results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
             for eid, r in zip(todo, results):
                 if isinstance(r, BaseException):
                     raise r
-                out[eid] = r
-        return [out[e] for e in range(first, last + 1)]
+                slots[eid - first] = r
+        return slots
 
-    async def _read_ranges(self, first: int, last: int, out: list[tuple[int, list]]) -> None:
-        """Qw = E: every bookie of a fragment holds all its entries, so one
-        streamed range read per fragment serves most of them; whatever it
-        does not deliver is read entry by entry.  ``out`` gets (first id,
-        entries) for each frame of consecutive entries, in id order."""
+    async def _read_ranges(self, first: int, last: int, rotation: int = 0) -> list:
+        """``first..last`` by range reads, as ``stream.read_plan`` plans them
+        per fragment (every id asked of one bookie of its write set, the
+        bookies in parallel); a slot per id, None where no planned read
+        delivered it (the caller reads those entry by entry, which alone may
+        find an entry missing).  What a round leaves undelivered (a bookie
+        down, stalled, or without the entry) is asked again of the other
+        bookies of its write sets (``plan_missing``), for up to Qw rounds."""
+        n = last - first + 1
+        slots: list = [None] * n
+        if n == 1:
+            return slots  # one entry: the speculative read is the plan
+        meta = self._meta
+        frags: list[tuple[Fragment, int, int, set[int]]] = []  # (fragment, first, last, bookies to avoid)
+        q = self.client.quarantined()
         nxt_frag = first
         while nxt_frag <= last:
             try:
                 f, end = await self._span(nxt_frag)
             except err.ReadFailed:
-                return  # the entry-by-entry reads report it
+                break  # the entry-by-entry reads report it
             a, b = nxt_frag, last if end is None else min(last, end - 1)
             nxt_frag = b + 1
-            q = self.client.quarantined()
-            healthy = [x for x in f.ensemble if x not in q]
-            if not healthy:
-                continue
-            # Readers of different ledgers spread over the ensemble; one
-            # reader stays on one bookie (turning its reads over the bookies
-            # measured 15-30 % slower: three copies to keep in page cache).
-            bid = healthy[self.ledger_id % len(healthy)]
-            bc = await self.client.bookie(bid)
-            if bc is None:
-                continue
-            cfg = self.client.config
-            stream = bc.read_range(self.ledger_id, a, b, max_frame_bytes=RANGE_FRAME_BYTES)
-            nxt = a
-            try:
-                while True:
-                    # A slow first answer hands over to the speculative
-                    # entry-by-entry reads; so does a stall later on.
-                    wait = cfg.speculative_read_timeout * 5 if nxt == a else cfg.read_timeout
-                    try:
-                        resp = await asyncio.wait_for(stream.__anext__(), wait)
-                    except StopAsyncIteration:
-                        break
-                    except asyncio.TimeoutError:
-                        self.client.mark_failed(bid)
-                        log.info("ledger %s: range read from %s too slow", self.ledger_id, bc.address)
-                        break
-                    # (each access of a protobuf bytes field copies it: once)
-                    got = entry_codec.decode_run(resp.entries, self.ledger_id, nxt)
+            frags.append((f, a, b, {i for i, x in enumerate(f.ensemble) if x in q}))
+        E, Qw = meta.ensemble_size, meta.write_quorum
+        rotation += self.ledger_id  # readers of different ledgers start on different bookies
+        for rnd in range(Qw):
+            reads: list[tuple[int, str, RangeRead]] = []
+            for k, (f, a, b, avoid) in enumerate(frags):
+                if rnd == 0:
+                    plans = plan_reads(a, b, E, Qw, avoid=avoid, rotation=rotation,
+                                       block_entries=self.read_block_entries)
+                else:
+                    if slots[a - first:b - first + 1].count(None) == 0:
+                        continue
+                    missing = [i for i in range(a, b + 1) if slots[i - first] is None]
+                    plans = plan_missing(missing, E, Qw, avoid=avoid, rotation=rotation + rnd)
+                reads.extend((k, f.ensemble[r.bookie_index], r) for r in plans)
+            if not reads:
+                break
+            if len(reads) == 1:
+                got = [await self._planned_read(reads[0][1], reads[0][2], first, slots)]
+            else:
+                got = await asyncio.gather(*(self._planned_read(bid, r, first, slots) for _, bid, r in reads))
+            short = False
+            for (k, _, r), delivered in zip(reads, got):
+                # (the first round's reads are disjoint over empty slots: a count says it)
+                if delivered < r.count() if rnd == 0 else _undelivered(r, first, slots):
+                    frags[k][3].add(r.bookie_index)
+                    short = True
+            if not short:
+                break
+        return slots
+
+    async def _planned_read(self, bid: str, r: RangeRead, base: int, slots: list) -> int:
+        """One planned range read (sparse, with the plan's stripe filter);
+        the entries it delivers go to empty ``slots[id - base]``, checksums
+        verified; entries the plan did not ask of this bookie are dropped.
+        A failure or a stall ends it quietly.  Returns how many of its ids
+        it delivered."""
+        bc = await self.client.bookie(bid)
+        if bc is None:
+            return 0
+        delivered = 0
+        cfg = self.client.config
+        stream = bc.read_range(self.ledger_id, r.first, r.last, max_frame_bytes=self.read_frame_bytes, sparse=True,
+                               stripe=r.stripe, residues=r.residues, raw=True)
+        after = r.first - 1
+        lid = self.ledger_id
+        try:
+            while True:
+                # A slow first answer hands over to the next round (other
+                # bookies), so does a stall later on.  Not marked failed: a
+                # busy bookie is no dead one, and a client's quarantine keeps
+                # its writers away too (under load, slow reads had
+                # quarantined every bookie of a cluster).
+                wait = cfg.speculative_read_timeout * FIRST_FRAME_SPECULATIONS if after < r.first else cfg.read_timeout
+                try:
+                    resp = await asyncio.wait_for(stream.__anext__(), wait)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    log.info("ledger %s: range read from %s too slow", lid, bid)
+                    break
+                if resp.stop > resp.start:  # (raw frames: the records are data[start:stop])
+                    got = entry_codec.decode_sparse(resp.data, lid, after, resp.start, resp.stop)
+                    if got and got[-1].entry_id > r.last:
+                        got = [e for e in got if e.entry_id <= r.last]
                     if got:
-                        out.append((nxt, got))
-                        nxt += len(got)
-                    if resp.status != Status.OK:
-                        break
-            except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
-                log.info("ledger %s: range read from %s stopped: %s", self.ledger_id, bc.address, e)
-            finally:
-                await stream.aclose()
+                        k = got[0].entry_id - base
+                        if (not r.stripe and got[-1].entry_id - got[0].entry_id == len(got) - 1
+                                and slots[k:k + len(got)].count(None) == len(got)):
+                            slots[k:k + len(got)] = got   # (the common case: consecutive, all new)
+                            delivered += len(got)
+                        else:
+                            stripe, residues = r.stripe, r.residues
+                            for e in got:
+                                i = e[1] - base
+                                if (not stripe or residues >> (e[1] % stripe) & 1) and slots[i] is None:
+                                    slots[i] = e   # (an id of this read: the bookie's filter, r.wants)
+                                    delivered += 1
+                        after = got[-1].entry_id if got else after
+                if resp.status != Status.OK or resp.through >= r.last:
+                    break
+        except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
+            log.info("ledger %s: range read from %s stopped: %s", lid, bid, e)
+        finally:
+            await stream.aclose()
+        return delivered
 
     async def _read_one_bounded(self, eid: int) -> entry_codec.Entry:
         async with self._read_sem:

@@ -58,8 +58,14 @@ from stream.placement import get_policy
 
 log = logging.getLogger(__name__)
 
-READ_AHEAD = 2  # batches a reader behind the LAC reads ahead of the one it returns ...
-READ_AHEAD_BYTES = 16 << 20  # ... while a batch holds at most this much (else one)
+# A reader behind the LAC reads ahead: at most READ_AHEAD_BYTES (a reader's
+# setting, ``read_ahead_bytes``) held in records not yet returned and in reads
+# under way, in READ_AHEAD_CHUNKS chunks (range reads in flight at once),
+# sized in entries from the mean entry size of the last chunk read.
+READ_AHEAD_BYTES = 32 << 20
+READ_AHEAD_CHUNKS = 4
+MAX_CHUNK_ENTRIES = 32_768
+READ_NEXT_BATCH = 1000       # records ``next`` asks for at once
 
 
 # -- positions -------------------------------------------------------------------------
@@ -322,17 +328,19 @@ class AsyncStreamClient:
                               writer_options=opts, lac=next_entry - 1)
         return AsyncStreamWriter(self, name, handle)
 
-    async def open_reader(self, name: str, start: Position = Position.EARLIEST, *,
-                          inclusive: bool = True) -> "AsyncStreamReader":
+    async def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
+                          read_ahead_bytes: int = READ_AHEAD_BYTES) -> "AsyncStreamReader":
         """A reader from ``start`` (EARLIEST, LATEST, or a position, itself
         included or not).  Never fences the writer.  LATEST is the entry
         after the LAC read at the open (or after what a writer of this
-        client had acknowledged, if higher)."""
+        client had acknowledged, if higher).  ``read_ahead_bytes`` bounds
+        what it reads ahead (0: nothing)."""
+        _check_read_ahead(read_ahead_bytes)
         lid = await self._ledger_of(name)
         meta, rev = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
         lac = await read_lac_covering(self.bk, meta)
         handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
-        reader = AsyncStreamReader(self, name, handle)
+        reader = AsyncStreamReader(self, name, handle, read_ahead_bytes=read_ahead_bytes)
         reader.seek(start, inclusive=inclusive)
         if start == Position.LATEST:  # what comes after the open: resolved now, with the LAC just read
             reader._resolve_latest(lac)
@@ -487,15 +495,33 @@ class AsyncStreamWriter:
         await self.close()
 
 
-class AsyncStreamReader:
-    """Reads a stream in order, up to the LAC; tails it with long polls."""
+def _check_read_ahead(read_ahead_bytes) -> None:
+    if not isinstance(read_ahead_bytes, int) or isinstance(read_ahead_bytes, bool) or read_ahead_bytes < 0:
+        raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
 
-    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5):
+
+class AsyncStreamReader:
+    """Reads a stream in order, up to the LAC; tails it with long polls.
+
+    Behind the LAC it reads ahead, bounded in bytes (``read_ahead_bytes``):
+    chunks of entries, several range reads in flight (``stream.read_plan``
+    spreads each over the bookies), the next chunks read while the
+    application handles the current records.  The bound is kept by estimate
+    (the last chunk's mean entry size): a chunk is at least one entry."""
+
+    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5,
+                 read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False):
+        _check_read_ahead(read_ahead_bytes)
         self.client, self.name, self.handle = client, name, handle
         self.poll_timeout = poll_timeout
+        self.read_ahead_bytes = read_ahead_bytes
+        self.spread = spread    # Qw = E: chunks taken from the bookies in turn (else one bookie per reader)
         self._next = 0          # the next entry id to read
         self._latest = False    # a seek to LATEST, resolved on the next read
-        self._buffer: list[Record] = []
+        self._buf: list[Record] = []   # records read, not yet returned: _buf[_pos:]
+        self._pos = 0
+        self._entry_bytes = 0   # mean bytes per entry of the last chunk (0: unknown)
+        self._chunks = 0        # chunks started (the rotation when spread)
         self._covered = -1      # the highest LAC learnt with the metadata read after it
         # read-aheads in id order: (first, last, task reading first..last)
         self._aheads: collections.deque[tuple[int, int, asyncio.Task]] = collections.deque()
@@ -503,10 +529,12 @@ class AsyncStreamReader:
     @property
     def position(self) -> Position:
         """The position of the next entry to be read."""
+        if self._pos < len(self._buf):
+            return self._buf[self._pos].position
         return Position(self._next)
 
     def seek(self, position: Position, *, inclusive: bool = True) -> None:
-        self._buffer = []
+        self._buf, self._pos = [], 0
         self._drop_ahead()
         self._latest = position == Position.LATEST
         if position == Position.EARLIEST:
@@ -537,61 +565,96 @@ class AsyncStreamReader:
             self._covered = max(self._covered, lac)
         return lac
 
+    def _take(self, max_records: int) -> list[Record]:
+        pos = self._pos
+        out = self._buf[pos:pos + max_records]
+        self._pos = pos + len(out)
+        if self._pos >= len(self._buf):
+            self._buf, self._pos = [], 0
+        return out
+
     async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
         """The next records up to the LAC, at most ``max_records``; waits up
         to ``timeout`` seconds for new ones when there are none (a long poll).
         No-op entries are never returned.  While the reader is behind the
-        LAC, the next READ_AHEAD batches are read ahead in the background
-        (the bookie serves the next while the client decodes one)."""
-        if self._buffer:
-            out, self._buffer = self._buffer[:max_records], self._buffer[max_records:]
-            return out
-        if self._latest:
+        LAC, the next chunks are read ahead in the background, up to
+        ``read_ahead_bytes`` beyond the batch asked for; a batch takes what
+        read-aheads have brought, never waiting on one once it has records."""
+        out = self._take(max_records)
+        if not out and self._latest:
             self._resolve_latest(await self.handle.read_last_add_confirmed())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while True:
-            lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
-            if lac >= self._next:
+        while len(out) < max_records:
+            if out:
+                aheads = self._aheads
+                if not (aheads and aheads[0][0] == self._next and aheads[0][2].done()
+                        and not aheads[0][2].cancelled() and aheads[0][2].exception() is None):
+                    break
+                entries = aheads.popleft()[2].result()
+            else:
+                lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
+                if lac < self._next:
+                    if loop.time() >= deadline:
+                        break
+                    continue
                 entries = await self._fetch(min(lac, self._next + max_records - 1))
-                self._next = entries[-1].entry_id + 1
-                self._read_ahead(max_records, sum(len(e.payload) for e in entries))
-                of = Position._of
-                out = [Record(of(e.entry_id), e.payload) for e in entries if not e.data_flags & FLAG_NOOP]
-                if len(out) > max_records:  # a read-ahead made for a larger max_records
-                    out, self._buffer = out[:max_records], out[max_records:]
-                if out:
-                    return out
-                continue  # only no-ops: read on
-            if loop.time() >= deadline:
-                return []
+            self._keep(entries)
+            out += self._take(max_records - len(out))
+        self._read_ahead()
+        return out
+
+    def _keep(self, entries: list) -> None:
+        """A chunk read: its records (no-ops left out) become the buffer."""
+        new, of = tuple.__new__, Position._of
+        self._next = entries[-1].entry_id + 1
+        self._entry_bytes = max(1, sum(len(e[2]) for e in entries) // len(entries))
+        # (Record and Position made without their Python-level constructors: the hot path)
+        self._buf = [new(Record, (of(e[1]), e[2])) for e in entries if not e[5] & FLAG_NOOP]
+        self._pos = 0
+
+    def _chunk_entries(self) -> int:
+        """Entries per read-ahead chunk: a READ_AHEAD_CHUNKS-th of the
+        read-ahead bytes at the last mean entry size."""
+        per = self.read_ahead_bytes // READ_AHEAD_CHUNKS // self._entry_bytes
+        return max(1, min(MAX_CHUNK_ENTRIES, per))
 
     async def _fetch(self, last: int) -> list:
-        """Entries from ``_next`` to at most ``last`` (fewer if a read-ahead
-        brought fewer)."""
+        """Entries from ``_next`` to at most ``last`` (fewer or more if a
+        read-ahead brought another chunk)."""
         try:
             if self._aheads and self._aheads[0][0] == self._next:
                 return await self._aheads.popleft()[2]
             self._drop_ahead()
-            return await self.handle.read_entries(self._next, last)
+            return await self.handle.read_entries(self._next, last, rotation=self._rotation())
         except (err.ReadFailed, err.EntryMissing) as e:
             meta = await self.handle.refresh_metadata()
             if self._next < meta.trimmed_before:
                 raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
             raise
 
-    def _read_ahead(self, batch: int, batch_bytes: int) -> None:
-        """Reads ahead up to READ_AHEAD batches of ``batch`` entries (one if
-        the last batch held more than READ_AHEAD_BYTES), as far as a LAC
-        covered by metadata allows (no LAC round trip)."""
-        aheads = self._aheads
+    def _rotation(self) -> int:
+        self._chunks += 1
+        return self._chunks if self.spread else 0
+
+    def _read_ahead(self) -> None:
+        """Starts chunk reads after the last one under way, as far as a LAC
+        covered by metadata allows (no LAC round trip), while the records
+        held and the chunks under way stay within ``read_ahead_bytes``."""
+        aheads, per = self._aheads, self._entry_bytes
+        if not per:
+            return
+        chunk = self._chunk_entries()
         start = aheads[-1][1] + 1 if aheads else self._next
-        depth = READ_AHEAD if batch_bytes <= READ_AHEAD_BYTES else 1
-        while len(aheads) < depth and start <= self._covered:
-            last = min(self._covered, start + batch - 1)
-            t = asyncio.ensure_future(self.handle.read_entries(start, last))
+        held = (len(self._buf) - self._pos + sum(b - a + 1 for a, b, _ in aheads)) * per
+        while start <= self._covered:
+            last = min(self._covered, start + chunk - 1)
+            if held + (last - start + 1) * per > self.read_ahead_bytes:
+                return
+            t = asyncio.ensure_future(self.handle.read_entries(start, last, rotation=self._rotation()))
             t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
             aheads.append((start, last, t))
+            held += (last - start + 1) * per
             start = last + 1
 
     def _drop_ahead(self) -> None:
@@ -601,12 +664,17 @@ class AsyncStreamReader:
     async def next(self, timeout: float | None = None) -> Record | None:
         """The next record; None if none came within ``timeout`` (None: wait
         for ever)."""
-        while not self._buffer:
+        while self._pos >= len(self._buf):
             t = self.poll_timeout if timeout is None else timeout
-            self._buffer = await self.read(1000, t)
-            if not self._buffer and timeout is not None:
+            got = await self.read(READ_NEXT_BATCH, t)
+            if got:
+                # (read returned a batch: hand it out one by one from the buffer)
+                self._buf, self._pos = got + self._buf[self._pos:], 0
+            elif timeout is not None:
                 return None
-        return self._buffer.pop(0)
+        rec = self._buf[self._pos]
+        self._pos += 1
+        return rec
 
     def __aiter__(self) -> AsyncIterator[Record]:
         return self._iterate()
@@ -616,7 +684,7 @@ class AsyncStreamReader:
             yield await self.next()
 
     async def close(self) -> None:
-        self._buffer = []
+        self._buf, self._pos = [], 0
         self._drop_ahead()
         await self.handle.close()
 
@@ -653,8 +721,10 @@ class StreamClient:
         self._writers.add(w)
         return w
 
-    def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True) -> "StreamReader":
-        return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive)))
+    def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
+                    read_ahead_bytes: int = READ_AHEAD_BYTES) -> "StreamReader":
+        return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive,
+                                                                 read_ahead_bytes=read_ahead_bytes)))
 
     def trim(self, name: str, before: Position) -> int:
         return self._run(self.aio.trim(name, before))

@@ -18,7 +18,9 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 EXPECTED_FIGURES = {"appends_100", "appends_1024", "appends_65536", "open_loop_p50", "open_loop_p99",
                     "open_loop_p999", "tail_read", "catchup_read", "takeover@200", "takeover@200+50", "replay",
-                    "one_bookie_100", "one_bookie_1024", "one_bookie_65536", "index_memory"}
+                    "one_bookie_100", "one_bookie_1024", "one_bookie_65536", "index_memory",
+                    "catchup_read_1024", "striped_read_e4qw2_1024", "striped_read_e4qw2_65536",
+                    "striped_read_e5qw3_1024", "striped_read_e5qw3_65536", "open_loop_p99_beside_reader"}
 
 
 def _positive(x) -> bool:
@@ -42,7 +44,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert doc["machine"]["cpus"] >= 1
     # each system waited for a quiet machine first (or said it did not get one)
     settled = doc["machine"]["settled"]
-    assert set(settled) == {"start", "floor", "bookstream", "jetstream"}
+    assert set(settled) == {"start", "floor", "bookstream", "reads", "jetstream"}
     assert all(x["windows"] >= 1 and x["quiet"] in (True, False) for x in settled.values())
     grpc = doc["ceilings"]["grpc"]
     assert _positive(grpc["unary"]["calls_per_s"]) and _positive(grpc["rtt"]["p50_ms"])
@@ -78,6 +80,12 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert 0 < j["sync_p50_ms_at_most"] <= j["sync_p99_ms_at_most"]
     assert isinstance(j["sync_max_ms_at_most"], str) or j["sync_p999_ms_at_most"] <= j["sync_max_ms_at_most"]
 
+    rd = doc["reads"]   # issue 18: every stream read back whole, per ensemble shape; a reader beside the writer
+    assert {(r["ensemble"], r["write_quorum"], r["entry_bytes"]) for r in rd["catchup"]} == {
+        (e, q, s) for e, q in ((3, 3), (4, 2), (5, 3)) for s in (1024, 65536)}
+    assert all(len(r["runs"]) == 2 and all(x["entries"] == r["entries"] for x in r["runs"]) for r in rd["catchup"])
+    assert rd["open_loop"]["reader"]["entries"] > 0 and rd["open_loop"]["beside_reader"]["failed"] == 0
+
     js = doc["jetstream"]
     assert "error" not in js, js
     assert all(r["stream_info"]["num_replicas"] == 3 and r["stream_info"]["peers"] == 3
@@ -100,6 +108,10 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         assert _positive(figs[key]["jetstream"]["ratio"]), key
     for key in ("appends_100", "open_loop_p99", "takeover@200", "replay", "index_memory"):
         assert figs[key]["target"]["met"] in (True, False)
+    for key in ("catchup_read", "catchup_read_1024"):
+        assert {t["met"] for t in figs[key]["read_targets"].values()} <= {True, False}
+    assert {"qw_eq_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
+    assert {"alone"} == figs["open_loop_p99_beside_reader"]["ceilings"].keys()
 
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000

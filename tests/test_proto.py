@@ -92,3 +92,31 @@ def test_decoding_junk_either_agrees_with_protobuf_or_is_refused(junk):
         return
     want = pb.AddFrame.FromString(junk)  # what we accept, protobuf reads the same way
     assert (got[0], bytes(got[1])) == (want.frame_id, want.entries)
+
+
+@hypothesis.given(st.sampled_from([0, 1, 2, 5, 8]), st.binary(max_size=300), st.integers(0, (1 << 32) - 1),
+                  st.text(max_size=20), st.integers(-(1 << 63), (1 << 63) - 1), st.integers(0, (1 << 64) - 1))
+def test_a_range_frame_reads_as_the_generated_class_reads_it(status, entries, count, message, through, term):
+    """bookie_client's raw range-read frames (wire.decode_range_frame) see
+    what ReadRangeResponse.FromString sees; the entries also as
+    data[start:stop] of the message."""
+    raw = pb.ReadRangeResponse(status=status, entries=entries, count=count, message=message, through=through,
+                               term=term).SerializeToString()
+    got = wire.decode_range_frame(raw)
+    assert (got.status, bytes(got.entries), got.count, got.message, got.through, got.term) == (
+        status, entries, count, message, through, term)
+    assert got.data[got.start:got.stop] == entries
+
+
+@hypothesis.given(st.binary(max_size=60))
+def test_a_junk_range_frame_either_agrees_with_protobuf_or_is_refused(junk):
+    try:
+        got = wire.decode_range_frame(junk)
+    except wire.MalformedFrame:
+        return
+    try:
+        want = pb.ReadRangeResponse.FromString(junk)
+    except Exception:
+        return  # (protobuf refuses more: e.g. invalid UTF-8 in `message`, read here with replacement)
+    assert (got.status, bytes(got.entries), got.count, got.through, got.term) == (
+        want.status, want.entries, want.count, want.through, want.term)

@@ -745,22 +745,32 @@ def test_the_blocking_writer_hands_batches_over_and_resolves_every_append(shared
         assert [x.payload for x in got] == [b"r%d" % i for i in range(500)]
 
 
-def test_a_reader_reads_one_batch_ahead_when_batches_are_large(shared, monkeypatch):
-    import stream.stream as stream_module
-    monkeypatch.setattr(stream_module, "READ_AHEAD_BYTES", 20)  # a batch of 7 records here: 28+ bytes
+def test_a_reader_s_read_ahead_stays_within_its_bytes(shared):
+    """read_ahead_bytes bounds what a reader holds ahead (records read but
+    not returned, and chunks under way), not an entry count."""
     name = sname()
 
     async def go():
         async with aclient(shared) as sc:
             w = await sc.open_writer(name)
-            await w.append_many([b"r%03d" % i for i in range(60)])
+            await w.append_many([b"r%03d" % i for i in range(60)])   # 4 bytes each
             await w.flush()
-            r = await sc.open_reader(name)
-            got, depths = [], set()
+            with pytest.raises(ValueError):
+                await sc.open_reader(name, read_ahead_bytes=-1)
+            r = await sc.open_reader(name, read_ahead_bytes=20)
+            got, most, ahead = [], 0, 0
             while len(got) < 60:
                 got += await r.read(7, timeout=10)
-                depths.add(len(r._aheads))
-            assert depths == {0, 1} or depths == {1}  # never two batches of 28 bytes ahead
+                held = (len(r._buf) - r._pos + sum(b - a + 1 for a, b, _ in r._aheads)) * r._entry_bytes
+                most, ahead = max(most, held), ahead + bool(r._aheads)
+            assert 0 < most <= 20 and ahead >= 5    # it read ahead, never more than 20 bytes
+            assert [x.payload for x in got] == [b"r%03d" % i for i in range(60)]
+            await r.close()
+            r = await sc.open_reader(name, read_ahead_bytes=0)   # none at all
+            got = []
+            while len(got) < 60:
+                got += await r.read(7, timeout=10)
+                assert not r._aheads
             assert [x.payload for x in got] == [b"r%03d" % i for i in range(60)]
             await r.close()
             await w.close()
@@ -777,14 +787,14 @@ def test_a_reader_reading_ahead_serves_every_record_once_in_order_across_seeks(s
             for k in range(10):
                 ps += await w.append_many([b"r%d" % (10 * k + i) for i in range(10)])
             await w.flush()
-            r = await sc.open_reader(name)
+            r = await sc.open_reader(name, read_ahead_bytes=40)   # chunks of a few entries
             got, ahead, two = [], 0, 0
             while len(got) < 100:   # (the last LAC reaches the bookies a moment after the ack)
                 size = 7 if len(got) < 50 else 3  # a smaller batch than the read-aheads were made for
                 batch = await r.read(size, timeout=10)
                 assert 0 < len(batch) <= size
                 ahead += len(r._aheads) > 0
-                two += len(r._aheads) == 2
+                two += len(r._aheads) >= 2
                 got += batch
             assert ahead >= 10 and two >= 5  # the next batches were on their way after most reads
             assert [x.payload for x in got] == [b"r%d" % i for i in range(100)]

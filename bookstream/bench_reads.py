@@ -1,0 +1,306 @@
+"""`bookstream bench reads`: catch-up reads per ensemble shape, and the
+writer's latency with a catch-up reader beside it (issue 18).
+
+    bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3]
+                           [--bookies 5] [--reads 2] [--open-loop-rate 10000] [--out reads.json]
+
+On one local cluster (etcd + `--bookies` bookie processes, fsync on):
+
+1. for each ensemble E/Qw (Qa 2) and entry size, a stream of `--mb` MiB is
+   written, then read from the start to its end `--reads` times by one
+   reader (`bench.stream_read_all`): entries/s and MB/s.  Striped ensembles
+   (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
+   the same run;
+2. with `--open-loop-rate`: the open loop (`bench._open_loop`, 1 KiB) alone,
+   then the same with a catch-up reader in another process reading the
+   largest E = Qw stream over and over (`bench catchup-reader`): the p99 with
+   the reader beside it against the p99 without, and what the reader read
+   meanwhile.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bookstream.tuning import tune_process
+
+
+def ensembles(spec: str) -> list[tuple[int, int]]:
+    """"3/3,4/2" -> [(3, 3), (4, 2)]."""
+    out = []
+    for part in spec.split(","):
+        part = part.strip()
+        if part:
+            e, qw = part.split("/")
+            out.append((int(e), int(qw)))
+    return out
+
+
+def add_parsers(bsub) -> None:
+    from bookstream.bench import add_data_args
+
+    r = bsub.add_parser("reads", help="catch-up reads per ensemble shape; the writer's p99 beside a catch-up reader")
+    r.add_argument("--sizes", default="1024,65536")
+    r.add_argument("--mb", type=int, default=256, help="MiB written per stream, read back as the catch-up")
+    r.add_argument("--ensembles", default="3/3,4/2,5/3", help="E/Qw per stream (Qa 2); the first is the reference")
+    r.add_argument("--bookies", type=int, default=5)
+    r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
+    r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
+    r.add_argument("--seconds", type=float, default=3.0, help="open loop length")
+    add_data_args(r)
+    r.add_argument("--out", type=Path, default=None)
+    r.set_defaults(func=cmd_bench_reads)
+    c = bsub.add_parser("catchup-reader", help="(internal) read a stream from the start, over and over")
+    c.add_argument("--etcd", required=True)
+    c.add_argument("--cluster", required=True)
+    c.add_argument("--stream", required=True)
+    c.add_argument("--seconds", type=float, default=10.0)
+    c.set_defaults(func=cmd_catchup_reader)
+
+
+async def fill(sc, name: str, e: int, qw: int, size: int, mb: int) -> int:
+    """Writes `mb` MiB of `size`-byte appends to a new stream (E/Qw/Qa 2);
+    returns how many."""
+    from stream.errors import TooManyPendingAdds
+    from stream.stream import StreamConfig
+
+    w = await sc.open_writer(name, StreamConfig(e, qw, 2))
+    payload, n = os.urandom(size), max(1, (mb << 20) // size)
+    batch = max(1, min(1000, (4 << 20) // size))
+    try:
+        pending: list = []
+        for k in range(0, n, batch):
+            while True:
+                try:
+                    pending.append(w.append_many_async([payload] * min(batch, n - k)))
+                    break
+                except TooManyPendingAdds:   # (the window counts adds until their whole write quorum acked)
+                    await asyncio.gather(*pending)
+                    pending.clear()
+                    await w.flush()
+            if len(pending) >= 4:
+                await pending.pop(0)
+        await asyncio.gather(*pending)
+    finally:
+        await w.close()
+    return n
+
+
+def disk_reads(pids: list[int]) -> int:
+    """Bytes the processes ``pids`` made the kernel fetch from storage
+    (/proc/PID/io ``read_bytes``: page-cache misses, not what read() returned)."""
+    total = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/io") as f:
+                total += next(int(line.split()[1]) for line in f if line.startswith("read_bytes:"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
+async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int]], mb: int, reads: int,
+                          say=print, bookie_pids: list[int] = ()) -> list[dict]:
+    """Step 1 of the module doc: a row per (ensemble, size) with every read
+    and the best; `vs_qw_eq_e`: MB/s ÷ the reference ensemble's, same size;
+    per read, `disk_fraction`: the bookies' reads from the disk (page-cache
+    misses) ÷ the bytes read."""
+    from bookstream import bench
+
+    async def one(name: str, size: int) -> dict:
+        before = disk_reads(bookie_pids)
+        r = await bench.stream_read_all(sc, name, size)
+        r["disk_fraction"] = (disk_reads(bookie_pids) - before) / max(1, r["entries"] * size)
+        return r
+
+    rows = []
+    for e, qw in shapes:
+        for size in sizes:
+            name = f"reads-{e}-{qw}-{size}-{tag}"
+            written = await fill(sc, name, e, qw, size, mb)
+            runs = [await one(name, size) for _ in range(reads)]
+            best = max(runs, key=lambda r: r["mb_per_s"])
+            # (`written` > `entries`: the bookies' LAC lags the closed writer's; see NOTES, session 6)
+            row = {"ensemble": e, "write_quorum": qw, "ack_quorum": 2, "entry_bytes": size, "stream": name,
+                   "written": written, "entries": best["entries"], "entries_per_s": best["entries_per_s"], "mb_per_s": best["mb_per_s"],
+                   "runs": runs}
+            rows.append(row)
+            every = ", ".join("%.0f (from disk %.2f)" % (r["mb_per_s"], r["disk_fraction"]) for r in runs)
+            say(f"catch-up read E{e} Qw{qw}, {size} B: {best['entries']:,} entries, best of {reads} "
+                f"{best['entries_per_s']:,.0f} entries/s, {best['mb_per_s']:.1f} MB/s (all: {every} MB/s)")
+    ref_e, ref_qw = shapes[0]
+    for row in rows:
+        ref = next(r for r in rows if (r["ensemble"], r["write_quorum"]) == (ref_e, ref_qw)
+                   and r["entry_bytes"] == row["entry_bytes"])
+        row["vs_qw_eq_e"] = row["mb_per_s"] / ref["mb_per_s"] if ref["mb_per_s"] else None
+    return rows
+
+
+def start_reader(etcd: str, cluster: str, name: str, seconds: float) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "bookstream.cli", "bench", "catchup-reader", "--etcd", etcd,
+                             "--cluster", cluster, "--stream", name, "--seconds", str(seconds)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
+                                  rate: float, say=print) -> dict:
+    """Step 2 of the module doc."""
+    from bookstream import bench
+
+    alone = await bench.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
+    say(f"alone: {bench.open_loop_line(alone)}")
+    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30)
+    try:
+        line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
+        if not line.startswith("started"):
+            raise RuntimeError(f"the catch-up reader did not start: {line!r}")
+        beside = await bench.stream_open_loop(sc, f"reads-open-beside-{tag}", 1024, seconds, rate)
+    finally:
+        reader.terminate()
+        out, _ = await asyncio.get_running_loop().run_in_executor(None, reader.communicate)
+    got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
+    say(f"beside a catch-up reader ({got.get('mb_per_s', 0):.0f} MB/s meanwhile): {bench.open_loop_line(beside)}")
+    return {"alone": alone, "beside_reader": beside, "reader": got,
+            "p99_ratio": beside["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else None}
+
+
+def cmd_bench_reads(args: argparse.Namespace) -> int:
+    from bookstream.bench import _cluster, int_list
+    from stream.stream import AsyncStreamClient
+
+    tune_process()
+    shapes, sizes = ensembles(args.ensembles), int_list(args.sizes)
+    need = max(e for e, _ in shapes)
+    if args.bookies < need:
+        raise SystemExit(f"--bookies {args.bookies}: the ensembles need {need}")
+    results: dict = {}
+    tag = os.getpid()
+
+    async def go():
+        async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
+            results["catchup"] = await catchup_figures(sc, tag, sizes, shapes, args.mb, args.reads,
+                                                       bookie_pids=[b.proc.pid for b in cluster.bookies])
+            if args.open_loop_rate:
+                ref = [r for r in results["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
+                big = max(ref, key=lambda r: r["entry_bytes"])
+                results["open_loop"] = await open_loop_beside_reader(
+                    sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, args.seconds, args.open_loop_rate)
+
+    with _cluster(args, args.bookies) as cluster:
+        asyncio.run(go())
+    if args.out:
+        args.out.write_text(json.dumps({"benchmark": "reads", "command": " ".join(sys.argv), "results": results},
+                                       indent=2) + "\n")
+    return 0
+
+
+def cmd_catchup_reader(args: argparse.Namespace) -> int:
+    """Reads --stream from the start to its end, again and again, until
+    --seconds pass or SIGTERM; prints "started" once the first read is
+    under way, then one JSON line: entries, seconds, MB/s."""
+    import signal
+
+    from stream.stream import AsyncStreamClient, Position
+
+    tune_process()
+    stop = [False]
+    signal.signal(signal.SIGTERM, lambda *_: stop.__setitem__(0, True))
+
+    async def go() -> dict:
+        n = nbytes = 0
+        t0 = time.perf_counter()
+        async with AsyncStreamClient(args.etcd, args.cluster) as sc:
+            print("started", flush=True)
+            while not stop[0] and time.perf_counter() - t0 < args.seconds:
+                rd = await sc.open_reader(args.stream, Position.EARLIEST)
+                try:
+                    while not stop[0]:
+                        got = await rd.read(5000)
+                        if not got:
+                            break
+                        n += len(got)
+                        nbytes += sum(len(r.payload) for r in got)
+                finally:
+                    await rd.close()
+        el = time.perf_counter() - t0
+        return {"entries": n, "seconds": el, "mb_per_s": nbytes / el / 1e6 if el else 0.0}
+
+    print(json.dumps(asyncio.run(go())), flush=True)
+    return 0
+
+
+# -- in the suite (bookstream/suite.py) ------------------------------------------------------
+
+
+def _int_list(s: str) -> list[int]:
+    from bookstream.bench import int_list
+
+    return int_list(s)
+
+
+def phase_reads(base: Path, p: dict, say) -> dict:
+    """Issue 18's read figures on a cluster of 5 bookies (`bench_reads`):
+    the catch-up of streams of each ensemble shape (striped against Qw = E,
+    per byte), and the open loop alone and beside a catch-up reader."""
+    from bookstream.standalone import Standalone
+    from stream.stream import AsyncStreamClient
+
+    shapes = ensembles(p["reads_ensembles"])
+    n = max(3, max(e for e, _ in shapes))
+    say(f"reads: starting etcd + {n} bookies (fsync on)")
+    cluster = Standalone(base / "reads", bookies=n, base_port=0, log_level="WARNING",
+                         bookie_args=p["bookie_args"]).start()
+    out: dict = {"bookies": n}
+    tag = os.getpid()
+
+    async def go():
+        async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
+            out["catchup"] = await catchup_figures(sc, tag, _int_list(p["reads_sizes"]), shapes, p["reads_mb"], 2,
+                                                   say=say, bookie_pids=[b.proc.pid for b in cluster.bookies])
+            if p["open_loop_rate"]:
+                ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
+                big = max(ref, key=lambda r: r["entry_bytes"])
+                out["open_loop"] = await open_loop_beside_reader(
+                    sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, p["seconds"], p["open_loop_rate"],
+                    say=say)
+
+    try:
+        asyncio.run(go())
+    finally:
+        cluster.stop()
+    return out
+
+
+def add_figures(rd: dict, add, _ref, _stalls) -> None:
+    """The suite's figures of ``phase_reads`` (``add``, ``_ref``, ``_stalls``:
+    the suite's helpers): each striped catch-up against the Qw = E one of the
+    same size, the open loop's p99 beside a reader against it alone."""
+    for r in rd.get("catchup", []):
+        if r["ensemble"] == r["write_quorum"]:
+            continue
+        ref = next((x for x in rd["catchup"] if x["ensemble"] == x["write_quorum"]
+                    and x["entry_bytes"] == r["entry_bytes"]), None)
+        ceilings = {"qw_eq_e": _ref(r["mb_per_s"], ref["mb_per_s"], f"the same catch-up of a stream of "
+                                    f"E{ref['ensemble']} Qw{ref['write_quorum']}, same size, same cluster",
+                                    unit="MB/s")} if ref else {}
+        add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}",
+            f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B", "MB/s", "higher",
+            r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
+            mb_per_s=r["mb_per_s"], entry_bytes=r["entry_bytes"], ensemble=r["ensemble"],
+            write_quorum=r["write_quorum"])
+    ol = rd.get("open_loop")
+    if ol:
+        alone, beside = ol["alone"], ol["beside_reader"]
+        add("open_loop_p99_beside_reader", f"open loop p99 beside a catch-up reader "
+            f"({ol['reader'].get('mb_per_s', 0):.0f} MB/s), {beside['entry_bytes']} B at "
+            f"{beside['offered_per_s']:,.0f}/s", "ms", "lower", beside["p99_ms"],
+            {"alone": _ref(beside["p99_ms"], alone["p99_ms"], "the same open loop just before, no reader", unit="ms")},
+            None, ms=beside["p99_ms"], p50_ms=beside["p50_ms"], p999_ms=beside["p999_ms"], reader=ol["reader"],
+            stalls=_stalls(beside))
+
