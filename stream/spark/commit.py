@@ -54,8 +54,10 @@ def sink_key(layout: KeyLayout, kind: str, name: str, sink: str) -> str:
     return f"{layout.root}spark/sinks/{kind}/{validate_name(name, kind + ' name')}/{digest}"
 
 
-async def note_pending(bk: BookKeeperClient, job: str, ledger_id: int) -> None:
-    await bk.meta_call(bk.store.put, pending_key(KeyLayout(bk.cluster), job, ledger_id), b"")
+async def note_pending(bk: BookKeeperClient, job: str, ledger_id: int, **about) -> None:
+    """Notes a task's ledger (``about``: where the task ran, as JSON)."""
+    await bk.meta_call(bk.store.put, pending_key(KeyLayout(bk.cluster), job, ledger_id),
+                       json.dumps(about).encode())
 
 
 async def pending_ledgers(bk: BookKeeperClient, job: str) -> list[int]:

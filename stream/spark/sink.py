@@ -29,6 +29,8 @@ import collections
 import dataclasses
 import json
 import logging
+import os
+import socket
 import uuid
 
 from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage
@@ -134,6 +136,7 @@ def write_task(opts: _Options, job: str, batches) -> LedgerWritten:
 
     ctx = TaskContext.get()
     part = ctx.partitionId() if ctx is not None else 0
+    attempt = ctx.attemptNumber() if ctx is not None else 0
     count = 0
     with opts.session() as s:
         bk = s.bk
@@ -142,7 +145,8 @@ def write_task(opts: _Options, job: str, batches) -> LedgerWritten:
 
         async def create():
             h = await bk.create_ledger(*opts.config, custom={"spark-job": job, "spark-partition": str(part)})
-            await cm.note_pending(bk, job, h.ledger_id)
+            await cm.note_pending(bk, job, h.ledger_id, partition=part, attempt=attempt, pid=os.getpid(),
+                                  host=socket.gethostname())
             return h
 
         async def issue(chunk):
