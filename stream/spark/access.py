@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Iterator
 
 from bookie.entry import FLAG_NOOP
@@ -41,6 +42,19 @@ class Session:
 
     def run(self, coro, timeout: float | None = None):
         return self._bg.run(coro, timeout)
+
+    def read(self, make, attempts: int = 5):
+        """Runs ``make()`` (a coroutine factory for reads only: safe to run
+        again) and retries it on retriable errors (an etcd or bookie that
+        did not answer in time: a loaded machine, a restart), backing off."""
+        for k in range(attempts):
+            try:
+                return self._bg.run(make())
+            except err.BookKeeperError as e:
+                if not e.retriable or k == attempts - 1:
+                    raise
+                log.info("retrying a read after %r", e)
+                time.sleep(0.2 * 2 ** k)
 
     def submit(self, coro):
         """Starts ``coro`` on the loop; a concurrent.futures.Future."""
@@ -104,11 +118,11 @@ async def ledger_view(bk: BookKeeperClient, lid: int) -> LedgerView:
 
 
 async def chain_views(bk: BookKeeperClient, kind: str, name: str, from_ledger: int | None = None) -> list[LedgerView]:
-    """The chain's views, skipping ledgers below ``from_ledger`` (their
-    view is not needed: a log's ids increase along its list).  A ledger
-    deleted meanwhile (a log truncated under us) is left out."""
+    """The chain's views, from ledger ``from_ledger`` on when it is in the
+    chain (the ones before it are not needed).  A ledger deleted meanwhile
+    (a log truncated under us) is left out."""
     ids = await chain_ids(bk, kind, name)
-    keep = [lid for lid in ids if from_ledger is None or lid >= from_ledger]
+    keep = ids[ids.index(from_ledger):] if from_ledger in ids else ids
     views = []
     for v in await asyncio.gather(*(ledger_view(bk, lid) for lid in keep), return_exceptions=True):
         if isinstance(v, err.NoSuchLedger):
@@ -161,7 +175,7 @@ def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_
         return LedgerHandle(session.bk, meta, rev, writable=False, lac=r.last)
 
     try:
-        h = session.run(handle())
+        h = session.read(handle)
     except err.NoSuchLedger as e:
         if fail_on_data_loss:
             raise err.PositionTrimmed(str(lid), r.first, 0) from e

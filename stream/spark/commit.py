@@ -76,12 +76,25 @@ async def drop_ledgers(bk: BookKeeperClient, job: str, ids) -> None:
         await bk.meta_call(bk.store.delete, pending_key(layout, job, lid))
 
 
-async def abort(bk: BookKeeperClient, job: str) -> list[int]:
+async def abort(bk: BookKeeperClient, job: str, log_name: str | None = None) -> list[int]:
     """Deletes every ledger of the job (the task messages may not name the
-    failed ones: the pending keys do)."""
+    failed ones: the pending keys do), except any the log's list holds (a
+    commit whose answer was lost may have gone through)."""
     ids = await pending_ledgers(bk, job)
+    if log_name is not None:
+        listed = set(await _list(bk, KeyLayout(bk.cluster).log_key(log_name)))
+        ids = [lid for lid in ids if lid not in listed]
     await drop_ledgers(bk, job, ids)
     return ids
+
+
+async def _list(bk: BookKeeperClient, key: str) -> list[int]:
+    v = await bk.meta_call(bk.store.get, key)
+    if v is None:
+        return []
+    rec = mpb.LogRecord()
+    rec.ParseFromString(v.value)
+    return list(rec.ledger_ids)
 
 
 async def last_batch(bk: BookKeeperClient, key: str) -> tuple[int, int | None]:
@@ -128,8 +141,11 @@ async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_id
             await bk.meta_call(bk.store.txn, compares, ops)
             log.info("log %s: appended ledgers %s (batch %s)", log_name, ledger_ids, batch_id)
             return True
-        except TxnConflict:
+        except (TxnConflict, err.MetadataConflict):
             continue
-        except err.MetadataConflict:
+        except err.MetadataUnavailable:
+            # the outcome is unknown: it went through if the list holds them
+            if ledger_ids and set(ledger_ids) <= set(await _list(bk, lkey)):
+                return True
             continue
     raise err.MetadataConflict(f"log {log_name}: the list kept changing ({attempts} attempts)")

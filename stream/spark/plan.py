@@ -68,13 +68,18 @@ def offset(ledger_id: int, entry_id: int) -> dict:
 
 
 def _key(views: Sequence[LedgerView], off: dict) -> tuple[int, int]:
-    """Where an offset sits in the chain, for ordering (list index, entry)."""
+    """Where an offset sits in the chain, for ordering: (index in the chain,
+    entry).  Ledger 0 is the start of a chain that had no ledger yet; a
+    ledger no longer in the chain sorts first (it was trimmed: a log's list
+    loses only its head).  Ledger ids are not compared: a sink appends
+    ledgers in partition order, not in id order."""
+    lid = off["ledger"]
+    if lid == 0:
+        return 0, views[0].first if views else 0
     for i, v in enumerate(views):
-        if v.ledger_id == off["ledger"]:
+        if v.ledger_id == lid:
             return i, off["entry"]
-    if views and off["ledger"] < views[0].ledger_id:
-        return -1, off["entry"]
-    return len(views), off["entry"]
+    return -1, off["entry"]
 
 
 def normalise(views: Sequence[LedgerView], off: dict) -> dict:

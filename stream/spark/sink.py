@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -251,7 +252,7 @@ class _Commit:
 
     def _abort(self) -> None:
         with self.opts.session() as s:
-            gone = s.run(cm.abort(s.bk, self.job))
+            gone = s.run(cm.abort(s.bk, self.job, self.opts.name if self.opts.kind == "log" else None))
         log.info("bookstream sink job %s aborted: deleted ledgers %s", self.job, gone)
 
 
@@ -273,11 +274,17 @@ class BatchWriter(_Commit, DataSourceArrowWriter):
 
 
 class StreamingWriter(_Commit, DataSourceStreamArrowWriter):
+    """Spark makes this object again for every commit: the job id comes from
+    what names the query, so the commit finds the pending ledgers its tasks
+    noted (micro-batches of a query run one after the other, so whatever is
+    pending under it at a commit is that batch's, or a dead run's)."""
+
     def __init__(self, options, schema, overwrite: bool):
         if overwrite:
             raise PlanError("the bookstream sink appends: output mode complete is not supported")
         self.opts = _Options(options, schema, streaming=True)
-        self.job = uuid.uuid4().hex
+        o = self.opts
+        self.job = "q" + hashlib.sha256(f"{o.kind}/{o.name}/{o.sink}".encode()).hexdigest()[:31]
 
     def write(self, iterator):
         return write_task(self.opts, self.job, iterator)

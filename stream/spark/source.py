@@ -193,7 +193,7 @@ class BatchReader(DataSourceReader):
                 if not plan.at_or_after(views, end, start):
                     return []
                 return await _partitions(s, opts, views, start, end)
-            parts = s.run(go())
+            parts = s.read(go)
         log.info("bookstream %s %r: %d partitions", opts.kind, opts.name, len(parts))
         return parts
 
@@ -225,7 +225,8 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _views(self, from_ledger: int | None = None):
         opts = self.opts
-        return self._s().run(chain_views(self._s().bk, opts.kind, opts.name, from_ledger))
+        s = self._s()
+        return s.read(lambda: chain_views(s.bk, opts.kind, opts.name, from_ledger))
 
     def initialOffset(self) -> dict:
         opts = self.opts
@@ -281,7 +282,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             views = await chain_views(s.bk, opts.kind, opts.name, start.get("ledger") or None)
             a = self._checked(views, start)
             return await _partitions(s, opts, views, a, end)
-        return s.run(go())
+        return s.read(go)
 
     def read(self, partition: Partition):
         return read_partition(self.opts, partition.range)
