@@ -159,6 +159,18 @@ async def fragment_starts(bk: BookKeeperClient, lid: int, first: int, last: int)
             return out
 
 
+async def entry_bytes(bk: BookKeeperClient, r: Range) -> int:
+    """About how many bytes an entry of the range takes: the larger of its
+    first and its last (one of them may be a no-op), for sizing partitions."""
+    meta, rev = await bk.meta_call(bk.ledgers.read, r.ledger_id, fragments="last")
+    h = LedgerHandle(bk, meta, rev, writable=False, lac=r.last)
+    try:
+        sizes = [len(e.payload) for e in await asyncio.gather(h.read_entry(r.first), h.read_entry(r.last))]
+    finally:
+        await h.close()
+    return 52 + max(sizes)
+
+
 # -- a task's read --------------------------------------------------------------------------------
 
 def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_chunk: int = 256,
@@ -215,4 +227,7 @@ def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_
     finally:
         if pending is not None:
             pending.cancel()
-        session.run(h.close())
+        try:
+            session.run(h.close())
+        except err.ClientClosed:
+            pass

@@ -14,8 +14,10 @@ Options (names as Spark's Kafka source has them where it has one):
   limits to ``latestOffset(start, limit)``);
 - ``failOnDataLoss`` (``true``): a trimmed position is an error; ``false``
   skips to the earliest readable entry with a warning;
-- ``minPartitions``, ``maxEntriesPerPartition`` (100,000): one input
-  partition per fragment, split by entry range when larger;
+- ``minPartitions``, ``maxEntriesPerPartition`` (100,000),
+  ``maxBytesPerPartition`` (64 MiB, from the size of the range's first and
+  last entries): one input partition per fragment, split by entry range
+  when larger;
 - ``trimOnCommit`` (``false``, streams only): trim the stream below each
   committed micro-batch;
 - ``arrowBatches`` (``true``): tasks return pyarrow record batches (about
@@ -34,7 +36,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from stream.spark import plan
-from stream.spark.access import Session, chain_views, fragment_starts, read_range
+from stream.spark.access import Session, chain_views, entry_bytes, fragment_starts, read_range
 
 try:  # Spark 4.2+
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -102,6 +104,7 @@ class SourceOptions:
         self.fail_on_data_loss = _bool(options, "failOnDataLoss", True)
         self.min_partitions = _int(options, "minPartitions", 1)
         self.max_entries = _int(options, "maxEntriesPerPartition", 100_000)
+        self.max_bytes = _int(options, "maxBytesPerPartition", 64 << 20)
         self.trim_on_commit = _bool(options, "trimOnCommit", False)
         if self.trim_on_commit and self.kind != "stream":
             raise plan.PlanError("trimOnCommit is for streams only")
@@ -130,9 +133,12 @@ def _fill_ledger(spec, views: list[plan.LedgerView], kind: str):
 async def _partitions(s, opts: SourceOptions, views, start: dict, end: dict) -> list[Partition]:
     rs = plan.ranges(views, start, end)
     bounds = {}
+    max_entries = opts.max_entries
     for r in rs:
         bounds[r.ledger_id] = bounds.get(r.ledger_id, []) + await fragment_starts(s.bk, r.ledger_id, r.first, r.last)
-    pieces = plan.split(rs, bounds, max_entries=opts.max_entries, min_partitions=opts.min_partitions)
+        if r.count > 1:  # large entries: fewer of them per partition
+            max_entries = min(max_entries, max(1, opts.max_bytes // await entry_bytes(s.bk, r)))
+    pieces = plan.split(rs, bounds, max_entries=max_entries, min_partitions=opts.min_partitions)
     return [Partition(p) for p in pieces]
 
 
@@ -142,15 +148,18 @@ def read_partition(opts: SourceOptions, r: plan.Range) -> Iterator:
         return
     with opts.session() as s:
         chunks = read_range(s, r, fail_on_data_loss=opts.fail_on_data_loss)
-        if opts.arrow:
-            for rows in chunks:
-                if rows:
-                    yield _batch(opts, r, rows)
-        else:
-            kind, label, lid, frag = opts.kind, opts.label(), r.ledger_id, r.fragment
-            for rows in chunks:
-                for eid, payload in rows:
-                    yield (label, plan.encode_position(kind, lid, eid), lid, eid, payload, frag)
+        try:
+            if opts.arrow:
+                for rows in chunks:
+                    if rows:
+                        yield _batch(opts, r, rows)
+            else:
+                kind, label, lid, frag = opts.kind, opts.label(), r.ledger_id, r.fragment
+                for rows in chunks:
+                    for eid, payload in rows:
+                        yield (label, plan.encode_position(kind, lid, eid), lid, eid, payload, frag)
+        finally:
+            chunks.close()  # its handle closes before the session does
 
 
 def _batch(opts: SourceOptions, r: plan.Range, rows: list):
