@@ -217,7 +217,7 @@ def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_
                             "(failOnDataLoss=false)", lid, at)
                 return
             size = sum(len(e.payload) for e in entries) + 64 * len(entries)
-            n = max(1, min(100_000, chunk_bytes * len(entries) // max(1, size)))
+            n = max(1, min(10_000, chunk_bytes * len(entries) // max(1, size)))
             pending = None
             if a <= r.last:
                 b = min(r.last, a + n - 1)
