@@ -142,9 +142,11 @@ async def _partitions(s, opts: SourceOptions, views, start: dict, end: dict) -> 
     return [Partition(p) for p in pieces]
 
 
-def read_partition(opts: SourceOptions, r: plan.Range) -> Iterator:
-    """One task: the range's records, as arrow record batches or tuples."""
-    if r.count <= 0:
+def read_partition(opts: SourceOptions, partition) -> Iterator:
+    """One task: the range's records, as arrow record batches or tuples.
+    (Spark hands a plain InputPartition when the plan had none: no rows.)"""
+    r = getattr(partition, "range", None)
+    if r is None or r.count <= 0:
         return
     with opts.session() as s:
         chunks = read_range(s, r, fail_on_data_loss=opts.fail_on_data_loss)
@@ -207,7 +209,7 @@ class BatchReader(DataSourceReader):
         return parts
 
     def read(self, partition: Partition):
-        return read_partition(self.opts, partition.range)
+        return read_partition(self.opts, partition)
 
 
 class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -294,7 +296,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return s.read(go)
 
     def read(self, partition: Partition):
-        return read_partition(self.opts, partition.range)
+        return read_partition(self.opts, partition)
 
     def commit(self, end: dict) -> None:
         if not self.opts.trim_on_commit:
