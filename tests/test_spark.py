@@ -254,7 +254,6 @@ def test_log_sink_task_killed_mid_write_leaves_nothing_visible(spark, shared, tm
     gate = tmp_path / "release"
 
     def rows(batches):
-        import pyarrow as pa
         from pyspark import TaskContext
 
         ctx = TaskContext.get()
