@@ -1,0 +1,151 @@
+"""The sink's etcd side: the keys of a write job and the one transaction
+that makes its ledgers part of a log.
+
+Keys (under the cluster's root, beside ``logs/<name>``):
+
+==========================================  ==========================================================
+``spark/pending/<job>/<lid>``               a ledger a task of job ``<job>`` created (put right after
+                                            the create, before any write): every ledger of the job,
+                                            committed or not, so a failed attempt's can be found
+``spark/sinks/<kind>/<name>/<sink>``        a streaming sink's last committed batch id (JSON), where
+                                            ``<kind>`` is log or stream and ``<sink>`` a hash of what
+                                            names the query (``sinkId``, or its checkpoint location)
+==========================================  ==========================================================
+
+:func:`commit_to_log` first deletes the ledgers of failed attempts (pending
+but not committed), then, in one transaction that compares the log key's
+and the sink key's revisions: the log's list gains the committed ledgers in
+partition order, the sink key gets the batch id, and the job's pending keys
+go.  A replayed streaming batch (its id at or below the recorded one) is not
+appended: its ledgers are deleted instead.  On a lost compare it reads again
+and retries.
+
+The log's list is a ``LogRecord`` as ``stream.log`` keeps it; a log written
+by a ``LogWriter`` leader at the same time would lose its leadership at its
+next roll (its list CAS fails), so do not point a sink at a log that has a
+live leader.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+
+from bookstream_pb import metadata_pb2 as mpb
+from metadata.layout import KeyLayout, validate_name
+from metadata.store import Delete, Put, TxnConflict, absent, mod_revision_is
+from stream import errors as err
+from stream.client import BookKeeperClient
+
+log = logging.getLogger(__name__)
+
+
+def pending_prefix(layout: KeyLayout, job: str) -> str:
+    return f"{layout.root}spark/pending/{validate_name(job, 'job id')}/"
+
+
+def pending_key(layout: KeyLayout, job: str, ledger_id: int) -> str:
+    return f"{pending_prefix(layout, job)}{ledger_id:020d}"
+
+
+def sink_key(layout: KeyLayout, kind: str, name: str, sink: str) -> str:
+    assert kind in ("log", "stream")
+    digest = hashlib.sha256(sink.encode()).hexdigest()[:32]
+    return f"{layout.root}spark/sinks/{kind}/{validate_name(name, kind + ' name')}/{digest}"
+
+
+async def note_pending(bk: BookKeeperClient, job: str, ledger_id: int, **about) -> None:
+    """Notes a task's ledger (``about``: where the task ran, as JSON)."""
+    await bk.meta_call(bk.store.put, pending_key(KeyLayout(bk.cluster), job, ledger_id),
+                       json.dumps(about).encode())
+
+
+async def pending_ledgers(bk: BookKeeperClient, job: str) -> list[int]:
+    rows = await bk.meta_call(bk.store.range, pending_prefix(KeyLayout(bk.cluster), job))
+    return [int(k.rsplit("/", 1)[1]) for k, _ in rows]
+
+
+async def drop_ledgers(bk: BookKeeperClient, job: str, ids) -> None:
+    """Deletes the ledgers, then their pending keys."""
+    layout = KeyLayout(bk.cluster)
+    for lid in ids:
+        try:
+            await bk.delete_ledger(lid)
+        except err.NoSuchLedger:
+            pass
+        await bk.meta_call(bk.store.delete, pending_key(layout, job, lid))
+
+
+async def abort(bk: BookKeeperClient, job: str, log_name: str | None = None) -> list[int]:
+    """Deletes every ledger of the job (the task messages may not name the
+    failed ones: the pending keys do), except any the log's list holds (a
+    commit whose answer was lost may have gone through)."""
+    ids = await pending_ledgers(bk, job)
+    if log_name is not None:
+        listed = set(await _list(bk, KeyLayout(bk.cluster).log_key(log_name)))
+        ids = [lid for lid in ids if lid not in listed]
+    await drop_ledgers(bk, job, ids)
+    return ids
+
+
+async def _list(bk: BookKeeperClient, key: str) -> list[int]:
+    v = await bk.meta_call(bk.store.get, key)
+    if v is None:
+        return []
+    rec = mpb.LogRecord()
+    rec.ParseFromString(v.value)
+    return list(rec.ledger_ids)
+
+
+async def last_batch(bk: BookKeeperClient, key: str) -> tuple[int, int | None]:
+    """The recorded batch id (-1: none) and the key's revision."""
+    v = await bk.meta_call(bk.store.get, key)
+    if v is None:
+        return -1, None
+    return int(json.loads(v.value)["batch"]), v.mod_revision
+
+
+async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_ids: list[int], *,
+                        sink: str | None = None, batch_id: int | None = None, attempts: int = 20) -> bool:
+    """Appends ``ledger_ids`` (in that order) to the log's list in one CAS,
+    with the batch id when ``sink`` is given.  Returns False (and deletes the
+    ledgers) when the batch was committed before."""
+    layout = KeyLayout(bk.cluster)
+    lkey = layout.log_key(log_name)
+    skey = sink_key(layout, "log", log_name, sink) if sink is not None else None
+    garbage = sorted(set(await pending_ledgers(bk, job)) - set(ledger_ids))
+    if garbage:
+        log.info("log %s: deleting %d ledgers of failed attempts: %s", log_name, len(garbage), garbage)
+        await drop_ledgers(bk, job, garbage)
+    for _ in range(attempts):
+        cur = await bk.meta_call(bk.store.get, lkey)
+        ids: list[int] = []
+        if cur is not None:
+            rec = mpb.LogRecord()
+            rec.ParseFromString(cur.value)
+            ids = list(rec.ledger_ids)
+        compares = [absent(lkey) if cur is None else mod_revision_is(lkey, cur.mod_revision)]
+        ops = [Put(lkey, mpb.LogRecord(name=log_name, ledger_ids=ids + list(ledger_ids))
+                   .SerializeToString(deterministic=True))]
+        if skey is not None:
+            done, srev = await last_batch(bk, skey)
+            if batch_id <= done:
+                log.info("log %s: batch %s was committed before (last %s): not appended again",
+                         log_name, batch_id, done)
+                await drop_ledgers(bk, job, ledger_ids)
+                return False
+            compares.append(absent(skey) if srev is None else mod_revision_is(skey, srev))
+            ops.append(Put(skey, json.dumps({"batch": batch_id, "log": log_name, "sink": sink}).encode()))
+        ops.append(Delete.prefix(pending_prefix(layout, job)))
+        try:
+            await bk.meta_call(bk.store.txn, compares, ops)
+            log.info("log %s: appended ledgers %s (batch %s)", log_name, ledger_ids, batch_id)
+            return True
+        except (TxnConflict, err.MetadataConflict):
+            continue
+        except err.MetadataUnavailable:
+            # the outcome is unknown: it went through if the list holds them
+            if ledger_ids and set(ledger_ids) <= set(await _list(bk, lkey)):
+                return True
+            continue
+    raise err.MetadataConflict(f"log {log_name}: the list kept changing ({attempts} attempts)")
