@@ -1,5 +1,5 @@
 """Trace export: a simulated run's protocol events as NDJSON, for TLC's
-trace validation (tla/trace.py, tla/BookstreamTrace.tla).
+trace validation (tla/tracecheck.py, tla/BookstreamTrace.tla).
 
 One JSON object per line, in the order the events happened (the same steps
 ``World.step`` records and sim/spec.py checks):
@@ -89,6 +89,14 @@ class Tracer:
             a["value"] = [self.term.get(a["client"], 0), "data"]
         elif action == "StartTakeover":
             self.term[a["client"]] = a["term"]
+        elif action == "ClientSendAdd":
+            rec = args[3]
+            h = E.parse_header(rec)
+            v = _val(rec)
+            if v[0] == "data":
+                a["value"] = self._value(v)
+            else:  # the client's own no-op (flagged) or a written-back one
+                a["value"] = [h.term if h.is_truncate else 0, "noop"]
         elif action == "BookieStore":
             rec = args[1]
             h = E.parse_header(rec)

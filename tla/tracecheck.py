@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """TLC trace validation of simulated runs against tla/BookstreamLedger.tla.
 
-    .venv/bin/python tla/trace.py run.ndjson            # validate an exported trace
-    .venv/bin/python tla/trace.py --seed 5              # simulate seed 5, export, validate
-    .venv/bin/python tla/trace.py --seed 5 --mutant noop_without_truncate
-    .venv/bin/python tla/trace.py --sample              # the CI sample (tests/test_tla_trace.py)
+    .venv/bin/python tla/tracecheck.py run.ndjson            # validate an exported trace
+    .venv/bin/python tla/tracecheck.py --seed 5              # simulate seed 5, export, validate
+    .venv/bin/python tla/tracecheck.py --seed 5 --mutant noop_without_truncate
+    .venv/bin/python tla/tracecheck.py --seed 16 --runs 3   # seeds 16..18
 
 The trace (NDJSON, sim/trace.py) is translated into a TLA+ module that
 defines the constant ``Trace`` of tla/BookstreamTrace.tla (this TLC, a 2020
@@ -38,10 +38,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # (sim/, stream/)
 
-import check  # noqa: E402  (tla/check.py: java and the jar)
+import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
 
 SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamTrace.tla")
 
@@ -91,9 +91,15 @@ class Translated:
     header: dict
 
 
-def _prepare(events: list[dict]) -> list[dict]:
+def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
     """Reorders a barrier's stores before the read that waited for them, and
     decides each store's / fencing read's "heard" from the answers after it."""
+    terms: dict[int, str] = {}
+    if header is not None and header["mode"] == "unbounded":
+        terms[header["term"]] = header["creator"]
+        for e in events:
+            if e["action"] == "StartTakeover":
+                terms[e["args"]["term"]] = e["args"]["client"]
     out: list[dict] = []
     i = 0
     while i < len(events):
@@ -109,7 +115,10 @@ def _prepare(events: list[dict]) -> list[dict]:
                 e = dict(e)
                 last = moved[-1]["bk"][e["args"]["bookie"]]
                 e["bk"] = {e["args"]["bookie"]: dict(last, term=e["bk"][e["args"]["bookie"]]["term"])}
-                out.extend(moved)
+                for m in moved:  # (their snapshot is after the read: its term is not theirs)
+                    m = dict(m)
+                    m["bk"] = {k: dict(x, term=-1) for k, x in m["bk"].items()}
+                    out.append(m)
                 out.append(e)
                 i = j
                 continue
@@ -136,14 +145,19 @@ def _prepare(events: list[dict]) -> list[dict]:
                     break
             e["_seen"] = seen
         elif e["action"] == "BookieRead" and a["entry"] is None:
-            heard = None
+            # heard: the reading client (the one of the read's term; classic:
+            # any) takes a fencing answer from this bookie before it starts
+            # another take-over
+            c = terms.get(a["term"])
+            heard = False
             for f in out[k + 1:]:
-                if f["action"] == "BookieRead" and f["args"]["bookie"] == a["bookie"] and f["args"]["entry"] is None:
+                if f["action"] == "StartTakeover" and c is not None and f["args"]["client"] == c:
                     break
-                if f["action"] == "ClientFenceAnswer" and f["args"]["bookie"] == a["bookie"]:
+                if (f["action"] == "ClientFenceAnswer" and f["args"]["bookie"] == a["bookie"]
+                        and (c is None or f["args"]["client"] == c)):
                     heard = True
                     break
-            e["_heard"] = bool(heard)
+            e["_heard"] = heard
     return out
 
 
@@ -154,7 +168,8 @@ def translate(ndjson: str) -> Translated:
     h = lines[0]["args"]
     if h["E"] != h["Qw"]:
         raise Unsupported(f"E {h['E']} > Qw {h['Qw']}: striping is not in the spec")
-    events = _prepare(lines[1:])
+    events = _prepare(lines[1:], h)
+    classic = h["mode"] == "classic"
     term_client: dict[int, str] = {h["term"]: h["creator"]}
     max_term, max_data, crashes, frags = h["term"], -1, 0, 1
     rows = []
@@ -177,6 +192,9 @@ def translate(ndjson: str) -> Translated:
             n = a["start"]
         elif act == "RecoveryDecide":
             n = a["entry"]
+        elif act == "ClientSendAdd":
+            r = a["record"]
+            n, v, trunc, rl, rf, t = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"], r["term"]
         elif act == "BookieStore":
             r = a["record"]
             n, v, trunc, rl, rf = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"]
@@ -188,6 +206,7 @@ def translate(ndjson: str) -> Translated:
             t = a["term"]
             n = -1 if a["entry"] is None else a["entry"]
             ok = a["status"] in ("OK", "NO_SUCH_ENTRY")
+            c = term_client.get(t, "") if h["mode"] == "unbounded" else ""
             if a["entry"] is None and ok:
                 heard = "yes" if e["_heard"] else "no"
         elif act == "EnsembleChange":
@@ -198,6 +217,10 @@ def translate(ndjson: str) -> Translated:
             crashes += 1
         bk = e.get("bk", {}).get(b, NOBK)
         meta = e.get("meta", NOMETA)
+        if classic:  # the implementation's classic ledgers have term 0, the spec's metadata term 1
+            meta = dict(meta, term=meta["term"] + 1)
+            if act == "StartTakeover":
+                t += 1
         rows.append(
             f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
             f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
@@ -220,7 +243,7 @@ def translate(ndjson: str) -> Translated:
         "    Bookies <- BookiesV", "    Ensemble0 <- Ensemble0V", "    Clients <- ClientsV",
         "    Creator <- CreatorV",
         f"    WQ = {h['Qw']}", f"    AQ = {h['Qa']}", f'    Mode = "{h["mode"]}"',
-        f"    MaxTerm = {max_term}", f"    MaxDataId = {max(max_data, 0)}",
+        f"    MaxTerm = {max(max_term, 1)}", f"    MaxDataId = {max(max_data, 0)}",
         f"    InflightLimit = {h['window']}", f"    MaxCrashes = {crashes}",
         f"    MaxFragments = {max(frags, 1) + 8}", "    LostAcks = TRUE", '    Mutant = "none"',
         "INIT TraceInit", "NEXT TraceNext", "INVARIANT Unconsumed", ""])
@@ -253,7 +276,7 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
     tools = tools or check.find_tools()
     tr = translate(ndjson)
     events = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
-    prepared = _prepare(events[1:])
+    prepared = _prepare(events[1:], events[0]["args"])
     with tempfile.TemporaryDirectory(prefix="tlc-trace-") as tmp:
         for s in SPECS:
             shutil.copy(s, Path(tmp, s.name))
@@ -268,7 +291,7 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
             out = proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             out = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
-            out += f"\n[trace.py: killed after {timeout:.0f} s]"
+            out += f"\n[tracecheck.py: killed after {timeout:.0f} s]"
         dt = time.monotonic() - t0
     outcome, distinct, _gen, _left, depth = check.parse(out)
     if outcome == "violation:Unconsumed":
