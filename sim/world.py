@@ -92,6 +92,7 @@ class World:
         self.check_trace = check_trace
         self.check_invariants = check_invariants
         self.trace: list[tuple] = []
+        self.tracer = None  # sim/trace.py Tracer.attach(world)
         self.stats: dict[str, int] = {}
         self.bookie_ids = [f"b{i}" for i in range(sc.bookies)]
         self.bookies = {b: SimBookie(b, LID) for b in self.bookie_ids}
@@ -202,9 +203,10 @@ class World:
     def step(self, action: str, *args, **kw):
         """Records an implementation step as a spec action and checks it."""
         self.trace.append((self.now, action, args, kw))
-        if self.model is not None:
-            return getattr(self.model, action)(*args, **kw)
-        return None
+        out = getattr(self.model, action)(*args, **kw) if self.model is not None else None
+        if self.tracer is not None:  # NDJSON export for TLC (sim/trace.py)
+            self.tracer.record(action, args, kw)
+        return out
 
     def format_trace(self, last: int | None = None) -> str:
         rows = self.trace if last is None else self.trace[-last:]

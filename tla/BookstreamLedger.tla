@@ -53,7 +53,8 @@ Mutants == {"none",
             "entry_reads_no_term",    \* (3b) only the recovery (entry) reads carry none
             "lafr_from_lac",          \* (4) recovery's LAFR is scanned from LAC + 1
             "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
-            "ensemble_no_prepare"}    \* (6) a replacement bookie is used as it is
+            "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
+            "no_origin_floor"}        \* (7) recovery takes any OK answer (no origin-term floor)
 
 ASSUME Mode \in {"unbounded", "classic"}
 ASSUME Mutant \in Mutants
@@ -129,6 +130,7 @@ IdleClient ==
      fenced |-> {},
      next   |-> 0,
      nosuch |-> {},
+     floor  |-> 0,
      rens   |-> {}]
 
 Recovering(c) == cl[c].phase \in {"fencing", "reading", "finishing"}
@@ -259,7 +261,10 @@ AckFrom(c, b, n) ==
 (* write-back, or the truncate no-op) and stores it; its ack reaches the   *)
 (* client (seen) or is lost.                                               *)
 (***************************************************************************)
-Deliver(c, b, n, seen) ==
+\* The request carries the LAC and LAFR the client had when it sent it (rl,
+\* rf: at most the client's present ones).  Next sends the freshest (an
+\* older LAC on a bookie is weaker); trace validation uses the record's own.
+DeliverWith(c, b, n, seen, rl, rf) ==
     LET w == cl[c]
         v == w.val[n]
     IN
@@ -268,14 +273,17 @@ Deliver(c, b, n, seen) ==
     /\ b \in WriteSet(n, w.frags) \ crashed
     /\ b \notin w.ack[n]
     /\ AddAccepted(w, b)
+    /\ rl <= w.lac /\ rf <= w.lafr
     /\ seen \/ (LostAcks /\ bk[b].ents[n] # v)   \* (losing the ack of a copy it holds: a stutter)
     /\ bk' = [bk EXCEPT
                 ![b].term = IF Unbounded THEN w.term ELSE @,
                 ![b].ents = Store(@, n, v, TruncateFlag(w, n)),
-                ![b].lac  = Max2(@, w.lac),
-                ![b].lafr = Max2(@, w.lafr)]
+                ![b].lac  = Max2(@, rl),
+                ![b].lafr = Max2(@, rf)]
     /\ IF seen THEN AckFrom(c, b, n) ELSE UNCHANGED <<cl, acked>>
     /\ UNCHANGED <<crashed, meta>>
+
+Deliver(c, b, n, seen) == DeliverWith(c, b, n, seen, cl[c].lac, cl[c].lafr)
 
 (***************************************************************************)
 (* A bookie refuses client c (InvalidTerm; classic: a fenced ledger        *)
@@ -321,16 +329,26 @@ StartTakeover(c) ==
 (* Recovery step 2: a fencing LAC/LAFR read to a bookie of the last        *)
 (* fragment; it carries the term (classic: the fence flag).                *)
 (***************************************************************************)
-FenceRead(c, b) ==
+\* heard: the answer reaches the client (else it is lost or comes too late:
+\* the bookie's side happened, the client's did not).
+FenceReadH(c, b, heard) ==
     LET w == cl[c] IN
     /\ w.phase = "fencing"
     /\ b \in w.rens \ (crashed \cup w.fenced)
     /\ ReadAccepted(w, b, "fence")
     /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "fence")]
-    /\ cl' = [cl EXCEPT ![c].fenced = @ \cup {b},
-                        ![c].lac    = Max2(@, bk[b].lac),
-                        ![c].lafr   = Max2(@, bk[b].lafr)]
+    /\ IF heard
+       THEN cl' = [cl EXCEPT ![c].fenced = @ \cup {b},
+                             ![c].lac    = Max2(@, bk[b].lac),
+                             ![c].lafr   = Max2(@, bk[b].lafr)]
+       ELSE /\ bk' # bk   \* (an unheard read that changes nothing: a stutter)
+            /\ UNCHANGED cl
     /\ UNCHANGED <<crashed, meta, acked>>
+
+FenceRead(c, b) == FenceReadH(c, b, TRUE)
+
+\* Read answers may be lost where adds' acks may (LostAcks).
+Heard == IF LostAcks THEN BOOLEAN ELSE {TRUE}
 
 (***************************************************************************)
 (* Recovery step 3: coverage reached; read forward from LAFR + 1 (classic: *)
@@ -349,12 +367,26 @@ StartReading(c) ==
 
 (***************************************************************************)
 (* Recovery step 4: a recovery read of entry next from a bookie of the     *)
-(* last fragment (it carries the term).  One OK: recoverable, written back *)
-(* (step 5) and the read moves on.  Coverage NoSuchEntry: absent, the end: *)
+(* last fragment (it carries the term).  One OK whose origin term is not   *)
+(* below the floor: recoverable, written back (step 5) and the read moves  *)
+(* on; an OK below the floor is stale and counts as NoSuchEntry.  Coverage *)
+(* NoSuchEntry: absent, the end:                                           *)
 (* unbounded writes the truncate no-op there (step 6); classic will close  *)
 (* with last entry = next - 1.                                             *)
 (***************************************************************************)
-RecoveryRead(c, b) ==
+\* The origin term of a stored value: the term of the writer that created it
+\* (a recovery's no-op: the recovering term).  A write-back copies the value,
+\* so it keeps its origin term whatever the request's term.
+Origin(v) == v[1]
+
+\* Does a recovery take an OK answer holding v?  Only if v's origin term is
+\* not below the floor: the highest origin term of the entries the recovery
+\* has decided so far.  An older term's entry above a newer term's entry is
+\* stale (Raft's log matching): it counts as NoSuchEntry.  The mutant
+\* no_origin_floor is the rule before the fix: any OK answer is taken.
+Fresh(w, v) == Mutant = "no_origin_floor" \/ Origin(v) >= w.floor
+
+RecoveryReadH(c, b, heard) ==
     LET w == cl[c]
         n == w.next
         v == bk[b].ents[n]
@@ -364,14 +396,18 @@ RecoveryRead(c, b) ==
     /\ b \in w.rens \ (crashed \cup w.nosuch)
     /\ ReadAccepted(w, b, "entry")
     /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "entry")]
-    /\ IF v # NoVal
-       THEN cl' = [cl EXCEPT ![c].val[n] = v, ![c].next = n + 1, ![c].nosuch = {}]
+    /\ IF ~heard THEN bk' # bk /\ UNCHANGED cl
+       ELSE IF v # NoVal /\ Fresh(w, v)
+       THEN cl' = [cl EXCEPT ![c].val[n] = v, ![c].next = n + 1, ![c].nosuch = {},
+                             ![c].floor = Max2(@, Origin(v))]
        ELSE IF Cardinality(w.nosuch) + 1 >= Coverage
             THEN cl' = [cl EXCEPT ![c].phase  = "finishing",
                                   ![c].nosuch = {},
                                   ![c].val[n] = IF Unbounded THEN NoOp(w.term) ELSE @]
             ELSE cl' = [cl EXCEPT ![c].nosuch = @ \cup {b}]
     /\ UNCHANGED <<crashed, meta, acked>>
+
+RecoveryRead(c, b) == RecoveryReadH(c, b, TRUE)
 
 (***************************************************************************)
 (* Recovery step 8: every recovery write reached Qw (the mutant            *)
@@ -525,8 +561,8 @@ ClientStep(c) ==
     \/ Finish(c)
     \/ NoticeTakeover(c)
     \/ \E b \in Bookies :
-         \/ FenceRead(c, b)
-         \/ RecoveryRead(c, b)
+         \/ \E heard \in Heard : FenceReadH(c, b, heard)
+         \/ \E heard \in Heard : RecoveryReadH(c, b, heard)
          \/ Rejected(c, b)
          \/ \E n \in Ids, seen \in BOOLEAN : Deliver(c, b, n, seen)
          \/ \E nb \in Bookies : EnsembleChange(c, b, nb)
@@ -581,6 +617,7 @@ TypeOK ==
     /\ \A c \in Clients :
           /\ cl[c].phase \in {"idle", "fencing", "reading", "finishing", "open"}
           /\ cl[c].next \in 0 .. IdMax
+          /\ cl[c].floor \in 0 .. MaxTerm
           /\ cl[c].val \in [Ids -> Values]
     /\ acked \subseteq (Ids \X Values)
 
@@ -616,6 +653,24 @@ LafrFullyReplicated ==
           cl[c].phase = "open" =>
               \A n \in 0 .. cl[c].lafr :
                   \A b \in WriteSet(n, cl[c].frags) : bk[b].ents[n] # NoVal
+
+\* The value a reader gets for entry n (meaningful where NoDivergence holds).
+ReadValue(n) == IF ReadableValues(n) = {} THEN NoVal ELSE CHOOSE v \in ReadableValues(n) : TRUE
+
+\* No hole: what survives of one writer's term, as a reader sees it up to
+\* the committed bound (an LAC, a reopened or a closed ledger), is a prefix
+\* of what that writer sent, at consecutive positions.  The writer of term t
+\* adds from just above its recovery's no-op (term 1: from entry 0), so an
+\* entry Data(t) is preceded by Data(t) or by NoOp(t), or is entry 0 of
+\* term 1.  (Issue 12 item 0: NoOp(2), Data(1), Data(1) is a hole.)
+NoHole ==
+    \A n \in Ids :
+        /\ n <= CommittedBound
+        /\ Cardinality(ReadableValues(n)) = 1
+        /\ ReadValue(n)[2] = "data"
+        => IF n = 0 THEN Origin(ReadValue(n)) = 1
+           ELSE /\ Cardinality(ReadableValues(n - 1)) = 1
+                /\ ReadValue(n - 1) \in {ReadValue(n), NoOp(Origin(ReadValue(n)))}
 
 \* Classic: a closed ledger's last entry covers every acknowledged entry.
 ClosedCoversAcked ==
@@ -653,6 +708,12 @@ RecoveryReplacesCrashedOnly ==
     \A c \in Clients :
         cl[c].phase \in {"reading", "finishing"} /\ cl[c].term = meta.term =>
             cl[c].rens \ LastFrag(cl[c].frags).ens \subseteq crashed
+
+\* Only the writer of term 1 (the Creator) adds data; later terms write
+\* their no-ops and recover (the hole's schedule needs no more).
+FirstTermDataOnly ==
+    /\ \A c \in Clients : \A i \in Ids : cl[c].val[i] \in {NoVal, Data(1)} \cup {NoOp(t) : t \in 1 .. MaxTerm}
+    /\ \A c \in Clients : cl[c].phase = "open" /\ cl[c].term > 1 => cl[c].lap = cl[c].lac
 
 \* Each bookie stores a client's adds in id order (one stream per bookie, as
 \* in the implementation): among the adds a client has not released, a

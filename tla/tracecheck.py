@@ -1,0 +1,376 @@
+#!/usr/bin/env python3
+"""TLC trace validation of simulated runs against tla/BookstreamLedger.tla.
+
+    .venv/bin/python tla/tracecheck.py run.ndjson            # validate an exported trace
+    .venv/bin/python tla/tracecheck.py --seed 5              # simulate seed 5, export, validate
+    .venv/bin/python tla/tracecheck.py --seed 5 --mutant noop_without_truncate
+    .venv/bin/python tla/tracecheck.py --seed 16 --runs 3   # seeds 16..18
+
+The trace (NDJSON, sim/trace.py) is translated into a TLA+ module that
+defines the constant ``Trace`` of tla/BookstreamTrace.tla (this TLC, a 2020
+build, has no Json/IOUtils module to read it itself), with the protocol
+spec's constants taken from the trace's header.  TLC then searches for a
+behaviour of the spec that consumes the whole trace: it reports the
+invariant ``Unconsumed`` violated if and only if the trace is accepted.  A
+rejected trace prints the first event no behaviour could take.
+
+What the translation decides (the rest TLC resolves):
+- the client a bookie's store serves: the one whose term the record carries
+  (unbounded); classic: left to TLC;
+- whether the store's ack was heard: a ClientAddAnswer counted for it
+  before the next store of the same entry on that bookie; a fencing read's
+  answer: a ClientFenceAnswer for it; recovery reads: left to TLC;
+- a read that waited for a journal barrier: the stores the barrier made
+  durable (same bookie, same instant, right after it) are moved before it,
+  as the answer is computed after them.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # (sim/, stream/)
+
+import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
+
+SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamTrace.tla")
+
+
+class Unsupported(ValueError):
+    """The trace has a step the spec cannot express (listed in tla/README.md)."""
+
+
+# -- NDJSON -> TLA+ -------------------------------------------------------------------
+
+def _s(x: str) -> str:
+    return json.dumps(str(x))
+
+
+def _val(v) -> str:
+    return f"<<{int(v[0])}, {_s(v[1])}>>"
+
+
+def _set(xs) -> str:
+    return "{" + ", ".join(_s(x) for x in xs) + "}"
+
+
+def _bk(o: dict) -> str:
+    ents = o.get("ents", {})
+    fn = " @@ ".join(f"{int(n)} :> {_val(v)}" for n, v in sorted(ents.items(), key=lambda kv: int(kv[0])))
+    ents_tla = f"({fn})" if fn else "[n \\in {} |-> NoValT]"
+    return f"[term |-> {o['term']}, lac |-> {o['lac']}, lafr |-> {o['lafr']}, ents |-> {ents_tla}]"
+
+
+def _frags(frags) -> str:
+    return "<<" + ", ".join(f"[first |-> {f}, ens |-> {_set(e)}]" for f, e in frags) + ">>"
+
+
+def _meta(o: dict) -> str:
+    return f"[state |-> {_s(o['state'])}, term |-> {o['term']}, frags |-> {_frags(o['frags'])}]"
+
+
+NOBK = {"term": 0, "lac": -1, "lafr": -1, "ents": {}}
+NOMETA = {"state": "OPEN", "term": 0, "frags": []}
+
+
+@dataclasses.dataclass
+class Translated:
+    module: str          # the TLA+ module TraceData (Trace and the constants' values)
+    cfg: str             # the TLC configuration
+    events: int          # events in Trace (the header not counted)
+    header: dict
+
+
+def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
+    """Reorders a barrier's stores before the read that waited for them, and
+    decides each store's / fencing read's "heard" from the answers after it."""
+    terms: dict[int, str] = {}
+    if header is not None and header["mode"] == "unbounded":
+        terms[header["term"]] = header["creator"]
+        for e in events:
+            if e["action"] == "StartTakeover":
+                terms[e["args"]["term"]] = e["args"]["client"]
+    out: list[dict] = []
+    i = 0
+    while i < len(events):
+        e = events[i]
+        if e["action"] == "BookieRead":
+            j = i + 1
+            moved = []
+            while (j < len(events) and events[j]["action"] in ("BookieStore", "BookieStoreLac")
+                   and events[j]["args"]["bookie"] == e["args"]["bookie"] and events[j]["t"] == e["t"]):
+                moved.append(events[j])
+                j += 1
+            if moved:
+                e = dict(e)
+                last = moved[-1]["bk"][e["args"]["bookie"]]
+                e["bk"] = {e["args"]["bookie"]: dict(last, term=e["bk"][e["args"]["bookie"]]["term"])}
+                for m in moved:  # (their snapshot is after the read: its term is not theirs)
+                    m = dict(m)
+                    m["bk"] = {k: dict(x, term=-1) for k, x in m["bk"].items()}
+                    out.append(m)
+                out.append(e)
+                i = j
+                continue
+        out.append(e)
+        i += 1
+    # One fsync applies a batch of stores, and the exporter sees the bookie
+    # after the batch: only the batch's last store is compared.
+    for k, e in enumerate(out[:-1]):
+        f = out[k + 1]
+        if (e["action"] in ("BookieStore", "BookieStoreLac") and f["action"] in ("BookieStore", "BookieStoreLac")
+                and e["args"]["bookie"] == f["args"]["bookie"] and e["t"] == f["t"]):
+            e["_nocheck"] = True
+    for k, e in enumerate(out):
+        a = e["args"]
+        if e["action"] == "BookieStore":
+            b, n = a["bookie"], a["record"]["entry"]
+            seen = False
+            for f in out[k + 1:]:
+                if f["action"] == "BookieStore" and f["args"]["bookie"] == b and f["args"]["record"]["entry"] == n:
+                    break
+                if (f["action"] == "ClientAddAnswer" and f["args"]["bookie"] == b and f["args"]["entry"] == n
+                        and f["args"]["counted"]):
+                    seen = True
+                    break
+            e["_seen"] = seen
+        elif e["action"] == "BookieRead" and a["entry"] is None:
+            # heard: the reading client (the one of the read's term; classic:
+            # any) takes a fencing answer from this bookie before it starts
+            # another take-over
+            c = terms.get(a["term"])
+            heard = False
+            for f in out[k + 1:]:
+                if f["action"] == "StartTakeover" and c is not None and f["args"]["client"] == c:
+                    break
+                if (f["action"] == "ClientFenceAnswer" and f["args"]["bookie"] == a["bookie"]
+                        and (c is None or f["args"]["client"] == c)):
+                    heard = True
+                    break
+            e["_heard"] = heard
+    return out
+
+
+def translate(ndjson: str) -> Translated:
+    lines = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
+    if not lines or lines[0]["action"] != "Header":
+        raise ValueError("not a trace: the first line must be the Header event (sim/trace.py)")
+    h = lines[0]["args"]
+    if h["E"] != h["Qw"]:
+        raise Unsupported(f"E {h['E']} > Qw {h['Qw']}: striping is not in the spec")
+    events = _prepare(lines[1:], h)
+    classic = h["mode"] == "classic"
+    term_client: dict[int, str] = {h["term"]: h["creator"]}
+    max_term, max_data, crashes, frags = h["term"], -1, 0, 1
+    rows = []
+    for e in events:
+        a, act = e["args"], e["action"]
+        if act == "RollFragment":
+            raise Unsupported("RollFragment: rolls by size are not in the spec")
+        if act == "EnsembleChange" and len(a["replaced"]) != 1:
+            raise Unsupported("EnsembleChange replacing several bookies at once")
+        c, b, n, t, v = a.get("client", ""), a.get("bookie", ""), -1, -1, [0, "none"]
+        ok, trunc, rl, rf, nb, heard = True, False, -1, -1, "", "open"
+        if act == "StartTakeover":
+            t = a["term"]
+            term_client[t] = c
+            max_term = max(max_term, t)
+        elif act == "WriterAdd":
+            n = a["entry"]
+            max_data = max(max_data, n)
+        elif act == "StartReading":
+            n = a["start"]
+        elif act == "RecoveryDecide":
+            n = a["entry"]
+        elif act == "ClientSendAdd":
+            r = a["record"]
+            n, v, trunc, rl, rf, t = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"], r["term"]
+        elif act == "BookieStore":
+            r = a["record"]
+            n, v, trunc, rl, rf = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"]
+            c = term_client.get(r["term"], "") if h["mode"] == "unbounded" else ""
+            heard = "yes" if e["_seen"] else "no"
+        elif act == "BookieStoreLac":
+            rl, rf = a["lac"], a["lafr"]
+        elif act == "BookieRead":
+            t = a["term"]
+            n = -1 if a["entry"] is None else a["entry"]
+            ok = a["status"] in ("OK", "NO_SUCH_ENTRY")
+            c = term_client.get(t, "") if h["mode"] == "unbounded" else ""
+            if a["entry"] is None and ok:
+                heard = "yes" if e["_heard"] else "no"
+        elif act == "EnsembleChange":
+            n = a["first"]
+            nb = list(a["replaced"].values())[0]
+            frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
+        elif act == "BookieCrash":
+            crashes += 1
+        bk = e.get("bk", {}).get(b, NOBK)
+        meta = e.get("meta", NOMETA)
+        if classic:  # the implementation's classic ledgers have term 0, the spec's metadata term 1
+            meta = dict(meta, term=meta["term"] + 1)
+            if act == "StartTakeover":
+                t += 1
+        rows.append(
+            f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
+            f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
+            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, h |-> {_s(heard)}, "
+            f"hasbk |-> {'TRUE' if 'bk' in e and not e.get('_nocheck') else 'FALSE'}, bk |-> {_bk(bk)}, "
+            f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
+    ens0 = h["frags"][0][1]
+    module = "\n".join([
+        f"---- MODULE TraceData ----",
+        "EXTENDS Integers, TLC",
+        'NoValT == <<0, "none">>',
+        f"BookiesV == {_set(h['bookies'])}",
+        f"Ensemble0V == {_set(ens0)}",
+        f"ClientsV == {_set(h['clients'])}",
+        f"CreatorV == {_s(h['creator'])}",
+        "Trace == <<\n  " + ",\n  ".join(rows) + "\n>>",
+        "====", ""])
+    cfg = "\n".join([
+        "CONSTANTS",
+        "    Bookies <- BookiesV", "    Ensemble0 <- Ensemble0V", "    Clients <- ClientsV",
+        "    Creator <- CreatorV",
+        f"    WQ = {h['Qw']}", f"    AQ = {h['Qa']}", f'    Mode = "{h["mode"]}"',
+        f"    MaxTerm = {max(max_term, 1)}", f"    MaxDataId = {max(max_data, 0)}",
+        f"    InflightLimit = {h['window']}", f"    MaxCrashes = {crashes}",
+        f"    MaxFragments = {max(frags, 1) + 8}", "    LostAcks = TRUE", '    Mutant = "none"',
+        "INIT TraceInit", "NEXT TraceNext", "INVARIANT Unconsumed", ""])
+    return Translated(module, cfg, len(rows), h)
+
+
+# -- running TLC ------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Verdict:
+    accepted: bool
+    events: int
+    consumed: int          # events a behaviour consumed (all of them if accepted)
+    distinct: int | None
+    seconds: float
+    stuck_at: dict | None  # the first event no behaviour took (rejected traces)
+    output: str
+
+    def describe(self) -> str:
+        if self.accepted:
+            return f"accepted: {self.events} events, {self.distinct} states, {self.seconds:.1f} s"
+        ev = self.stuck_at
+        what = f"{ev['action']} {json.dumps(ev['args'], sort_keys=True)[:300]}" if ev else "?"
+        return (f"REJECTED after {self.consumed} of {self.events} events ({self.distinct} states, "
+                f"{self.seconds:.1f} s): "
+                f"no behaviour of the spec takes event {self.consumed + 1}: {what}")
+
+
+def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float = 300) -> Verdict:
+    tools = tools or check.find_tools()
+    tr = translate(ndjson)
+    events = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
+    prepared = _prepare(events[1:], events[0]["args"])
+    with tempfile.TemporaryDirectory(prefix="tlc-trace-") as tmp:
+        for s in SPECS:
+            shutil.copy(s, Path(tmp, s.name))
+        Path(tmp, "TraceData.tla").write_text(tr.module)
+        Path(tmp, "MC.tla").write_text("---- MODULE MC ----\nEXTENDS BookstreamTrace\n====\n")
+        Path(tmp, "MC.cfg").write_text(tr.cfg)
+        cmd = [tools.java, "-XX:+UseParallelGC", "-Xss16m", "-cp", tools.jar, "tlc2.TLC", "-workers", "1",
+               "-deadlock", "-metadir", str(Path(tmp, "meta")), "-config", "MC.cfg", "MC.tla"]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+            out = proc.stdout + proc.stderr
+        except subprocess.TimeoutExpired as e:
+            out = (e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""))
+            out += f"\n[tracecheck.py: killed after {timeout:.0f} s]"
+        dt = time.monotonic() - t0
+    outcome, distinct, _gen, _left, depth = check.parse(out)
+    if outcome == "violation:Unconsumed":
+        return Verdict(True, tr.events, tr.events, distinct, dt, None, out)
+    if outcome != check.OK:
+        raise RuntimeError(f"TLC did not finish the trace check ({outcome}):\n{out[-3000:]}")
+    consumed = max((depth or 1) - 1, 0)
+    stuck = prepared[consumed] if consumed < len(prepared) else None
+    return Verdict(False, tr.events, consumed, distinct, dt, stuck, out)
+
+
+# -- simulated runs -----------------------------------------------------------------------
+
+def simulate(seed: int, mutant: str | None = None, **overrides) -> str:
+    """One simulated run's trace (NDJSON).  With a mutant, the run is not
+    checked by the harness (the trace goes to TLC whole)."""
+    from sim.scenario import Scenario
+    from sim.trace import Tracer
+    from sim.world import Violation, World
+    from stream import mutations
+
+    sc = Scenario.random(seed, **overrides)
+    with mutations.mutated(*([mutant] if mutant else [])):
+        w = World(sc, check_trace=mutant is None, check_invariants=mutant is None)
+        tr = Tracer.attach(w)
+        try:
+            w.run()
+        except Violation:
+            if mutant is None:
+                raise
+    return tr.ndjson()
+
+
+# The profile TLC can validate whole: E = Qw, no rolls, one entry read at a time.
+PROFILE = dict(roll_entries=0, read_ahead=1)
+
+
+def profile_for(seed: int) -> dict:
+    from sim.scenario import Scenario
+    sc = Scenario.random(seed)
+    return dict(PROFILE, Qw=sc.E)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("trace", nargs="?", help="an NDJSON trace (sim/trace.py)")
+    ap.add_argument("--seed", type=int, help="simulate this seed (in the validated profile) and validate it")
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--mutant", help="a stream/mutations.py mutation for the simulated run")
+    ap.add_argument("--save", help="write the NDJSON trace / the TLA+ module here (prefix)")
+    ap.add_argument("--raw", action="store_true", help="print TLC's output")
+    args = ap.parse_args(argv)
+    tools = check.find_tools()
+    jobs: list[tuple[str, str]] = []
+    if args.trace:
+        jobs.append((args.trace, Path(args.trace).read_text()))
+    elif args.seed is not None:
+        for s in range(args.seed, args.seed + args.runs):
+            jobs.append((f"seed {s}", simulate(s, args.mutant, **profile_for(s))))
+    else:
+        ap.error("give a trace file or --seed")
+    bad = 0
+    for label, text in jobs:
+        if args.save:
+            Path(f"{args.save}.ndjson").write_text(text)
+            tr = translate(text)
+            Path(f"{args.save}.tla").write_text(tr.module)
+            Path(f"{args.save}.cfg").write_text(tr.cfg)
+        try:
+            v = validate(text, tools)
+        except Unsupported as e:
+            print(f"{label}: unsupported: {e}")
+            continue
+        print(f"{label}: {v.describe()}")
+        if args.raw:
+            print(v.output)
+        bad += not v.accepted
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
