@@ -405,3 +405,14 @@ def record_spans(buf: bytes | memoryview) -> Iterator[tuple[int, int, int]]:
 
 def decode_all(buf: bytes | memoryview, *, check: bool = True) -> list[Entry]:
     return [decode(buf, offset=h.offset, check=check) for h in iter_headers(buf)]
+
+
+def resend_as(record: bytes | memoryview, *, req_flags: int, term: int) -> bytes:
+    """A copy of one record with the request fields (outside the checksum)
+    set as a re-sender sends it: re-replication copies what the entry *is*
+    byte for byte and sends it as a recovery add in the ledger's term."""
+    if req_flags & ~REQ_FLAGS_MASK:
+        raise ValueError("unknown flags")
+    out = bytearray(record)
+    _UNSIGNED.pack_into(out, 8, req_flags, term)
+    return bytes(out)
