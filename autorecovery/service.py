@@ -103,18 +103,14 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, tar
             out.sealed = True
             continue
         job = plan.jobs[0]
-        tgt = target
-        if tgt is None:
+        tgt = target if target is not None and target not in job.ensemble and target not in lost else None
+        if tgt is None:  # no target given, or the given one is in this fragment already
             exclude = set(job.ensemble) | lost | client.quarantined()
             try:
                 (tgt,) = await client.choose_bookies(1, exclude, None)
             except err.NotEnoughBookies as e:
                 out.step, out.note = Step.WAIT, f"no target for fragment {job.first_entry}: {e}"
                 return out
-        elif tgt in job.ensemble or tgt in lost:
-            out.step, out.note = Step.WAIT, f"target {tgt} cannot take fragment {job.first_entry}"
-            skip.add((job.first_entry, job.lost))
-            continue
         log.info("ledger %d: copying fragment %d..%d (%s at position %d) to %s from %s", lid, job.first_entry,
                  job.last_entry, job.lost, job.index, tgt, list(job.sources))
         try:

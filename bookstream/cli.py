@@ -179,6 +179,10 @@ def cmd_bookie(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    rest = list(sys.argv[1:] if argv is None else argv)
+    if rest[:1] and rest[0] in ("recover", "decommission", "autorecovery", "underreplicated", "whoisauditor"):
+        from bookstream import recovery_cli  # the recovery commands: a click group (issue 15)
+        return recovery_cli.main(rest)
     parser = argparse.ArgumentParser(prog="bookstream", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)

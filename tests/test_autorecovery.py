@@ -7,7 +7,6 @@ import contextlib
 import time
 import uuid
 
-import pytest
 
 from autorecovery.auditor_core import AuditorConfig
 from autorecovery.keys import AutorecoveryKeys, StoreLeases
