@@ -90,20 +90,24 @@ class Task:
     created_ms: int
     unrecoverable: tuple[dict, ...] = ()
     revision: int = 0
+    # registered bookies the periodic check found lacking entries (a subset
+    # of ``lost``): not made moot by their registration
+    damaged: frozenset[str] = frozenset()
 
     def to_bytes(self) -> bytes:
         return json.dumps({"lost": sorted(self.lost), "created_ms": self.created_ms,
-                           "unrecoverable": list(self.unrecoverable)}, sort_keys=True).encode()
+                           "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)},
+                          sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, ledger_id: int, data: bytes, revision: int) -> "Task":
         d = json.loads(data)
         return cls(ledger_id, frozenset(d.get("lost", ())), int(d.get("created_ms", 0)),
-                   tuple(d.get("unrecoverable", ())), revision)
+                   tuple(d.get("unrecoverable", ())), revision, frozenset(d.get("damaged", ())))
 
     def as_json(self) -> dict:
         return {"ledger_id": self.ledger_id, "lost": sorted(self.lost), "created_ms": self.created_ms,
-                "unrecoverable": list(self.unrecoverable)}
+                "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)}
 
 
 class AutorecoveryKeys:
@@ -122,21 +126,23 @@ class AutorecoveryKeys:
 
     # -- tasks --------------------------------------------------------------------------
 
-    def publish(self, ledger_id: int, lost: frozenset[str] | set[str]) -> Task:
-        """Create the ledger's task, or add ``lost`` to it (CAS)."""
+    def publish(self, ledger_id: int, lost: frozenset[str] | set[str], damaged: bool = False) -> Task:
+        """Create the ledger's task, or add ``lost`` to it (CAS).  ``damaged``:
+        the bookies were found lacking entries by the check (registered)."""
         key = self.layout.underreplicated_key(ledger_id)
         for _ in range(_CAS_ROUNDS):
             cur = self.get_task(ledger_id)
+            dmg = frozenset(lost) if damaged else frozenset()
             if cur is None:
-                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000))
+                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000), damaged=dmg)
                 try:
                     rev = self.store.create(key, task.to_bytes())
                     return dataclasses.replace(task, revision=rev)
                 except KeyExists:
                     continue
-            if set(lost) <= cur.lost:
+            if set(lost) <= cur.lost and dmg <= cur.damaged:
                 return cur
-            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost))
+            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost), damaged=cur.damaged | dmg)
             try:
                 return dataclasses.replace(task, revision=self.store.cas(key, task.to_bytes(), cur.revision))
             except BadVersion:
@@ -173,7 +179,7 @@ class AutorecoveryKeys:
         nothing else goes.  Returns how many tasks changed."""
         changed = 0
         for task in list(self.tasks()):
-            if bookie_id not in task.lost:
+            if bookie_id not in task.lost or bookie_id in task.damaged:
                 continue
             for _ in range(_CAS_ROUNDS):
                 rest = task.lost - {bookie_id}

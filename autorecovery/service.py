@@ -26,14 +26,15 @@ import socket
 import time
 from typing import Callable, Iterable
 
+from bookie.core import Status
 from metadata.ledgers import LedgerMode
 from stream import errors as err
 from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
 
-from autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
+from autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from autorecovery.copier import CopyFailed, copy_fragment
 from autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
-from autorecovery.worker_core import Step, judge_task, plan_ledger
+from autorecovery.worker_core import Step, expected_last_entries, judge_check, judge_task, plan_ledger
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,8 @@ async def _read_meta(client, lid: int):
     return await read()
 
 
-async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, target: str | None = None,
+async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, damaged: Iterable[str] = (),
+                                   target: str | None = None,
                                    dry_run: bool = False, grace: float = 0.0, first_seen: float | None = None,
                                    seal: bool = True, now: Callable[[], float] = time.monotonic,
                                    progress: Callable[[str, int, int], None] | None = None,
@@ -73,7 +75,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, tar
     ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
     ``keep_going()`` is asked before each step (a worker whose lock is gone
     stops)."""
-    lost = frozenset(lost)
+    damaged = frozenset(damaged)
+    lost = frozenset(lost) | damaged
     first_seen = now() if first_seen is None else first_seen
     out = LedgerOutcome(lid, Step.DONE)
     skip: set[tuple[int, str]] = set()  # fragments whose replacement waits (this call)
@@ -82,7 +85,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, tar
         if meta is None:
             out.step, out.note = Step.DONE, "ledger deleted"
             return out
-        plan = plan_ledger(meta, lost)
+        plan = plan_ledger(meta, lost - damaged, damaged)
         out.unrecoverable = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
                              for u in plan.unrecoverable]
         out.open_fragment = plan.open_fragment
@@ -238,11 +241,12 @@ class ReplicationWorker:
         if task is None:
             return
         regs = await asyncio.to_thread(self.client.registry.list_bookies, False)
-        back = {r.bookie_id for r in regs} & task.lost
+        back = ({r.bookie_id for r in regs} & task.lost) - task.damaged
         lost = task.lost - back  # a bookie back after its tasks were published: moot for it
         lid = task.ledger_id
         first = self.first_seen.setdefault(lid, time.monotonic())
-        out = await recover_ledger_fragments(self.client, lid, lost, grace=self.cfg.grace, first_seen=first,
+        out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
+                                             grace=self.cfg.grace, first_seen=first,
                                              keep_going=lambda: not lease.lost)
         self.outcomes.append(out)
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
@@ -278,6 +282,47 @@ async def scan_pages(client, page: int = 100):
             if meta is not None:
                 named[lid] = {b for f in meta.fragments for b in f.ensemble}
         yield named
+
+
+async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0) -> int:
+    """The periodic check: every registered bookie named by a sealed
+    fragment is asked, with one ``ReadLac`` per ledger (the existing RPC;
+    without a term or the fence it changes nothing), the highest entry it
+    holds; one below what its fragments need, or a ledger it does not know,
+    publishes a task naming it as damaged.  Cheap (one small RPC per ledger
+    and bookie, no entry read): it finds a wiped disk, a lost ledger or a
+    missing tail (a classic fragment's failed bookie), not one entry missing
+    in the middle of a range.  Returns the ledgers found damaged."""
+    registered = {r.bookie_id for r in await asyncio.to_thread(client.registry.list_bookies, False)}
+    found = 0
+    async for named in scan_pages(client, page):
+        for lid in named:
+            meta, _ = await _read_meta(client, lid)
+            if meta is None:
+                continue
+            expected = {b: e for b, e in expected_last_entries(meta).items() if b in registered}
+            answers: dict[str, int | None] = {}
+
+            async def ask(b: str) -> None:
+                bc = await client.bookie(b)
+                if bc is None:
+                    return
+                try:
+                    r = await bc.read_lac(lid, timeout=timeout)
+                except Exception:
+                    return  # unknown is not missing
+                if r.status == Status.NO_SUCH_LEDGER:
+                    answers[b] = None
+                elif r.status == Status.OK:
+                    answers[b] = r.last_entry
+            await asyncio.gather(*(ask(b) for b in expected))
+            bad = judge_check(expected, answers)
+            if bad:
+                found += 1
+                await asyncio.to_thread(keys.publish, lid, bad, True)
+                log.warning("check: ledger %d: %s lack entries (need %s, hold %s)", lid, sorted(bad),
+                            {b: expected[b] for b in bad}, {b: answers[b] for b in bad})
+    return found
 
 
 class Auditor:
@@ -343,6 +388,10 @@ class Auditor:
             for fx in effects:
                 if isinstance(fx, Scan):
                     pending = fx
+                elif isinstance(fx, Check):
+                    if await asyncio.to_thread(self.keys.enabled):
+                        found = await run_check(self.client, self.keys, self.page)
+                        log.info("auditor: periodic check: %d ledger(s) with damaged replicas", found)
                 elif isinstance(fx, MootTasks):
                     n = await asyncio.to_thread(self.keys.moot, fx.bookie)
                     log.info("auditor: %s is back: %d task(s) moot for it", fx.bookie, n)

@@ -86,10 +86,14 @@ class LedgerPlan:
         return not self.jobs and not self.unrecoverable and self.open_fragment is None
 
 
-def plan_ledger(meta: LedgerMetadata, lost: Iterable[str]) -> LedgerPlan:
-    """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded)."""
+def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = ()) -> LedgerPlan:
+    """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
+    ``damaged``: registered bookies the periodic check found lacking
+    entries; their sealed fragments are copied like a lost bookie's, but an
+    open fragment naming one stays its writer's (the bookie is alive)."""
     assert meta.fragments_complete, "plan on all fragments"
-    lost = frozenset(lost)
+    damaged = frozenset(damaged)
+    lost = frozenset(lost) | damaged
     E, Qw = meta.ensemble_size, meta.write_quorum
     jobs: list[FragmentJob] = []
     bad: list[Unrecoverable] = []
@@ -100,7 +104,8 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str]) -> LedgerPlan:
             continue
         end = fragment_end(meta, frag.first_entry)
         if end is None:
-            open_first = frag.first_entry
+            if any(frag.ensemble[i] not in damaged for i in gone):
+                open_first = frag.first_entry
             continue
         count = end - frag.first_entry + 1
         # the write sets the fragment's entries use (at most E distinct ones)
@@ -142,6 +147,35 @@ def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float) ->
     return Step.DONE
 
 
+def expected_last_entries(meta: LedgerMetadata) -> dict[str, int]:
+    """For the periodic check: per bookie, the highest entry id it must
+    hold in the ledger's *sealed* fragments (the top of each fragment's range
+    among the ids whose write set includes its position).  Trimmed ledgers
+    and empty fragments need nothing."""
+    assert meta.fragments_complete
+    out: dict[str, int] = {}
+    E, Qw = meta.ensemble_size, meta.write_quorum
+    for frag in meta.fragments:
+        end = fragment_end(meta, frag.first_entry)
+        if end is None or end < max(frag.first_entry, meta.trimmed_before):
+            continue
+        for i, b in enumerate(frag.ensemble):
+            top = next((e for e in range(end, max(frag.first_entry, end - E + 1) - 1, -1)
+                        if i in write_set(e, E, Qw)), None)
+            if top is not None:
+                out[b] = max(out.get(b, -1), top)
+    return out
+
+
+def judge_check(expected: dict[str, int], answers: dict[str, int | None]) -> frozenset[str]:
+    """The bookies the check finds lacking entries.  ``answers``: bookie ->
+    the highest entry id it says it holds of the ledger (None: it does not
+    know the ledger); a bookie that did not answer is absent from
+    ``answers`` and judged by nothing (unknown is not missing)."""
+    return frozenset(b for b, need in expected.items()
+                     if b in answers and (answers[b] is None or answers[b] < need))
+
+
 def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterable[str] = ()) -> str | None:
     """A target for ``job`` among ``candidates`` (writable bookies, in the
     placement policy's order): never a member of the fragment, never
@@ -150,4 +184,5 @@ def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterabl
     return next((b for b in candidates if b not in skip), None)
 
 
-__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "Step", "judge_task", "choose_target"]
+__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "Step", "judge_task", "choose_target",
+           "expected_last_entries", "judge_check"]

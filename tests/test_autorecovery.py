@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 
@@ -27,13 +28,13 @@ def sname() -> str:
 
 
 @contextlib.asynccontextmanager
-async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1):
+async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None):
     """An auditor and ``workers`` replication workers, each with its own
     client, until the block ends."""
     stop = asyncio.Event()
     clients = [BookKeeperClient(env.endpoint, env.cluster, add_timeout=5.0) for _ in range(workers + 1)]
     keys = AutorecoveryKeys(clients[0].store, env.cluster)
-    auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), AuditorConfig(delay), poll=0.3)
+    auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), AuditorConfig(delay, check), poll=0.3)
     ws = [ReplicationWorker(c, AutorecoveryKeys(c.store, env.cluster), StoreLeases(c.store, ttl=3),
                             WorkerConfig(grace=grace, poll=0.3, retry=0.5), worker_id=f"w{i}")
           for i, c in enumerate(clients[1:])]
@@ -192,6 +193,34 @@ def test_a_lost_bookie_that_held_the_only_copy_is_reported_not_recovered(own):
             assert not any(o.replaced for o in ws[0].outcomes)
         m, _ = await bk.meta_call(bk.ledgers.read, lh.ledger_id)
         assert m.fragments[0].ensemble == (victim,)  # still names it: nothing made up
+        await bk.close()
+
+    run(go())
+
+
+def test_periodic_check_finds_a_wiped_bookie(own):
+    """A bookie whose disk was wiped comes back under the same id: its
+    registration never went away for long, so only the periodic check
+    (ReadLac's last entry per ledger) finds that it lacks its entries."""
+    procs = own.start(4)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(30):
+            await lh.add_entry(b"w%d" % i)
+        await lh.close()
+        victim = next(p for p in procs if p.bookie_id in lh.metadata.fragments[0].ensemble)
+        victim.kill()
+        for f in victim.data_dir.iterdir():
+            if f.name != "bookie.id":  # the same id, nothing else
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        victim.restart()
+        async with autorecovery(own, delay=60.0, grace=1.0, check=1.0) as (auditor, ws, keys):
+            async def clean():
+                return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
+            await until(clean, what="the wiped bookie replaced")
+        assert await check_every_replica(bk, lh.ledger_id, 29, {p.bookie_id for p in procs}) == 90
         await bk.close()
 
     run(go())

@@ -133,3 +133,21 @@ def test_done_and_target_choice():
     (job,) = plan_ledger(m, {"a"}).jobs
     assert choose_target(job, ["b", "a", "q", "r"], excluded={"q"}) == "r"
     assert choose_target(job, ["b", "c"]) is None
+
+
+def test_periodic_check_expectations_and_verdict():
+    from autorecovery.worker_core import expected_last_entries, judge_check
+    m = meta([(0, "abc"), (10, "dbc")], state=LedgerState.OPEN, last=-1)
+    assert expected_last_entries(m) == {"a": 9, "b": 9, "c": 9}   # the open fragment: nothing yet
+    c = meta([(0, "abcd")], e=4, qw=2, last=9)
+    exp = expected_last_entries(c)
+    # entry 9 is on positions (1, 2); a (0) last holds 8, d (3) holds 7
+    assert exp == {"a": 8, "b": 9, "c": 9, "d": 7}
+    assert judge_check(exp, {"a": 8, "b": None, "c": 5}) == {"b", "c"}   # d did not answer: not judged
+
+
+def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():
+    m = meta([(0, "abc"), (10, "abd")], state=LedgerState.OPEN, last=-1)
+    p = plan_ledger(m, (), damaged={"a"})
+    assert [j.first_entry for j in p.jobs] == [0] and p.open_fragment is None
+    assert plan_ledger(m, {"a"}).open_fragment == 10

@@ -2,7 +2,6 @@
 (``bookstream ...`` subprocesses), against real etcd and bookie processes."""
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
