@@ -326,6 +326,24 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
         await ac.close()
 
 
+@autorecovery.command()
+@click.option("--mb", type=int, default=1024, show_default=True, help="MB of the lost bookie's data")
+@click.option("--entry-size", type=int, default=64 << 10, show_default=True)
+@click.option("--dir", "directory", help="where the cluster's data goes (the disk measured)")
+@click.option("--out", help="write the result as JSON here")
+@click.option("--keep-data", is_flag=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
+def bench(mb, entry_size, directory, out, keep_data, fmt):
+    """Re-replication rate of a lost bookie's data beside the disk's
+    sequential read + write ceiling, measured in the same run (starts its
+    own etcd and bookies)."""
+    from autorecovery import bench as b
+    r = b.run_bench(mb, entry_size, directory, keep_data)
+    if out:
+        b.write_json(r, out)
+    _emit(fmt, r, b.report(r))
+
+
 @commands.group()
 def underreplicated() -> None:
     """Under-replicated ledgers."""
