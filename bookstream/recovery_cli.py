@@ -298,26 +298,32 @@ def disable(etcd, cluster, fmt):
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="an open fragment's writer has this long to change its ensemble (s)")
 @click.option("--no-auditor", is_flag=True, help="run only a replication worker")
+@click.option("--no-worker", is_flag=True, help="run only an auditor candidate")
+@click.option("--check-interval", type=float, default=None, help="the periodic check's period (s; default off)")
 @click.option("--log-level", default="info")
 @_common
-def run(delay, grace, no_auditor, log_level, etcd, cluster, fmt):
+def run(delay, grace, no_auditor, no_worker, check_interval, log_level, etcd, cluster, fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
     logging.basicConfig(level=getattr(logging, log_level.upper()),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor))
+    asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
+                           check_interval=check_interval))
 
 
-async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, auditor: bool = True) -> None:
+async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, auditor: bool = True,
+                     worker: bool = True, check_interval: float | None = None) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     wc, ac = _client(etcd, cluster), _client(etcd, cluster)
-    runs = [ReplicationWorker(wc, AutorecoveryKeys(wc.store, cluster), StoreLeases(wc.store),
-                              WorkerConfig(grace=grace)).run(stop)]
+    runs = []
+    if worker:
+        runs.append(ReplicationWorker(wc, AutorecoveryKeys(wc.store, cluster), StoreLeases(wc.store),
+                                      WorkerConfig(grace=grace)).run(stop))
     if auditor:
         runs.append(Auditor(ac, AutorecoveryKeys(ac.store, cluster), StoreLeases(ac.store),
-                            AuditorConfig(delay)).run(stop))
+                            AuditorConfig(delay, check_interval)).run(stop))
     print("AUTORECOVERY_READY", flush=True)
     try:
         await asyncio.gather(*runs)

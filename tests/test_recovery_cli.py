@@ -197,3 +197,58 @@ def test_rereplication_bench_smoke(tmp_path):
     assert r["rereplication"]["fragments_replaced"] >= 1 and not r["left"] and not r["unrecoverable"]
     assert r["ceiling"]["mb_per_s"] > 0 and r["ratio"] > 0
     assert "ratio" in p.stdout
+
+
+def test_the_auditor_killed_mid_scan_another_takes_over(own, tmp_path):
+    """An auditor process is kill -9'd as soon as its scan published a
+    task; a second candidate is elected once the first one's lease expires,
+    scans again, and no task is lost: every ledger ends clean."""
+    procs = own.start(4)
+
+    async def make():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        ids = []
+        for k in range(40):
+            lh = await bk.create_ledger(3, 3, 2)
+            await lh.add_entry(b"a%d" % k)
+            await lh.close()
+            ids.append((lh.ledger_id, lh.metadata.fragments[0].ensemble))
+        await bk.close()
+        return ids
+
+    ledgers = run(make())
+    victim = procs[0]
+    named = [lid for lid, ens in ledgers if victim.bookie_id in ens]
+    assert named
+    a = subprocess.Popen(CLI + ["autorecovery", "run", "--no-worker", "--delay", "0.2",
+                                "--etcd", own.endpoint, "--cluster", own.cluster],
+                         stdout=subprocess.PIPE, stderr=open(tmp_path / "auditor.log", "w"), text=True)
+    try:
+        assert a.stdout.readline().strip() == "AUTORECOVERY_READY"
+
+        async def go():
+            bk = BookKeeperClient(own.endpoint, own.cluster)
+            from autorecovery.keys import AutorecoveryKeys
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+            await until(lambda: _aw(keys.auditor() is not None), what="the first auditor elected")
+            victim.kill()
+            await until(lambda: _aw(list(keys.tasks())), timeout=60, what="the first task")
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+            published = len(list(keys.tasks()))
+            async with autorecovery(own, delay=0.2, grace=0.2) as (auditor, ws, _k):
+                await until(lambda: _aw(auditor.elected.is_set()), what="the second auditor elected")
+                await until(lambda: _aw(auditor.core is not None and auditor.core.scanning is None
+                                        and not auditor.core.to_scan), what="its scans done")
+
+                async def clean():
+                    return not list(keys.tasks()) and not await names_bookie(bk, victim.bookie_id)
+                await until(clean, what="every ledger recovered after the failover")
+            done = {o.ledger_id for o in ws[0].outcomes if o.replaced}
+            assert done == set(named), (published, len(named))
+            await bk.close()
+        run(go())
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
