@@ -94,7 +94,11 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
             sender.check()
         todo = missing
     await sender.drain()
-    stats.absent = sum(1 for lo, hi in todo for e in range(lo, hi + 1) if job.holds(e))
+    left = sum(1 for lo, hi in todo for e in range(lo, hi + 1) if job.holds(e))
+    if left and stats.source_errors:
+        # a replica that failed to answer may hold them: unknown is not absent
+        raise CopyFailed(f"{left} entries not read: {stats.source_errors} source error(s)")
+    stats.absent = left  # every surviving replica answered, and none holds them
     return stats
 
 

@@ -69,6 +69,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    seal: bool = True, now: Callable[[], float] = time.monotonic,
                                    progress: Callable[[str, int, int], None] | None = None,
                                    keep_going: Callable[[], bool] = lambda: True,
+                                   known_unrecoverable: Iterable[int] = (),
                                    max_rounds: int = 1000) -> LedgerOutcome:
     """Brings ledger ``lid`` back to full replication without the ``lost``
     bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
@@ -79,33 +80,40 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     lost = frozenset(lost) | damaged
     first_seen = now() if first_seen is None else first_seen
     out = LedgerOutcome(lid, Step.DONE)
-    skip: set[tuple[int, str]] = set()  # fragments whose replacement waits (this call)
+    waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
+    absent: dict[int, dict] = {}             # fragments the copy found entries of on no replica
+    known = set(known_unrecoverable)         # fragments already reported (the task): not copied again
     for _ in range(max_rounds):
         meta, _rev = await _read_meta(client, lid)
         if meta is None:
             out.step, out.note = Step.DONE, "ledger deleted"
             return out
         plan = plan_ledger(meta, lost - damaged, damaged)
-        out.unrecoverable = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
-                             for u in plan.unrecoverable]
-        out.open_fragment = plan.open_fragment
-        jobs = [j for j in plan.jobs if (j.first_entry, j.lost) not in skip]
-        plan = dataclasses.replace(plan, jobs=tuple(jobs))
-        step = judge_task(plan, now(), first_seen, grace)
+        unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
+                 for u in plan.unrecoverable]
+        skipped = [j for j in plan.jobs if j.first_entry in known or j.first_entry in absent]
+        unrec += [absent[j.first_entry] for j in skipped if j.first_entry in absent]
+        unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
+                  for j in skipped if j.first_entry not in absent]
+        out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
+        jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting]
+        step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace)
         if step is Step.SEAL and not seal:
             step = Step.WAIT
+        if step in (Step.DONE, Step.REPORT) and waiting:
+            step = Step.WAIT
+        elif step is Step.DONE and unrec:
+            step = Step.REPORT
         out.step = step
         if dry_run or step in (Step.DONE, Step.WAIT, Step.REPORT) or not keep_going():
             if dry_run:
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
-            if skip and step is Step.DONE:
-                out.step = Step.WAIT
             return out
         if step is Step.SEAL:
             await _seal(client, lid, meta.mode)
             out.sealed = True
             continue
-        job = plan.jobs[0]
+        job = jobs[0]
         tgt = target if target is not None and target not in job.ensemble and target not in lost else None
         if tgt is None:  # no target given, or the given one is in this fragment already
             exclude = set(job.ensemble) | lost | client.quarantined()
@@ -128,9 +136,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if stats.absent:
             # entries of the lost position that no surviving replica holds:
             # never "recovered" with a fragment naming a bookie without them
-            out.unrecoverable.append({"first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
-                                      "why": f"{stats.absent} entries held by no surviving replica"})
-            skip.add((job.first_entry, job.lost))
+            absent[job.first_entry] = {"first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
+                                       "why": f"{stats.absent} entries held by no surviving replica"}
             continue
         if not keep_going():
             out.step, out.note = Step.WAIT, "lock lost before the replacement"
@@ -145,7 +152,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         elif isinstance(res.verdict, Moot):
             log.info("ledger %d: replacement moot: %s", lid, res.verdict.why)
         else:
-            skip.add((job.first_entry, job.lost))
+            waiting.add((job.first_entry, job.lost))
     out.step, out.note = Step.WAIT, "too many rounds"
     return out
 
@@ -245,8 +252,9 @@ class ReplicationWorker:
         lost = task.lost - back  # a bookie back after its tasks were published: moot for it
         lid = task.ledger_id
         first = self.first_seen.setdefault(lid, time.monotonic())
+        known = {u.get("first") for u in task.unrecoverable}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
-                                             grace=self.cfg.grace, first_seen=first,
+                                             grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              keep_going=lambda: not lease.lost)
         self.outcomes.append(out)
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
@@ -255,12 +263,14 @@ class ReplicationWorker:
             if await asyncio.to_thread(self.keys.delete_task, task):
                 self.first_seen.pop(lid, None)
                 return
-        if out.step is Step.REPORT or out.unrecoverable:
-            marked = dataclasses.replace(task, unrecoverable=tuple(out.unrecoverable))
-            if tuple(task.unrecoverable) != marked.unrecoverable:
-                await asyncio.to_thread(self.keys.update_task, marked)
-        if back and out.step in (Step.DONE, Step.REPORT):
-            await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, lost=lost))
+        changes: dict = {}
+        new = [u for u in out.unrecoverable if u["first"] not in known]
+        if new:  # reported: visible in the task, counted by `autorecovery status`
+            changes["unrecoverable"] = tuple(task.unrecoverable) + tuple(new)
+        if back and out.step is Step.REPORT:
+            changes["lost"] = lost
+        if changes:  # one CAS; lost to a concurrent change, it is redone next round
+            await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, **changes))
         self.not_before[lid] = time.monotonic() + (self.cfg.retry if out.step is not Step.WAIT or
                                                    out.open_fragment is None else 0.5)
 
