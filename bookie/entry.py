@@ -448,12 +448,23 @@ def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int, start: in
         end = off + HEADER_SIZE + f[0]
         if end > n:
             raise MalformedEntry("truncated entry payload")
-        lid, eid, lac, lafr, dflags = f[4:9]  # (after length, checksum, req_flags, term)
+        lid, eid, lac, lafr, dflags, origin = f[4:10]  # (after length, checksum, req_flags, term)
         if checksum(mv[off + CHECKSUM_START:end]) != f[1]:
             raise ChecksumMismatch(lid, eid)
         if lid != ledger_id or eid <= after:
             raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:>{after}")
-        append(new(Entry, (lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags)))
+        append(new(Entry, (lid, eid, buf[off + HEADER_SIZE:end], lac, lafr, dflags, origin)))
         after = eid
         off = end
     return out
+
+
+def resend_as(record: bytes | memoryview, *, req_flags: int, term: int) -> bytes:
+    """A copy of one record with the request fields (outside the checksum)
+    set as a re-sender sends it: re-replication copies what the entry *is*
+    byte for byte and sends it as a recovery add in the ledger's term."""
+    if req_flags & ~REQ_FLAGS_MASK:
+        raise ValueError("unknown flags")
+    out = bytearray(record)
+    _UNSIGNED.pack_into(out, 8, req_flags, term)
+    return bytes(out)

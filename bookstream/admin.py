@@ -48,6 +48,7 @@ GROUP_MODULES = [
     "bookstream.admin_bookies",
     "bookstream.admin_streams",
     "bookstream.admin_ledgers",
+    "bookstream.recovery_cli",
 ]
 
 

@@ -18,9 +18,12 @@ key                                        value               notes
 ``idgen/last``                             (empty)             ledger id allocation (see below)
 ``streams/<name>``                         StreamRecord
 ``logs/<name>``                            LogRecord
-``autorecovery/underreplicated/<lid>``     (reserved)          for autorecovery, later
-``autorecovery/locks/<lid>``               (reserved)          for autorecovery, later
-``autorecovery/auditor``                   (reserved)          for autorecovery, later
+``autorecovery/underreplicated/<lid>``     JSON task           one per ledger: the lost bookies it names,
+                                                               what was found unrecoverable
+``autorecovery/locks/<lid>``               worker id           under the worker's lease (a task lock)
+``autorecovery/auditor``                   JSON (id, address)  under the auditor's lease (the election)
+``autorecovery/enabled``                   ``true``/``false``  absent: enabled (cluster-wide switch)
+``autorecovery/decommissioned/<bookie>``   JSON                a decommissioned bookie id (refused)
 =========================================  ==================  ======================================
 
 Fragments are separate keys so that one ledger's metadata never becomes one
@@ -196,7 +199,7 @@ class KeyLayout:
     def parse_log_key(self, key: str) -> str:
         return self._parse_name(key, self.logs_prefix(), "log name")
 
-    # -- autorecovery (reserved) ----------------------------------------------
+    # -- autorecovery ----------------------------------------------
 
     def autorecovery_prefix(self) -> str:
         return self.root + "autorecovery/"
@@ -215,6 +218,21 @@ class KeyLayout:
 
     def parse_underreplicated_key(self, key: str) -> int:
         return parse_id(self._strip(key, self.underreplicated_prefix()), "ledger id")
+
+    def recovery_locks_prefix(self) -> str:
+        return self.autorecovery_prefix() + "locks/"
+
+    def parse_recovery_lock_key(self, key: str) -> int:
+        return parse_id(self._strip(key, self.recovery_locks_prefix()), "ledger id")
+
+    def autorecovery_enabled_key(self) -> str:
+        return self.autorecovery_prefix() + "enabled"
+
+    def decommissioned_prefix(self) -> str:
+        return self.autorecovery_prefix() + "decommissioned/"
+
+    def decommissioned_key(self, bookie_id: str) -> str:
+        return self.decommissioned_prefix() + validate_name(bookie_id, "bookie id")
 
     # -- helpers --------------------------------------------------------------
 

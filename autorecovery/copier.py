@@ -1,0 +1,222 @@
+"""The copy of one sealed fragment's entries to a target bookie (an adapter:
+what to copy is :class:`autorecovery.worker_core.FragmentJob`).
+
+Batched: sparse range reads from a surviving replica (every record's CRC
+checked as it arrives: a bad record is never forwarded, it is read from
+another replica), framed adds of up to ``FRAME_BYTES`` to the target with a
+few frames in flight.  Ids a replica does not hold are asked of the next
+one; ids no surviving replica holds are counted as ``absent`` (the worker
+then reports the fragment, never replaces it).
+
+What each record *is* (the bytes the checksum covers: ids, LAC, LAFR, data
+flags, payload) is copied byte for byte; the request fields (outside the
+checksum) are set as a re-sender sends them: the recovery-add flag (a
+fenced classic ledger or a read-only target still takes it) and the
+ledger's term.  One exception: a truncate no-op is re-signed as a plain
+no-op.  Applied on the target, the truncate flag would delete every higher
+entry of the ledger there, including entries of later fragments the target
+legitimately holds; its purpose (dropping an older term's leftovers above
+it) is served instead by deleting the fragment's range on the target
+before the copy.
+
+Term-based ledgers: a bookie joining a *sealed* fragment is not sent the
+bookie's Prepare, which deletes every entry from the fragment's first
+entry on (later fragments' included); the range delete plus copies carrying
+the ledger's term do the same for the fragment alone (the target's term is
+raised by the first copy).  An open fragment is never copied here: the
+take-over's recovery seals it first, preparing its replacements.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Callable
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from stream.bookie_client import BookieUnavailable
+
+from autorecovery.worker_core import FragmentJob
+
+FRAME_BYTES = 1 << 20
+READ_FRAME_BYTES = 1 << 20
+MAX_INFLIGHT = 4
+
+
+class CopyFailed(Exception):
+    """The copy could not complete (target refused or unreachable, a source
+    failing); nothing was published.  Retriable: the task is retried."""
+
+    retriable = True
+
+
+@dataclasses.dataclass
+class CopyStats:
+    entries: int = 0
+    bytes: int = 0
+    absent: int = 0          # ids of the lost position no surviving replica holds
+    bad_records: int = 0     # records failing their checksum on a source (read elsewhere)
+    source_errors: int = 0
+
+
+async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
+                        progress: Callable[[int, int], None] | None = None) -> CopyStats:
+    """Copies the entries the lost position of ``job`` held onto ``target``
+    and waits until the target acknowledged them (durable: the bookie acks
+    after fdatasync).  ``progress(entries, bytes)`` after each acked frame.
+    Raises :class:`CopyFailed`."""
+    stats = CopyStats()
+    if job.last_entry < job.first_entry:
+        return stats
+    tc = await client.bookie(target)
+    if tc is None:
+        raise CopyFailed(f"target {target} is not registered")
+    try:
+        r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout)
+    except BookieUnavailable as e:
+        raise CopyFailed(f"target {target}: {e}") from e
+    if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
+        raise CopyFailed(f"target {target}: clearing the fragment's range: status {r.status}")
+
+    sender = _Sender(tc, target, timeout, stats, progress)
+    # (lo, hi) ranges still to read; a run of ids the current source lacked
+    todo: list[tuple[int, int]] = [(job.first_entry, job.last_entry)]
+    for src in job.sources:
+        if not todo:
+            break
+        sc = await client.bookie(src)
+        if sc is None:
+            stats.source_errors += 1
+            continue
+        missing: list[tuple[int, int]] = []
+        for lo, hi in todo:
+            missing += await _read_range(sc, job, lo, hi, sender, stats)
+            sender.check()
+        todo = missing
+    await sender.drain()
+    left = sum(1 for lo, hi in todo for e in range(lo, hi + 1) if job.holds(e))
+    if left and stats.source_errors:
+        # a replica that failed to answer may hold them: unknown is not absent
+        raise CopyFailed(f"{left} entries not read: {stats.source_errors} source error(s)")
+    stats.absent = left  # every surviving replica answered, and none holds them
+    return stats
+
+
+async def _read_range(sc, job: FragmentJob, lo: int, hi: int, sender: "_Sender",
+                      stats: CopyStats) -> list[tuple[int, int]]:
+    """Reads [lo, hi] (sparse) from one source, forwarding what the lost
+    position held; returns the sub-ranges this source did not deliver."""
+    missing: list[tuple[int, int]] = []
+    want = lo  # every id below ``want`` is settled (forwarded, or noted missing)
+
+    def gap(upto: int) -> None:
+        nonlocal want
+        if upto >= want:
+            missing.append((want, upto))
+        want = max(want, upto + 1)
+
+    try:
+        async for resp in sc.read_range(job.ledger_id, lo, hi, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
+                                        frame_timeout=sender.timeout):
+            if resp.status == Status.NO_SUCH_LEDGER:
+                break
+            if resp.status != Status.OK:
+                stats.source_errors += 1
+                break
+            buf = resp.entries
+            batch: list[bytes] = []
+            for eid, start, end in entry_codec.record_spans(buf):
+                if eid < want or eid > hi:
+                    continue
+                rec = memoryview(buf)[start:end]
+                try:
+                    h = entry_codec.scan(rec)[0]
+                except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
+                    stats.bad_records += 1
+                    gap(eid)        # this id from another replica
+                    continue
+                gap(eid - 1)
+                want = eid + 1
+                if job.holds(eid):
+                    batch.append(_resend(rec, h, job.term))
+            sender.send(batch)
+            gap(min(resp.through, hi))  # vouched absent here: ask the next replica
+            await sender.room()
+    except (BookieUnavailable, asyncio.TimeoutError):
+        stats.source_errors += 1
+    gap(hi)
+    return missing
+
+
+def _resend(rec: memoryview, h: entry_codec.EntryHeader, term: int) -> bytes:
+    if h.is_truncate:  # see the module docstring
+        return entry_codec.encode(h.ledger_id, h.entry_id, bytes(rec[entry_codec.HEADER_SIZE:]), lac=h.lac,
+                                  lafr=h.lafr, data_flags=entry_codec.FLAG_NOOP,
+                                  req_flags=entry_codec.REQ_RECOVERY, term=term, origin=h.origin)
+    return entry_codec.resend_as(rec, req_flags=entry_codec.REQ_RECOVERY, term=term)
+
+
+class _Sender:
+    """Frames of up to FRAME_BYTES to the target, MAX_INFLIGHT in flight."""
+
+    def __init__(self, tc, target: str, timeout: float, stats: CopyStats, progress) -> None:
+        self.tc, self.target, self.timeout, self.stats, self.progress = tc, target, timeout, stats, progress
+        self.buf: list[bytes] = []
+        self.size = 0
+        self.inflight: list[asyncio.Task] = []
+        self.error: BaseException | None = None
+
+    def send(self, records: list[bytes]) -> None:
+        for r in records:
+            if self.size and self.size + len(r) > FRAME_BYTES:
+                self._flush()
+            self.buf.append(r)
+            self.size += len(r)
+
+    def _flush(self) -> None:
+        if not self.buf:
+            return
+        recs, self.buf, self.size = self.buf, [], 0
+        self.inflight.append(asyncio.ensure_future(self._one(recs)))
+
+    async def _one(self, recs: list[bytes]) -> None:
+        try:
+            ack = await asyncio.wait_for(self.tc.add_records(recs), self.timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            raise CopyFailed(f"target {self.target}: {e!r}") from e
+        if ack.status != Status.OK or ack.errors:
+            raise CopyFailed(f"target {self.target} refused the copy: status {ack.status} "
+                             f"{[(e.index, e.status) for e in ack.errors][:3]} {ack.message}")
+        self.stats.entries += len(recs)
+        self.stats.bytes += sum(map(len, recs))
+        if self.progress is not None:
+            self.progress(len(recs), sum(map(len, recs)))
+
+    def check(self) -> None:
+        for t in self.inflight:
+            if t.done() and t.exception() is not None:
+                raise t.exception()
+
+    async def room(self) -> None:
+        while len(self.inflight) >= MAX_INFLIGHT:
+            done, _ = await asyncio.wait(self.inflight, return_when=asyncio.FIRST_COMPLETED)
+            self.inflight = [t for t in self.inflight if t not in done]
+            for t in done:
+                if t.exception() is not None:
+                    self._cancel()
+                    raise t.exception()
+
+    async def drain(self) -> None:
+        self._flush()
+        try:
+            for t in self.inflight:
+                await t
+        finally:
+            self._cancel()
+
+    def _cancel(self) -> None:
+        for t in self.inflight:
+            t.cancel()
+
+
+__all__ = ["copy_fragment", "CopyStats", "CopyFailed", "FRAME_BYTES"]

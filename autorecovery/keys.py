@@ -1,0 +1,262 @@
+"""Autorecovery's state in etcd (keys in :mod:`metadata.layout`): the
+cluster-wide switch, one under-replicated task per ledger, lease-bound task
+locks, the auditor's election key, decommissioned bookie ids.  Blocking
+calls (the store is synchronous): async code runs them in a thread.
+
+Every read-modify-write is a CAS on the key's mod_revision, retried: two
+auditors (an old one not yet aware it lost its key) publishing to the same
+task merge, a worker deleting a task to which a lost bookie was added
+meanwhile does not delete it.
+
+Leases: :class:`LeaseSource` is the small interface the auditor and the
+workers hold their keys through (a lease id, whether it is lost, close).
+:class:`StoreLeases` implements it with the store's ``Lease`` and
+``KeepAlive``; the ``ops`` engineer's keeper (``metadata/keeper*.py``: keep a
+lease-bound key alive and re-create it after loss) can replace it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Iterator, Protocol
+
+from metadata.errors import BadVersion, KeyExists, TxnConflict
+from metadata.layout import KeyLayout
+from metadata.store import Delete, MetadataStore, Put, absent, mod_revision_is
+
+_CAS_ROUNDS = 20
+
+
+# -- leases -------------------------------------------------------------------------------
+
+class HeldLease(Protocol):
+    @property
+    def id(self) -> int: ...
+
+    @property
+    def lost(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+class LeaseSource(Protocol):
+    def acquire(self) -> HeldLease: ...
+
+
+class _StoreLease:
+    def __init__(self, store: MetadataStore, ttl: int) -> None:
+        self.lease = store.lease(ttl)
+        self.keepalive = self.lease.keep_alive()
+
+    @property
+    def id(self) -> int:
+        return self.lease.id
+
+    @property
+    def lost(self) -> bool:
+        return self.keepalive.lost
+
+    def close(self) -> None:
+        self.keepalive.stop()
+        try:
+            self.lease.revoke()
+        except Exception:  # etcd away: the lease expires by itself
+            pass
+
+
+@dataclasses.dataclass
+class StoreLeases:
+    """A fresh lease per :meth:`acquire`, refreshed by a KeepAlive thread;
+    once lost, the holder acquires a new one (and re-creates its keys)."""
+
+    store: MetadataStore
+    ttl: int = 5
+
+    def acquire(self) -> HeldLease:
+        return _StoreLease(self.store, self.ttl)
+
+
+# -- tasks --------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """An under-replicated ledger.  ``unrecoverable``: fragments found with
+    no surviving replica (``{"first", "last", "lost", "why"}``), kept
+    visible until an operator deletes the ledger or the task."""
+
+    ledger_id: int
+    lost: frozenset[str]
+    created_ms: int
+    unrecoverable: tuple[dict, ...] = ()
+    revision: int = 0
+    # registered bookies the periodic check found lacking entries (a subset
+    # of ``lost``): not made moot by their registration
+    damaged: frozenset[str] = frozenset()
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"lost": sorted(self.lost), "created_ms": self.created_ms,
+                           "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)},
+                          sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, ledger_id: int, data: bytes, revision: int) -> "Task":
+        d = json.loads(data)
+        return cls(ledger_id, frozenset(d.get("lost", ())), int(d.get("created_ms", 0)),
+                   tuple(d.get("unrecoverable", ())), revision, frozenset(d.get("damaged", ())))
+
+    def as_json(self) -> dict:
+        return {"ledger_id": self.ledger_id, "lost": sorted(self.lost), "created_ms": self.created_ms,
+                "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)}
+
+
+class AutorecoveryKeys:
+    def __init__(self, store: MetadataStore, cluster: str) -> None:
+        self.store = store
+        self.layout = KeyLayout(cluster)
+
+    # -- the switch ---------------------------------------------------------------------
+
+    def enabled(self) -> bool:
+        v = self.store.get(self.layout.autorecovery_enabled_key())
+        return v is None or v.value != b"false"
+
+    def set_enabled(self, on: bool) -> None:
+        self.store.put(self.layout.autorecovery_enabled_key(), b"true" if on else b"false")
+
+    # -- tasks --------------------------------------------------------------------------
+
+    def publish(self, ledger_id: int, lost: frozenset[str] | set[str], damaged: bool = False) -> Task:
+        """Create the ledger's task, or add ``lost`` to it (CAS).  ``damaged``:
+        the bookies were found lacking entries by the check (registered)."""
+        key = self.layout.underreplicated_key(ledger_id)
+        for _ in range(_CAS_ROUNDS):
+            cur = self.get_task(ledger_id)
+            dmg = frozenset(lost) if damaged else frozenset()
+            if cur is None:
+                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000), damaged=dmg)
+                try:
+                    rev = self.store.create(key, task.to_bytes())
+                    return dataclasses.replace(task, revision=rev)
+                except KeyExists:
+                    continue
+            if set(lost) <= cur.lost and dmg <= cur.damaged:
+                return cur
+            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost), damaged=cur.damaged | dmg)
+            try:
+                return dataclasses.replace(task, revision=self.store.cas(key, task.to_bytes(), cur.revision))
+            except BadVersion:
+                continue
+        raise TxnConflict({key: None})
+
+    def get_task(self, ledger_id: int) -> Task | None:
+        v = self.store.get(self.layout.underreplicated_key(ledger_id))
+        return None if v is None else Task.from_bytes(ledger_id, v.value, v.mod_revision)
+
+    def tasks(self, page: int | None = None) -> Iterator[Task]:
+        """Every task, ascending by ledger, read page by page."""
+        prefix = self.layout.underreplicated_prefix()
+        for key, v in self.store.iter_range(prefix, page_size=page):
+            yield Task.from_bytes(self.layout.parse_underreplicated_key(key), v.value, v.mod_revision)
+
+    def update_task(self, task: Task) -> Task | None:
+        """CAS ``task`` (its fields) at its revision; None if it changed."""
+        try:
+            rev = self.store.cas(self.layout.underreplicated_key(task.ledger_id), task.to_bytes(), task.revision)
+        except BadVersion:
+            return None
+        return dataclasses.replace(task, revision=rev)
+
+    def delete_task(self, task: Task) -> bool:
+        """Delete the task at its revision (False if it changed meanwhile)."""
+        try:
+            return self.store.delete(self.layout.underreplicated_key(task.ledger_id), task.revision)
+        except BadVersion:
+            return False
+
+    def moot(self, bookie_id: str) -> int:
+        """A lost bookie came back: drop it from every task; a task naming
+        nothing else goes.  Returns how many tasks changed."""
+        changed = 0
+        for task in list(self.tasks()):
+            if bookie_id not in task.lost or bookie_id in task.damaged:
+                continue
+            for _ in range(_CAS_ROUNDS):
+                rest = task.lost - {bookie_id}
+                ok = self.delete_task(task) if not rest and not task.unrecoverable else \
+                    self.update_task(dataclasses.replace(task, lost=rest)) is not None
+                if ok:
+                    changed += 1
+                    break
+                cur = self.get_task(task.ledger_id)
+                if cur is None or bookie_id not in cur.lost:
+                    break
+                task = cur
+        return changed
+
+    # -- locks --------------------------------------------------------------------------
+
+    def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> bool:
+        try:
+            self.store.create(self.layout.recovery_lock_key(ledger_id), owner.encode(), lease=lease_id)
+            return True
+        except KeyExists:
+            return False
+
+    def unlock(self, ledger_id: int, owner: str) -> None:
+        key = self.layout.recovery_lock_key(ledger_id)
+        v = self.store.get(key)
+        if v is not None and v.value == owner.encode():
+            try:
+                self.store.delete(key, v.mod_revision)
+            except BadVersion:
+                pass
+
+    def lock_holder(self, ledger_id: int) -> str | None:
+        v = self.store.get(self.layout.recovery_lock_key(ledger_id))
+        return None if v is None else v.value.decode()
+
+    def still_mine(self, ledger_id: int, owner: str) -> bool:
+        return self.lock_holder(ledger_id) == owner
+
+    # -- the auditor's election --------------------------------------------------------------
+
+    def campaign(self, me: dict, lease_id: int) -> bool:
+        """Become the auditor: create the lease-bound key if nobody holds it."""
+        try:
+            self.store.create(self.layout.auditor_key(), json.dumps(me, sort_keys=True).encode(), lease=lease_id)
+            return True
+        except KeyExists:
+            return False
+
+    def auditor(self) -> dict | None:
+        v = self.store.get(self.layout.auditor_key())
+        return None if v is None else json.loads(v.value)
+
+    def resign(self, me: dict) -> None:
+        key = self.layout.auditor_key()
+        v = self.store.get(key)
+        if v is not None and json.loads(v.value) == me:
+            try:
+                self.store.delete(key, v.mod_revision)
+            except BadVersion:
+                pass
+
+    # -- decommission ---------------------------------------------------------------------
+
+    def mark_decommissioned(self, bookie_id: str, registration_keys: list[str]) -> None:
+        """Record the id as decommissioned and remove its registrations, in
+        one transaction.  A bookie that registers with this id again is to be
+        refused (``metadata/registration.py`` is to check this key: a stated
+        gap until the ``ops`` branch merges)."""
+        key = self.layout.decommissioned_key(bookie_id)
+        ops = [Put(key, json.dumps({"at_ms": int(time.time() * 1000)}).encode())]
+        ops += [Delete(k) for k in registration_keys]
+        self.store.txn([], ops)
+
+    def decommissioned(self) -> list[str]:
+        prefix = self.layout.decommissioned_prefix()
+        return [k[len(prefix):] for k, _ in self.store.iter_range(prefix)]
+
+
+__all__ = ["LeaseSource", "HeldLease", "StoreLeases", "Task", "AutorecoveryKeys", "absent", "mod_revision_is"]

@@ -1,0 +1,436 @@
+"""The auditor and replication-worker processes, and the per-ledger recovery
+they and manual recovery (``bookstream recover``) share.  Adapters: every
+decision comes from the pure cores (``auditor_core``, ``worker_core``,
+``stream.lifecycle``).
+
+- :func:`recover_ledger_fragments` -- one ledger: plan, copy each sealed
+  fragment naming a lost bookie (sealed ones first), replace the bookie by
+  CAS (``ReplaceBookie`` through ``run_cas``), seal an open fragment past
+  the grace period (classic: fence and recover; stream: take-over), report
+  fragments with no surviving replica.
+- :class:`ReplicationWorker` -- takes tasks under lease-bound locks, runs
+  the above, deletes a task once its ledger is clean, marks unrecoverable
+  fragments, releases the lock otherwise.
+- :class:`Auditor` -- elected through a lease-bound key; drives
+  ``AuditorCore`` with registrations and paged metadata scans; publishes
+  one task per ledger; makes tasks moot for a bookie that comes back.
+- :func:`scan_bookie` / :func:`recover_bookie` -- manual recovery.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import socket
+import time
+from typing import Callable, Iterable
+
+from bookie.core import Status
+from metadata.ledgers import LedgerMode
+from stream import errors as err
+from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
+
+from autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
+from autorecovery.copier import CopyFailed, copy_fragment
+from autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
+from autorecovery.worker_core import Step, expected_last_entries, judge_check, judge_task, plan_ledger
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class LedgerOutcome:
+    ledger_id: int
+    step: Step
+    replaced: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)  # (first, lost, target)
+    entries: int = 0
+    bytes: int = 0
+    unrecoverable: list[dict] = dataclasses.field(default_factory=list)
+    open_fragment: int | None = None
+    sealed: bool = False
+    note: str = ""
+
+    def as_json(self) -> dict:
+        return {"ledger_id": self.ledger_id, "step": self.step.value, "entries": self.entries,
+                "bytes": self.bytes, "replaced": [list(r) for r in self.replaced],
+                "unrecoverable": self.unrecoverable, "open_fragment": self.open_fragment,
+                "sealed": self.sealed, "note": self.note}
+
+
+async def _read_meta(client, lid: int):
+    read, _ = ledger_store_io(client, lid)
+    return await read()
+
+
+async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, damaged: Iterable[str] = (),
+                                   target: str | None = None,
+                                   dry_run: bool = False, grace: float = 0.0, first_seen: float | None = None,
+                                   seal: bool = True, now: Callable[[], float] = time.monotonic,
+                                   progress: Callable[[str, int, int], None] | None = None,
+                                   keep_going: Callable[[], bool] = lambda: True,
+                                   known_unrecoverable: Iterable[int] = (),
+                                   max_rounds: int = 1000) -> LedgerOutcome:
+    """Brings ledger ``lid`` back to full replication without the ``lost``
+    bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
+    ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
+    ``keep_going()`` is asked before each step (a worker whose lock is gone
+    stops)."""
+    damaged = frozenset(damaged)
+    lost = frozenset(lost) | damaged
+    first_seen = now() if first_seen is None else first_seen
+    out = LedgerOutcome(lid, Step.DONE)
+    waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
+    absent: dict[int, dict] = {}             # fragments the copy found entries of on no replica
+    known = set(known_unrecoverable)         # fragments already reported (the task): not copied again
+    for _ in range(max_rounds):
+        meta, _rev = await _read_meta(client, lid)
+        if meta is None:
+            out.step, out.note = Step.DONE, "ledger deleted"
+            return out
+        plan = plan_ledger(meta, lost - damaged, damaged)
+        unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
+                 for u in plan.unrecoverable]
+        skipped = [j for j in plan.jobs if j.first_entry in known or j.first_entry in absent]
+        unrec += [absent[j.first_entry] for j in skipped if j.first_entry in absent]
+        unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
+                  for j in skipped if j.first_entry not in absent]
+        out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
+        jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting]
+        step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace)
+        if step is Step.SEAL and not seal:
+            step = Step.WAIT
+        if step in (Step.DONE, Step.REPORT) and waiting:
+            step = Step.WAIT
+        elif step is Step.DONE and unrec:
+            step = Step.REPORT
+        out.step = step
+        if dry_run or step in (Step.DONE, Step.WAIT, Step.REPORT) or not keep_going():
+            if dry_run:
+                out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
+            return out
+        if step is Step.SEAL:
+            await _seal(client, lid, meta.mode)
+            out.sealed = True
+            continue
+        job = jobs[0]
+        tgt = target if target is not None and target not in job.ensemble and target not in lost else None
+        if tgt is None:  # no target given, or the given one is in this fragment already
+            exclude = set(job.ensemble) | lost | client.quarantined()
+            try:
+                (tgt,) = await client.choose_bookies(1, exclude, None)
+            except err.NotEnoughBookies as e:
+                out.step, out.note = Step.WAIT, f"no target for fragment {job.first_entry}: {e}"
+                return out
+        log.info("ledger %d: copying fragment %d..%d (%s at position %d) to %s from %s", lid, job.first_entry,
+                 job.last_entry, job.lost, job.index, tgt, list(job.sources))
+        try:
+            stats = await copy_fragment(client, job, tgt, progress=(
+                None if progress is None else lambda n, b: progress("copy", n, b)))
+        except CopyFailed as e:
+            client.mark_failed(tgt)
+            out.step, out.note = Step.WAIT, str(e)
+            return out
+        out.entries += stats.entries
+        out.bytes += stats.bytes
+        if stats.absent:
+            # entries of the lost position that no surviving replica holds:
+            # never "recovered" with a fragment naming a bookie without them
+            absent[job.first_entry] = {"first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
+                                       "why": f"{stats.absent} entries held by no surviving replica"}
+            continue
+        if not keep_going():
+            out.step, out.note = Step.WAIT, "lock lost before the replacement"
+            return out
+        read, write = ledger_store_io(client, lid)
+        res = await run_cas(ReplaceBookie(lid, job.first_entry, job.lost, tgt, job.ensemble), read, write,
+                            Backoff())
+        if isinstance(res.verdict, (Apply, Done)):
+            out.replaced.append((job.first_entry, job.lost, tgt))
+            if progress is not None:
+                progress("fragment", 0, 0)
+        elif isinstance(res.verdict, Moot):
+            log.info("ledger %d: replacement moot: %s", lid, res.verdict.why)
+        else:
+            waiting.add((job.first_entry, job.lost))
+    out.step, out.note = Step.WAIT, "too many rounds"
+    return out
+
+
+async def _seal(client, lid: int, mode: LedgerMode) -> None:
+    """Seals an open last fragment: classic ledgers are fenced and recovered
+    (closed); a stream is taken over (term + 1, recovery with the truncate
+    no-op; the recovery replaces the lost bookie) and left OPEN with no
+    writer: a writer that opens it later takes it over again."""
+    if mode is LedgerMode.CLASSIC:
+        from stream.ledger import recover_ledger
+        await recover_ledger(client, lid)
+    else:
+        from stream.stream import take_over
+        await take_over(client, lid)
+    log.info("ledger %d: sealed its open fragment (%s)", lid, mode.name)
+
+
+# -- the worker ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class WorkerConfig:
+    grace: float = 30.0        # an open fragment's writer has this long to change its ensemble
+    poll: float = 2.0          # re-list tasks at least this often
+    retry: float = 5.0         # a task released unfinished is not retried by this worker sooner
+
+
+def default_id(kind: str) -> str:
+    return f"{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+class ReplicationWorker:
+    def __init__(self, client, keys: AutorecoveryKeys, leases: LeaseSource, cfg: WorkerConfig = WorkerConfig(),
+                 worker_id: str | None = None) -> None:
+        self.client, self.keys, self.leases, self.cfg = client, keys, leases, cfg
+        self.id = worker_id or default_id("worker")
+        self.first_seen: dict[int, float] = {}
+        self.not_before: dict[int, float] = {}
+        self.outcomes: list[LedgerOutcome] = []
+        self._lease = None
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        cancel = await asyncio.to_thread(
+            self.keys.store.watch_prefix, self.keys.layout.underreplicated_prefix(),
+            lambda _e: loop.call_soon_threadsafe(self._wake.set), on_error=lambda _e: None)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.round()
+                except err.BookKeeperError as e:
+                    log.warning("worker %s: %s", self.id, e)
+                except Exception as e:  # etcd errors below the client's translation
+                    log.warning("worker %s: %r", self.id, e)
+                self._wake.clear()
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait([waiter, stopper], timeout=self.cfg.poll, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+        finally:
+            cancel()
+            if self._lease is not None:
+                await asyncio.to_thread(self._lease.close)
+
+    async def _held_lease(self):
+        if self._lease is None or self._lease.lost:
+            self._lease = await asyncio.to_thread(self.leases.acquire)
+        return self._lease
+
+    async def round(self) -> int:
+        """One pass over the tasks; returns how many were worked on."""
+        if not await asyncio.to_thread(self.keys.enabled):
+            return 0
+        tasks = await asyncio.to_thread(lambda: list(self.keys.tasks()))
+        worked = 0
+        for task in tasks:
+            if self.not_before.get(task.ledger_id, 0) > time.monotonic():
+                continue
+            lease = await self._held_lease()
+            if not await asyncio.to_thread(self.keys.try_lock, task.ledger_id, self.id, lease.id):
+                continue
+            worked += 1
+            try:
+                await self._work(task, lease)
+            finally:
+                await asyncio.to_thread(self.keys.unlock, task.ledger_id, self.id)
+        return worked
+
+    async def _work(self, task: Task, lease) -> None:
+        task = await asyncio.to_thread(self.keys.get_task, task.ledger_id)  # as of holding the lock
+        if task is None:
+            return
+        regs = await asyncio.to_thread(self.client.registry.list_bookies, False)
+        back = ({r.bookie_id for r in regs} & task.lost) - task.damaged
+        lost = task.lost - back  # a bookie back after its tasks were published: moot for it
+        lid = task.ledger_id
+        first = self.first_seen.setdefault(lid, time.monotonic())
+        known = {u.get("first") for u in task.unrecoverable}
+        out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
+                                             grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
+                                             keep_going=lambda: not lease.lost)
+        self.outcomes.append(out)
+        log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
+                 len(out.replaced), out.entries, out.note)
+        if out.step is Step.DONE:
+            if await asyncio.to_thread(self.keys.delete_task, task):
+                self.first_seen.pop(lid, None)
+                return
+        changes: dict = {}
+        new = [u for u in out.unrecoverable if u["first"] not in known]
+        if new:  # reported: visible in the task, counted by `autorecovery status`
+            changes["unrecoverable"] = tuple(task.unrecoverable) + tuple(new)
+        if back and out.step is Step.REPORT:
+            changes["lost"] = lost
+        if changes:  # one CAS; lost to a concurrent change, it is redone next round
+            await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, **changes))
+        self.not_before[lid] = time.monotonic() + (self.cfg.retry if out.step is not Step.WAIT or
+                                                   out.open_fragment is None else 0.5)
+
+
+# -- the auditor --------------------------------------------------------------------------
+
+async def scan_pages(client, page: int = 100):
+    """Yields ``{ledger id: bookies its fragments name}`` a page of ledgers
+    at a time (ids listed lazily, each ledger read with its fragments)."""
+    ids = await asyncio.to_thread(lambda: client.ledgers.list_ledgers(page))
+    it = iter(ids)
+    while True:
+        chunk = await asyncio.to_thread(lambda: [lid for _, lid in zip(range(page), it)])
+        if not chunk:
+            return
+        named: dict[int, set[str]] = {}
+        for lid in chunk:
+            meta, _ = await _read_meta(client, lid)
+            if meta is not None:
+                named[lid] = {b for f in meta.fragments for b in f.ensemble}
+        yield named
+
+
+async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0) -> int:
+    """The periodic check: every registered bookie named by a sealed
+    fragment is asked, with one ``ReadLac`` per ledger (the existing RPC;
+    without a term or the fence it changes nothing), the highest entry it
+    holds; one below what its fragments need, or a ledger it does not know,
+    publishes a task naming it as damaged.  Cheap (one small RPC per ledger
+    and bookie, no entry read): it finds a wiped disk, a lost ledger or a
+    missing tail (a classic fragment's failed bookie), not one entry missing
+    in the middle of a range.  Returns the ledgers found damaged."""
+    registered = {r.bookie_id for r in await asyncio.to_thread(client.registry.list_bookies, False)}
+    found = 0
+    async for named in scan_pages(client, page):
+        for lid in named:
+            meta, _ = await _read_meta(client, lid)
+            if meta is None:
+                continue
+            expected = {b: e for b, e in expected_last_entries(meta).items() if b in registered}
+            answers: dict[str, int | None] = {}
+
+            async def ask(b: str) -> None:
+                bc = await client.bookie(b)
+                if bc is None:
+                    return
+                try:
+                    r = await bc.read_lac(lid, timeout=timeout)
+                except Exception:
+                    return  # unknown is not missing
+                if r.status == Status.NO_SUCH_LEDGER:
+                    answers[b] = None
+                elif r.status == Status.OK:
+                    answers[b] = r.last_entry
+            await asyncio.gather(*(ask(b) for b in expected))
+            bad = judge_check(expected, answers)
+            if bad:
+                found += 1
+                await asyncio.to_thread(keys.publish, lid, bad, True)
+                log.warning("check: ledger %d: %s lack entries (need %s, hold %s)", lid, sorted(bad),
+                            {b: expected[b] for b in bad}, {b: answers[b] for b in bad})
+    return found
+
+
+class Auditor:
+    def __init__(self, client, keys: AutorecoveryKeys, leases: LeaseSource, cfg: AuditorConfig = AuditorConfig(),
+                 auditor_id: str | None = None, address: str = "", poll: float = 1.0, page: int = 100) -> None:
+        self.client, self.keys, self.leases, self.cfg = client, keys, leases, cfg
+        self.id = auditor_id or default_id("auditor")
+        self.me = {"id": self.id, "address": address}
+        self.poll, self.page = poll, page
+        self.core: AuditorCore | None = None
+        self.elected = asyncio.Event()
+        self._wake = asyncio.Event()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        loop = asyncio.get_running_loop()
+        wake = lambda _e: loop.call_soon_threadsafe(self._wake.set)  # noqa: E731
+        cancels = [await asyncio.to_thread(self.keys.store.watch_key, self.keys.layout.auditor_key(), wake,
+                                           on_error=lambda _e: None),
+                   await asyncio.to_thread(self.keys.store.watch_prefix, self.keys.layout.bookies_prefix(), wake,
+                                           on_error=lambda _e: None)]
+        lease = None
+        try:
+            while not stop.is_set():
+                try:
+                    if lease is None or lease.lost:
+                        lease = await asyncio.to_thread(self.leases.acquire)
+                    if await asyncio.to_thread(self.keys.campaign, self.me, lease.id):
+                        log.info("auditor %s elected", self.id)
+                        self.elected.set()
+                        await self._lead(lease, stop)
+                        self.elected.clear()
+                        self.core = None
+                        continue
+                except Exception as e:
+                    log.warning("auditor %s: %r", self.id, e)
+                await self._sleep(stop, self.poll)  # the key's deletion wakes us (watch)
+        finally:
+            for c in cancels:
+                c()
+            if lease is not None:
+                await asyncio.to_thread(self.keys.resign, self.me)
+                await asyncio.to_thread(lease.close)
+
+    async def _sleep(self, stop: asyncio.Event, timeout: float | None) -> None:
+        self._wake.clear()
+        waiter, stopper = asyncio.ensure_future(self._wake.wait()), asyncio.ensure_future(stop.wait())
+        await asyncio.wait([waiter, stopper], timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        stopper.cancel()
+
+    async def _registered(self) -> set[str]:
+        regs = await asyncio.to_thread(self.client.registry.list_bookies, False)
+        return {r.bookie_id for r in regs}
+
+    async def _lead(self, lease, stop: asyncio.Event) -> None:
+        core = self.core = AuditorCore(self.cfg, time.monotonic())
+        pending: Scan | None = None
+        while not stop.is_set() and not lease.lost:
+            if await asyncio.to_thread(self.keys.auditor) != self.me:
+                log.info("auditor %s: no longer elected", self.id)
+                return
+            effects = core.on_registrations(time.monotonic(), await self._registered())
+            for fx in effects:
+                if isinstance(fx, Scan):
+                    pending = fx
+                elif isinstance(fx, Check):
+                    if await asyncio.to_thread(self.keys.enabled):
+                        found = await run_check(self.client, self.keys, self.page)
+                        log.info("auditor: periodic check: %d ledger(s) with damaged replicas", found)
+                elif isinstance(fx, MootTasks):
+                    n = await asyncio.to_thread(self.keys.moot, fx.bookie)
+                    log.info("auditor: %s is back: %d task(s) moot for it", fx.bookie, n)
+            if pending is not None and await asyncio.to_thread(self.keys.enabled):
+                scan, pending = pending, None
+                for fx in await self._scan(core, scan, lease):
+                    if isinstance(fx, Scan):
+                        pending = fx
+            deadline = core.next_deadline()
+            timeout = self.poll if deadline is None else max(0.0, min(self.poll, deadline - time.monotonic()))
+            await self._sleep(stop, timeout)
+
+    async def _scan(self, core: AuditorCore, scan: Scan, lease) -> list:
+        log.info("auditor: scanning for %s", sorted(scan.lost) or "unregistered bookies")
+        completed = True
+        try:
+            async for named in scan_pages(self.client, self.page):
+                if lease.lost:
+                    completed = False
+                    break
+                for fx in core.on_scan_page(time.monotonic(), named):
+                    if isinstance(fx, PublishTask):
+                        await asyncio.to_thread(self.keys.publish, fx.ledger_id, fx.lost)
+                        log.info("auditor: ledger %d under-replicated (%s)", fx.ledger_id, sorted(fx.lost))
+        except Exception as e:
+            log.warning("auditor: scan failed: %r", e)
+            completed = False
+        return core.on_scan_done(time.monotonic(), completed)
+
+
+__all__ = ["LedgerOutcome", "recover_ledger_fragments", "WorkerConfig", "ReplicationWorker", "Auditor",
+           "scan_pages"]

@@ -1,0 +1,188 @@
+"""The replication worker's decisions, as pure code (no I/O, no clock).
+
+Given a ledger's metadata (all fragments) and the set of lost bookies,
+:func:`plan_ledger` says, per fragment naming a lost bookie:
+
+- :class:`FragmentJob` -- a sealed fragment to copy: which entries (the
+  fragment's range), which ensemble position the lost bookie held, and
+  which surviving bookies hold copies of those entries (the other members
+  of the write sets that include that position);
+- :class:`Unrecoverable` -- some entries of the fragment have no surviving
+  replica (Qw = 1, or every member of a write set is lost): reported and
+  counted, never "recovered" with made-up data (apache/bookkeeper#4872);
+- ``open_fragment`` -- the newest fragment of an OPEN ledger names a lost
+  bookie: its writer owns it.  :func:`judge_task` waits ``grace`` for the
+  writer to change its ensemble, then asks for the ledger to be sealed
+  (classic: fence and recover; stream: take-over, term + 1, whose recovery
+  replaces the lost bookie and seals the fragment).
+
+Sealed fragments come first, in entry order.  :func:`judge_task` turns a
+plan into the one next step of the task (copy, seal, wait, report, done).
+Replacing the bookie in the metadata once the copy is done is the life-cycle
+core's verdict (``stream.lifecycle.ReplaceBookie``), not decided here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Iterable
+
+from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState
+from stream.lifecycle import fragment_end
+from stream.quorum import write_set
+
+
+@dataclasses.dataclass(frozen=True)
+class FragmentJob:
+    ledger_id: int
+    first_entry: int
+    last_entry: int                 # inclusive; < first_entry: no entries (replace only)
+    ensemble: tuple[str, ...]
+    index: int                      # the lost bookie's position
+    lost: str
+    sources: tuple[str, ...]        # surviving bookies sharing a write set with ``index``
+    ensemble_size: int
+    write_quorum: int
+    term: int                       # the ledger's term (0: classic)
+    mode: LedgerMode
+
+    @property
+    def entries(self) -> int:
+        """Entry ids of the range that the lost position held."""
+        n = max(0, self.last_entry - self.first_entry + 1)
+        if self.write_quorum == self.ensemble_size:
+            return n
+        full, rest = divmod(n, self.ensemble_size)
+        held = full * self.write_quorum
+        held += sum(1 for k in range(rest)
+                    if self.index in write_set(self.first_entry + k, self.ensemble_size, self.write_quorum))
+        return held
+
+    def holds(self, entry_id: int) -> bool:
+        """Whether the lost position held ``entry_id`` (its write set)."""
+        return self.index in write_set(entry_id, self.ensemble_size, self.write_quorum)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unrecoverable:
+    ledger_id: int
+    first_entry: int
+    last_entry: int | None
+    lost: frozenset[str]
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class LedgerPlan:
+    ledger_id: int
+    jobs: tuple[FragmentJob, ...]                 # sealed fragments, in entry order
+    unrecoverable: tuple[Unrecoverable, ...]
+    open_fragment: int | None                     # first entry of an open fragment naming a lost bookie
+    state: LedgerState
+    mode: LedgerMode
+
+    @property
+    def clean(self) -> bool:
+        return not self.jobs and not self.unrecoverable and self.open_fragment is None
+
+
+def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = ()) -> LedgerPlan:
+    """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
+    ``damaged``: registered bookies the periodic check found lacking
+    entries; their sealed fragments are copied like a lost bookie's, but an
+    open fragment naming one stays its writer's (the bookie is alive)."""
+    assert meta.fragments_complete, "plan on all fragments"
+    damaged = frozenset(damaged)
+    lost = frozenset(lost) | damaged
+    E, Qw = meta.ensemble_size, meta.write_quorum
+    jobs: list[FragmentJob] = []
+    bad: list[Unrecoverable] = []
+    open_first: int | None = None
+    for frag in meta.fragments:
+        gone = [i for i, b in enumerate(frag.ensemble) if b in lost]
+        if not gone:
+            continue
+        end = fragment_end(meta, frag.first_entry)
+        if end is None:
+            if any(frag.ensemble[i] not in damaged for i in gone):
+                open_first = frag.first_entry
+            continue
+        count = end - frag.first_entry + 1
+        # the write sets the fragment's entries use (at most E distinct ones)
+        sets = {write_set(e, E, Qw) for e in range(frag.first_entry, frag.first_entry + min(count, E))}
+        dead = [ws for ws in sets if all(i in gone for i in ws)]
+        if dead:
+            bad.append(Unrecoverable(meta.ledger_id, frag.first_entry, end,
+                                     frozenset(frag.ensemble[i] for i in gone),
+                                     f"no surviving replica of the entries on write set "
+                                     f"{[frag.ensemble[i] for i in dead[0]]}"))
+            continue
+        for i in gone:
+            src = sorted({j for ws in sets if i in ws for j in ws if j not in gone})
+            jobs.append(FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, frag.ensemble[i],
+                                    tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode))
+    return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode)
+
+
+class Step(enum.Enum):
+    COPY = "copy"          # copy plan.jobs[0] and replace it (then plan again)
+    SEAL = "seal"          # fence/recover (classic) or take over (stream) the ledger
+    WAIT = "wait"          # release the lock, retry later (open fragment within grace, recovery running)
+    REPORT = "report"      # only unrecoverable fragments left: keep the task, marked
+    DONE = "done"          # nothing names a lost bookie: delete the task
+
+
+def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float) -> Step:
+    """The next step for one task.  ``first_seen``: when this worker first
+    saw the task with the open fragment; the writer has ``grace`` to change
+    its ensemble itself."""
+    if plan.jobs:
+        return Step.COPY
+    if plan.open_fragment is not None:
+        if plan.state is LedgerState.IN_RECOVERY:
+            return Step.WAIT
+        return Step.SEAL if now - first_seen >= grace else Step.WAIT
+    if plan.unrecoverable:
+        return Step.REPORT
+    return Step.DONE
+
+
+def expected_last_entries(meta: LedgerMetadata) -> dict[str, int]:
+    """For the periodic check: per bookie, the highest entry id it must
+    hold in the ledger's *sealed* fragments (the top of each fragment's range
+    among the ids whose write set includes its position).  Trimmed ledgers
+    and empty fragments need nothing."""
+    assert meta.fragments_complete
+    out: dict[str, int] = {}
+    E, Qw = meta.ensemble_size, meta.write_quorum
+    for frag in meta.fragments:
+        end = fragment_end(meta, frag.first_entry)
+        if end is None or end < max(frag.first_entry, meta.trimmed_before):
+            continue
+        for i, b in enumerate(frag.ensemble):
+            top = next((e for e in range(end, max(frag.first_entry, end - E + 1) - 1, -1)
+                        if i in write_set(e, E, Qw)), None)
+            if top is not None:
+                out[b] = max(out.get(b, -1), top)
+    return out
+
+
+def judge_check(expected: dict[str, int], answers: dict[str, int | None]) -> frozenset[str]:
+    """The bookies the check finds lacking entries.  ``answers``: bookie ->
+    the highest entry id it says it holds of the ledger (None: it does not
+    know the ledger); a bookie that did not answer is absent from
+    ``answers`` and judged by nothing (unknown is not missing)."""
+    return frozenset(b for b, need in expected.items()
+                     if b in answers and (answers[b] is None or answers[b] < need))
+
+
+def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterable[str] = ()) -> str | None:
+    """A target for ``job`` among ``candidates`` (writable bookies, in the
+    placement policy's order): never a member of the fragment, never
+    excluded (lost, quarantined)."""
+    skip = set(job.ensemble) | set(excluded)
+    return next((b for b in candidates if b not in skip), None)
+
+
+__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "Step", "judge_task", "choose_target",
+           "expected_last_entries", "judge_check"]

@@ -1,0 +1,395 @@
+"""A deterministic simulation of autorecovery: the real pure cores
+(``autorecovery.auditor_core``, ``autorecovery.worker_core`` and the
+fragment-replacement verdict of ``stream.lifecycle``) over simulated
+bookies, metadata with CAS, tasks and lease-bound locks, from one seed.
+
+Faults: bookies lost for good (their data gone), bookies out for a while
+(back before or after ``lost_bookie_recovery_delay``), workers crashing in
+the middle of a copy (their lock stays until its lease expires), workers
+paused past their lease (another takes the task; the paused one resumes and
+CASes what it planned), the auditor
+crashing mid-scan (a new one is elected with a fresh core), several workers
+interleaving their reads, copies and CASes.
+
+Invariants, checked after every step:
+
+- *no fragment names a live bookie lacking its entries*: a fragment's
+  bookie is replaced only once the target holds every entry of its position;
+- *no acknowledged entry is lost while a replica survives*: an entry with
+  no replica left is reported (the task says unrecoverable);
+- *a task deleted as done leaves its ledger clean* at that moment;
+- at the end (faults stopped, time run on), every task is gone or reports
+  only unrecoverable fragments, and every fragment's bookies hold their
+  entries (liveness).
+
+``python -m sim.autorecovery --seed 0 --runs 500`` sweeps seeds;
+``--mutant replace-before-copy`` (or ``replace-despite-absent``: a fragment
+"recovered" without the entries no replica holds) breaks a rule, which the
+invariants must catch.  Only this file is simulated: the metadata,
+bookies and network here are models; the decisions are the shipped cores.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import random
+import sys
+
+from autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
+from autorecovery.worker_core import Step, judge_task, plan_ledger
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from stream.lifecycle import Apply, Done, ReplaceBookie
+from stream.quorum import write_set
+
+MUTANTS = ("replace-before-copy", "replace-despite-absent")
+DELAY, TTL, GRACE = 5.0, 3.0, 0.0
+
+
+class Violation(AssertionError):
+    pass
+
+
+@dataclasses.dataclass
+class SimBookie:
+    id: str
+    alive: bool = True          # registered and serving
+    dead: bool = False          # lost for good (data gone)
+    back_at: float | None = None
+    data: set = dataclasses.field(default_factory=set)   # (lid, eid)
+
+
+@dataclasses.dataclass
+class SimTask:
+    lost: set
+    unrecoverable: list = dataclasses.field(default_factory=list)
+
+
+class World:
+    def __init__(self, seed: int, mutant: str | None = None, ledgers: int = 6, bookies: int = 7) -> None:
+        self.rng = random.Random(seed)
+        self.seed, self.mutant = seed, mutant
+        self.now = 0.0
+        self.bookies = {f"b{i}": SimBookie(f"b{i}") for i in range(bookies)}
+        self.meta: dict[int, tuple[LedgerMetadata, int]] = {}
+        self.tasks: dict[int, SimTask] = {}
+        self.locks: dict[int, tuple[str, float]] = {}     # lid -> (worker, lease expiry)
+        self.rev = 1
+        self.replaced = 0
+        self.faults_on = True
+        self.lost_cas = 0
+        self.log: list[str] = []
+        ids = sorted(self.bookies)
+        for lid in range(1, ledgers + 1):
+            e = self.rng.choice((1, 2, 3, 3))
+            qw = self.rng.randint(1, e) if e > 1 else 1
+            frags, first = [], 0
+            for _ in range(self.rng.randint(1, 4)):
+                frags.append(Fragment(first, tuple(self.rng.sample(ids, e))))
+                first += self.rng.randint(0, 8)
+            frags = [f for k, f in enumerate(frags) if k == 0 or f.first_entry > frags[k - 1].first_entry]
+            last = first + self.rng.randint(-1, 6)
+            last = max(last, frags[-1].first_entry - 1)
+            m = LedgerMetadata(e, qw, 1, ledger_id=lid, state=LedgerState.CLOSED, last_entry=last,
+                               fragments=tuple(frags), fragment_count=len(frags),
+                               last_fragment_first_entry=frags[-1].first_entry)
+            self.meta[lid] = (m, self._bump())
+            for eid in range(0, last + 1):
+                f = m.fragment_at(eid)
+                for i in write_set(eid, e, qw):
+                    self.bookies[f.ensemble[i]].data.add((lid, eid))
+        self.acked = {(lid, eid) for lid, (m, _) in self.meta.items() for eid in range(m.last_entry + 1)}
+        self.auditor = AuditorCore(AuditorConfig(DELAY), self.now)
+        self.scan: list | None = None       # ledgers left to scan (pages)
+        self.workers = {f"w{i}": None for i in range(3)}   # worker -> its running generator
+        self.paused: dict[str, float] = {}                 # worker -> when it resumes
+
+    def _bump(self) -> int:
+        self.rev += 1
+        return self.rev
+
+    def registered(self) -> set[str]:
+        return {b.id for b in self.bookies.values() if b.alive}
+
+    def note(self, s: str) -> None:
+        self.log.append(f"t={self.now:.1f} {s}")
+
+    # -- invariants ------------------------------------------------------------------------
+
+    def holds_position(self, b: str, m: LedgerMetadata, frag: Fragment, i: int) -> bool:
+        end = m.last_entry if frag is m.fragments[-1] else m.fragments[m.fragments.index(frag) + 1].first_entry - 1
+        return all((m.ledger_id, e) in self.bookies[b].data for e in range(frag.first_entry, end + 1)
+                   if i in write_set(e, m.ensemble_size, m.write_quorum))
+
+    def dirty(self, lid: int) -> list:
+        m, _ = self.meta[lid]
+        return [(f.first_entry, b) for f in m.fragments for i, b in enumerate(f.ensemble)
+                if not self.holds_position(b, m, f, i)]
+
+    def check(self) -> None:
+        for lid, (m, _) in self.meta.items():
+            for first, b in self.dirty(lid):
+                if self.bookies[b].alive and not self.bookies[b].dead and b not in self._wiped:
+                    raise Violation(f"ledger {lid} fragment {first} names live {b} lacking entries")
+        for lid, eid in self.acked:
+            if not any((lid, eid) in b.data for b in self.bookies.values() if not b.dead):
+                t = self.tasks.get(lid)
+                if t is not None and any(u[0] <= eid <= u[1] for u in t.unrecoverable):
+                    continue
+                if self._reportable(lid, eid):
+                    continue
+                raise Violation(f"entry {lid}:{eid} lost without a report")
+
+    _wiped: set = set()
+
+    def _reportable(self, lid: int, eid: int) -> bool:
+        """Lost with all its replicas: fine until the worker reports it
+        (checked at the end)."""
+        return True
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def fault(self) -> None:
+        r = self.rng.random()
+        live = [b for b in self.bookies.values() if b.alive]
+        if r < 0.3 and len(live) > 4:
+            b = self.rng.choice(live)
+            b.alive, b.dead, b.data = False, True, set()
+            self.note(f"{b.id} lost for good")
+        elif r < 0.55 and len(live) > 4:
+            b = self.rng.choice(live)
+            b.alive, b.back_at = False, self.now + self.rng.choice((1.0, 2.0, DELAY + 2, DELAY + 5))
+            self.note(f"{b.id} out until {b.back_at}")
+        elif r < 0.7:
+            running = [w for w, g in self.workers.items() if g is not None]
+            if running:
+                w = self.rng.choice(running)
+                self.workers[w] = None  # crashed: its lock stays until the lease expires
+                self.note(f"worker {w} crashed")
+        elif r < 0.8:
+            running = [w for w, g in self.workers.items() if g is not None and w not in self.paused]
+            if running:  # paused past its lease (GC, SIGSTOP): its lock goes, it resumes unaware
+                w = self.rng.choice(running)
+                self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
+                self.note(f"worker {w} paused")
+        elif r < 0.9:
+            self.auditor = AuditorCore(AuditorConfig(DELAY), self.now)
+            self.scan = None
+            self.note("auditor crashed; a new one elected")
+
+    # -- the auditor -----------------------------------------------------------------------
+
+    def auditor_step(self) -> None:
+        fx = self.auditor.on_registrations(self.now, self.registered())
+        for e in fx:
+            self._effect(e)
+        if self.scan is not None:
+            page, self.scan = self.scan[:2], self.scan[2:]
+            named = {lid: {b for f in self.meta[lid][0].fragments for b in f.ensemble} for lid in page}
+            for e in self.auditor.on_scan_page(self.now, named):
+                self._effect(e)
+            if not self.scan:
+                self.scan = None
+                for e in self.auditor.on_scan_done(self.now):
+                    self._effect(e)
+
+    def _effect(self, e) -> None:
+        if isinstance(e, Scan):
+            self.scan = sorted(self.meta)
+        elif isinstance(e, PublishTask):
+            t = self.tasks.setdefault(e.ledger_id, SimTask(set()))
+            t.lost |= e.lost
+            self.note(f"task {e.ledger_id} {sorted(t.lost)}")
+        elif isinstance(e, MootTasks):
+            for lid, t in list(self.tasks.items()):
+                t.lost.discard(e.bookie)
+                if not t.lost and not t.unrecoverable:
+                    del self.tasks[lid]
+
+    # -- workers ---------------------------------------------------------------------------
+
+    def worker_body(self, w: str, lid: int):
+        """One task under the lock, as a generator: yields between steps so
+        that other workers, faults and the auditor interleave."""
+        while True:
+            t = self.tasks.get(lid)
+            if t is None:
+                return
+            lost = t.lost - self.registered()
+            m, rev = self.meta[lid]
+            plan = plan_ledger(m, lost)
+            step = judge_task(plan, self.now, 0.0, GRACE)
+            if step is Step.DONE:
+                if not t.unrecoverable and self.tasks.get(lid) is t:
+                    if self.dirty_by(lid, lost):
+                        raise Violation(f"task {lid} deleted with {self.dirty_by(lid, lost)}")
+                    del self.tasks[lid]
+                    self.note(f"{w}: task {lid} done")
+                return
+            if step is Step.REPORT:
+                t.unrecoverable = [(u.first_entry, u.last_entry) for u in plan.unrecoverable]
+                return
+            if step is not Step.COPY:
+                return
+            job = plan.jobs[0]
+            cands = [b for b in sorted(self.registered()) if b not in job.ensemble and b not in lost]
+            if not cands:
+                return
+            target = self.rng.choice(cands)
+            if self.mutant == "replace-before-copy":
+                yield from self._replace(w, lid, job, target)
+            absent = 0
+            for e in range(job.first_entry, job.last_entry + 1):
+                if not job.holds(e):
+                    continue
+                src = next((self.bookies[s] for s in job.sources
+                            if self.bookies[s].alive and (lid, e) in self.bookies[s].data), None)
+                if src is None:
+                    absent += 1
+                    continue
+                if not self.bookies[target].alive:
+                    return  # the copy fails; the lock is released
+                self.bookies[target].data.add((lid, e))
+                yield
+            if absent and self.mutant != "replace-despite-absent":
+                t.unrecoverable.append((job.first_entry, job.last_entry))
+                return
+            if self.mutant != "replace-before-copy":
+                yield from self._replace(w, lid, job, target)
+
+    def _replace(self, w: str, lid: int, job, target: str):
+        intent = ReplaceBookie(lid, job.first_entry, job.lost, target, job.ensemble)
+        m, rev = self.meta[lid]
+        if self.faults_on and self.rng.random() < 0.2:  # paused between its read and its CAS
+            self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
+            self.note(f"worker {w} paused before its CAS")
+        yield  # the CAS races with others
+        for _ in range(5):
+            cur, cur_rev = self.meta[lid]
+            v = intent.judge(m) if cur_rev == rev else intent.judge(cur)
+            if isinstance(v, Apply) and cur_rev == rev:
+                frs = {f.first_entry: f for f in cur.fragments}
+                frs.update({f.first_entry: f for f in v.fragments})
+                new = cur.with_(fragments=tuple(frs[k] for k in sorted(frs)))
+                self.meta[lid] = (new, self._bump())
+                self.replaced += 1
+                self.note(f"{w}: ledger {lid} fragment {job.first_entry}: {job.lost} -> {target}")
+                return
+            if cur_rev != rev:
+                self.lost_cas += 1
+            if isinstance(v, Apply):
+                m, rev = cur, cur_rev  # lost CAS: judged again on the fresh metadata
+                continue
+            if isinstance(v, Done):
+                return
+            return
+
+    def dirty_by(self, lid: int, lost: set) -> list:
+        return [(f, b) for f, b in self.dirty(lid) if b in lost or self.bookies[b].alive]
+
+    def worker_step(self, w: str) -> None:
+        if w in self.paused:
+            if self.now < self.paused[w]:
+                return
+            del self.paused[w]
+        g = self.workers[w]
+        if g is None:
+            free = [lid for lid in sorted(self.tasks)
+                    if lid not in self.locks or self.locks[lid][1] < self.now]
+            if not free:
+                return
+            lid = self.rng.choice(free)
+            self.locks[lid] = (w, self.now + TTL)
+            g = self.workers[w] = self._locked(w, lid)
+        try:
+            next(g)
+        except StopIteration:
+            self.workers[w] = None
+
+    def _locked(self, w: str, lid: int):
+        try:
+            for _ in self.worker_body(w, lid):
+                if self.locks.get(lid, (None,))[0] == w:
+                    self.locks[lid] = (w, self.now + TTL)   # keep-alive
+                yield
+        finally:
+            if self.locks.get(lid, (None,))[0] == w:
+                del self.locks[lid]
+
+    # -- the run ---------------------------------------------------------------------------
+
+    def step(self, faults: bool) -> None:
+        self.now += 0.25
+        for b in self.bookies.values():
+            if b.back_at is not None and self.now >= b.back_at:
+                b.alive, b.back_at = True, None
+                self.note(f"{b.id} back")
+        if faults and self.rng.random() < 0.04:
+            self.fault()
+        actors = ["auditor"] + list(self.workers)
+        self.rng.shuffle(actors)
+        for a in actors:
+            if a == "auditor":
+                self.auditor_step()
+            else:
+                self.worker_step(a)
+        self.check()
+
+    def run(self, steps: int = 200) -> None:
+        for _ in range(steps):
+            self.step(faults=True)
+        self.faults_on = False
+        for _ in range(steps):
+            self.step(faults=False)
+        self.final_check()
+
+    def final_check(self) -> None:
+        for lid, t in self.tasks.items():
+            if not t.unrecoverable:
+                raise Violation(f"task {lid} {sorted(t.lost)} still pending at the end")
+        for lid in self.meta:
+            for first, b in self.dirty(lid):
+                t = self.tasks.get(lid)
+                if t is None or not t.unrecoverable:
+                    raise Violation(f"ledger {lid} fragment {first} names {b} lacking entries at the end")
+        for lid, eid in self.acked:
+            if not any((lid, eid) in b.data for b in self.bookies.values() if not b.dead):
+                t = self.tasks.get(lid)
+                if t is None or not any(a <= eid <= z for a, z in t.unrecoverable):
+                    raise Violation(f"entry {lid}:{eid} lost and not reported")
+
+
+def run_seed(seed: int, mutant: str | None = None) -> World:
+    w = World(seed, mutant)
+    w.run()
+    return w
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--runs", type=int, default=1)
+    p.add_argument("--mutant", choices=MUTANTS)
+    p.add_argument("--trace", action="store_true")
+    a = p.parse_args(argv)
+    bad = replaced = unrecoverable = lost_cas = 0
+    for seed in range(a.seed, a.seed + a.runs):
+        try:
+            w = run_seed(seed, a.mutant)
+            replaced += w.replaced
+            lost_cas += w.lost_cas
+            unrecoverable += sum(1 for t in w.tasks.values() if t.unrecoverable)
+            if a.trace:
+                print("\n".join(w.log))
+        except Violation as e:
+            bad += 1
+            print(f"seed {seed}: {e}")
+            if a.mutant is not None:
+                break
+    print(f"{a.runs if not bad or a.mutant is None else seed - a.seed + 1} run(s), {bad} violation(s); "
+          f"{replaced} fragment(s) replaced, {lost_cas} lost CAS(es) judged again, "
+          f"{unrecoverable} ledger(s) reported unrecoverable")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,226 @@
+"""Autorecovery end to end: real etcd, real bookie processes (kill -9), the
+auditor and the replication worker running in this process."""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import time
+import uuid
+
+
+from autorecovery.auditor_core import AuditorConfig
+from autorecovery.keys import AutorecoveryKeys, StoreLeases
+from autorecovery.service import Auditor, ReplicationWorker, WorkerConfig
+from bookie import entry as E
+from bookie.core import Status
+from metadata.ledgers import LedgerState
+from stream.client import BookKeeperClient
+from stream.quorum import write_set
+from stream.stream import AsyncStreamClient, Position, StreamConfig
+from tests.conftest import run
+
+TIMEOUT = 90.0
+
+
+def sname() -> str:
+    return f"s-{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.asynccontextmanager
+async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None):
+    """An auditor and ``workers`` replication workers, each with its own
+    client, until the block ends."""
+    stop = asyncio.Event()
+    clients = [BookKeeperClient(env.endpoint, env.cluster, add_timeout=5.0) for _ in range(workers + 1)]
+    keys = AutorecoveryKeys(clients[0].store, env.cluster)
+    auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), AuditorConfig(delay, check), poll=0.3)
+    ws = [ReplicationWorker(c, AutorecoveryKeys(c.store, env.cluster), StoreLeases(c.store, ttl=3),
+                            WorkerConfig(grace=grace, poll=0.3, retry=0.5), worker_id=f"w{i}")
+          for i, c in enumerate(clients[1:])]
+    tasks = [asyncio.ensure_future(auditor.run(stop))] + [asyncio.ensure_future(w.run(stop)) for w in ws]
+    try:
+        yield auditor, ws, keys
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for c in clients:
+            await c.close()
+
+
+async def until(pred, timeout=TIMEOUT, what=""):
+    """Polls ``pred`` (an async predicate over etcd state) until true."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if await pred():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or pred}")
+        await asyncio.sleep(0.2)
+
+
+async def names_bookie(bk: BookKeeperClient, bookie: str) -> list[tuple[int, int]]:
+    out = []
+    for lid in await bk.list_ledgers():
+        meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+        out += [(lid, f.first_entry) for f in meta.fragments if bookie in f.ensemble]
+    return out
+
+
+async def check_every_replica(bk: BookKeeperClient, lid: int, last: int, live: set[str]) -> int:
+    """Every entry up to ``last`` reads back, checksum valid, from every
+    bookie of its write set, all of them live.  Returns the entries checked."""
+    meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+    n = 0
+    for eid in range(0, last + 1):
+        frag = meta.fragment_at(eid)
+        assert set(frag.ensemble) <= live, (lid, frag)
+        for i in write_set(eid, meta.ensemble_size, meta.write_quorum):
+            bc = await bk.bookie(frag.ensemble[i])
+            r = await bc.read_entry(lid, eid)
+            assert r.status == Status.OK, (lid, eid, frag.ensemble[i], r.status)
+            E.scan(r.entry)  # raises on a bad checksum
+            n += 1
+    return n
+
+
+def test_kill_one_bookie_of_four_everything_back_at_full_replication(own):
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+    name = sname()
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        closed = []
+        for k in range(3):
+            lh = await bk.create_ledger(3, 3, 2)
+            for i in range(40):
+                await lh.add_entry(b"L%d-%d" % (k, i))
+            await lh.close()
+            closed.append(lh.ledger_id)
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer(name, StreamConfig(3, 3, 2, fragment_size_entries=15))
+            await w.append_many([b"s-%d" % i for i in range(70)])
+            await w.close()  # no live writer: its last fragment is open
+            info = await sc.stream_info(name)
+        slid = info["ledger_id"]
+        smeta, _ = await bk.meta_call(bk.ledgers.read, slid)
+        assert smeta.fragment_count >= 4
+        victim = smeta.last_fragment.ensemble[0]  # in the open fragment too
+        assert await names_bookie(bk, victim)
+        by_id[victim].kill()
+        live = set(by_id) - {victim}
+
+        async with autorecovery(own, delay=1.0, grace=1.0) as (auditor, ws, keys):
+            async def clean():
+                tasks = await asyncio.to_thread(lambda: list(keys.tasks()))
+                return not tasks and not await names_bookie(bk, victim)
+            await until(clean, what="every fragment off the killed bookie and no task left")
+            assert sum(len(o.replaced) for o in ws[0].outcomes) >= 1
+            assert any(o.sealed for o in ws[0].outcomes)  # the stream's open fragment was sealed
+
+        for lid in closed:
+            m, _ = await bk.meta_call(bk.ledgers.read, lid)
+            assert m.state is LedgerState.CLOSED and m.last_entry == 39
+            assert await check_every_replica(bk, lid, 39, live) == 40 * 3
+        smeta, _ = await bk.meta_call(bk.ledgers.read, slid)
+        # the stream's content up to the no-op the take-over wrote, on every replica
+        assert await check_every_replica(bk, slid, 70, live) > 0
+        # a new writer takes over and sees every acknowledged entry
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer(name)
+            p = await w.append(b"after")
+            r = await sc.open_reader(name, Position.EARLIEST)
+            got = []
+            while not got or got[-1].payload != b"after":
+                got += await r.read(1000, timeout=5)
+            assert [x.payload for x in got] == [b"s-%d" % i for i in range(70)] + [b"after"]
+            assert got[-1].position == p
+            await w.close()
+        await bk.close()
+
+    run(go())
+
+
+def test_bookie_back_within_the_delay_copies_nothing(own):
+    procs = own.start(4)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(10):
+            await lh.add_entry(b"x%d" % i)
+        await lh.close()
+        victim = next(p for p in procs if p.bookie_id in lh.metadata.fragments[0].ensemble)
+        async with autorecovery(own, delay=20.0, grace=1.0) as (auditor, ws, keys):
+            await until(lambda: _true(auditor.core is not None and auditor.core.registered), what="auditor up")
+            victim.kill()
+            await until(lambda: _true(victim.bookie_id in auditor.core.missing), what="registration gone")
+            victim.restart()
+            await until(lambda: _true(auditor.core.cancelled == 1), what="bookie back")
+            assert not auditor.core.missing and not auditor.core.lost and auditor.core.next_deadline() is None
+            assert not list(keys.tasks()) and not ws[0].outcomes
+        m, _ = await bk.meta_call(bk.ledgers.read, lh.ledger_id)
+        assert m.fragments == lh.metadata.fragments  # nothing replaced
+        await bk.close()
+
+    run(go())
+
+
+async def _true(v) -> bool:
+    return bool(v)
+
+
+def test_a_lost_bookie_that_held_the_only_copy_is_reported_not_recovered(own):
+    procs = own.start(3)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(1, 1, 1)
+        for i in range(5):
+            await lh.add_entry(b"only-%d" % i)
+        await lh.close()
+        (victim,) = lh.metadata.fragments[0].ensemble
+        by_id[victim].kill()
+        async with autorecovery(own, delay=0.5, grace=0.5) as (auditor, ws, keys):
+            async def reported():
+                t = await asyncio.to_thread(keys.get_task, lh.ledger_id)
+                return t is not None and t.unrecoverable
+            await until(reported, what="the task marked unrecoverable")
+            t = keys.get_task(lh.ledger_id)
+            assert t.unrecoverable[0]["first"] == 0 and victim in t.unrecoverable[0]["lost"]
+            assert not any(o.replaced for o in ws[0].outcomes)
+        m, _ = await bk.meta_call(bk.ledgers.read, lh.ledger_id)
+        assert m.fragments[0].ensemble == (victim,)  # still names it: nothing made up
+        await bk.close()
+
+    run(go())
+
+
+def test_periodic_check_finds_a_wiped_bookie(own):
+    """A bookie whose disk was wiped comes back under the same id: its
+    registration never went away for long, so only the periodic check
+    (ReadLac's last entry per ledger) finds that it lacks its entries."""
+    procs = own.start(4)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(30):
+            await lh.add_entry(b"w%d" % i)
+        await lh.close()
+        victim = next(p for p in procs if p.bookie_id in lh.metadata.fragments[0].ensemble)
+        victim.kill()
+        for f in victim.data_dir.iterdir():
+            if f.name != "bookie.id":  # the same id, nothing else
+                shutil.rmtree(f) if f.is_dir() else f.unlink()
+        victim.restart()
+        async with autorecovery(own, delay=60.0, grace=1.0, check=1.0) as (auditor, ws, keys):
+            async def clean():
+                return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
+            await until(clean, what="the wiped bookie replaced")
+        assert await check_every_replica(bk, lh.ledger_id, 29, {p.bookie_id for p in procs}) == 90
+        await bk.close()
+
+    run(go())

@@ -1,0 +1,153 @@
+"""The auditor's and the replication worker's pure decisions."""
+from __future__ import annotations
+
+from autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
+from autorecovery.worker_core import Step, choose_target, judge_task, plan_ledger
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+
+
+def start(delay=10.0, bookies=("a", "b", "c", "d"), check=None):
+    core = AuditorCore(AuditorConfig(delay, check), now=0.0)
+    fx = core.on_registrations(0.0, bookies)
+    assert fx == [Scan(frozenset())]          # a new auditor scans at once (discovery)
+    assert core.on_scan_done(0.0) == []
+    return core
+
+
+def test_bookie_back_within_the_delay_cancels():
+    core = start()
+    assert core.on_registrations(1.0, {"a", "b", "c"}) == []
+    assert core.tick(9.9) == []
+    assert core.on_registrations(10.5, {"a", "b", "c", "d"}) == []
+    assert core.tick(100.0) == [] and core.cancelled == 1 and not core.lost
+
+
+def test_lost_after_the_delay_scans_and_publishes_one_task_per_ledger():
+    core = start()
+    core.on_registrations(1.0, {"a", "b", "c"})
+    assert core.next_deadline() == 11.0
+    assert core.tick(11.0) == [Scan(frozenset({"d"}))]
+    fx = core.on_scan_page(11.5, {5: {"a", "b", "c"}, 6: {"a", "d", "c"}, 7: {"d", "b"}})
+    assert fx == [PublishTask(6, frozenset({"d"})), PublishTask(7, frozenset({"d"}))]
+    assert core.on_scan_done(12.0) == []
+
+
+def test_a_bookie_lost_during_a_scan_gets_its_own_scan_after_it():
+    core = start()
+    core.on_registrations(1.0, {"a", "b", "c"})
+    assert core.tick(11.0) == [Scan(frozenset({"d"}))]
+    core.on_registrations(12.0, {"a", "b"})
+    assert core.tick(30.0) == []                     # c is lost, but a scan is running
+    assert core.on_scan_done(31.0) == [Scan(frozenset({"c"}))]
+
+
+def test_back_after_the_delay_makes_pending_tasks_moot():
+    core = start()
+    core.on_registrations(1.0, {"a", "b", "c"})
+    core.tick(11.0)
+    core.on_scan_done(11.0)
+    assert core.on_registrations(50.0, {"a", "b", "c", "d"}) == [MootTasks("d")]
+    assert not core.lost
+
+
+def test_a_new_auditor_finds_bookies_that_died_before_it():
+    core = AuditorCore(AuditorConfig(5.0), now=100.0)
+    assert core.on_registrations(100.0, {"a", "b", "c"}) == [Scan(frozenset())]
+    assert core.on_scan_page(100.5, {9: {"a", "b", "z"}}) == []   # z: not registered, starts its delay
+    assert core.on_scan_done(101.0) == []
+    assert core.tick(105.4) == []
+    assert core.tick(105.5) == [Scan(frozenset({"z"}))]
+    assert core.on_scan_page(105.6, {9: {"a", "b", "z"}}) == [PublishTask(9, frozenset({"z"}))]
+
+
+def test_an_interrupted_scan_is_run_again():
+    core = start()
+    core.on_registrations(1.0, {"a", "b", "c"})
+    core.tick(11.0)
+    assert core.on_scan_done(11.0, completed=False) == [Scan(frozenset({"d"}))]
+
+
+def test_periodic_check():
+    core = start(check=60.0)
+    assert core.tick(59.0) == []
+    assert core.tick(60.0) == [Check()]
+    assert core.next_deadline() == 120.0
+
+
+# -- worker -----------------------------------------------------------------------------
+
+def meta(frags, state=LedgerState.CLOSED, last=29, e=3, qw=3, mode=LedgerMode.CLASSIC):
+    frs = tuple(Fragment(f, tuple(ens)) for f, ens in frags)
+    return LedgerMetadata(e, qw, min(qw, 2), ledger_id=4, state=state, last_entry=last, mode=mode,
+                          fragments=frs, fragment_count=len(frs), last_fragment_first_entry=frs[-1].first_entry)
+
+
+def test_plan_sealed_fragments_in_order_with_sources():
+    m = meta([(0, "abc"), (10, "dbc"), (20, "dbe")])
+    p = plan_ledger(m, {"d"})
+    assert [(j.first_entry, j.last_entry, j.index, j.sources) for j in p.jobs] == \
+        [(10, 19, 0, ("b", "c")), (20, 29, 0, ("b", "e"))]
+    assert p.open_fragment is None and not p.unrecoverable
+    assert judge_task(p, 0, 0, 10) is Step.COPY
+    assert p.jobs[0].entries == 10
+
+
+def test_plan_open_last_fragment_waits_for_the_writer_then_seals():
+    m = meta([(0, "abc"), (10, "dbc")], state=LedgerState.OPEN, last=-1)
+    p = plan_ledger(m, {"d"})
+    assert not p.jobs and p.open_fragment == 10
+    assert judge_task(p, now=5, first_seen=0, grace=10) is Step.WAIT
+    assert judge_task(p, now=10, first_seen=0, grace=10) is Step.SEAL
+    assert judge_task(plan_ledger(m.with_(state=LedgerState.IN_RECOVERY), {"d"}), 99, 0, 10) is Step.WAIT
+
+
+def test_no_surviving_replica_is_reported_never_copied():
+    m = meta([(0, "a"), (10, "b")], e=1, qw=1)
+    p = plan_ledger(m, {"a"})
+    assert not p.jobs and len(p.unrecoverable) == 1 and p.unrecoverable[0].first_entry == 0
+    assert judge_task(p, 0, 0, 0) is Step.REPORT
+    # two of Qw = 2 lost
+    m2 = meta([(0, "abc")], e=3, qw=2)
+    assert plan_ledger(m2, {"a", "b"}).unrecoverable and not plan_ledger(m2, {"a", "b"}).jobs
+    assert plan_ledger(m2, {"a"}).jobs
+
+
+def test_striped_fragment_sources_and_entry_count():
+    m = meta([(0, "abcd")], e=4, qw=2, last=9)
+    (job,) = plan_ledger(m, {"a"}).jobs
+    # a is index 0: write sets (3,0) and (0,1) include it
+    assert set(job.sources) == {"b", "d"}
+    assert job.entries == sum(1 for e in range(10) if job.holds(e)) == 5
+
+
+def test_empty_fragment_is_replaced_without_copying():
+    m = meta([(0, "abc"), (5, "dbc")], last=4)
+    (job,) = plan_ledger(m, {"d"}).jobs
+    assert job.last_entry < job.first_entry and job.entries == 0
+
+
+def test_done_and_target_choice():
+    m = meta([(0, "abc")])
+    p = plan_ledger(m, {"z"})
+    assert p.clean and judge_task(p, 0, 0, 0) is Step.DONE
+    (job,) = plan_ledger(m, {"a"}).jobs
+    assert choose_target(job, ["b", "a", "q", "r"], excluded={"q"}) == "r"
+    assert choose_target(job, ["b", "c"]) is None
+
+
+def test_periodic_check_expectations_and_verdict():
+    from autorecovery.worker_core import expected_last_entries, judge_check
+    m = meta([(0, "abc"), (10, "dbc")], state=LedgerState.OPEN, last=-1)
+    assert expected_last_entries(m) == {"a": 9, "b": 9, "c": 9}   # the open fragment: nothing yet
+    c = meta([(0, "abcd")], e=4, qw=2, last=9)
+    exp = expected_last_entries(c)
+    # entry 9 is on positions (1, 2); a (0) last holds 8, d (3) holds 7
+    assert exp == {"a": 8, "b": 9, "c": 9, "d": 7}
+    assert judge_check(exp, {"a": 8, "b": None, "c": 5}) == {"b", "c"}   # d did not answer: not judged
+
+
+def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():
+    m = meta([(0, "abc"), (10, "abd")], state=LedgerState.OPEN, last=-1)
+    p = plan_ledger(m, (), damaged={"a"})
+    assert [j.first_entry for j in p.jobs] == [0] and p.open_fragment is None
+    assert plan_ledger(m, {"a"}).open_fragment == 10

@@ -1,0 +1,254 @@
+"""Manual recovery and the recovery commands, run as a user runs them
+(``bookstream ...`` subprocesses), against real etcd and bookie processes."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+from stream.client import BookKeeperClient
+from stream.stream import AsyncStreamClient, StreamConfig
+from tests.conftest import run
+from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
+
+CLI = [sys.executable, "-c", "import sys; from bookstream.cli import main; sys.exit(main())"]
+
+
+def cli(env, *args, check=True):
+    p = subprocess.run(CLI + list(args) + ["--etcd", env.endpoint, "--cluster", env.cluster],
+                       capture_output=True, text=True, timeout=120)
+    if check and p.returncode not in (0, 1):
+        raise AssertionError(f"{args}: exit {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+def test_recover_to_a_target_that_holds_later_fragments(own):
+    """The copy of a stream fragment holding the take-over's truncate no-op
+    must not truncate the target's entries of later fragments: the no-op
+    goes as a plain no-op (autorecovery/copier.py).  With the flag kept,
+    the target's later entries vanish (NO_SUCH_ENTRY in the replica check)."""
+    procs = own.start(4)
+    ids = [p.bookie_id for p in procs]
+    name = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def write():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer(name, StreamConfig(3, 3, 2, fragment_size_entries=10))
+            await w.append_many([b"e%d" % i for i in range(59)])
+            await w.close()
+            return (await sc.stream_info(name))["ledger_id"]
+
+    lid = run(write())
+    bk0 = BookKeeperClient(own.endpoint, own.cluster)
+    meta, _ = bk0.ledgers.read(lid)
+    first = meta.fragments[0]
+    (target,) = set(ids) - set(first.ensemble)
+    later = [f for f in meta.fragments[1:-1] if target in f.ensemble]
+    assert later, "placement put the 4th bookie in no sealed fragment (1 in 4**5): rerun"
+    lost = first.ensemble[1]
+    sealed = [f for f in meta.fragments[:-1] if lost in f.ensemble]  # (those holding target: placement's pick)
+
+    dry = cli(own, "recover", lost, "--to", target, "--dry-run", "--format", "json")
+    plan = json.loads(dry.stdout)
+    assert dry.returncode == 0 and plan["fragments_planned"] == len(sealed) and plan["dry_run"]
+    assert bk0.ledgers.read(lid)[0].fragments == meta.fragments  # a dry run changes nothing
+
+    p = cli(own, "recover", lost, "--to", target, "--format", "json")
+    s = json.loads(p.stdout)
+    assert s["fragments_replaced"] == len(sealed) and s["entries_copied"] > 0, s
+    # the newest fragment is open (its writer owns it): left, and said so
+    assert p.returncode == (1 if lost in meta.last_fragment.ensemble else 0)
+    after, _ = bk0.ledgers.read(lid)
+    assert after.fragments[0].ensemble == tuple(target if b == lost else b for b in first.ensemble)
+
+    async def check():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        last_sealed = after.fragments[-1].first_entry - 1
+        assert await check_every_replica(bk, lid, last_sealed, set(ids)) > 0
+        await bk.close()
+    run(check())
+
+    # re-running has nothing left to copy (safe to interrupt and re-run)
+    again = json.loads(cli(own, "recover", lost, "--to", target, "--format", "json").stdout)
+    assert again["fragments_replaced"] == 0 and again["entries_copied"] == 0
+
+
+def test_status_switch_list_and_whoisauditor(own):
+    procs = own.start(4)
+    assert json.loads(cli(own, "whoisauditor", "--format", "json").stdout) is None
+    st = json.loads(cli(own, "autorecovery", "status", "--format", "json").stdout)
+    assert st["enabled"] and st["underreplicated"] == 0 and st["auditor"] is None
+    assert json.loads(cli(own, "autorecovery", "disable", "--format", "json").stdout) == {"enabled": False}
+    assert not json.loads(cli(own, "autorecovery", "status", "--format", "json").stdout)["enabled"]
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(5):
+            await lh.add_entry(b"%d" % i)
+        await lh.close()
+        victim = next(p for p in procs if p.bookie_id in lh.metadata.fragments[0].ensemble)
+        victim.kill()
+        async with autorecovery(own, delay=0.3, grace=0.3) as (auditor, ws, keys):
+            await until(lambda: _aw(auditor.elected.is_set()), what="elected")
+            who = json.loads(cli(own, "whoisauditor", "--format", "json").stdout)
+            assert who["id"] == auditor.id
+            # disabled: the lost bookie is noted, but no task is published or worked on
+            await until(lambda: _aw(victim.bookie_id in auditor.core.lost), what="lost")
+            assert not list(keys.tasks()) and not ws[0].outcomes
+            # decommission of a writable bookie is refused
+            d = cli(own, "decommission", next(p for p in procs if p is not victim).bookie_id, check=False)
+            assert d.returncode == 2 and "refused" in d.stderr
+            cli(own, "autorecovery", "enable")
+            await until(lambda: _aw(not list(keys.tasks()) and ws[0].outcomes), what="recovered once enabled")
+            lst = json.loads(cli(own, "underreplicated", "list", "--format", "json").stdout)
+            assert lst == []
+        assert not await names_bookie(bk, victim.bookie_id)
+        # the dead bookie can now be decommissioned: nothing names it
+        d = cli(own, "decommission", victim.bookie_id, "--format", "json")
+        assert d.returncode == 0 and json.loads(d.stdout)["decommissioned"], d.stdout + d.stderr
+        st = json.loads(cli(own, "autorecovery", "status", "--format", "json").stdout)
+        assert st["decommissioned"] == [victim.bookie_id]
+        await bk.close()
+
+    run(go())
+
+
+async def _aw(v) -> bool:
+    return bool(v)
+
+
+def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
+    """A worker process is kill -9'd while it copies; its lock's lease
+    expires, the in-process worker takes the task over; each fragment is
+    replaced once (its ensemble has the lost bookie's position replaced,
+    nothing else changed), and every replica reads back."""
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        payload = os.urandom(64 << 10)
+        for k in range(0, 1200, 100):
+            await lh.add_entries([payload] * 100)
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ensemble = run(write())
+    victim = ensemble[0]
+    by_id[victim].kill()
+    worker = subprocess.Popen(CLI + ["autorecovery", "run", "--delay", "0.5", "--grace", "0.5",
+                                     "--etcd", own.endpoint, "--cluster", own.cluster],
+                              stdout=subprocess.PIPE, stderr=open(tmp_path / "worker.log", "w"), text=True)
+    try:
+        assert worker.stdout.readline().strip() == "AUTORECOVERY_READY"
+
+        async def go():
+            bk = BookKeeperClient(own.endpoint, own.cluster)
+            from autorecovery.keys import AutorecoveryKeys
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+            live = [b for b in by_id if b != victim]
+            base = {b: (await (await bk.bookie(b)).info()).journal_bytes for b in live}
+
+            async def copying():
+                if keys.lock_holder(lid) is None:
+                    return False
+                now = {b: (await (await bk.bookie(b)).info()).journal_bytes for b in live}
+                return any(now[b] - base[b] > (4 << 20) for b in live)
+            await until(copying, what="the worker process copying")
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+            t0 = time.monotonic()
+            async with autorecovery(own, delay=0.5, grace=0.5) as (auditor, ws, _keys):
+                async def clean():
+                    return keys.get_task(lid) is None and not await names_bookie(bk, victim)
+                await until(clean, what="the task taken over and finished")
+                assert ws[0].outcomes and ws[0].outcomes[-1].replaced
+            assert time.monotonic() - t0 > 0  # (the lease of the dead worker had to expire first)
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            (frag,) = meta.fragments
+            assert [b for b, o in zip(frag.ensemble, ensemble) if b != o] == [frag.ensemble[0]]
+            assert frag.ensemble[1:] == ensemble[1:] and len(set(frag.ensemble)) == 3
+            assert await check_every_replica(bk, lid, 1199, set(live)) == 1200 * 3
+            await bk.close()
+
+        run(go())
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+
+
+def test_rereplication_bench_smoke(tmp_path):
+    """The benchmark command runs and reports the rate beside the ceiling
+    (no timing asserted: figures are for the command's reader)."""
+    out = tmp_path / "r.json"
+    p = subprocess.run(CLI + ["autorecovery", "bench", "--mb", "8", "--entry-size", "65536", "--dir",
+                              str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert r["rereplication"]["bytes_copied"] >= 8_000_000 // 65536 * 65536
+    assert r["rereplication"]["fragments_replaced"] >= 1 and not r["left"] and not r["unrecoverable"]
+    assert r["ceiling"]["mb_per_s"] > 0 and r["ratio"] > 0
+    assert "ratio" in p.stdout
+
+
+def test_the_auditor_killed_mid_scan_another_takes_over(own, tmp_path):
+    """An auditor process is kill -9'd as soon as its scan published a
+    task; a second candidate is elected once the first one's lease expires,
+    scans again, and no task is lost: every ledger ends clean."""
+    procs = own.start(4)
+
+    async def make():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        ids = []
+        for k in range(40):
+            lh = await bk.create_ledger(3, 3, 2)
+            await lh.add_entry(b"a%d" % k)
+            await lh.close()
+            ids.append((lh.ledger_id, lh.metadata.fragments[0].ensemble))
+        await bk.close()
+        return ids
+
+    ledgers = run(make())
+    victim = procs[0]
+    named = [lid for lid, ens in ledgers if victim.bookie_id in ens]
+    assert named
+    a = subprocess.Popen(CLI + ["autorecovery", "run", "--no-worker", "--delay", "0.2",
+                                "--etcd", own.endpoint, "--cluster", own.cluster],
+                         stdout=subprocess.PIPE, stderr=open(tmp_path / "auditor.log", "w"), text=True)
+    try:
+        assert a.stdout.readline().strip() == "AUTORECOVERY_READY"
+
+        async def go():
+            bk = BookKeeperClient(own.endpoint, own.cluster)
+            from autorecovery.keys import AutorecoveryKeys
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+            await until(lambda: _aw(keys.auditor() is not None), what="the first auditor elected")
+            victim.kill()
+            await until(lambda: _aw(list(keys.tasks())), timeout=60, what="the first task")
+            a.send_signal(signal.SIGKILL)
+            a.wait()
+            published = len(list(keys.tasks()))
+            async with autorecovery(own, delay=0.2, grace=0.2) as (auditor, ws, _k):
+                await until(lambda: _aw(auditor.elected.is_set()), what="the second auditor elected")
+                await until(lambda: _aw(auditor.core is not None and auditor.core.scanning is None
+                                        and not auditor.core.to_scan), what="its scans done")
+
+                async def clean():
+                    return not list(keys.tasks()) and not await names_bookie(bk, victim.bookie_id)
+                await until(clean, what="every ledger recovered after the failover")
+            done = {o.ledger_id for o in ws[0].outcomes if o.replaced}
+            assert done == set(named), (published, len(named))
+            await bk.close()
+        run(go())
+    finally:
+        if a.poll() is None:
+            a.kill()
+            a.wait()
