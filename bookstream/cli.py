@@ -140,6 +140,7 @@ def _registration_factory(args: argparse.Namespace):
             read_only=server.storage.core.read_only,
             free_bytes=free,
             total_bytes=total,
+            max_entry_size=server.config.storage.max_entry_size,  # the clients' limit (EntryTooLarge)
         )
         # After a crash, the previous registration lives on until its lease
         # expires: wait for it rather than refuse to start.
