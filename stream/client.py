@@ -107,6 +107,8 @@ class BookKeeperClient:
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
         self._addresses: dict[str, str] = {}
+        self._registered_at: dict[str, int] = {}  # bookie -> create revision of the registration seen
+        self._tasks: set[asyncio.Future] = set()
         self._bookies: dict[str, BookieClient] = {}
         self.health = BookieHealth(self.config.failure_half_life)
         # the smallest max entry size the registrations published (see entry_size_limit)
@@ -191,7 +193,7 @@ class BookKeeperClient:
             r.read_only = read_only
             regs.append(r)
             revisions[bookie_id] = v.create_revision
-            self._set_address(r.bookie_id, r.address)
+            self._set_address(r.bookie_id, r.address, v.create_revision)
         regs.sort(key=lambda m: m.bookie_id)
         self.health.on_registrations(revisions)
         if not writable_only or regs:
@@ -213,12 +215,29 @@ class BookKeeperClient:
                 pass  # the default until the next read
         return self.max_entry_size
 
-    def _set_address(self, bookie_id: str, address: str) -> None:
-        if self._addresses.get(bookie_id) != address:
+    def _set_address(self, bookie_id: str, address: str, registered: int = 0) -> None:
+        """A bookie's address from its registration.  A new address, or a
+        new registration (a restart: a higher create revision), gets a fresh
+        channel: the old one may be backing off from the dead process."""
+        known = self._registered_at.get(bookie_id, 0)
+        if self._addresses.get(bookie_id) != address or (known and registered > known):
             self._addresses[bookie_id] = address
             old = self._bookies.pop(bookie_id, None)
             if old is not None:
-                asyncio.ensure_future(old.close())
+                self._spawn(old.close())
+        if registered:
+            self._registered_at[bookie_id] = registered
+
+    def _spawn(self, coro) -> None:
+        """A background task the client's close waits for (none left behind)."""
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._task_done)
+
+    def _task_done(self, t: asyncio.Future) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.info("background task failed: %r", t.exception())
 
     def bookie_now(self, bookie_id: str) -> BookieClient | None:
         """The bookie's client if its address is known (no I/O); None once
@@ -340,7 +359,7 @@ class BookKeeperClient:
             if isinstance(r, Exception):
                 log.info("ledger %s: ending the handle at close: %r", h.ledger_id, r)
         bookies, self._bookies = list(self._bookies.values()), {}
-        await asyncio.gather(*(b.close() for b in bookies), return_exceptions=True)
+        await asyncio.gather(*(b.close() for b in bookies), *list(self._tasks), return_exceptions=True)
         self._closed = True
         if self._own_store:
             await asyncio.to_thread(self.store.close)

@@ -178,3 +178,161 @@ def test_the_blocking_writer_keeps_one_threads_order_when_the_window_is_full(own
         with sc.open_reader(name) as r:
             got = r.read(100, timeout=5)
         assert [x.payload for x in got] == [b"m%d" % i for i in range(len(futs))]
+
+
+# -- a lost bookie with no spare (12.3) ---------------------------------------------------------------
+
+
+async def _released(handle) -> None:
+    """Until every add of the writer is released (reached Qw): an event per
+    drain of the writer, no polling."""
+    w = handle._writer
+    while w.core.pending:
+        await w.progress()
+
+
+def test_a_writer_goes_on_at_qa_without_a_spare_and_resumes_when_the_bookie_returns(own):
+    """Three bookies, E3 Qw3 Qa2 (the standalone default): one is killed.
+    The writer used to fail 13 ms later (NotEnoughBookies, excluding all
+    three).  Now appends go on, acknowledged at Qa, held in the window (rule
+    1: they need Qw); the bookie is retried with back-off, and once it is
+    back every entry reaches Qw and leaves the window."""
+    procs = own.start(3)
+    by_id = {p.bookie_id: p for p in procs}
+    name = sname()
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster, max_pending_adds=64, add_timeout=3.0) as sc:
+            w = await sc.open_writer(name)
+            before = list(await w.append_many([b"a%d" % i for i in range(10)]))
+            victim = w.handle.metadata.last_fragment.ensemble[2]
+            by_id[victim].kill()
+            during = [await w.append(b"b%d" % i) for i in range(30)]  # acknowledged at Qa
+            core = w.handle._writer.core
+            assert w.handle.writable and victim in core.failed.values() and len(core.pending) >= 30
+            with pytest.raises(se.TooManyPendingAdds):  # the window is the bound
+                w.append_many_async([b"c"] * 40)
+            by_id[victim].start()  # it comes back (same id, same address)
+            await asyncio.wait_for(_released(w.handle), 60)
+            assert not core.failed and w.handle.metadata.fragment_count == 1  # retried, not replaced
+            after = await w.append(b"d")
+            ps = before + during + [after]
+            assert [p.entry_id for p in ps] == list(range(ps[0].entry_id, ps[0].entry_id + 41))
+            got = await read_n(sc, name, 41)
+            assert got == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(30)] + [b"d"]
+    run(go())
+
+
+def test_a_take_over_that_cannot_finish_raises_the_term_once_and_names_the_missing_bookie(own):
+    procs = own.start(3)
+    by_id = {p.bookie_id: p for p in procs}
+    name = sname()
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster, add_timeout=3.0) as sc:
+            w = await sc.open_writer(name)
+            await w.append_many([b"a%d" % i for i in range(5)])
+            victim = w.handle.metadata.last_fragment.ensemble[1]
+            by_id[victim].kill()
+            async with AsyncStreamClient(own.endpoint, own.cluster, read_timeout=2.0) as sc2:
+                for attempt in (1, 2):
+                    t0 = (await sc2.stream_info(name))["term"]
+                    with pytest.raises(se.LedgerRecoveryFailed) as ei:
+                        await sc2.open_writer(name)
+                    assert ei.value.retriable and victim in ei.value.missing and victim in str(ei.value)
+                    assert (await sc2.stream_info(name))["term"] == t0 + 1  # once per explicit attempt
+                by_id[victim].start()
+                w2 = await sc2.open_writer(name)
+                await w2.append(b"z")
+                assert (await read_n(sc2, name, 6)) == [b"a%d" % i for i in range(5)] + [b"z"]
+    run(go())
+
+
+# -- health, not a ban (19.2) ---------------------------------------------------------------------------
+
+
+def test_a_restarted_bookie_is_usable_at_once(own):
+    """kill -9 one of four bookies, let the client see it fail, restart it:
+    the next writer that needs all four opens at once (it used to be shunned
+    for 30 s: 'need 3 writable bookies (excluding [...])')."""
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster, add_timeout=3.0) as sc:
+            cfg = StreamConfig(ensemble_size=4, write_quorum=2, ack_quorum=2)
+            w = await sc.open_writer(sname(), cfg)
+            victim = w.handle.metadata.last_fragment.ensemble[0]
+            by_id[victim].kill()
+            with pytest.raises(se.BookKeeperError):
+                for i in range(100):  # the add stream breaks: the client sees the bookie fail
+                    await w.append(b"x%d" % i)
+            assert victim in sc.bk.quarantined()
+            # three are not four: the suspect is tried before giving up, and the error names it
+            with pytest.raises((se.NotEnoughBookies, se.LedgerRecoveryFailed)) as ei:
+                await sc.open_writer(sname(), cfg)
+            assert victim in str(ei.value)
+            by_id[victim].start()  # registered anew: its health is forgiven on the next read
+            w2 = await sc.open_writer(sname(), cfg)  # the first try after the restart
+            assert victim in w2.handle.metadata.last_fragment.ensemble and victim not in sc.bk.quarantined()
+            await w2.append(b"ok")
+    run(go())
+
+
+# -- overlapping log rolls (19.1) ---------------------------------------------------------------------------
+
+
+def test_overlapping_rolls_never_publish_a_ledger_while_an_older_one_is_open(own, monkeypatch):
+    """E3 Qw2 Qa2, one bookie paused so the first ledger's close waits for
+    its pending adds; two rolls started back to back.  Every list CAS must
+    find every ledger but the current one CLOSED (the next leader's open
+    fences only the last two).  The second roll used to publish a third
+    ledger at once, leaving the first OPEN outside what an open fences."""
+    from stream.log import LogReader, LogWriter, _Record
+
+    procs = own.start(4)  # (a bookie paused past its lease TTL drops out of the registrations)
+    by_id = {p.bookie_id: p for p in procs}
+    name = f"log-{uuid.uuid4().hex[:6]}"
+    seen_open: list[tuple[list[int], int]] = []
+    real_cas = _Record.cas
+
+    async def checking_cas(self, ids, revision):
+        for lid in ids[:-2]:
+            meta = await self.client.ledger_metadata(lid)
+            if meta.state.name != "CLOSED":
+                seen_open.append((list(ids), lid))
+        return await real_cas(self, ids, revision)
+
+    monkeypatch.setattr(_Record, "cas", checking_cas)
+
+    async def go():
+        async with BookKeeperClient(own.endpoint, own.cluster, add_timeout=60.0) as bk:
+            w = await LogWriter(bk, name, 3, 2, 2).open()
+            first = w.current_ledger
+            acked = [await w.append(b"a%d" % i) for i in range(10)]
+            paused = by_id[first.metadata.last_fragment.ensemble[0]]
+            _pause(paused)
+            try:
+                late = [w.append_async(b"b%d" % i) for i in range(10)]  # some wait for the paused bookie
+                roll1 = asyncio.ensure_future(w.roll())
+                roll2 = asyncio.ensure_future(w.roll())
+                # the second roll either waits for the first ledger's close
+                # (right) or publishes a third ledger meanwhile (the bug)
+                await asyncio.wait([roll2], timeout=3.0)
+            finally:
+                _resume(paused)
+            await asyncio.gather(roll1, roll2)
+            acked += await asyncio.gather(*late)
+            assert seen_open == []
+            ids = w.ledger_ids
+            assert len(ids) == 3
+            for lid in ids[:-1]:
+                assert (await bk.ledger_metadata(lid)).state.name == "CLOSED"
+            await w.close()
+        async with BookKeeperClient(own.endpoint, own.cluster) as bk2:
+            w2 = await LogWriter(bk2, name).open()  # the next leader
+            got = await LogReader(bk2, name).read_all()
+            assert [e.payload for _, e in got] == [b"a%d" % i for i in range(10)] + [b"b%d" % i for i in range(10)]
+            assert [p for p, _ in got] == acked
+            await w2.close()
+    run(go())
