@@ -89,6 +89,11 @@ class BookieClient:
             err = BookieUnavailable(f"{self.address}: client closed")
             raise
         finally:
+            # End gRPC's task that feeds the call from frames(): once the call
+            # has failed, call.cancel() no longer cancels it, and it would wait
+            # on the queue for ever (destroyed pending with the loop).
+            q.put_nowait(None)
+            call.cancel()
             self._broken = err
             pending, self._pending = self._pending, {}
             for fut in pending.values():

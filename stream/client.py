@@ -457,6 +457,9 @@ async def _cancel_tasks() -> None:
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=5)
+    # and finalizes the async generators still suspended (a blocking
+    # reader's tail) here, not from the garbage collector after the loop closed
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class SyncLedgerHandle:

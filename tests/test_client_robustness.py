@@ -336,3 +336,122 @@ def test_overlapping_rolls_never_publish_a_ledger_while_an_older_one_is_open(own
             assert [p for p, _ in got] == acked
             await w2.close()
     run(go())
+
+
+# -- no task left behind (12.7, 19.3) -------------------------------------------------------------------------
+
+LEFT_BEHIND = ("Task was destroyed but it is pending", "Task exception was never retrieved",
+               "asynchronous generator is already running", "was never awaited",
+               "error occurred during closing of asynchronous generator", "Exception in callback")
+
+
+def _left_behind(caplog) -> list[str]:
+    gc.collect()
+    return [r.getMessage() for r in caplog.records if any(m in r.getMessage() for m in LEFT_BEHIND)]
+
+
+def test_no_task_is_left_behind_by_an_ensemble_change_and_a_close(own, caplog):
+    """A stream writer appending, a tailing reader, a classic ledger writer
+    and its tail, one bookie killed under them (ensemble changes), then the
+    clients closed with all of it under way and the loop ended."""
+    caplog.set_level(logging.DEBUG, logger="asyncio")
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def go():
+        sc = AsyncStreamClient(own.endpoint, own.cluster, add_timeout=2.0, read_timeout=2.0)
+        bk = BookKeeperClient(own.endpoint, own.cluster, add_timeout=2.0, read_timeout=2.0)
+        name = sname()
+        w = await sc.open_writer(name)
+        lh = await bk.create_ledger(3, 3, 2)
+        reader = await sc.open_reader(name)
+        tailer = await bk.open_ledger(lh.ledger_id, recovery=False)
+        seen: list[bytes] = []
+
+        async def tail_stream():
+            async for rec in reader:
+                seen.append(rec.payload)
+
+        async def tail_ledger():
+            async for e in tailer.tail(0, poll_timeout=0.5):
+                seen.append(e.payload)
+
+        tails = [asyncio.ensure_future(tail_stream()), asyncio.ensure_future(tail_ledger())]
+        await w.append_many([b"s%d" % i for i in range(50)])
+        await asyncio.gather(*(lh.add_entry_async(b"l%d" % i) for i in range(50)))
+        victim = next(b for b in w.handle.metadata.last_fragment.ensemble if b in lh.metadata.last_fragment.ensemble)
+        by_id[victim].kill()
+        # appends through the change (and through the close below)
+        futs = [w.append_async(b"t%d" % i) for i in range(200)]
+        futs += [lh.add_entry_async(b"m%d" % i) for i in range(200)]
+        await asyncio.gather(*futs[:10], return_exceptions=True)
+        await asyncio.wait(futs, timeout=20)
+        await sc.close()
+        await bk.close()
+        for t in tails:
+            t.cancel()
+        await asyncio.gather(*tails, return_exceptions=True)
+        assert all(f.done() for f in futs)
+        for f in futs:
+            if not f.cancelled():
+                f.exception()
+
+    run(go())
+    assert _left_behind(caplog) == []
+
+
+def test_no_task_is_left_behind_by_the_blocking_clients_close(own, caplog):
+    """The blocking clients: a thread tailing a stream and one tailing a
+    classic ledger (their generators suspended on the loop), a bookie killed
+    under the writers, then both clients closed."""
+    import threading
+
+    from stream.client import SyncBookKeeperClient
+
+    caplog.set_level(logging.DEBUG, logger="asyncio")
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+    name = sname()
+    sc = StreamClient(own.endpoint, own.cluster, add_timeout=2.0, read_timeout=2.0)
+    bk = SyncBookKeeperClient(own.endpoint, own.cluster, add_timeout=2.0, read_timeout=2.0)
+    ended: list[BaseException] = []
+    try:
+        w = sc.open_writer(name)
+        lh = bk.create_ledger(3, 3, 2)
+        reader = sc.open_reader(name)
+        tailer = bk.open_ledger(lh.ledger_id, recovery=False)
+        first = threading.Event()
+
+        def consume(it):
+            try:
+                for _ in it:
+                    first.set()
+            except BaseException as e:  # ClientClosed once the client closes
+                ended.append(e)
+
+        threads = [threading.Thread(target=consume, args=(it,), daemon=True)
+                   for it in (iter(reader), tailer.tail(0, poll_timeout=0.5))]
+        for t in threads:
+            t.start()
+        for i in range(50):
+            w.append_async(b"s%d" % i)
+            lh.add_entry(b"l%d" % i)
+        w.flush()
+        assert first.wait(30)
+        victim = sc.stream_info(name)["ensemble"][0]
+        by_id[victim].kill()
+        futs = [w.append_async(b"t%d" % i) for i in range(100)]
+        for i in range(20):
+            try:
+                lh.add_entry(b"m%d" % i)
+            except se.BookKeeperError:
+                break
+        w.flush()
+    finally:
+        sc.close()
+        bk.close()
+    for t in threads:
+        t.join(30)
+    assert all(isinstance(e, se.ClientClosed) for e in ended) and len(ended) == 2, ended
+    assert all(f.done() for f in futs)
+    assert _left_behind(caplog) == []
