@@ -142,6 +142,7 @@ class _Writer:
         self._lac_timer: asyncio.TimerHandle | None = None
         self._retry_timer: asyncio.TimerHandle | None = None
         self._retry_delay = 0.0                # back-off of held/deferred ensemble changes
+        self._retried: set[str] = set()        # the failed bookies last retried (an ack resets the back-off)
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
         # the last frame encoded: ((first, last), frame id, message, bookies sent to)
@@ -280,7 +281,7 @@ class _Writer:
             self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
-        if self.core.awaiting and self._retry_timer is None and not self._stopped:
+        if self._retry_timer is None and not self._stopped and self.core.awaiting:
             # Failed bookies wait (delayed ensemble change): rule 3 holds the
             # change (each holds an ack a committed entry needs), or no bookie
             # could replace them.  Appends go on to the rest meanwhile; the
@@ -330,6 +331,7 @@ class _Writer:
     def _retry_held(self) -> None:
         self._retry_timer = None
         waiting = sorted(self.core.failed.values())
+        self._retried = set(waiting)
         if self.core.retry_failed():
             log.info("ledger %s: retrying failed bookies %s (and the ensemble change)", self.core.ledger_id,
                      waiting)
@@ -423,6 +425,9 @@ class _Writer:
             return
         ack = fut.result()
         self.client.mark_healthy(bookie_id)  # it answered (a refusal too: it is alive)
+        if self._retried and bookie_id in self._retried:  # a retried bookie is back
+            self._retried.discard(bookie_id)
+            self._retry_delay = 0.0
         if ack.status == Status.OK and not ack.errors:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
             self._schedule()
