@@ -671,6 +671,7 @@ class _RecoveryDriver:
             if bc is None:
                 raise BookieUnavailable(f"{f.bookie_id}: no address")
             resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
+            self.client.mark_healthy(f.bookie_id)
             self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(f.bookie_id, f"fencing read failed: {e or 'timed out'}")
@@ -837,6 +838,7 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
             r = await bc.prepare(ledger_id, first_entry, term, timeout=client.config.add_timeout)
         except (BookieUnavailable, asyncio.TimeoutError):
             return PREPARE_FAILED
+        client.mark_healthy(bid)  # it answered
         if r.status == Status.INVALID_TERM:
             return max(1, int(r.term))
         return PREPARED if r.status == Status.OK else PREPARE_FAILED
@@ -1499,10 +1501,12 @@ async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) ->
         if bc is None:
             return None
         try:
-            return await bc.read_lac(meta.ledger_id, timeout=timeout)
-        except (BookieUnavailable, asyncio.TimeoutError):
-            client.mark_failed(bid)
+            resp = await bc.read_lac(meta.ledger_id, timeout=timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            client.mark_failed(bid, f"LAC read failed: {e or 'timed out'}")
             return None
+        client.mark_healthy(bid)
+        return resp
 
     tasks = {asyncio.ensure_future(one(b)): i for i, b in enumerate(frag.ensemble)}
     try:

@@ -191,12 +191,14 @@ async def _released(handle) -> None:
         await w.progress()
 
 
-def test_a_writer_goes_on_at_qa_without_a_spare_and_resumes_when_the_bookie_returns(own):
+@pytest.mark.parametrize("then", ["the bookie returns", "a spare registers"])
+def test_a_writer_goes_on_at_qa_without_a_spare_and_resumes_when_a_bookie_comes(own, then):
     """Three bookies, E3 Qw3 Qa2 (the standalone default): one is killed.
     The writer used to fail 13 ms later (NotEnoughBookies, excluding all
     three).  Now appends go on, acknowledged at Qa, held in the window (rule
     1: they need Qw); the bookie is retried with back-off, and once it is
-    back every entry reaches Qw and leaves the window."""
+    back (or a spare registers: the change then replaces it) every entry
+    reaches Qw and leaves the window."""
     procs = own.start(3)
     by_id = {p.bookie_id: p for p in procs}
     name = sname()
@@ -212,9 +214,17 @@ def test_a_writer_goes_on_at_qa_without_a_spare_and_resumes_when_the_bookie_retu
             assert w.handle.writable and victim in core.failed.values() and len(core.pending) >= 30
             with pytest.raises(se.TooManyPendingAdds):  # the window is the bound
                 w.append_many_async([b"c"] * 40)
-            by_id[victim].start()  # it comes back (same id, same address)
+            if then == "the bookie returns":
+                by_id[victim].start()  # same id, same address
+            else:
+                await asyncio.to_thread(own.start, 1)
             await asyncio.wait_for(_released(w.handle), 60)
-            assert not core.failed and w.handle.metadata.fragment_count == 1  # retried, not replaced
+            assert not core.failed
+            ensemble = w.handle.metadata.last_fragment.ensemble
+            if then == "the bookie returns":
+                assert w.handle.metadata.fragment_count == 1  # retried, not replaced
+            else:
+                assert victim not in ensemble and w.handle.metadata.fragment_count == 2
             after = await w.append(b"d")
             ps = before + during + [after]
             assert [p.entry_id for p in ps] == list(range(ps[0].entry_id, ps[0].entry_id + 41))
