@@ -79,6 +79,11 @@ RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back
 RECOVERY_FRAME_BYTES = 64 << 10
 
 
+def _why(e: BaseException) -> str:
+    """An error as a reason (a timeout's str() is empty)."""
+    return str(e) or type(e).__name__
+
+
 def _status(code: int) -> Status | None:
     try:
         return Status(code)
@@ -674,7 +679,7 @@ class _RecoveryDriver:
             self.client.mark_healthy(f.bookie_id)
             self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
-            self._missing(f.bookie_id, f"fencing read failed: {e or 'timed out'}")
+            self._missing(f.bookie_id, f"fencing read failed: {_why(e)}")
             self.core.on_lac_response(f.bookie_index, None)
         self._schedule()
 
@@ -732,7 +737,7 @@ class _RecoveryDriver:
         except (BookieUnavailable, asyncio.TimeoutError, entry_codec.MalformedEntry) as e:
             log.info("ledger %s: recovery range read from %s failed: %s", self.lid, bookie_id, e)
             if not isinstance(e, entry_codec.MalformedEntry):
-                self._missing(bookie_id, f"recovery read failed: {e or 'timed out'}")
+                self._missing(bookie_id, f"recovery read failed: {_why(e)}")
         hand_over()  # (an answer the loop left: INVALID_TERM, or a frame's before a failure)
         answer_upto(ids[-1], None)  # what the stream did not answer: failed
         hand_over()
@@ -756,7 +761,7 @@ class _RecoveryDriver:
                     st = (_status(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
                     self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
-            self._missing(bookie_id, f"recovery write failed: {e or 'timed out'}")
+            self._missing(bookie_id, f"recovery write failed: {_why(e)}")
             for w in writes:
                 self.core.on_write_ack(w.entry_id, index, None, bookie_id=bookie_id)
         self._schedule()
@@ -1503,7 +1508,7 @@ async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) ->
         try:
             resp = await bc.read_lac(meta.ledger_id, timeout=timeout)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
-            client.mark_failed(bid, f"LAC read failed: {e or 'timed out'}")
+            client.mark_failed(bid, f"LAC read failed: {_why(e)}")
             return None
         client.mark_healthy(bid)
         return resp

@@ -153,8 +153,12 @@ class LogWriter:
 
         def done(f: asyncio.Future) -> None:
             if out.done():
+                if not f.cancelled():
+                    f.exception()  # retrieved: the caller gave up on `out`
                 return
-            if f.exception() is not None:
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
                 e = f.exception()
                 if isinstance(e, err.LedgerFenced) and self._lost is None:
                     self._lost = e
