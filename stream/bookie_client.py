@@ -28,9 +28,10 @@ CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
     # a bookie that restarts is reached again within a second, not after
-    # gRPC's default back-off (up to 2 minutes)
+    # gRPC's default back-off (up to 2 minutes).  Not min_reconnect_backoff_ms:
+    # gRPC takes it as the connect timeout too (100 ms failed connects on a
+    # loaded machine: "timed out before receiving SETTINGS frame").
     ("grpc.initial_reconnect_backoff_ms", 100),
-    ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
