@@ -148,6 +148,7 @@ def _registration_factory(args: argparse.Namespace):
             read_only=server.storage.core.read_only,
             free_bytes=free,
             total_bytes=total,
+            max_entry_size=server.config.storage.max_entry_size,  # the clients' limit (EntryTooLarge)
         )
         lease_file = Path(server.config.data_dir) / LEASE_FILE
         # The lease of this bookie's previous run (recorded below): a

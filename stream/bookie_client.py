@@ -27,6 +27,12 @@ CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    # a bookie that restarts is reached again within a second, not after
+    # gRPC's default back-off (up to 2 minutes).  Not min_reconnect_backoff_ms:
+    # gRPC takes it as the connect timeout too (100 ms failed connects on a
+    # loaded machine: "timed out before receiving SETTINGS frame").
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
 
@@ -88,6 +94,11 @@ class BookieClient:
             err = BookieUnavailable(f"{self.address}: client closed")
             raise
         finally:
+            # End gRPC's task that feeds the call from frames(): once the call
+            # has failed, call.cancel() no longer cancels it, and it would wait
+            # on the queue for ever (destroyed pending with the loop).
+            q.put_nowait(None)
+            call.cancel()
             self._broken = err
             pending, self._pending = self._pending, {}
             for fut in pending.values():

@@ -22,15 +22,30 @@ import time
 import weakref
 from typing import Any, Callable, Iterable, Iterator
 
+from bookie.entry import HEADER_SIZE
+from bookie.server import MAX_MESSAGE_BYTES
+from bookie.storage import StorageConfig
+from bookstream_pb import metadata_pb2 as mpb
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
 from metadata.registration import BookieRegistry
 from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
-from stream.placement import PlacementPolicy, get_policy
+from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
 
 log = logging.getLogger(__name__)
+
+# A bookie that published no limit (an older one) has the bookies' default.
+DEFAULT_MAX_ENTRY_SIZE = StorageConfig.max_entry_size
+# Whatever the bookies say, one entry must fit one gRPC message with its header.
+WIRE_MAX_ENTRY_SIZE = MAX_MESSAGE_BYTES - HEADER_SIZE - 1024
+
+
+def _entry_limit(regs) -> int:
+    """The largest payload every registered bookie accepts."""
+    limits = [r.max_entry_size or DEFAULT_MAX_ENTRY_SIZE for r in regs]
+    return min([WIRE_MAX_ENTRY_SIZE, *limits]) if limits else min(WIRE_MAX_ENTRY_SIZE, DEFAULT_MAX_ENTRY_SIZE)
 
 
 @dataclasses.dataclass
@@ -44,23 +59,60 @@ class ClientConfig:
     recovery_attempts: int = 3             # recovery runs that may abort (then LedgerRecoveryFailed)
     metadata_attempts: int = 10            # CAS retries
     metadata_timeout: float = 5.0
-    quarantine_s: float = 30.0             # a failed bookie is not chosen again for this long
+    failure_half_life: float = 10.0        # a failed bookie's score halves this often (placement avoids it)
+    change_retry_max: float = 5.0          # a held or deferred ensemble change is retried at most this far apart
     placement: str = "random"
+
+    def __post_init__(self) -> None:
+        for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
+                     "metadata_timeout", "failure_half_life", "change_retry_max"):
+            v = getattr(self, name)
+            zero_ok = name in ("speculative_read_timeout", "explicit_lac_delay")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (v >= 0 if zero_ok else v > 0):
+                raise err.InvalidLedgerConfig(f"ClientConfig.{name} must be a {'non-negative' if zero_ok else 'positive'}"
+                                              f" number of seconds, got {v!r}")
+        for name in ("max_pending_adds", "read_concurrency", "recovery_attempts", "metadata_attempts"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise err.InvalidLedgerConfig(f"ClientConfig.{name} must be an int >= 1, got {v!r}")
+        get_policy(self.placement)  # InvalidLedgerConfig for an unknown one
+
+
+def _endpoints(etcd_endpoints) -> list[str]:
+    """The etcd endpoints as a list; InvalidLedgerConfig for none or a bad one."""
+    eps = etcd_endpoints.split(",") if isinstance(etcd_endpoints, str) else etcd_endpoints
+    try:
+        eps = [e.strip() for e in eps]
+    except TypeError:
+        raise err.InvalidLedgerConfig(f"etcd endpoints must be 'host:port[,host:port...]', "
+                                      f"got {etcd_endpoints!r}") from None
+    if not eps or not all(isinstance(e, str) and e for e in eps):
+        raise err.InvalidLedgerConfig(f"etcd endpoints must be 'host:port[,host:port...]', got {etcd_endpoints!r}")
+    return eps
 
 
 class BookKeeperClient:
     def __init__(self, etcd_endpoints: str | list[str], cluster: str = "default",
                  config: ClientConfig | None = None, *, store: MetadataStore | None = None, **overrides):
-        self.config = dataclasses.replace(config or ClientConfig(), **overrides)
+        try:
+            self.config = dataclasses.replace(config or ClientConfig(), **overrides)
+        except TypeError as e:  # an unknown override
+            raise err.InvalidLedgerConfig(str(e)) from None
+        if not isinstance(cluster, str) or not cluster:
+            raise err.InvalidLedgerConfig(f"cluster must be a non-empty name, got {cluster!r}")
         self.cluster = cluster
         self._own_store = store is None
-        self.store = store or MetadataStore(etcd_endpoints, timeout=self.config.metadata_timeout)
+        self.store = store or MetadataStore(_endpoints(etcd_endpoints), timeout=self.config.metadata_timeout)
         self.ledgers = LedgerStore(self.store, cluster)
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
         self._addresses: dict[str, str] = {}
+        self._registered_at: dict[str, int] = {}  # bookie -> create revision of the registration seen
+        self._tasks: set[asyncio.Future] = set()
         self._bookies: dict[str, BookieClient] = {}
-        self._failed: dict[str, float] = {}
+        self.health = BookieHealth(self.config.failure_half_life)
+        # the smallest max entry size the registrations published (see entry_size_limit)
+        self._entry_limit: int | None = None
         self._closed = False
         self._closing = False
         self._close_task: asyncio.Future | None = None
@@ -106,28 +158,86 @@ class BookKeeperClient:
         one, so it never reads back what its own writer had acknowledged."""
         return max((h.last_add_confirmed for h in list(self._handles) if h.ledger_id == ledger_id), default=-1)
 
-    def mark_failed(self, bookie_id: str) -> None:
-        self._failed[bookie_id] = time.monotonic()
+    def mark_failed(self, bookie_id: str, reason: str = "did not answer") -> None:
+        """The bookie failed a request (unreachable, timed out, an error of
+        its own): placement avoids it while others suffice (BookieHealth).
+        Never for a refusal of one request (TOO_LARGE, BAD_REQUEST...)."""
+        self.health.on_failure(bookie_id, time.monotonic(), reason)
+
+    def mark_healthy(self, bookie_id: str) -> None:
+        """The bookie answered: usable again at once."""
+        self.health.on_success(bookie_id)
 
     def quarantined(self) -> set[str]:
-        now = time.monotonic()
-        for b, t in list(self._failed.items()):
-            if now - t > self.config.quarantine_s:
-                del self._failed[b]
-        return set(self._failed)
+        """The bookies suspect now (failed recently): asked last, chosen last."""
+        return {b for b, _ in self.health.suspects(time.monotonic())}
 
     async def _registrations(self, writable_only: bool) -> list:
-        regs = await self.meta_call(self.registry.list_bookies, writable_only)
-        for r in regs:
-            self._set_address(r.bookie_id, r.address)
+        """The registrations (read-only ones too unless ``writable_only``),
+        sorted by id, each with its etcd create revision: a bookie that
+        registered anew since it failed is forgiven (BookieHealth)."""
+        layout = self.registry.layout
+        prefix = layout.bookies_state_prefix(False) if writable_only else layout.bookies_prefix()
+        rows, _ = await self.meta_call(self.store.range_with_revision, prefix)
+        regs, revisions = [], {}
+        for key, v in rows:
+            try:
+                bookie_id, read_only = layout.parse_bookie_key(key)
+                r = mpb.BookieRegistration.FromString(v.value)
+            except Exception as e:  # one bad key does not hide the others
+                log.warning("skipping bad bookie registration %r: %s", key, e)
+                continue
+            if r.bookie_id != bookie_id:
+                log.warning("skipping %r: it holds the registration of %r", key, r.bookie_id)
+                continue
+            r.read_only = read_only
+            regs.append(r)
+            revisions[bookie_id] = v.create_revision
+            self._set_address(r.bookie_id, r.address, v.create_revision)
+        regs.sort(key=lambda m: m.bookie_id)
+        self.health.on_registrations(revisions)
+        if not writable_only or regs:
+            self._entry_limit = _entry_limit(regs)
         return regs
 
-    def _set_address(self, bookie_id: str, address: str) -> None:
-        if self._addresses.get(bookie_id) != address:
+    @property
+    def max_entry_size(self) -> int:
+        """The largest payload an add may carry: the smallest limit the
+        bookies published (as last read; the bookies' default until then)."""
+        return DEFAULT_MAX_ENTRY_SIZE if self._entry_limit is None else self._entry_limit
+
+    async def entry_size_limit(self) -> int:
+        """:attr:`max_entry_size`, reading the registrations if never read."""
+        if self._entry_limit is None:
+            try:
+                await self._registrations(False)
+            except err.MetadataUnavailable:
+                pass  # the default until the next read
+        return self.max_entry_size
+
+    def _set_address(self, bookie_id: str, address: str, registered: int = 0) -> None:
+        """A bookie's address from its registration.  A new address, or a
+        new registration (a restart: a higher create revision), gets a fresh
+        channel: the old one may be backing off from the dead process."""
+        known = self._registered_at.get(bookie_id, 0)
+        if self._addresses.get(bookie_id) != address or (known and registered > known):
             self._addresses[bookie_id] = address
             old = self._bookies.pop(bookie_id, None)
             if old is not None:
-                asyncio.ensure_future(old.close())
+                self._spawn(old.close())
+        if registered:
+            self._registered_at[bookie_id] = registered
+
+    def _spawn(self, coro) -> None:
+        """A background task the client's close waits for (none left behind)."""
+        t = asyncio.ensure_future(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._task_done)
+
+    def _task_done(self, t: asyncio.Future) -> None:
+        self._tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.info("background task failed: %r", t.exception())
 
     def bookie_now(self, bookie_id: str) -> BookieClient | None:
         """The bookie's client if its address is known (no I/O); None once
@@ -154,11 +264,15 @@ class BookKeeperClient:
             bc = self.bookie_now(bookie_id)
         return bc
 
-    async def choose_bookies(self, n: int, exclude: Iterable[str] = (),
+    async def choose_bookies(self, n: int, exclude: "Iterable[str] | dict[str, str]" = (),
                              policy: PlacementPolicy | str | None = None) -> list[str]:
+        """``n`` writable bookies, none of ``exclude`` (ids, or id -> why);
+        recently failed ones only when the others are too few (the least
+        suspect first).  NotEnoughBookies names who was left out and why."""
         regs = await self._registrations(True)
         pol = self.placement if policy is None else get_policy(policy)
-        return pol.choose(regs, n, exclude)
+        why = dict(exclude) if isinstance(exclude, dict) else {b: "excluded" for b in exclude}
+        return choose_with_fallback(pol, regs, n, why, self.health.suspects(time.monotonic()))
 
     # -- ledgers --------------------------------------------------------------------
 
@@ -172,7 +286,8 @@ class BookKeeperClient:
         except Exception as e:
             raise err.translate(e) from e
         pol = self.placement if placement is None else get_policy(placement)
-        ensemble = await self.choose_bookies(ensemble_size, self.quarantined(), pol)
+        ensemble = await self.choose_bookies(ensemble_size, (), pol)
+        await self.entry_size_limit()
         header = LedgerMetadata(ensemble_size, write_quorum, ack_quorum, mode=LedgerMode.CLASSIC,
                                 custom=dict(custom or {}))
         meta, rev = await self.meta_call(self.ledgers.create, header, ensemble)
@@ -244,7 +359,7 @@ class BookKeeperClient:
             if isinstance(r, Exception):
                 log.info("ledger %s: ending the handle at close: %r", h.ledger_id, r)
         bookies, self._bookies = list(self._bookies.values()), {}
-        await asyncio.gather(*(b.close() for b in bookies), return_exceptions=True)
+        await asyncio.gather(*(b.close() for b in bookies), *list(self._tasks), return_exceptions=True)
         self._closed = True
         if self._own_store:
             await asyncio.to_thread(self.store.close)
@@ -342,6 +457,9 @@ async def _cancel_tasks() -> None:
         t.cancel()
     if tasks:
         await asyncio.wait(tasks, timeout=5)
+    # and finalizes the async generators still suspended (a blocking
+    # reader's tail) here, not from the garbage collector after the loop closed
+    await asyncio.get_running_loop().shutdown_asyncgens()
 
 
 class SyncLedgerHandle:
@@ -440,7 +558,11 @@ class SyncBookKeeperClient:
         async def make() -> BookKeeperClient:
             return BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
 
-        self.client = self._run(make())
+        try:
+            self.client = self._run(make())
+        except BaseException:  # a bad argument: no loop thread left behind
+            self._bg.close()
+            raise
 
     def _run(self, coro, timeout: float | None = None):
         return self._bg.run(coro, timeout)

@@ -34,14 +34,30 @@ class NoSuchLedger(BookKeeperError, LookupError):
 
 
 class NotEnoughBookies(BookKeeperError):
-    """Fewer writable bookies than needed (for an ensemble or a replacement)."""
+    """Fewer writable bookies than needed (for an ensemble or a replacement).
+    ``excluded`` maps each bookie left out to why (in the ensemble already,
+    read-only, failed recently and still not enough with it...)."""
 
     retriable = True
 
-    def __init__(self, needed: int, available: int, message: str = ""):
+    def __init__(self, needed: int, available: int, message: str = "",
+                 excluded: "dict[str, str] | None" = None):
         super().__init__(message or f"need {needed} writable bookies, {available} available")
         self.needed = needed
         self.available = available
+        self.excluded = dict(excluded or {})
+
+
+class EntryTooLarge(BookKeeperError, ValueError):
+    """An append's payload is larger than the cluster's maximum entry size
+    (the smallest ``--max-entry-size`` of the registered bookies).  Refused
+    before anything is sent: the writer and the bookies are unaffected, and
+    the same payload will never fit (not retriable)."""
+
+    def __init__(self, size: int, limit: int, message: str = ""):
+        super().__init__(message or f"entry of {size} bytes is larger than the maximum entry size "
+                                    f"({limit} bytes)")
+        self.size, self.limit = size, limit
 
 
 # -- writing --------------------------------------------------------------------
@@ -106,9 +122,14 @@ class QuorumTimeout(BookKeeperError):
 
 class LedgerRecoveryFailed(BookKeeperError):
     """Recovery could not decide (coverage out of reach, an entry's outcome
-    unknown, no bookie to replace one with).  Nothing was guessed; retry."""
+    unknown, no bookie to replace one with).  Nothing was guessed; retry.
+    ``missing``: the bookies that did not answer (or could not be replaced)."""
 
     retriable = True
+
+    def __init__(self, message: str = "", missing: "list[str] | tuple[str, ...]" = ()):
+        super().__init__(message)
+        self.missing = tuple(missing)
 
 
 class ReadBeyondLac(BookKeeperError):
@@ -222,7 +243,7 @@ def translate(exc: BaseException) -> BaseException:
 
 
 __all__ = [
-    "BookKeeperError", "InvalidLedgerConfig", "NoSuchLedger", "NotEnoughBookies", "LedgerFenced",
+    "BookKeeperError", "InvalidLedgerConfig", "NoSuchLedger", "NotEnoughBookies", "EntryTooLarge", "LedgerFenced",
     "LedgerClosed", "LedgerInRecovery", "CloseMismatch", "NotWriter", "WriterFenced", "NotLeader",
     "TooManyPendingAdds",
     "AddFailed", "QuorumTimeout", "LedgerRecoveryFailed", "ReadBeyondLac", "BadChecksum", "ReadFailed",

@@ -83,6 +83,11 @@ FIRST_FRAME_SPECULATIONS = 20
 RECOVERY_FRAME_BYTES = 64 << 10
 
 
+def _why(e: BaseException) -> str:
+    """An error as a reason (a timeout's str() is empty)."""
+    return str(e) or type(e).__name__
+
+
 def _status(code: int) -> Status | None:
     try:
         return Status(code)
@@ -145,6 +150,8 @@ class _Writer:
         self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
         self._lac_timer: asyncio.TimerHandle | None = None
         self._retry_timer: asyncio.TimerHandle | None = None
+        self._retry_delay = 0.0                # back-off of held/deferred ensemble changes
+        self._retried: set[str] = set()        # the failed bookies last retried (an ack resets the back-off)
         self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
         self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
         # the last frame encoded: ((first, last), frame id, message, bookies sent to)
@@ -173,9 +180,14 @@ class _Writer:
         """Consecutive adds (all or none queued); one future for them all,
         resolving to ``options.result_range(first, last)`` once the last is
         acknowledged (acks are in order), or failing if any of them fails."""
+        limit = self.client.max_entry_size
         for p in payloads:
             if not isinstance(p, (bytes, bytearray, memoryview)):
                 raise TypeError(f"payload must be bytes, got {type(p).__name__}")
+            if len(p) > limit:  # refused here, for this call alone: nothing is sent
+                raise err.EntryTooLarge(len(p), limit, f"ledger {self.core.ledger_id}: an entry of {len(p)} "
+                                                       f"bytes is larger than the maximum entry size ({limit} "
+                                                       f"bytes, the smallest the bookies accept)")
         fut = self.loop.create_future()
         if not payloads:
             nxt = self.core.next_entry + self._queued_n
@@ -222,12 +234,12 @@ class _Writer:
             return first if o.result is None else o.result(first)
         return range(first, last + 1) if o.result_range is None else o.result_range(first, last)
 
-    def _bookie_failed(self, index: int, bookie_id: str) -> None:
+    def _bookie_failed(self, index: int, bookie_id: str, reason: str = "add failed") -> None:
         core = self.core
         if core.state in WRITER_TERMINAL or core.ensemble[index] != bookie_id:
             return  # already replaced, or the writer is done
-        log.info("ledger %s: bookie %s (index %d) failed", core.ledger_id, bookie_id, index)
-        self.client.mark_failed(bookie_id)
+        log.info("ledger %s: bookie %s (index %d) failed: %s", core.ledger_id, bookie_id, index, reason)
+        self.client.mark_failed(bookie_id, reason)
         core.on_bookie_failed(index)
         self._schedule()
 
@@ -278,10 +290,13 @@ class _Writer:
             self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
-        if self.core.held and self._retry_timer is None:
-            # Rule 3 holds the ensemble change (every failed bookie still
-            # holds an ack a committed entry needs): retry them after a while.
-            self._retry_timer = self.loop.call_later(self.cfg.add_timeout / 2, self._retry_held)
+        if self._retry_timer is None and not self._stopped and self.core.awaiting:
+            # Failed bookies wait (delayed ensemble change): rule 3 holds the
+            # change (each holds an ack a committed entry needs), or no bookie
+            # could replace them.  Appends go on to the rest meanwhile; the
+            # failed ones (and the change) are retried, backing off.
+            self._retry_delay = min(self.cfg.change_retry_max, max(0.1, self._retry_delay * 2))
+            self._retry_timer = self.loop.call_later(self._retry_delay, self._retry_held)
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
@@ -324,8 +339,11 @@ class _Writer:
 
     def _retry_held(self) -> None:
         self._retry_timer = None
-        if self.core.retry_held():
-            log.info("ledger %s: retrying failed bookies the ensemble change waits for", self.core.ledger_id)
+        waiting = sorted(self.core.failed.values())
+        self._retried = set(waiting)
+        if self.core.retry_failed():
+            log.info("ledger %s: retrying failed bookies %s (and the ensemble change)", self.core.ledger_id,
+                     waiting)
             self._schedule()
 
     def progress(self) -> asyncio.Future:
@@ -356,7 +374,7 @@ class _Writer:
     def _transmit(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
         bc = self.client.bookie_now(bookie_id)
         if bc is None:
-            self.loop.call_soon(self._bookie_failed, index, bookie_id)
+            self.loop.call_soon(self._bookie_failed, index, bookie_id, "not registered")
             return
         for fids, frecs in _frames(records, ids):
             try:
@@ -402,7 +420,7 @@ class _Writer:
 
     def _frame_timeout(self, index: int, bookie_id: str, fut: asyncio.Future) -> None:
         if not fut.done():
-            self._bookie_failed(index, bookie_id)
+            self._bookie_failed(index, bookie_id, f"no ack in {self.cfg.add_timeout} s")
 
     def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
         timer.cancel()
@@ -412,9 +430,13 @@ class _Writer:
             if self.core.ensemble[held[0]] == bookie_id:  # else replaced: the core resends elsewhere
                 self._transmit(held[0], bookie_id, held[1], held[2])
         if fut.cancelled() or fut.exception() is not None:
-            self._bookie_failed(index, bookie_id)
+            self._bookie_failed(index, bookie_id, "cancelled" if fut.cancelled() else str(fut.exception()))
             return
         ack = fut.result()
+        self.client.mark_healthy(bookie_id)  # it answered (a refusal too: it is alive)
+        if self._retried and bookie_id in self._retried:  # a retried bookie is back
+            self._retried.discard(bookie_id)
+            self._retry_delay = 0.0
         if ack.status == Status.OK and not ack.errors:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
             self._schedule()
@@ -454,14 +476,23 @@ class _Writer:
                 # A failure replaces bookies with ones outside the ensemble; a
                 # roll chooses the whole next ensemble afresh, so a stream
                 # spreads over the cluster as it grows.
-                exclude = client.quarantined()
+                # Recently failed bookies are chosen only when the rest are too few.
+                exclude: dict[str, str] = {}
                 if prop.reason is not ChangeReason.ROLL:
-                    exclude |= set(prop.ensemble)
+                    exclude = {b: "in the ensemble" for b in prop.ensemble}
                 try:
                     picks = await client.choose_bookies(len(prop.replace), exclude, self.h.placement)
                 except err.NotEnoughBookies as e:
-                    if self._live(prop):
+                    # No bookie to replace them with: while Qa of every write
+                    # set is left, the writer goes on without the failed ones
+                    # (delayed ensemble change), retrying later; else it fails.
+                    if self._live(prop) and not self.core.ack_quorum_reachable:
                         self._fail(e)
+                    elif self._live(prop):
+                        log.warning("ledger %s: no bookie to replace %s, going on without them (appends "
+                                    "acknowledged at Qa while the window has room): %s", lid,
+                                    [prop.ensemble[i] for i in prop.replace], e)
+                        self.core.on_change_deferred()
                     return
                 new = list(prop.ensemble)
                 for i, b in zip(prop.replace, picks):
@@ -501,6 +532,7 @@ class _Writer:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
+                    self._retry_delay = 0.0
                     self.core.on_ensemble_changed(prop.first_entry, new)
                 return
         if self._live(prop):
@@ -558,6 +590,7 @@ class _RecoveryDriver:
         self._answered_at = 0.0                 # the loop time of the last read answer or read sent
         self._speculation: asyncio.TimerHandle | None = None
         self.speculations = 0                   # times stalled reads were asked of the rest (stats)
+        self.missing: dict[str, str] = {}       # bookie id -> what failed (named by LedgerRecoveryFailed)
 
     async def run(self) -> RecoveryResult:
         for b in self.core.read_ensemble:
@@ -576,7 +609,14 @@ class _RecoveryDriver:
             return self.core.result
         if st is RecoveryState.FENCED_OUT:
             raise err.LedgerFenced(f"ledger {self.lid}: recovery fenced out: {self.core.reason}")
-        raise err.LedgerRecoveryFailed(f"ledger {self.lid}: recovery aborted: {self.core.reason}")
+        missing = "; ".join(f"{b}: {why}" for b, why in sorted(self.missing.items()))
+        raise err.LedgerRecoveryFailed(f"ledger {self.lid}: recovery aborted: {self.core.reason}"
+                                       + (f" (missing bookies: {missing})" if missing else ""),
+                                       missing=sorted(self.missing))
+
+    def _missing(self, bookie_id: str, why: str) -> None:
+        self.missing[bookie_id] = why
+        self.client.mark_failed(bookie_id, why)
 
     def _schedule(self) -> None:
         if not self._scheduled:
@@ -640,9 +680,10 @@ class _RecoveryDriver:
             if bc is None:
                 raise BookieUnavailable(f"{f.bookie_id}: no address")
             resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
+            self.client.mark_healthy(f.bookie_id)
             self.core.on_lac_response(f.bookie_index, _status(resp.status), resp.lac, resp.lafr, resp.last_entry)
-        except (BookieUnavailable, asyncio.TimeoutError):
-            self.client.mark_failed(f.bookie_id)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self._missing(f.bookie_id, f"fencing read failed: {_why(e)}")
             self.core.on_lac_response(f.bookie_index, None)
         self._schedule()
 
@@ -700,7 +741,7 @@ class _RecoveryDriver:
         except (BookieUnavailable, asyncio.TimeoutError, entry_codec.MalformedEntry) as e:
             log.info("ledger %s: recovery range read from %s failed: %s", self.lid, bookie_id, e)
             if not isinstance(e, entry_codec.MalformedEntry):
-                self.client.mark_failed(bookie_id)
+                self._missing(bookie_id, f"recovery read failed: {_why(e)}")
         hand_over()  # (an answer the loop left: INVALID_TERM, or a frame's before a failure)
         answer_upto(ids[-1], None)  # what the stream did not answer: failed
         hand_over()
@@ -723,8 +764,8 @@ class _RecoveryDriver:
                     e = errors.get(k)
                     st = (_status(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
                     self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
-        except (BookieUnavailable, asyncio.TimeoutError):
-            self.client.mark_failed(bookie_id)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self._missing(bookie_id, f"recovery write failed: {_why(e)}")
             for w in writes:
                 self.core.on_write_ack(w.entry_id, index, None, bookie_id=bookie_id)
         self._schedule()
@@ -733,11 +774,12 @@ class _RecoveryDriver:
         async with self._replace_lock:
             if self.core.state in RECOVERY_TERMINAL:
                 return
-            self.client.mark_failed(rp.bookie_id)
-            exclude = set(self.core.ensemble) | set(self.core.read_ensemble) | self.client.quarantined()
+            self.client.mark_failed(rp.bookie_id, "recovery write failed")
+            exclude = {b: "in the ensemble" for b in (*self.core.ensemble, *self.core.read_ensemble)}
             try:
                 (new,) = await self.client.choose_bookies(1, exclude, None)
             except err.BookKeeperError as e:
+                self.missing.setdefault(rp.bookie_id, "failed")
                 self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
             else:
                 verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new])
@@ -812,6 +854,7 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
             r = await bc.prepare(ledger_id, first_entry, term, timeout=client.config.add_timeout)
         except (BookieUnavailable, asyncio.TimeoutError):
             return PREPARE_FAILED
+        client.mark_healthy(bid)  # it answered
         if r.status == Status.INVALID_TERM:
             return max(1, int(r.term))
         return PREPARED if r.status == Status.OK else PREPARE_FAILED
@@ -1531,10 +1574,12 @@ async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) ->
         if bc is None:
             return None
         try:
-            return await bc.read_lac(meta.ledger_id, timeout=timeout)
-        except (BookieUnavailable, asyncio.TimeoutError):
-            client.mark_failed(bid)
+            resp = await bc.read_lac(meta.ledger_id, timeout=timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            client.mark_failed(bid, f"LAC read failed: {_why(e)}")
             return None
+        client.mark_healthy(bid)
+        return resp
 
     tasks = {asyncio.ensure_future(one(b)): i for i, b in enumerate(frag.ensemble)}
     try:

@@ -19,6 +19,16 @@ switch appends to it, then close the previous ledger (appends keep going to
 the previous ledger while the metadata is updated).  A lost CAS means
 another node took over: :class:`~stream.errors.NotLeader`.
 
+Invariant: a log never has an unclosed ledger other than its last two, so
+the next leader's open, which fences the last two, recovers every ledger
+that may hold acknowledged entries beyond its LAC.  Rolls are serialized,
+the close of the previous ledger included: a roll publishes a new ledger
+only once the one before the current is CLOSED (a close that failed is
+retried by the next roll before it creates anything, and the roll fails if
+it still cannot).  Overlapping rolls used to publish a third ledger while
+the first was still open: that ledger was never recovered, and the
+acknowledged entries above its LAC were lost to readers.
+
 Truncating (:meth:`LogWriter.truncate`): CAS the list without its first
 ledgers, then delete them.  Reading (:class:`LogReader`): every ledger of
 the list in order, closed ones up to their last entry, open ones up to
@@ -88,7 +98,8 @@ class LogWriter:
         self._rev: int | None = None
         self._current: LedgerHandle | None = None
         self._lost: BaseException | None = None
-        self._meta_lock = asyncio.Lock()
+        self._meta_lock = asyncio.Lock()  # held by a whole roll (close included) and by truncate
+        self._unclosed: LedgerHandle | None = None  # the previous ledger, if its close failed
 
     @property
     def ledger_ids(self) -> list[int]:
@@ -142,8 +153,12 @@ class LogWriter:
 
         def done(f: asyncio.Future) -> None:
             if out.done():
+                if not f.cancelled():
+                    f.exception()  # retrieved: the caller gave up on `out`
                 return
-            if f.exception() is not None:
+            if f.cancelled():
+                out.cancel()
+            elif f.exception() is not None:
                 e = f.exception()
                 if isinstance(e, err.LedgerFenced) and self._lost is None:
                     self._lost = e
@@ -162,8 +177,11 @@ class LogWriter:
 
     async def roll(self) -> LedgerHandle:
         """Creates a ledger, CASes it into the list, switches appends to it,
-        then closes the previous ledger."""
+        then closes the previous ledger (waiting for its pending adds).
+        Concurrent rolls run one after the other (see the module's
+        invariant)."""
         async with self._meta_lock:
+            await self._close_unclosed()
             old = self._check()
             new = await self.client.create_ledger(*self.config)
             try:
@@ -176,8 +194,28 @@ class LogWriter:
                 await self._discard(new)
                 raise
             self._ids, self._rev, self._current = self._ids + [new.ledger_id], rev, new
-        await old.close()  # after its pending adds; appends already go to `new`
+            # after its pending adds (appends already go to `new`), and before
+            # any other roll: the next ledger waits for this close
+            self._unclosed = old
+            await self._close_unclosed()
         return new
+
+    async def _close_unclosed(self) -> None:
+        """Closes the previous ledger if a roll left it open (its close
+        failed); raises if it still cannot: nothing is published meanwhile."""
+        old = self._unclosed
+        if old is None:
+            return
+        try:
+            await old.close()
+        except (err.LedgerFenced, err.LedgerClosed) as e:
+            # recovered (and closed) by another leader: we are no longer the leader
+            if self._lost is None:
+                self._lost = e
+            self._unclosed = None
+            raise err.NotLeader(f"log {self.name}: ledger {old.ledger_id} was recovered by another "
+                                f"leader: {e}") from e
+        self._unclosed = None
 
     async def truncate(self, keep_from: int) -> list[int]:
         """Removes every ledger before ledger ``keep_from`` from the list
@@ -205,6 +243,12 @@ class LogWriter:
 
     async def close(self) -> None:
         """Closes the current ledger (the log stays; a next leader opens it)."""
+        if self._unclosed is not None:
+            async with self._meta_lock:
+                try:
+                    await self._close_unclosed()
+                except err.NotLeader:
+                    pass
         if self._current is not None:
             lh, self._current = self._current, None
             await lh.close()

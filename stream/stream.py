@@ -49,7 +49,7 @@ from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata import errors as me
 from metadata.layout import KeyLayout
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, validate_config
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.client import BackgroundLoop, BookKeeperClient, ClientConfig
@@ -195,6 +195,22 @@ class StreamConfig:
     linger: float = 0.001                  # blocking API: gather appends this long
     max_batch_bytes: int = 1 << 20         # ... or until this many bytes
 
+    def __post_init__(self) -> None:
+        """Validated here, not when a writer opens: InvalidLedgerConfig."""
+        try:
+            validate_config(self.ensemble_size, self.write_quorum, self.ack_quorum)
+        except me.InvalidLedgerConfig as e:
+            raise err.InvalidLedgerConfig(str(e)) from None
+        for name in ("fragment_size_bytes", "fragment_size_entries", "max_batch_bytes"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise err.InvalidLedgerConfig(f"StreamConfig.{name} must be an int >= 0, got {v!r}")
+        if self.max_batch_bytes < 1:
+            raise err.InvalidLedgerConfig(f"StreamConfig.max_batch_bytes must be >= 1, got {self.max_batch_bytes}")
+        if isinstance(self.linger, bool) or not isinstance(self.linger, (int, float)) or not 0 <= self.linger <= 60:
+            raise err.InvalidLedgerConfig(f"StreamConfig.linger must be seconds in [0, 60], got {self.linger!r}")
+        get_policy(self.placement)  # InvalidLedgerConfig for an unknown one
+
 
 # -- take-over ------------------------------------------------------------------------------
 
@@ -202,52 +218,78 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
     """Makes this client the ledger's writer in a new term.  Returns the
     OPEN metadata, its revision, and the first entry id to append at.
 
+    The term is raised once per call (a lost CAS raises nothing); recovery
+    is retried within that term, backing off, up to ``recovery_attempts``
+    runs (recovery with the same term again is the same recoverer again: its
+    fencing, reads and writes carry the term the bookies already hold).
+
     Raises WriterFenced when a newer term takes over meanwhile, and
-    LedgerRecoveryFailed (retriable) when recovery could not finish."""
+    LedgerRecoveryFailed (retriable; ``missing`` names the bookies that did
+    not answer or could not be replaced) when recovery could not finish:
+    the ledger stays IN_RECOVERY at this term until the next take-over."""
     cfg = bk.config
     failure: BaseException | None = None
-    for attempt in range(cfg.metadata_attempts + cfg.recovery_attempts):
+    mine = rev = None
+    for _ in range(cfg.metadata_attempts):
         meta, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
         if meta.mode is not LedgerMode.UNBOUNDED:
             raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not an unbounded ledger")
         mine = meta.with_(term=meta.term + 1, state=LedgerState.IN_RECOVERY)
         try:
             rev = await bk.meta_call(bk.ledgers.update_header, mine, rev)
+            break
         except (err.MetadataConflict, err.MetadataUnavailable) as e:
-            failure = e
-            continue
-        log.info("ledger %s: taking over at term %d", ledger_id, mine.term)
+            failure, mine = e, None
+            await asyncio.sleep(0.01)
+    if mine is None:
+        raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: could not raise the term: {failure}")
+    log.info("ledger %s: taking over at term %d", ledger_id, mine.term)
+    missing: tuple[str, ...] = ()
+    for attempt in range(cfg.recovery_attempts):
+        if attempt:
+            await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), cfg.change_retry_max))
+            cur, _ = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
+            if cur.term != mine.term:
+                raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term)
         try:
             result = await _RecoveryDriver(bk, mine).run()
         except err.LedgerFenced as e:  # a newer term's reads reached the bookies first
             raise err.WriterFenced(f"ledger {ledger_id}: a newer term took over during recovery: {e}") from e
         except err.LedgerRecoveryFailed as e:
-            failure = e
-            log.info("%s (attempt %d)", e, attempt + 1)
-            await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
+            failure, missing = e, e.missing
+            log.info("%s (attempt %d of %d at term %d)", e, attempt + 1, cfg.recovery_attempts, mine.term)
             continue
-        opened = mine.with_(state=LedgerState.OPEN)
-        for _ in range(cfg.metadata_attempts):
-            try:
-                if result.ensemble_change is not None:
-                    first, ens = result.ensemble_change
-                    meta, rev = await bk.meta_call(bk.ledgers.add_fragment, ledger_id, Fragment(first, tuple(ens)),
-                                                   opened, rev)
-                else:
-                    rev = await bk.meta_call(bk.ledgers.update_header, opened, rev)
-                    meta = opened
-                log.info("ledger %s: term %d open; recovered %d entries, appends from %d", ledger_id,
-                         meta.term, len(result.recovered), result.next_entry)
-                return meta, rev, result.next_entry
-            except (err.MetadataConflict, err.MetadataUnavailable) as e:
-                failure = e
-                cur, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
-                if cur.term != mine.term:
-                    raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term) from e
-                if cur.state is LedgerState.OPEN:  # our CAS went through before the error
-                    return cur, rev, result.next_entry
-        break
-    raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: take-over did not complete: {failure}")
+        return await _open_after_recovery(bk, ledger_id, mine, rev, result)
+    raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: take-over at term {mine.term} did not complete "
+                                   f"after {cfg.recovery_attempts} recovery runs: {failure}", missing=missing)
+
+
+async def _open_after_recovery(bk: BookKeeperClient, ledger_id: int, mine: LedgerMetadata, rev: int,
+                               result) -> tuple[LedgerMetadata, int, int]:
+    """The final CAS of a take-over: IN_RECOVERY -> OPEN at our term, with
+    the recovery's ensemble change if it replaced a bookie."""
+    opened = mine.with_(state=LedgerState.OPEN)
+    failure: BaseException | None = None
+    for _ in range(bk.config.metadata_attempts):
+        try:
+            if result.ensemble_change is not None:
+                first, ens = result.ensemble_change
+                meta, rev = await bk.meta_call(bk.ledgers.add_fragment, ledger_id, Fragment(first, tuple(ens)),
+                                               opened, rev)
+            else:
+                rev = await bk.meta_call(bk.ledgers.update_header, opened, rev)
+                meta = opened
+            log.info("ledger %s: term %d open; recovered %d entries, appends from %d", ledger_id,
+                     meta.term, len(result.recovered), result.next_entry)
+            return meta, rev, result.next_entry
+        except (err.MetadataConflict, err.MetadataUnavailable) as e:
+            failure = e
+            cur, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
+            if cur.term != mine.term:
+                raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term) from e
+            if cur.state is LedgerState.OPEN:  # our CAS went through before the error
+                return cur, rev, result.next_entry
+    raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: the final CAS of the take-over kept failing: {failure}")
 
 
 # -- the asyncio API --------------------------------------------------------------------------
@@ -277,7 +319,7 @@ class AsyncStreamClient:
         one first, its ledger wins and ours is deleted."""
         bk = self.bk
         policy = get_policy(config.placement)
-        ensemble = await bk.choose_bookies(config.ensemble_size, bk.quarantined(), policy)
+        ensemble = await bk.choose_bookies(config.ensemble_size, (), policy)
         header = LedgerMetadata(config.ensemble_size, config.write_quorum, config.ack_quorum,
                                 mode=LedgerMode.UNBOUNDED,
                                 fragment_size_bytes=config.fragment_size_bytes,
@@ -319,6 +361,7 @@ class AsyncStreamClient:
                 raise err.NoSuchStream(name)
             lid = await self._create(name, config)
         meta, rev, next_entry = await take_over(self.bk, lid)
+        await self.bk.entry_size_limit()
         opts = WriterOptions(
             term=meta.term, next_entry=next_entry, guaranteed_write_quorum=True,
             fragment_max_entries=meta.fragment_size_entries or None,
@@ -710,7 +753,11 @@ class StreamClient:
         async def make() -> AsyncStreamClient:
             return AsyncStreamClient(etcd_endpoints, cluster, config, **overrides)
 
-        self.aio = self._run(make())
+        try:
+            self.aio = self._run(make())
+        except BaseException:  # a bad argument: no loop thread left behind
+            self._bg.close()
+            raise
 
     def _run(self, coro, timeout: float | None = None):
         return self._bg.run(coro, timeout)
@@ -759,6 +806,8 @@ class StreamClient:
     async def _close(self, writers: "list[StreamWriter]") -> None:
         for w in writers:
             w._hand_over()  # the last batch, before the writer's end flushes it
+        timeout = self.aio.bk.config.add_timeout
+        await asyncio.gather(*(w._handed_over(timeout) for w in writers))
         await self.aio.close()
 
     def __enter__(self) -> "StreamClient":
@@ -781,6 +830,9 @@ class StreamWriter:
         self._batch_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
         self._closed = False
+        # parts refused for want of room, in order, and the task queueing them (on the loop)
+        self._waiting: collections.deque[list[tuple[bytes, concurrent.futures.Future]]] = collections.deque()
+        self._drainer: asyncio.Task | None = None
 
     @property
     def term(self) -> int:
@@ -825,22 +877,30 @@ class StreamWriter:
             self._timer = self._sc._loop.call_later(self.linger, self._hand_over)
 
     def _hand_over(self) -> None:
-        """On the loop: every queued append goes to the async writer, in order."""
+        """On the loop: every queued append goes to the async writer, in
+        order.  A part refused for want of room waits in ``_waiting`` with
+        every part handed over after it (one drainer task queues them as
+        room appears), so no later, smaller batch overtakes it: the appends
+        of one thread land in the order they were made."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         with self._lock:
             batch, self._batch, self._batch_bytes = self._batch, [], 0
-        # One add call per batch (one asyncio future, not one per append);
-        # a batch larger than half the window goes in slices.
+        # One add call per part (one asyncio future, not one per append);
+        # a batch larger than half the window goes in parts.
         step = max(1, self.aio.handle.client.config.max_pending_adds // 2)
-        for k in range(0, len(batch), step):
-            part = batch[k:k + step]
+        parts = [batch[k:k + step] for k in range(0, len(batch), step)]
+        if self._waiting:  # earlier appends wait for room: these go after them
+            self._waiting.extend(parts)
+            return
+        for k, part in enumerate(parts):
             try:
                 af = self.aio.append_many_async([p for p, _ in part])
             except err.TooManyPendingAdds:
-                # window full: wait for room, keep the order for the rest
-                self._sc._loop.create_task(self._append_slowly(batch[k:], step))
+                # window full: this part and the rest wait for room, in order
+                self._waiting.extend(parts[k:])
+                self._drainer = self._sc._loop.create_task(self._drain_waiting())
                 return
             except Exception as e:
                 e = err.translate(e)
@@ -849,23 +909,38 @@ class StreamWriter:
                 continue
             af.add_done_callback(functools.partial(_copy_results, [f for _, f in part]))
 
-    async def _append_slowly(self, batch, step: int) -> None:
-        for k in range(0, len(batch), step):
-            part = batch[k:k + step]
-            try:
-                positions = await self.aio.append_many([p for p, _ in part])
-            except asyncio.CancelledError:  # the client's close: no caller waits for ever
-                e = err.ClientClosed(f"stream {self.aio.name!r}: the client closed")
-                for _, fut in batch[k:]:
+    async def _drain_waiting(self) -> None:
+        """Queues the waiting parts in order, each as soon as it fits."""
+        waiting = self._waiting
+        try:
+            while waiting:
+                part = waiting[0]
+                try:
+                    af = self.aio.append_many_async([p for p, _ in part])
+                except err.TooManyPendingAdds:
+                    await self.aio.handle._writer.progress()  # an ack, a failure: look again
+                    continue
+                except Exception as e:
+                    e = err.translate(e)
+                    for _, fut in waiting.popleft():
+                        _settle(fut, exc=e)
+                    continue
+                waiting.popleft()
+                af.add_done_callback(functools.partial(_copy_results, [f for _, f in part]))
+        except asyncio.CancelledError:  # the client's close: no caller waits for ever
+            e = err.ClientClosed(f"stream {self.aio.name!r}: the client closed")
+            while waiting:
+                for _, fut in waiting.popleft():
                     _settle(fut, exc=e)
-                raise
-            except Exception as e:
-                e = err.translate(e)
-                for _, fut in part:
-                    _settle(fut, exc=e)
-            else:
-                for (_, fut), pos in zip(part, positions):
-                    _settle(fut, pos)
+            raise
+        finally:
+            self._drainer = None
+
+    async def _handed_over(self, timeout: float | None = None) -> None:
+        """Waits until no append waits for room any more (all queued)."""
+        d = self._drainer
+        if d is not None:
+            await asyncio.wait([d], timeout=timeout)
 
     def append(self, payload: bytes) -> Position:
         """Appends and waits for the acknowledgement."""
@@ -890,6 +965,7 @@ class StreamWriter:
 
     async def _flush(self) -> None:
         self._hand_over()
+        await self._handed_over()
         await self.aio.flush()
 
     def close(self) -> None:

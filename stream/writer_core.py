@@ -27,6 +27,13 @@ Rules (../shared/notes/protocol-rules.md):
 - A new fragment that starts where the current one starts replaces it.
 - Rolling by size is an ensemble change with no failure, proposed once every
   sent entry was released (a clean boundary); adds wait meanwhile.
+- Delayed ensemble change (BookKeeper's): while failed bookies wait for
+  their replacement (held by rule 3, or *deferred*: the adapter found no
+  bookie to replace them with, ``on_change_deferred``), adds go on to the
+  rest of each write set and are acknowledged at Qa; rule 1 keeps them
+  pending (they need Qw), so this lasts until the window is full.  The
+  adapter retries after a back-off (``retry_failed``): the failed bookies
+  are sent what they miss, and a new failure proposes the change again.
 
 Writer states (h11 style; ``TRANSITIONS`` is the whole table):
 
@@ -39,7 +46,8 @@ OPEN               PROPOSE_CHANGE    CHANGING_ENSEMBLE
 OPEN               CLOSE             CLOSED
 CHANGING_ENSEMBLE  ADD, ACK,         CHANGING_ENSEMBLE
                    BOOKIE_FAILED
-CHANGING_ENSEMBLE  ENSEMBLE_CHANGED  OPEN
+CHANGING_ENSEMBLE  ENSEMBLE_CHANGED, OPEN
+                   CHANGE_DEFERRED
 OPEN, CHANGING     INVALID_TERM,     FENCED
                    CHANGE_REJECTED
 OPEN, CHANGING     FAIL              FAILED
@@ -74,6 +82,7 @@ class WriterEvent(enum.Enum):
     PROPOSE_CHANGE = "propose_change"
     ENSEMBLE_CHANGED = "ensemble_changed"
     CHANGE_REJECTED = "change_rejected"
+    CHANGE_DEFERRED = "change_deferred"
     INVALID_TERM = "invalid_term"
     CLOSE = "close"
     FAIL = "fail"
@@ -88,7 +97,7 @@ TRANSITIONS: dict[WriterState, dict[WriterEvent, WriterState]] = {
     },
     S.CHANGING_ENSEMBLE: {
         Ev.ADD: S.CHANGING_ENSEMBLE, Ev.ACK: S.CHANGING_ENSEMBLE, Ev.BOOKIE_FAILED: S.CHANGING_ENSEMBLE,
-        Ev.ENSEMBLE_CHANGED: S.OPEN,
+        Ev.ENSEMBLE_CHANGED: S.OPEN, Ev.CHANGE_DEFERRED: S.OPEN,
         Ev.INVALID_TERM: S.FENCED, Ev.CHANGE_REJECTED: S.FENCED, Ev.FAIL: S.FAILED,
     },
     S.FENCED: {},
@@ -239,6 +248,7 @@ class WriterCore:
         self.pending: dict[int, _Pending] = {}
         self.failed: dict[int, str] = {}       # index -> failed bookie id, awaiting replacement
         self.proposal: EnsembleChange | None = None
+        self.deferred = False                  # no replacement found: wait for retry_failed()
         self.fragment_entries = 0
         self.fragment_bytes = 0
         self._out_sends: dict[int, Send] = {}
@@ -360,6 +370,7 @@ class WriterCore:
                 changed = ensemble[i] != prop.ensemble[i]
                 assert changed == (i in prop.replace), (i, prop, ensemble)
         self._step(WriterEvent.ENSEMBLE_CHANGED)
+        self.deferred = False
         replaced = [i for i in range(self.E) if ensemble[i] != self.ensemble[i]]
         self.fragment_first, self.ensemble, self.proposal = first_entry, list(ensemble), None
         for i in prop.replace:
@@ -386,29 +397,63 @@ class WriterCore:
             return
         self._fence("ensemble change rejected by the metadata", WriterEvent.CHANGE_REJECTED, term)
 
+    def on_change_deferred(self) -> None:
+        """The adapter found no bookie for the proposed change (too few
+        writable bookies): the proposal is withdrawn and the writer goes on
+        without the failed bookies (delayed ensemble change) until
+        :meth:`retry_failed`.  A deferred roll keeps the current fragment."""
+        prop = self.proposal
+        if self.state in TERMINAL or prop is None:
+            return
+        self._step(WriterEvent.CHANGE_DEFERRED)
+        self.proposal, self.deferred = None, True
+        self._pump()
+
+    @property
+    def ack_quorum_reachable(self) -> bool:
+        """Every write set keeps at least Qa bookies that have not failed:
+        adds can still be acknowledged without the failed ones, so a change
+        with no replacement may be deferred rather than fail the writer."""
+        if len(self.failed) > self.Qw - self.Qa:
+            if self.E == self.Qw:
+                return False
+            return all(sum(i in self.failed for i in write_set(first, self.E, self.Qw)) <= self.Qw - self.Qa
+                       for first in range(self.E))
+        return True
+
     @property
     def held(self) -> bool:
         """An ensemble change is held by rule 3: every failed bookie still
         holds an ack a committed entry below Qw needs.  Nothing moves until
-        one of them answers again: see :meth:`retry_held`."""
+        one of them answers again: see :meth:`retry_failed`."""
         return (self.state is WriterState.OPEN and self.proposal is None and bool(self.failed)
                 and all(self._needed(i) for i in self.failed))
 
-    def retry_held(self) -> bool:
-        """Liveness while :attr:`held`: gives the failed bookies another
+    @property
+    def awaiting(self) -> bool:
+        """Failed bookies (or a roll) wait, held or deferred: the adapter
+        must call :meth:`retry_failed` after a back-off."""
+        return self.state is WriterState.OPEN and (self.deferred or self.held)
+
+    def retry_failed(self) -> bool:
+        """Liveness while :attr:`awaiting`: gives the failed bookies another
         chance (the adapter calls this after a back-off).  Every sent,
         unreleased entry they have not acked is sent to them again; a bookie
-        that fails again is marked failed again.  Returns whether anything
-        was resent."""
-        if not self.held:
+        that fails again is marked failed again, which proposes the change
+        again (a deferred roll is proposed again at once).  Returns whether
+        anything was retried."""
+        if not self.awaiting:
             return False
-        retried, self.failed = self.failed, {}
+        retried, self.failed, self.deferred = self.failed, {}, False
         for eid in range(self.release_mark + 1, self.next_to_send):
             p = self.pending[eid]
             for i in write_set(eid, self.E, self.Qw):
                 if i in retried and i not in p.acks:
                     self._queue_send(i, eid, p.record)
+        self._pump()
         return True
+
+    retry_held = retry_failed  # (its older name)
 
     def on_invalid_term(self, term: int) -> None:
         """A bookie answered a request other than an add (an explicit LAC)
@@ -498,8 +543,9 @@ class WriterCore:
                 or (self.fragment_max_bytes is not None and self.fragment_bytes >= self.fragment_max_bytes))
 
     def _pump(self) -> None:
-        """Sends added entries, in order, unless a change is due or under way."""
-        if self.next_to_send < self.next_entry and self.state is WriterState.OPEN and not self.failed:
+        """Sends added entries, in order, unless a change is due or under
+        way; while failed bookies wait (held or deferred), to the rest."""
+        if self.next_to_send < self.next_entry and self.state is WriterState.OPEN:
             first = eid = self.next_to_send
             pending = self.pending
             batch = [pending[e] for e in range(first, self.next_entry)]
@@ -522,18 +568,20 @@ class WriterCore:
                 records = entry_codec.encode_run(self.ledger_id, first, [p.payload for p in batch],
                                                  lac=self.lac, lafr=self.lafr, term=self.term)
                 self.next_to_send = eid
-                E, Qw = self.E, self.Qw
+                E, Qw, failed = self.E, self.Qw, self.failed
                 if E == Qw:  # every bookie gets every entry
                     ids = range(first, eid)
                     for i in write_set(first, E, Qw):  # the order entry by entry would give
-                        self._send_run(i, ids, records)
+                        if i not in failed:
+                            self._send_run(i, ids, records)
                     for p, rec in zip(batch, records):
                         p.record = rec
                 else:
                     for p, rec in zip(batch, records):
                         p.record = rec
                         for i in write_set(p.entry_id, E, Qw):
-                            self._queue_send(i, p.entry_id, rec)
+                            if i not in failed:
+                                self._queue_send(i, p.entry_id, rec)
         self._maybe_propose()
 
     def _advance(self) -> None:
@@ -564,7 +612,7 @@ class WriterCore:
                    for eid, p in self.pending.items())
 
     def _maybe_propose(self) -> None:
-        if self.state is not WriterState.OPEN or self.proposal is not None:
+        if self.state is not WriterState.OPEN or self.proposal is not None or self.deferred:
             return
         first = self.release_mark + 1
         if self.failed:

@@ -173,7 +173,8 @@ def test_rule3_a_needed_bookie_is_not_replaced_until_its_entry_reaches_qw():
     r = w.ready()
     assert r.ensemble_change is None and w.state is WriterState.OPEN and r.acked == [0]
     w.add(b"y")
-    assert not w.ready().sends  # nothing sent while a failure is outstanding
+    # delayed ensemble change: while b1 waits, entry 1 goes to the rest of its write set
+    assert sent_to(w.ready()) == {0: [1], 2: [1]}
     w.on_ack(0, 2)
     r = w.ready()
     assert r.released == [0] and r.ensemble_change.replace == (1,) and r.ensemble_change.first_entry == 1
@@ -366,3 +367,65 @@ def test_check_room_raises_what_add_many_would_and_adds_nothing():
     w.fail("gone")
     with pytest.raises(WriterFailed):
         w.check_room(1)
+
+
+def test_a_deferred_change_goes_on_at_qa_until_the_window_is_full_then_retries():
+    """Delayed ensemble change (issue 12 item 3): E3 Qw3 Qa2 with no spare
+    bookie.  b2 fails; the adapter finds no replacement and defers.  Appends
+    go on to b0 and b1 and are acknowledged at Qa, but rule 1 keeps them
+    pending (below Qw) until the window is full.  retry_failed sends b2
+    what it misses; its acks release everything."""
+    w = writer(max_pending=4)
+    w.add(b"a")
+    w.ready()
+    w.on_ack(0, 0), w.on_ack(0, 1)
+    w.on_bookie_failed(2)
+    prop = w.ready().ensemble_change
+    assert prop.replace == (2,) and w.state is WriterState.CHANGING_ENSEMBLE
+    w.on_change_deferred()
+    assert w.state is WriterState.OPEN and w.deferred and w.awaiting and w.proposal is None
+    for x in (b"b", b"c", b"d"):
+        w.add(x)
+    assert sent_to(w.ready()) == {0: [1, 2, 3], 1: [1, 2, 3]}  # not to the failed b2
+    for eid in (1, 2, 3):
+        w.on_ack(eid, 0), w.on_ack(eid, 1)
+    r = w.ready()
+    assert r.acked == [1, 2, 3] and r.released == [] and r.ensemble_change is None  # no re-proposal
+    with pytest.raises(WindowFull):
+        w.add(b"e")
+    assert w.retry_failed() and not w.deferred and not w.failed
+    assert sent_to(w.ready()) == {2: [0, 1, 2, 3]}  # what b2 misses, in order
+    for eid in range(4):
+        w.on_ack(eid, 2)
+    r = w.ready()
+    assert r.lafr == 3 and r.released == [0, 1, 2, 3] and w.add(b"e") == 4
+
+
+def test_a_retried_bookie_that_fails_again_proposes_the_change_again():
+    w = writer()
+    w.add(b"a")
+    w.ready()
+    w.on_bookie_failed(2)
+    w.ready()
+    w.on_change_deferred()
+    assert w.retry_failed()
+    w.ready()
+    w.on_bookie_failed(2)  # still down: a spare may have registered since
+    prop = w.ready().ensemble_change
+    assert prop is not None and prop.replace == (2,)
+    w.on_ensemble_changed(prop.first_entry, ["b0", "b1", "b3"])
+    assert sent_to(w.ready()) == {2: [0]} and not w.awaiting
+
+
+def test_the_ack_quorum_is_reachable_while_each_write_set_keeps_qa_live_bookies():
+    w = writer()  # E3 Qw3 Qa2
+    assert w.ack_quorum_reachable
+    w.failed = {2: "b2"}
+    assert w.ack_quorum_reachable
+    w.failed = {1: "b1", 2: "b2"}
+    assert not w.ack_quorum_reachable
+    w = writer(e=4, qw=2, qa=1)  # write sets (0,1) (1,2) (2,3) (3,0)
+    w.failed = {0: "b0", 2: "b2"}
+    assert w.ack_quorum_reachable
+    w.failed = {0: "b0", 1: "b1"}
+    assert not w.ack_quorum_reachable
