@@ -107,7 +107,8 @@ class BookKeeperClient:
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
         self._addresses: dict[str, str] = {}
-        self._registered_at: dict[str, int] = {}  # bookie -> create revision of the registration seen
+        self._registered_at: dict[str, int] = {}  # bookie -> generation of the registration seen
+        self._registration_seen: dict[str, tuple[int, int]] = {}  # bookie -> (create revision, started_ms)
         self._tasks: set[asyncio.Future] = set()
         self._bookies: dict[str, BookieClient] = {}
         self.health = BookieHealth(self.config.failure_half_life)
@@ -192,13 +193,27 @@ class BookKeeperClient:
                 continue
             r.read_only = read_only
             regs.append(r)
-            revisions[bookie_id] = v.create_revision
-            self._set_address(r.bookie_id, r.address, v.create_revision)
+            gen = self._generation(bookie_id, v, r.started_ms)
+            revisions[bookie_id] = gen
+            self._set_address(r.bookie_id, r.address, gen)
         regs.sort(key=lambda m: m.bookie_id)
         self.health.on_registrations(revisions)
         if not writable_only or regs:
             self._entry_limit = _entry_limit(regs)
         return regs
+
+    def _generation(self, bookie_id: str, v, started_ms: int) -> int:
+        """A number that grows each time the bookie registers anew: a key
+        created again (a lost lease: a new create revision) or a new run that
+        replaced its own stale key in place (the same key, a new
+        ``started_ms``).  It is the etcd revision at which that was seen."""
+        seen = (v.create_revision, started_ms)
+        before = self._registration_seen.get(bookie_id)
+        self._registration_seen[bookie_id] = seen
+        known = self._registered_at.get(bookie_id, 0)
+        if before is None or before == seen:
+            return max(known, v.create_revision)
+        return max(known, v.mod_revision)
 
     @property
     def max_entry_size(self) -> int:
