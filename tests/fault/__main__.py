@@ -9,7 +9,7 @@ Each run's files go to ``--dir/seed-N`` (kept when the run found an
 anomaly, or with ``--keep``); the summary (runs, faults by kind, operations,
 anomalies by kind and by known bug, seeds) is printed as JSON at the end and
 written to ``--dir/summary.json``.  Exit status 1 if any anomaly was not
-attributed to a known bug (``--strict``: any anomaly at all).  Needs root
+outside the fault model (``--strict``: any anomaly at all).  Needs root
 for the full-disk fault's tmpfs (skipped otherwise).  Stop it with Ctrl-C
 or SIGTERM (the current run's processes are stopped and its tmpfs
 unmounted; a kill -9 of the runner leaves them behind).

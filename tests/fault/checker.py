@@ -22,9 +22,12 @@ in the stream; the next writer's recovery decides).  Anomalies:
 - ``unregistered`` (found by the runner, not here): a bookie running,
   healed, and still not registered in etcd at the end.
 
-``attribute`` names the known bug an anomaly most likely is (issue 12 and
-19, fixed on other branches) so a run can tell new anomalies from known
-ones; ``None`` is a new one.
+``attribute`` names what an anomaly is known to be, or ``None``: a bug.
+Today that is only the faults outside the model (``cut_tail`` cuts fsynced
+bytes: a disk that loses acknowledged data).  The recovery hole (issue 12
+item 0) and bookies dropped for good after an etcd outage (item 1) were
+attributed here while their fixes were on other branches; both are fixed,
+so such anomalies fail a run again.
 """
 from __future__ import annotations
 
@@ -172,27 +175,11 @@ def check(h: History, final: list | None, final_error: str | None = None, marker
 
 KNOWN = {
     "beyond-model": "a bookie lost fsynced journal bytes (cut_tail): outside the fault model",
-    "12.0": "the recovery hole (issue 12 item 0, branch hole)",
-    "12.1": "bookies dropped for good after an etcd outage or a pause longer than the TTL (issue 12 item 1, "
-            "branch ops)",
 }
 
 
 def attribute(anomaly: dict, context: dict) -> str | None:
-    """The known bug an anomaly is most likely an instance of, or None."""
-    kind = anomaly["kind"]
-    if context.get("beyond_model") and kind in ("lost", "moved", "hole", "divergence", "order"):
+    """What an anomaly is known to be (a key of ``KNOWN``), or None: a bug."""
+    if context.get("beyond_model") and anomaly["kind"] in ("lost", "moved", "hole", "divergence", "order"):
         return "beyond-model"  # a bookie's disk lost acknowledged bytes (nemesis kind cut_tail)
-    if kind == "hole":
-        return "12.0"
-    if kind == "order" and anomaly.get("what", "").startswith("older term"):
-        return "12.0"  # an older term's leftover recovered above a newer term's entry (the hole's sibling)
-    if kind == "unregistered" and context.get("lease_faults"):
-        return "12.1"
-    if kind == "unrecoverable":
-        # an etcd outage or a pause, however short, can outlast a lease's
-        # refreshes (the store declares it lost after one TTL without one)
-        regs, alive = context.get("registered", -1), context.get("bookies_alive", 0)
-        if regs < alive and context.get("lease_faults"):
-            return "12.1"
     return None

@@ -3,10 +3,9 @@
 Three seeds whose schedules together hold every fault kind (15 s of faults
 each, 30-50 s a run on this machine), two on the Stream API and one on
 classic ledgers-to-logs, and a run with a broken recovery rule that the
-checker must catch.  A run fails on any anomaly not
-attributed to a known bug (tests/fault/checker.py ``attribute``); known
-ones are printed (``-s`` shows them) and stop being found once their fixes
-are merged.  Hours of it: ``python -m tests.fault --seed N --runs M --minutes T``.
+checker must catch.  A run fails on any anomaly but those of faults
+outside the model (tests/fault/checker.py ``attribute``; ``-s`` prints
+every anomaly).  Hours of it: ``python -m tests.fault --seed N --runs M --minutes T``.
 """
 from __future__ import annotations
 
