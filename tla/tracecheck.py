@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -229,7 +228,7 @@ def translate(ndjson: str) -> Translated:
             f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
     ens0 = h["frags"][0][1]
     module = "\n".join([
-        f"---- MODULE TraceData ----",
+        "---- MODULE TraceData ----",
         "EXTENDS Integers, TLC",
         'NoValT == <<0, "none">>',
         f"BookiesV == {_set(h['bookies'])}",
