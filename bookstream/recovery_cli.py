@@ -26,11 +26,11 @@ import time
 
 import click
 
-from autorecovery.auditor_core import AuditorConfig
-from autorecovery.keys import AutorecoveryKeys, StoreLeases
-from autorecovery.service import (Auditor, ReplicationWorker, WorkerConfig, recover_ledger_fragments,
+from stream.autorecovery.auditor_core import AuditorConfig
+from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
+from stream.autorecovery.service import (Auditor, ReplicationWorker, WorkerConfig, recover_ledger_fragments,
                                   scan_pages)
-from autorecovery.worker_core import Step, plan_ledger
+from stream.autorecovery.worker_core import Step, plan_ledger
 from metadata.layout import KeyLayout
 
 
@@ -343,7 +343,7 @@ def bench(mb, entry_size, directory, out, keep_data, fmt):
     """Re-replication rate of a lost bookie's data beside the disk's
     sequential read + write ceiling, measured in the same run (starts its
     own etcd and bookies)."""
-    from autorecovery import bench as b
+    from stream.autorecovery import bench as b
     r = b.run_bench(mb, entry_size, directory, keep_data)
     if out:
         b.write_json(r, out)

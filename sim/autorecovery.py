@@ -35,8 +35,8 @@ import dataclasses
 import random
 import sys
 
-from autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
-from autorecovery.worker_core import Step, judge_task, plan_ledger
+from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
+from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
 from stream.lifecycle import Apply, Done, ReplaceBookie
 from stream.quorum import write_set

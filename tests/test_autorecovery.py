@@ -9,9 +9,9 @@ import time
 import uuid
 
 
-from autorecovery.auditor_core import AuditorConfig
-from autorecovery.keys import AutorecoveryKeys, StoreLeases
-from autorecovery.service import Auditor, ReplicationWorker, WorkerConfig
+from stream.autorecovery.auditor_core import AuditorConfig
+from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
+from stream.autorecovery.service import Auditor, ReplicationWorker, WorkerConfig
 from bookie import entry as E
 from bookie.core import Status
 from metadata.ledgers import LedgerState

@@ -1,8 +1,8 @@
 """The auditor's and the replication worker's pure decisions."""
 from __future__ import annotations
 
-from autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
-from autorecovery.worker_core import Step, choose_target, judge_task, plan_ledger
+from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
+from stream.autorecovery.worker_core import Step, choose_target, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 
 
@@ -136,7 +136,7 @@ def test_done_and_target_choice():
 
 
 def test_periodic_check_expectations_and_verdict():
-    from autorecovery.worker_core import expected_last_entries, judge_check
+    from stream.autorecovery.worker_core import expected_last_entries, judge_check
     m = meta([(0, "abc"), (10, "dbc")], state=LedgerState.OPEN, last=-1)
     assert expected_last_entries(m) == {"a": 9, "b": 9, "c": 9}   # the open fragment: nothing yet
     c = meta([(0, "abcd")], e=4, qw=2, last=9)

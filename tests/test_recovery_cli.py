@@ -13,7 +13,7 @@ import uuid
 from stream.client import BookKeeperClient
 from stream.stream import AsyncStreamClient, StreamConfig
 from tests.conftest import run
-from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
+from tests.test_autorecovery import stream.autorecovery, check_every_replica, names_bookie, until
 
 CLI = [sys.executable, "-c", "import sys; from bookstream.cli import main; sys.exit(main())"]
 
@@ -29,7 +29,7 @@ def cli(env, *args, check=True):
 def test_recover_to_a_target_that_holds_later_fragments(own):
     """The copy of a stream fragment holding the take-over's truncate no-op
     must not truncate the target's entries of later fragments: the no-op
-    goes as a plain no-op (autorecovery/copier.py).  With the flag kept,
+    goes as a plain no-op (stream/autorecovery/copier.py).  With the flag kept,
     the target's later entries vanish (NO_SUCH_ENTRY in the replica check)."""
     procs = own.start(4)
     ids = [p.bookie_id for p in procs]
@@ -151,7 +151,7 @@ def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
 
         async def go():
             bk = BookKeeperClient(own.endpoint, own.cluster)
-            from autorecovery.keys import AutorecoveryKeys
+            from stream.autorecovery.keys import AutorecoveryKeys
             keys = AutorecoveryKeys(bk.store, own.cluster)
             live = [b for b in by_id if b != victim]
             base = {b: (await (await bk.bookie(b)).info()).journal_bytes for b in live}
@@ -228,7 +228,7 @@ def test_the_auditor_killed_mid_scan_another_takes_over(own, tmp_path):
 
         async def go():
             bk = BookKeeperClient(own.endpoint, own.cluster)
-            from autorecovery.keys import AutorecoveryKeys
+            from stream.autorecovery.keys import AutorecoveryKeys
             keys = AutorecoveryKeys(bk.store, own.cluster)
             await until(lambda: _aw(keys.auditor() is not None), what="the first auditor elected")
             victim.kill()

@@ -36,7 +36,7 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from stream.bookie_client import BookieUnavailable
 
-from autorecovery.worker_core import FragmentJob
+from stream.autorecovery.worker_core import FragmentJob
 
 FRAME_BYTES = 1 << 20
 READ_FRAME_BYTES = 1 << 20

@@ -31,10 +31,10 @@ from metadata.ledgers import LedgerMode
 from stream import errors as err
 from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
 
-from autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
-from autorecovery.copier import CopyFailed, copy_fragment
-from autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
-from autorecovery.worker_core import Step, expected_last_entries, judge_check, judge_task, plan_ledger
+from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
+from stream.autorecovery.copier import CopyFailed, copy_fragment
+from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
+from stream.autorecovery.worker_core import Step, expected_last_entries, judge_check, judge_task, plan_ledger
 
 log = logging.getLogger(__name__)
 
