@@ -76,7 +76,7 @@ def reused_bookie(*, check_trace: bool = True) -> World:
     return w
 
 
-def recovery_hole(*, check_trace: bool = True) -> World:
+def recovery_hole(*, check_trace: bool = True, attach=None) -> World:
     """E3 Qw3 Qa2 on exactly three bookies (no spare).
     1. c0 (term 1) writes entries 0, 1 to b0, b1, b2 (acknowledged); its
        2, 3, 4 reach b2 only.
@@ -90,6 +90,8 @@ def recovery_hole(*, check_trace: bool = True) -> World:
        decided.  The end is 3 (without log matching: 3, 4 are recovered
        above the no-op, and the stream has a hole)."""
     w = World(Scenario(seed=0, bookies=3, **{**SCRIPTED, "clients": 3}), scripted=True, check_trace=check_trace)
+    if attach is not None:
+        attach(w)  # e.g. a sim.trace.Tracer, before the first event
     c0, c1, c2 = w.clients["c0"], w.clients["c1"], w.clients["c2"]
     w.do(c0.add)
     w.do(c0.add)

@@ -74,12 +74,26 @@ def test_simulated_trace_is_accepted(seed, tools):
     assert v.consumed == v.events > 100
 
 
-@pytest.mark.parametrize("mutant", mutations.ALL)
+# IGNORE_ORIGIN_TERM changes nothing unless a recovery meets an older
+# term's leftover above a newer term's entry, which random runs rarely make
+# (3 of 3,209 take-overs in seeds 0-999): its schedule is scripted below.
+@pytest.mark.parametrize("mutant", [m for m in mutations.ALL if m != mutations.IGNORE_ORIGIN_TERM])
 def test_mutant_trace_is_rejected(mutant, tools):
     text = trace.simulate(MUTANT_SEED, mutant, **trace.profile_for(MUTANT_SEED))
     v = trace.validate(text, tools, timeout=280)
     assert not v.accepted, f"{mutant}: {v.describe()}"
     assert v.stuck_at is not None
+
+
+def test_the_recovery_hole_schedule_is_accepted_with_log_matching_and_rejected_without(tools):
+    # issue 12 item 0 (sim/scripted.py recovery_hole): TLC accepts the
+    # fixed recovery's trace whole, and finds no behaviour of the spec for
+    # the mutant's, which writes back term 1's entry 3 above term 2's no-op
+    v = trace.validate(trace.simulate_script("recovery_hole"), tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+    bad = trace.validate(trace.simulate_script("recovery_hole", mutations.IGNORE_ORIGIN_TERM), tools, timeout=280)
+    assert not bad.accepted and bad.stuck_at is not None, bad.describe()
+    assert bad.stuck_at["actor"] == "c2" and bad.stuck_at["args"]["value"] == [1, "data"], bad.stuck_at
 
 
 def test_striping_is_refused_not_misjudged():

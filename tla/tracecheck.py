@@ -324,6 +324,25 @@ def simulate(seed: int, mutant: str | None = None, **overrides) -> str:
     return tr.ndjson()
 
 
+def simulate_script(name: str, mutant: str | None = None) -> str:
+    """The trace of one of ``sim/scripted.py``'s schedules (one that takes
+    ``attach``, e.g. ``recovery_hole``); with a mutant, unchecked by the
+    harness, as :func:`simulate`."""
+    from sim import scripted
+    from sim.trace import Tracer
+    from sim.world import Violation
+    from stream import mutations
+
+    tracers: list = []
+    with mutations.mutated(*([mutant] if mutant else [])):
+        try:
+            scripted.SCRIPTS[name](check_trace=mutant is None, attach=lambda w: tracers.append(Tracer.attach(w)))
+        except Violation:
+            if mutant is None:
+                raise
+    return tracers[0].ndjson()
+
+
 # The profile TLC can validate whole: E = Qw, no rolls, one entry read at a time.
 PROFILE = dict(roll_entries=0, read_ahead=1)
 
