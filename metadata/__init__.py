@@ -17,6 +17,7 @@ Modules:
 """
 from metadata.errors import (
     BadVersion,
+    BookieDecommissioned,
     BookieIdInUse,
     Compacted,
     ConditionFailed,
@@ -57,7 +58,7 @@ from metadata.store import (
 from metadata.cluster import get_cluster_info, init_cluster
 
 __all__ = [
-    "BadVersion", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "InvalidKey",
+    "BadVersion", "BookieDecommissioned", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "InvalidKey",
     "InvalidLedgerConfig", "InvalidName", "KeyExists", "LeaseExpired", "MetadataError", "MetadataUnavailable",
     "NoFragment", "NoSuchLedger", "RegistrationLost", "TxnConflict", "EtcdServerError", "ManagedEtcd",
     "KeyLayout", "validate_name", "Fragment", "LedgerMetadata", "LedgerMode", "LedgerState", "LedgerStore",

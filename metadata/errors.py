@@ -153,6 +153,17 @@ class BookieIdInUse(MetadataError):
         self.current = current
 
 
+class BookieDecommissioned(MetadataError):
+    """This bookie id was decommissioned (``bookstream decommission``): its
+    data was re-replicated and its identity retired, so it may not register
+    again.  Start the bookie with a fresh data dir (a new id) instead."""
+
+    def __init__(self, bookie_id: str) -> None:
+        super().__init__(f"bookie id {bookie_id!r} was decommissioned: it may not register again "
+                         "(start the bookie with a new, empty data dir)")
+        self.bookie_id = bookie_id
+
+
 class RegistrationLost(MetadataError):
     """A bookie registration's key vanished (its lease expired or someone
     removed it); the registration must be redone."""

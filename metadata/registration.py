@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 from bookstream_pb import metadata_pb2 as pb
 from metadata.errors import (
     decode_message,
+    BookieDecommissioned,
     BookieIdInUse,
     CorruptMetadata,
     LeaseExpired,
@@ -287,7 +288,10 @@ class BookieRegistry:
         writable_key = self.layout.bookie_key(rec.bookie_id, False)
         readonly_key = self.layout.bookie_key(rec.bookie_id, True)
         key = readonly_key if rec.read_only else writable_key
-        compares, ops = [], []
+        retired = self.layout.decommissioned_key(rec.bookie_id)
+        if self.store.get(retired) is not None:
+            raise BookieDecommissioned(rec.bookie_id)
+        compares, ops = [absent(retired)], []  # (decommission retires the id and deletes the keys in one txn)
         for k in (writable_key, readonly_key):
             cur = self.store.get(k)
             if cur is None:

@@ -10,10 +10,16 @@ import sys
 import time
 import uuid
 
+import pytest
+
+from bookstream_pb import metadata_pb2 as mpb
+from metadata.errors import BookieDecommissioned
+from metadata.registration import BookieRegistry
+from metadata.store import MetadataStore
 from stream.client import BookKeeperClient
 from stream.stream import AsyncStreamClient, StreamConfig
 from tests.conftest import run
-from tests.test_autorecovery import stream.autorecovery, check_every_replica, names_bookie, until
+from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
 
 CLI = [sys.executable, "-c", "import sys; from bookstream.cli import main; sys.exit(main())"]
 
@@ -113,6 +119,16 @@ def test_status_switch_list_and_whoisauditor(own):
         assert d.returncode == 0 and json.loads(d.stdout)["decommissioned"], d.stdout + d.stderr
         st = json.loads(cli(own, "autorecovery", "status", "--format", "json").stdout)
         assert st["decommissioned"] == [victim.bookie_id]
+        # its id is refused if it comes back (it would register a retired identity)
+        store = MetadataStore(own.endpoint)
+        try:
+            with pytest.raises(BookieDecommissioned):
+                BookieRegistry(store, own.cluster).register(
+                    mpb.BookieRegistration(bookie_id=victim.bookie_id, address="127.0.0.1:1"), ttl=5)
+            assert victim.bookie_id not in {
+                r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
+        finally:
+            store.close()
         await bk.close()
 
     run(go())
