@@ -187,3 +187,31 @@ class BookieProcess(ServedProcess):
     def restart(self, timeout: float = 30.0) -> "BookieProcess":
         self.stop()
         return self.start(timeout)
+
+
+class AutorecoveryProcess(ServedProcess):
+    """An auditor candidate and a replication worker
+    (``bookstream autorecovery run``), ready once it prints
+    ``AUTORECOVERY_READY``.  Its log goes to ``autorecovery.log`` in
+    ``data_dir``."""
+
+    log_name = "autorecovery.log"
+
+    def __init__(self, data_dir: str | os.PathLike, *, etcd: str, cluster: str = "default",
+                 extra_args: list[str] | None = None, log_level: str = "INFO"):
+        super().__init__(data_dir)
+        self.etcd, self.cluster, self.log_level = etcd, cluster, log_level
+        self.extra_args = list(extra_args or [])
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "bookstream.cli", "autorecovery", "run", "--etcd", self.etcd,
+                "--cluster", self.cluster, "--log-level", self.log_level.lower(), *self.extra_args]
+
+    def describe(self) -> str:
+        return f"autorecovery in {self.data_dir}"
+
+    def start(self, timeout: float = 30.0) -> "AutorecoveryProcess":
+        self.spawn()
+        self.wait_for_line(lambda s: s.startswith("AUTORECOVERY_READY"), timeout)
+        self.start_draining()
+        return self

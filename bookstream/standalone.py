@@ -14,6 +14,11 @@ command that starts it again by hand, and `--restart-bookies` restarts it
 by itself (with a back-off).  SIGHUP restarts every dead bookie now.  A
 restarted bookie replaces its stale registration at once (it kept its lease
 id in its data dir: metadata/registration.py).
+
+An auditor candidate and a replication worker (`bookstream autorecovery
+run`, stream/autorecovery/) run beside the bookies unless --no-autorecovery:
+a bookie gone for --recovery-delay (30 s) has its fragments copied to the
+others.  They stop first, so stopping the cluster loses no bookie.
 """
 from __future__ import annotations
 
@@ -55,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--restart-bookies", action="store_true",
                    help="start a bookie that died again by itself (with a back-off)")
     p.add_argument("--registration-ttl", type=int, default=None, help="the bookies' lease TTL (seconds)")
+    p.add_argument("--no-autorecovery", action="store_true",
+                   help="do not run an auditor and a replication worker beside the bookies")
+    p.add_argument("--recovery-delay", type=float, default=30.0,
+                   help="lost_bookie_recovery_delay of the autorecovery (seconds)")
     p.add_argument("--log-level", default="INFO")
 
 
@@ -94,7 +103,8 @@ class Standalone:
 
     def __init__(self, data_dir: Path, bookies: int = DEFAULT_BOOKIES, etcd: str | None = None,
                  cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO",
-                 bookie_args: list[str] | None = None, etcd_port: int = 0):
+                 bookie_args: list[str] | None = None, etcd_port: int = 0,
+                 autorecovery_args: list[str] | None = None):
         if bookies < 1:
             raise StandaloneError("need at least one bookie")
         if not 0 <= etcd_port < 65536:
@@ -107,8 +117,11 @@ class Standalone:
         self.base_port = base_port
         self.log_level = log_level
         self.bookie_args = list(bookie_args or [])  # more `bookstream bookie` options, for every bookie
+        # ``bookstream autorecovery run`` beside the bookies (None: not run)
+        self.autorecovery_args = None if autorecovery_args is None else list(autorecovery_args)
         self.etcd = None
         self.bookies = []
+        self.autorecovery = None
 
     @property
     def etcd_endpoint(self) -> str:
@@ -135,6 +148,13 @@ class Standalone:
                                   cluster=self.cluster, log_level=self.log_level, extra_args=self.bookie_args)
                 b.start()
                 self.bookies.append(b)
+            if self.autorecovery_args is not None:
+                from bookstream.processes import AutorecoveryProcess
+
+                self.autorecovery = AutorecoveryProcess(self.data_dir / "autorecovery", etcd=self.etcd_endpoint,
+                                                        cluster=self.cluster, log_level=self.log_level,
+                                                        extra_args=self.autorecovery_args)
+                self.autorecovery.start()
         except BaseException:
             self.stop()
             raise
@@ -148,6 +168,9 @@ class Standalone:
         for b in self.bookies:
             admin = f"  admin=http://{b.admin_address}" if b.admin_address else ""
             lines.append(f"bookie:  {b.address}  id={b.bookie_id}  pid={b.pid}  data={b.data_dir}{admin}")
+        if self.autorecovery is not None:
+            lines.append(f"autorecovery: auditor candidate + worker, pid={self.autorecovery.pid}  "
+                         f"log={self.autorecovery.log_path}")
         return "\n".join(lines)
 
     def restart_command(self, b) -> str:
@@ -157,8 +180,12 @@ class Standalone:
         return shlex.join(cmd)
 
     def stop(self) -> None:
-        """Bookies first (each deregisters: its lease is revoked while etcd is
-        still up, and checkpoints), etcd last."""
+        """Autorecovery first (stopping bookies must not look like lost ones),
+        then the bookies (each deregisters: its lease is revoked while etcd
+        is still up, and checkpoints), etcd last."""
+        if self.autorecovery is not None:
+            self.autorecovery.stop()
+            self.autorecovery = None
         for b in self.bookies:
             if b.alive():
                 b.proc.send_signal(signal.SIGTERM)
@@ -257,8 +284,9 @@ def cmd_standalone(args: argparse.Namespace) -> int:
     bookie_args = ["--admin-port", "0"]  # each bookie's /health /ready /metrics /info
     if args.registration_ttl is not None:
         bookie_args += ["--registration-ttl", str(args.registration_ttl)]
+    autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay)]
     cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
-                         bookie_args=bookie_args, etcd_port=args.etcd_port)
+                         bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args)
     sup = Supervisor(cluster, args.restart_bookies)
     stop_signals = []
 
@@ -294,7 +322,7 @@ def cmd_standalone(args: argparse.Namespace) -> int:
             elif ev[0] == "died":
                 sup.on_death(ev[1], ev[2], ev[3], time.monotonic())
     finally:
-        print("stopping: bookies first, then etcd...", flush=True)
+        print("stopping: autorecovery and bookies first, then etcd...", flush=True)
         cluster.stop()
         print("stopped.", flush=True)
     return 0

@@ -72,11 +72,16 @@ def test_ctrl_c_stops_bookies_first_so_their_registrations_are_gone(tmp_path):
     try:
         out.until("Ctrl-C to stop.")
         assert len(_bookies(out)) == 2 and re.search(r"etcd:    127\.0\.0\.1:\d+", out.text)
+        # the auditor candidate and replication worker run beside the bookies (issue 15)
+        ar_pid = int(re.search(r"autorecovery: auditor candidate \+ worker, pid=(\d+)", out.text)[1])
+        os.kill(ar_pid, 0)
         assert sorted(p.name for p in (tmp_path / "sa").iterdir() if p.name.startswith("bookie-")) == \
             ["bookie-0", "bookie-1"]
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
         rest = proc.communicate(timeout=60)[0].decode()
         assert proc.returncode == 0 and "stopped." in rest
+        with pytest.raises(ProcessLookupError):  # stopped with the cluster
+            os.kill(ar_pid, 0)
     finally:
         _stop(proc)
     # every bookie checkpointed on the way down (a clean stop) ...
