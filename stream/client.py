@@ -215,6 +215,18 @@ class BookKeeperClient:
             return max(known, v.create_revision)
         return max(known, v.mod_revision)
 
+    async def refresh_bookies(self, reconnect: "Iterable[str]" = ()) -> None:
+        """Reads the registrations now (a bookie that registered anew gets a
+        fresh channel and is forgiven), and opens fresh channels to the
+        bookies named in ``reconnect``: a channel that failed to connect
+        backs off before it tries again, while a restarted bookie (whose
+        registration may be unchanged: it kept its lease) answers at once."""
+        for bookie_id in reconnect:
+            old = self._bookies.pop(bookie_id, None)
+            if old is not None:
+                self._spawn(old.close())
+        await self._registrations(False)
+
     @property
     def max_entry_size(self) -> int:
         """The largest payload an add may carry: the smallest limit the

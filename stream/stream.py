@@ -251,6 +251,8 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
             cur, _ = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
             if cur.term != mine.term:
                 raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term)
+            if missing:
+                await bk.refresh_bookies(missing)  # restarted meanwhile? a fresh channel asks at once
         try:
             result = await _RecoveryDriver(bk, mine).run()
         except err.LedgerFenced as e:  # a newer term's reads reached the bookies first
