@@ -147,6 +147,7 @@ class _Writer:
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
         self._lac_told = (self.core.lac, self.core.lafr)
+        self._lac_told_to: list[str] = list(self.core.ensemble)  # the ensemble the last WriteLacs went to
         self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
         self._lac_timer: asyncio.TimerHandle | None = None
         self._retry_timer: asyncio.TimerHandle | None = None
@@ -286,7 +287,7 @@ class _Writer:
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
         if (self.options.explicit_lac and not r.sends and (r.lac, r.lafr) > self._lac_told
-                and r.state is WriterState.OPEN and self._lac_timer is None):
+                and self.core.may_tell_lac and self._lac_timer is None):
             self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
@@ -308,20 +309,25 @@ class _Writer:
         then see every acknowledged entry at once)."""
         core = self.core
         told = (core.lac, core.lafr)
-        if core.state is not WriterState.OPEN:
+        if not core.may_tell_lac:  # also mid-change: a roll falls due as a full fragment's last entry is acked
             return
-        if told <= self._lac_told:
+        if told <= self._lac_told and self._lac_told_to == core.ensemble:
             # told already, by an explicit LAC: its answers are awaited too
             # (the writer stopping next would cancel a WriteLac on its way)
             if self._lac_round is not None and not self._lac_round.done():
                 await asyncio.wait([self._lac_round], timeout=TELL_LAC_TIMEOUT)
-            return
-        self._lac_told = told
-        # advisory: a slow bookie does not hold a closing writer for long
-        await self._tell_ensemble(*told, timeout=TELL_LAC_TIMEOUT)
+            if self._lac_told_to == core.ensemble:
+                return
+        for _ in range(2):  # again if a change published meanwhile: its bookies need it too
+            self._lac_told = told
+            # advisory: a slow bookie does not hold a closing writer for long
+            await self._tell_ensemble(*told, timeout=TELL_LAC_TIMEOUT)
+            if self._lac_told_to == core.ensemble or not core.may_tell_lac:
+                return
 
     async def _tell_ensemble(self, lac: int, lafr: int, timeout: float | None = None) -> None:
-        await asyncio.gather(*(self._write_lac(bid, lac, lafr, timeout=timeout) for bid in self.core.ensemble))
+        ensemble = self._lac_told_to = list(self.core.ensemble)
+        await asyncio.gather(*(self._write_lac(bid, lac, lafr, timeout=timeout) for bid in ensemble))
 
     def _explicit_lac(self) -> None:
         """Adds went quiet: the last entries' LAC (and LAFR: a take-over
@@ -332,7 +338,7 @@ class _Writer:
         self._lac_timer = None
         core = self.core
         told = (core.lac, core.lafr)
-        if core.state is not WriterState.OPEN or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
+        if not core.may_tell_lac or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
             return
         self._lac_told = told
         self._lac_round = self._spawn(self._tell_ensemble(*told))

@@ -34,7 +34,9 @@ ledgers, then delete them.  Reading (:class:`LogReader`): every ledger of
 the list in order, closed ones up to their last entry, open ones up to
 their LAC.  Positions are ``(ledger_id, entry_id)``; since a ledger is
 created after reading a list that holds its predecessor, ids increase along
-the list and positions compare in log order.
+the list of a log written by a LogWriter; a list appended by the Spark sink
+holds ledgers in partition order, so log order is the list's order, never the
+ids' (:meth:`LogReader.read_all` skips by place in the list).
 """
 from __future__ import annotations
 
@@ -58,25 +60,41 @@ class LogPosition(NamedTuple):
     entry_id: int
 
 
+def log_key(client: BookKeeperClient, name: str) -> str:
+    """The etcd key holding the log's ledger list (a LogRecord)."""
+    return KeyLayout(client.cluster).log_key(name)
+
+
+async def read_ledger_list(client: BookKeeperClient, name: str) -> tuple[list[int], int | None]:
+    """The log's ledger ids, in log order, and the key's mod_revision (None:
+    no such log; the list is then empty).  The revision is what a CAS on
+    :func:`log_key` compares against."""
+    v: Versioned | None = await client.meta_call(client.store.get, log_key(client, name))
+    if v is None:
+        return [], None
+    rec = mpb.LogRecord()
+    rec.ParseFromString(v.value)
+    return list(rec.ledger_ids), v.mod_revision
+
+
+def encode_ledger_list(name: str, ids: list[int]) -> bytes:
+    """The value :func:`log_key` holds for this list (what a CAS writes)."""
+    return mpb.LogRecord(name=name, ledger_ids=ids).SerializeToString(deterministic=True)
+
+
 class _Record:
     def __init__(self, client: BookKeeperClient, name: str):
         self.client = client
         self.name = name
-        self.key = KeyLayout(client.cluster).log_key(name)
+        self.key = log_key(client, name)
 
     async def read(self) -> tuple[list[int], int | None]:
-        """The ledger ids and the key's mod_revision (None: no such log)."""
-        v: Versioned | None = await self.client.meta_call(self.client.store.get, self.key)
-        if v is None:
-            return [], None
-        rec = mpb.LogRecord()
-        rec.ParseFromString(v.value)
-        return list(rec.ledger_ids), v.mod_revision
+        return await read_ledger_list(self.client, self.name)
 
     async def cas(self, ids: list[int], revision: int | None) -> int:
         """Writes the list if the key is still at ``revision`` (None: absent);
         raises MetadataConflict otherwise."""
-        data = mpb.LogRecord(name=self.name, ledger_ids=ids).SerializeToString(deterministic=True)
+        data = encode_ledger_list(self.name, ids)
         st = self.client.store
         if revision is None:
             return await self.client.meta_call(st.create, self.key, data)
@@ -271,11 +289,20 @@ class LogReader:
         return (await self._rec.read())[0]
 
     async def read_all(self, start: LogPosition | None = None) -> list[tuple[LogPosition, Entry]]:
-        """Every readable entry from ``start`` on, in log order."""
+        """Every readable entry from ``start`` on, in log order.
+
+        Ledgers are skipped by their place in the list, not by id: a list
+        appended by the Spark sink holds its ledgers in partition order.  A
+        ``start`` whose ledger the list no longer holds (truncated, or of
+        another log) raises NoSuchLedger: where it stood is unknown."""
         out: list[tuple[LogPosition, Entry]] = []
-        for lid in await self.ledger_ids():
-            if start is not None and lid < start.ledger_id:
-                continue
+        ids = await self.ledger_ids()
+        if start is not None:
+            if start.ledger_id not in ids:
+                raise err.NoSuchLedger(start.ledger_id, f"log {self._rec.name}: ledger {start.ledger_id} of the "
+                                       "start position is not in the list (truncated, or of another log)")
+            ids = ids[ids.index(start.ledger_id):]
+        for lid in ids:
             try:
                 h = await self.client.open_ledger(lid, recovery=False)
             except err.NoSuchLedger:
@@ -287,4 +314,5 @@ class LogReader:
         return out
 
 
-__all__ = ["LogWriter", "LogReader", "LogPosition"]
+__all__ = ["LogWriter", "LogReader", "LogPosition", "read_ledger_list", "log_key",
+           "encode_ledger_list"]

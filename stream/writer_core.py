@@ -469,6 +469,16 @@ class WriterCore:
         self._step(WriterEvent.FAIL)
         self._fail_pending(WriterFailed(reason, self.state))
 
+    @property
+    def may_tell_lac(self) -> bool:
+        """A WriteLac (explicit or closing LAC) may go out: OPEN, or while
+        an ensemble change is under way.  A roll falls due as the last entry
+        of a full fragment is acknowledged, so a writer closing then is
+        mid-change; the LAC is committed whatever the change's outcome, and
+        the bookies of the last published fragment need it (an unpublished
+        roll leaves that fragment the last one)."""
+        return self.state in (WriterState.OPEN, WriterState.CHANGING_ENSEMBLE)
+
     def close_allowed(self) -> bool:
         """Rule 4: only with no pending add, no failure and no change under way."""
         return (self.state is WriterState.OPEN and not self.pending and not self.failed

@@ -11,7 +11,7 @@ import pytest
 from metadata.ledgers import LedgerState
 from stream import errors as se
 from stream.client import BookKeeperClient
-from stream.log import LogPosition, LogReader, LogWriter
+from stream.log import LogPosition, LogReader, LogWriter, encode_ledger_list, log_key, read_ledger_list
 from tests.conftest import run
 from tests.conftest import start_bookies
 
@@ -65,6 +65,38 @@ def test_open_roll_truncate_and_read_across_ledgers(env):
             got = await LogReader(bk, name).read_all()
             assert [e.payload for _, e in got] == [b"b%d" % i for i in range(5)]
             await w2.close()
+    run(go())
+
+
+def test_a_list_not_in_id_order_is_read_from_a_start_by_place_in_the_list(env):
+    """The Spark sink appends ledgers in partition order: a later ledger in
+    the list may have a lower id.  A start position skips by place."""
+    name = f"log-{uuid.uuid4().hex[:6]}"
+
+    async def go():
+        async with client(env) as bk:
+            lids = []
+            for k in range(3):
+                lh = await bk.create_ledger(3, 2, 2)
+                for i in range(3):
+                    await lh.add_entry(b"L%d-%d" % (k, i))
+                await lh.close()
+                lids.append(lh.ledger_id)
+            assert lids == sorted(lids)
+            order = [lids[2], lids[0], lids[1]]       # the newest ledger first
+            assert await read_ledger_list(bk, name) == ([], None)
+            rev = await bk.meta_call(bk.store.create, log_key(bk, name), encode_ledger_list(name, order))
+            assert await read_ledger_list(bk, name) == (order, rev)
+            r = LogReader(bk, name)
+            want = [b"L%d-%d" % (k, i) for k in (2, 0, 1) for i in range(3)]
+            assert [e.payload for _, e in await r.read_all()] == want
+            got = await r.read_all(LogPosition(lids[2], 1))   # the first ledger, highest id
+            assert [e.payload for _, e in got] == want[1:]
+            got = await r.read_all(LogPosition(lids[0], 2))   # the middle one: the first is behind it
+            assert [e.payload for _, e in got] == want[5:]
+            assert [p for p, _ in got] == [LogPosition(lids[0], 2)] + [LogPosition(lids[1], i) for i in range(3)]
+            with pytest.raises(se.NoSuchLedger):
+                await r.read_all(LogPosition(lids[0] + 10_000, 0))   # not in the list
     run(go())
 
 

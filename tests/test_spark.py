@@ -173,8 +173,6 @@ def test_streaming_read_while_appending_then_restart_from_checkpoint(spark, shar
     assert max(map(len, seen.values())) <= 120  # maxRecordsPerTrigger
 
 
-@pytest.mark.xfail(strict=False, reason="after a roll, the last fragment's bookies may report the roll point "
-                   "as LAC once the writer closed, so nothing of it is readable (NOTES.md, session 6 Spark)")
 def test_failOnDataLoss_for_a_trimmed_start(spark, shared):
     name = "trim-" + uuid.uuid4().hex[:6]
     _append(shared, name, [b"t%d" % i for i in range(600)], StreamConfig(fragment_size_entries=200))

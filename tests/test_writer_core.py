@@ -263,6 +263,24 @@ def test_roll_by_size_waits_for_a_clean_boundary():
     assert w.fragment_first == 2 and w.fragment_entries == 1
 
 
+def test_the_lac_may_be_told_while_the_roll_after_a_full_fragment_is_under_way():
+    """The last entry of a full fragment acknowledged: the roll is proposed
+    at once, so a writer closing there is mid-change; its closing LAC must
+    still go out (to the fragment that is still the last published one)."""
+    w = writer(fragment_max_entries=2)
+    assert w.may_tell_lac
+    w.add_many([b"x", b"y"])
+    for eid in (0, 1):
+        for i in range(3):
+            w.on_ack(eid, i)
+    assert w.state is WriterState.CHANGING_ENSEMBLE and w.proposal.reason is ChangeReason.ROLL
+    assert w.lac == 1 and w.may_tell_lac and w.ensemble == ENS[:3]
+    w.on_ensemble_changed(2, ["b2", "b3", "b4"])
+    assert w.may_tell_lac
+    w.fail("stopped")
+    assert not w.may_tell_lac
+
+
 def test_close_only_with_no_pending_adds():
     w = writer()
     w.add(b"x")

@@ -22,6 +22,7 @@ from metadata.ledgers import Fragment, LedgerMode, LedgerState
 from stream import errors as err
 from stream.client import BackgroundLoop, BookKeeperClient
 from stream.ledger import LedgerHandle, read_lac_covering
+from stream.log import read_ledger_list
 from stream.spark.plan import LedgerView, Range
 
 log = logging.getLogger(__name__)
@@ -84,12 +85,7 @@ async def stream_ledger(bk: BookKeeperClient, name: str) -> int:
 
 async def log_ledgers(bk: BookKeeperClient, name: str) -> tuple[list[int], int | None]:
     """A log's ledger list and its key's mod_revision (None: no such log)."""
-    v = await bk.meta_call(bk.store.get, KeyLayout(bk.cluster).log_key(name))
-    if v is None:
-        return [], None
-    rec = mpb.LogRecord()
-    rec.ParseFromString(v.value)
-    return list(rec.ledger_ids), v.mod_revision
+    return await read_ledger_list(bk, name)
 
 
 async def chain_ids(bk: BookKeeperClient, kind: str, name: str) -> list[int]:

@@ -20,7 +20,8 @@ go.  A replayed streaming batch (its id at or below the recorded one) is not
 appended: its ledgers are deleted instead.  On a lost compare it reads again
 and retries.
 
-The log's list is a ``LogRecord`` as ``stream.log`` keeps it; a log written
+The log's list is read and written through ``stream.log`` (``read_ledger_list``,
+``encode_ledger_list``, ``log_key``); a log written
 by a ``LogWriter`` leader at the same time would lose its leadership at its
 next roll (its list CAS fails), so do not point a sink at a log that has a
 live leader.
@@ -31,11 +32,11 @@ import hashlib
 import json
 import logging
 
-from bookstream_pb import metadata_pb2 as mpb
 from metadata.layout import KeyLayout, validate_name
 from metadata.store import Delete, Put, TxnConflict, absent, mod_revision_is
 from stream import errors as err
 from stream.client import BookKeeperClient
+from stream.log import encode_ledger_list, log_key, read_ledger_list
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +83,14 @@ async def abort(bk: BookKeeperClient, job: str, log_name: str | None = None) -> 
     commit whose answer was lost may have gone through)."""
     ids = await pending_ledgers(bk, job)
     if log_name is not None:
-        listed = set(await _list(bk, KeyLayout(bk.cluster).log_key(log_name)))
+        listed = set(await _list(bk, log_name))
         ids = [lid for lid in ids if lid not in listed]
     await drop_ledgers(bk, job, ids)
     return ids
 
 
-async def _list(bk: BookKeeperClient, key: str) -> list[int]:
-    v = await bk.meta_call(bk.store.get, key)
-    if v is None:
-        return []
-    rec = mpb.LogRecord()
-    rec.ParseFromString(v.value)
-    return list(rec.ledger_ids)
+async def _list(bk: BookKeeperClient, log_name: str) -> list[int]:
+    return (await read_ledger_list(bk, log_name))[0]
 
 
 async def last_batch(bk: BookKeeperClient, key: str) -> tuple[int, int | None]:
@@ -111,22 +107,16 @@ async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_id
     with the batch id when ``sink`` is given.  Returns False (and deletes the
     ledgers) when the batch was committed before."""
     layout = KeyLayout(bk.cluster)
-    lkey = layout.log_key(log_name)
+    lkey = log_key(bk, log_name)
     skey = sink_key(layout, "log", log_name, sink) if sink is not None else None
     garbage = sorted(set(await pending_ledgers(bk, job)) - set(ledger_ids))
     if garbage:
         log.info("log %s: deleting %d ledgers of failed attempts: %s", log_name, len(garbage), garbage)
         await drop_ledgers(bk, job, garbage)
     for _ in range(attempts):
-        cur = await bk.meta_call(bk.store.get, lkey)
-        ids: list[int] = []
-        if cur is not None:
-            rec = mpb.LogRecord()
-            rec.ParseFromString(cur.value)
-            ids = list(rec.ledger_ids)
-        compares = [absent(lkey) if cur is None else mod_revision_is(lkey, cur.mod_revision)]
-        ops = [Put(lkey, mpb.LogRecord(name=log_name, ledger_ids=ids + list(ledger_ids))
-                   .SerializeToString(deterministic=True))]
+        ids, rev = await read_ledger_list(bk, log_name)
+        compares = [absent(lkey) if rev is None else mod_revision_is(lkey, rev)]
+        ops = [Put(lkey, encode_ledger_list(log_name, ids + list(ledger_ids)))]
         if skey is not None:
             done, srev = await last_batch(bk, skey)
             if batch_id <= done:
@@ -145,7 +135,7 @@ async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_id
             continue
         except err.MetadataUnavailable:
             # the outcome is unknown: it went through if the list holds them
-            if ledger_ids and set(ledger_ids) <= set(await _list(bk, lkey)):
+            if ledger_ids and set(ledger_ids) <= set(await _list(bk, log_name)):
                 return True
             continue
     raise err.MetadataConflict(f"log {log_name}: the list kept changing ({attempts} attempts)")
