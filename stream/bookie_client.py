@@ -33,6 +33,10 @@ CHANNEL_OPTIONS = [
     # loaded machine: "timed out before receiving SETTINGS frame").
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
+    # each channel its own subchannels: by default gRPC shares them between
+    # channels to one address, so a fresh channel to a restarted bookie
+    # (BookKeeperClient.refresh_bookies) would inherit the old one's back-off
+    ("grpc.use_local_subchannel_pool", 1),
 ]
 
 
