@@ -184,7 +184,8 @@ class Standalone:
         then the bookies (each deregisters: its lease is revoked while etcd
         is still up, and checkpoints), etcd last."""
         if self.autorecovery is not None:
-            self.autorecovery.stop()
+            # it holds no data (its leases expire by themselves): not worth a long wait
+            self.autorecovery.stop(timeout=5.0)
             self.autorecovery = None
         for b in self.bookies:
             if b.alive():
