@@ -170,10 +170,9 @@ async def _log_names(bk) -> list[str]:
 
 
 async def _log_ids(bk, name: str) -> list[int]:
-    from stream.log import LogReader
+    from stream.log import read_ledger_list
 
-    reader = LogReader(bk, name)
-    ids, rev = await reader._rec.read()
+    ids, rev = await read_ledger_list(bk, name)
     if rev is None:
         raise NotFound(f"no such log: {name!r}")
     return ids
