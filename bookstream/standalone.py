@@ -179,23 +179,37 @@ class Standalone:
                "--etcd", self.etcd_endpoint, "--cluster", self.cluster, *self.bookie_args]
         return shlex.join(cmd)
 
-    def stop(self) -> None:
+    def stop(self, out=None, bookie_timeout: float = 20.0) -> None:
         """Autorecovery first (stopping bookies must not look like lost ones),
         then the bookies (each deregisters: its lease is revoked while etcd
-        is still up, and checkpoints), etcd last."""
+        is still up, and checkpoints), etcd last.  The bookies stop in
+        parallel under one deadline, then are killed.  With ``out``, each
+        step is reported with its duration."""
+        def step(what: str, t0: float) -> None:
+            if out is not None:
+                print(f"  {what} in {time.monotonic() - t0:.1f} s", file=out, flush=True)
+
         if self.autorecovery is not None:
+            t0 = time.monotonic()
             # it holds no data (its leases expire by themselves): not worth a long wait
             self.autorecovery.stop(timeout=5.0)
             self.autorecovery = None
+            step("autorecovery stopped", t0)
+        t0 = time.monotonic()
         for b in self.bookies:
             if b.alive():
                 b.proc.send_signal(signal.SIGTERM)
+        deadline = t0 + bookie_timeout
         for b in self.bookies:
-            b.stop()
+            b.stop(timeout=max(0.1, deadline - time.monotonic()))
+        if self.bookies:
+            step(f"{len(self.bookies)} bookies stopped", t0)
         self.bookies = []
         if self.etcd is not None:
+            t0 = time.monotonic()
             self.etcd.stop()
             self.etcd = None
+            step("etcd stopped", t0)
 
     def __enter__(self) -> "Standalone":
         return self.start()
@@ -217,7 +231,9 @@ class Supervisor:
         self.cluster = cluster
         self.restart = restart
         self.out = out
-        self.events: "queue.Queue[tuple]" = queue.Queue()
+        # SimpleQueue: its put() is safe from a signal handler (Queue's is not:
+        # a handler that runs while the main thread holds Queue's lock deadlocks)
+        self.events: "queue.SimpleQueue[tuple]" = queue.SimpleQueue()
         self.backoff0, self.max_backoff = backoff, max_backoff
         self._backoff = {}        # bookie index -> current back-off
         self._due: dict[int, float] = {}   # bookie index -> when to restart it
@@ -324,6 +340,6 @@ def cmd_standalone(args: argparse.Namespace) -> int:
                 sup.on_death(ev[1], ev[2], ev[3], time.monotonic())
     finally:
         print("stopping: autorecovery and bookies first, then etcd...", flush=True)
-        cluster.stop()
+        cluster.stop(out=sys.stdout)
         print("stopped.", flush=True)
     return 0
