@@ -435,7 +435,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
       latency gRPC alone gives the open loop's load.
     """
     from stream.bookie_client import BookieClient
-    from stream.ledger import RANGE_FRAME_BYTES
+    from stream.ledger_read import RANGE_FRAME_BYTES
 
     say = progress or (lambda msg: None)
     clients = [BookieClient(a) for a in addresses]
@@ -601,7 +601,7 @@ class _Add:
 
 class FloorWriter:
     """A writer that does no more than move frames, batched as the stream
-    writer batches them (stream/ledger.py): the appends of one turn of the
+    writer batches them (stream/ledger_write.py): the appends of one turn of the
     event loop are handed over together; a server with no frame in flight
     is sent them at once, else they wait, and go when its frame's ack is
     back or once MAX_INFLIGHT_FRAMES allows and PIPELINE_BYTES wait; frames
@@ -611,7 +611,7 @@ class FloorWriter:
     retries: the floor under the writer."""
 
     def __init__(self, clients, ack_quorum: int = 2):
-        from stream.ledger import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
+        from stream.ledger_write import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
 
         self.frame_bytes, self.max_inflight, self.pipeline_bytes = FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
         self.clients, self.ack_quorum = clients, ack_quorum

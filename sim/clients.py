@@ -58,7 +58,7 @@ class SimClient:
         self._proposal = None           # the writer's proposal already traced
         self.finishing = False          # the final CAS is scheduled
         self.closing = False
-        self._lac_told = -1              # the explicit LAC last sent (stream/ledger.py explicit_lac)
+        self._lac_told = -1              # the explicit LAC last sent (stream/ledger_write.py explicit_lac)
         self._stale_seen = 0             # the recovery's stale answers counted so far
 
     # -- state ------------------------------------------------------------------------------
@@ -449,7 +449,7 @@ class SimClient:
                       {"writer": wr, "index": s.bookie_index, "ids": list(s.entry_ids)},
                       self._on_add, self._on_add_timeout, w.sc.timeout)
         if not r.sends and r.lac > self._lac_told and r.state is WriterState.OPEN:
-            # Adds went quiet: tell the ensemble the LAC (stream/ledger.py explicit_lac).
+            # Adds went quiet: tell the ensemble the LAC (stream/ledger_write.py explicit_lac).
             self._lac_told = r.lac
             for bid in wr.ensemble:
                 w.step("ClientSendLac", self.name, bid, r.lac, r.lafr, wr.term)
@@ -539,7 +539,7 @@ class SimClient:
             w.count("writer_no_spare")
             self._deferrals = getattr(self, "_deferrals", 0) + 1
             if wr.ack_quorum_reachable and self._deferrals <= 3:
-                # delayed ensemble change (stream/ledger.py): go on without the
+                # delayed ensemble change (stream/ledger_write.py): go on without the
                 # failed bookies, retry them (and the change) later; a few
                 # times only, so that a run with a bookie down for good ends
                 w.count("writer_change_deferred")
@@ -575,7 +575,7 @@ class SimClient:
         self.compare()
 
     def _prepare(self, bookies: list[str], first: int, term: int) -> bool:
-        """stream.ledger.prepare_bookies: each joining bookie raises its term
+        """stream.ledger_write.prepare_bookies: each joining bookie raises its term
         and drops what it holds from `first` on (after a journal barrier).
         False if one refused (a newer term).  Synchronous here: the change
         that follows is one step of the glue."""

@@ -53,7 +53,8 @@ from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, 
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.client import BackgroundLoop, BookKeeperClient, ClientConfig
-from stream.ledger import LedgerHandle, WriterOptions, _RecoveryDriver, read_lac_covering
+from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
+from stream.ledger_recovery import RecoveryDriver
 from stream.placement import get_policy
 
 log = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
             if missing:
                 await bk.refresh_bookies(missing)  # restarted meanwhile? a fresh channel asks at once
         try:
-            result = await _RecoveryDriver(bk, mine).run()
+            result = await RecoveryDriver(bk, mine).run()
         except err.LedgerFenced as e:  # a newer term's reads reached the bookies first
             raise err.WriterFenced(f"ledger {ledger_id}: a newer term took over during recovery: {e}") from e
         except err.LedgerRecoveryFailed as e:

@@ -305,13 +305,13 @@ def test_tune_malloc_keeps_freed_buffers_for_reuse():
 
 
 def test_a_batch_leaves_in_frames_of_at_most_frame_bytes_in_order():
-    from stream.ledger import FRAME_BYTES, _frames
+    from stream.ledger_write import FRAME_BYTES, split_frames
 
     size = FRAME_BYTES // 4
     records = [bytes([k]) * size for k in range(10)] + [b"x" * (FRAME_BYTES + 1), b"y"]
     ids = list(range(100, 112))
-    frames = list(_frames(records, ids))
+    frames = list(split_frames(records, ids))
     assert [f[0] for f in frames] == [ids[0:4], ids[4:8], ids[8:10], [110], [111]]  # an oversized record alone
     assert [r for _, recs in frames for r in recs] == records
     assert all(sum(map(len, recs)) <= FRAME_BYTES for fids, recs in frames if len(fids) > 1)
-    assert list(_frames(records[:3], ids[:3])) == [(ids[:3], records[:3])]  # a small batch: one frame
+    assert list(split_frames(records[:3], ids[:3])) == [(ids[:3], records[:3])]  # a small batch: one frame

@@ -1,0 +1,382 @@
+"""The read path of a ledger: :class:`ReadPath` (the reads of a
+:class:`stream.ledger.LedgerHandle`: range reads as ``stream.read_plan``
+plans them, per-entry reads that ask another replica when one is slow or
+fails, checksums verified, nothing skipped; tailing) and
+:func:`read_lac_covering` (the LAC from a covering quorum, never fencing).
+"""
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+from typing import TYPE_CHECKING, AsyncIterator
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from stream import errors as err
+from stream.bookie_client import BookieUnavailable
+from stream.quorum import CoverageTracker, write_set
+from stream.read_plan import RangeRead, plan_missing, plan_reads
+from stream.ledger_write import status_of, why
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stream.client import BookKeeperClient
+
+log = logging.getLogger("stream.ledger")  # one logger for the ledger's rooms
+
+RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back fast
+# A range read's first frame may take this many speculative read timeouts
+# (several reads are in flight per bookie: a read-ahead queues behind others).
+FIRST_FRAME_SPECULATIONS = 20
+
+
+def _undelivered(r: RangeRead, base: int, slots: list) -> bool:
+    """Whether some id of the planned read ``r`` has no entry in ``slots``."""
+    if not r.stripe:
+        return slots[r.first - base:r.last - base + 1].count(None) > 0
+    return any(slots[i - base] is None for i in r.ids())
+
+
+class ReadPath:
+    """The reads of a ledger handle (mixed into :class:`LedgerHandle`)."""
+
+    # -- reads -------------------------------------------------------------------------
+
+    async def read_entry(self, entry_id: int) -> entry_codec.Entry:
+        return (await self.read_entries(entry_id, entry_id))[0]
+
+    async def read_entries(self, first: int, last: int, *, rotation: int = 0) -> list[entry_codec.Entry]:
+        """Entries ``first..last`` in order, every one of them, checksums
+        verified.  Never past the LAC (ReadBeyondLac); the LAC is refreshed
+        once if ``last`` is beyond the known one.  ``rotation`` turns which
+        bookie serves which part (stream.read_plan), e.g. per read-ahead chunk."""
+        if not (isinstance(first, int) and isinstance(last, int)) or first < 0 or last < first:
+            raise ValueError(f"bad entry range {first}..{last}")
+        self._check_client()
+        if last > self.last_add_confirmed and self._meta.state is not LedgerState.CLOSED:
+            if self._writer is None:
+                await self.read_last_add_confirmed()
+                if last > self._lac:
+                    await self.refresh_metadata()
+        bound = self.last_add_confirmed
+        if last > bound:
+            raise err.ReadBeyondLac(self.ledger_id, last, bound)
+        slots = await self._read_ranges(first, last, rotation)
+        todo = [first + k for k, e in enumerate(slots) if e is None]
+        if todo:
+            results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
+            for eid, r in zip(todo, results):
+                if isinstance(r, BaseException):
+                    raise r
+                slots[eid - first] = r
+        return slots
+
+    async def _read_ranges(self, first: int, last: int, rotation: int = 0) -> list:
+        """``first..last`` by range reads, as ``stream.read_plan`` plans them
+        per fragment (every id asked of one bookie of its write set, the
+        bookies in parallel); a slot per id, None where no planned read
+        delivered it (the caller reads those entry by entry, which alone may
+        find an entry missing).  What a round leaves undelivered (a bookie
+        down, stalled, or without the entry) is asked again of the other
+        bookies of its write sets (``plan_missing``), for up to Qw rounds."""
+        n = last - first + 1
+        slots: list = [None] * n
+        if n == 1:
+            return slots  # one entry: the speculative read is the plan
+        meta = self._meta
+        frags: list[tuple[Fragment, int, int, set[int]]] = []  # (fragment, first, last, bookies to avoid)
+        q = self.client.quarantined()
+        nxt_frag = first
+        while nxt_frag <= last:
+            try:
+                f, end = await self._span(nxt_frag)
+            except err.ReadFailed:
+                break  # the entry-by-entry reads report it
+            a, b = nxt_frag, last if end is None else min(last, end - 1)
+            nxt_frag = b + 1
+            frags.append((f, a, b, {i for i, x in enumerate(f.ensemble) if x in q}))
+        E, Qw = meta.ensemble_size, meta.write_quorum
+        rotation += self.ledger_id  # readers of different ledgers start on different bookies
+        for rnd in range(Qw):
+            reads: list[tuple[int, str, RangeRead]] = []
+            for k, (f, a, b, avoid) in enumerate(frags):
+                if rnd == 0:
+                    plans = plan_reads(a, b, E, Qw, avoid=avoid, rotation=rotation,
+                                       block_entries=self.read_block_entries)
+                else:
+                    if slots[a - first:b - first + 1].count(None) == 0:
+                        continue
+                    missing = [i for i in range(a, b + 1) if slots[i - first] is None]
+                    plans = plan_missing(missing, E, Qw, avoid=avoid, rotation=rotation + rnd)
+                reads.extend((k, f.ensemble[r.bookie_index], r) for r in plans)
+            if not reads:
+                break
+            if len(reads) == 1:
+                got = [await self._planned_read(reads[0][1], reads[0][2], first, slots)]
+            else:
+                got = await asyncio.gather(*(self._planned_read(bid, r, first, slots) for _, bid, r in reads))
+            short = False
+            for (k, _, r), delivered in zip(reads, got):
+                # (the first round's reads are disjoint over empty slots: a count says it)
+                if delivered < r.count() if rnd == 0 else _undelivered(r, first, slots):
+                    frags[k][3].add(r.bookie_index)
+                    short = True
+            if not short:
+                break
+        return slots
+
+    async def _planned_read(self, bid: str, r: RangeRead, base: int, slots: list) -> int:
+        """One planned range read (sparse, with the plan's stripe filter);
+        the entries it delivers go to empty ``slots[id - base]``, checksums
+        verified; entries the plan did not ask of this bookie are dropped.
+        A failure or a stall ends it quietly.  Returns how many of its ids
+        it delivered."""
+        bc = await self.client.bookie(bid)
+        if bc is None:
+            return 0
+        delivered = 0
+        cfg = self.client.config
+        stream = bc.read_range(self.ledger_id, r.first, r.last, max_frame_bytes=self.read_frame_bytes, sparse=True,
+                               stripe=r.stripe, residues=r.residues, raw=True)
+        after = r.first - 1
+        lid = self.ledger_id
+        try:
+            while True:
+                # A slow first answer hands over to the next round (other
+                # bookies), so does a stall later on.  Not marked failed: a
+                # busy bookie is no dead one, and a client's quarantine keeps
+                # its writers away too (under load, slow reads had
+                # quarantined every bookie of a cluster).
+                wait = cfg.speculative_read_timeout * FIRST_FRAME_SPECULATIONS if after < r.first else cfg.read_timeout
+                try:
+                    resp = await asyncio.wait_for(stream.__anext__(), wait)
+                except StopAsyncIteration:
+                    break
+                except asyncio.TimeoutError:
+                    log.info("ledger %s: range read from %s too slow", lid, bid)
+                    break
+                if resp.stop > resp.start:  # (raw frames: the records are data[start:stop])
+                    got = entry_codec.decode_sparse(resp.data, lid, after, resp.start, resp.stop)
+                    if got and got[-1].entry_id > r.last:
+                        got = [e for e in got if e.entry_id <= r.last]
+                    if got:
+                        k = got[0].entry_id - base
+                        if (not r.stripe and got[-1].entry_id - got[0].entry_id == len(got) - 1
+                                and slots[k:k + len(got)].count(None) == len(got)):
+                            slots[k:k + len(got)] = got   # (the common case: consecutive, all new)
+                            delivered += len(got)
+                        else:
+                            stripe, residues = r.stripe, r.residues
+                            for e in got:
+                                i = e[1] - base
+                                if (not stripe or residues >> (e[1] % stripe) & 1) and slots[i] is None:
+                                    slots[i] = e   # (an id of this read: the bookie's filter, r.wants)
+                                    delivered += 1
+                        after = got[-1].entry_id if got else after
+                if resp.status != Status.OK or resp.through >= r.last:
+                    break
+        except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
+            log.info("ledger %s: range read from %s stopped: %s", lid, bid, e)
+        finally:
+            await stream.aclose()
+        return delivered
+
+    async def _read_one_bounded(self, eid: int) -> entry_codec.Entry:
+        async with self._read_sem:
+            return await self._read_one(eid)
+
+    async def _read_one(self, eid: int) -> entry_codec.Entry:
+        for attempt in range(2):
+            frag = await self._fragment_for(eid)
+            try:
+                return await self._read_replicas(eid, frag)
+            except (err.EntryMissing, err.ReadFailed):
+                # Missing, or missing on some replicas and unreachable on the
+                # rest: the entry may have moved to a fragment this handle
+                # has not seen yet (an ensemble change from LAFR+1 moves
+                # entries the old ensemble only partly holds).
+                if attempt:
+                    raise
+                await self.refresh_metadata()
+                if self._fragment_or_none(eid) == frag:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _fragment_or_none(self, eid: int) -> Fragment | None:
+        span = self._span_now(eid)
+        return span[0] if span is not None else None
+
+    def _span_now(self, eid: int) -> tuple[Fragment, int | None] | None:
+        """The fragment holding ``eid`` and the next fragment's first entry
+        (None: the newest), from what this handle holds; None if unknown."""
+        meta = self._meta
+        last = meta.last_fragment
+        if last is not None and eid >= last.first_entry:
+            return last, None
+        if not self._lazy_fragments:
+            frags = meta.fragments
+            i = bisect.bisect_right([f.first_entry for f in frags], eid) - 1
+            return (frags[i], frags[i + 1].first_entry) if i >= 0 else None
+        i = self._spans.bisect_right(eid) - 1
+        if i >= 0:
+            frag, end = self._spans.peekitem(i)[1]
+            if eid < end:
+                return frag, end
+        return None
+
+    async def _span(self, eid: int) -> tuple[Fragment, int | None]:
+        span = self._span_now(eid)
+        if span is None and self._lazy_fragments and eid >= self._meta.trimmed_before:
+            try:
+                frag, end = await self.client.meta_call(self.client.ledgers.fragment_span, self.ledger_id, eid)
+            except err.BookKeeperError:
+                frag = None
+            if frag is not None:
+                if end is None:  # the store's newest fragment: our metadata is behind
+                    await self.refresh_metadata()
+                    return self._span_now(eid) or (frag, None)
+                self._spans[frag.first_entry] = (frag, end)
+                return frag, end
+        if span is None:
+            await self.refresh_metadata()
+            span = self._span_now(eid)
+        if span is None:
+            raise err.ReadFailed(self.ledger_id, eid, f"ledger {self.ledger_id}: no fragment holds entry {eid}")
+        return span
+
+    async def _fragment_for(self, eid: int) -> Fragment:
+        return (await self._span(eid))[0]
+
+    async def _read_replicas(self, eid: int, frag: Fragment) -> entry_codec.Entry:
+        """Speculative read: ask one replica; when it is slow (past
+        ``speculative_read_timeout``) or fails, ask the next as well; the
+        first verified answer wins."""
+        meta, cfg = self._meta, self.client.config
+        q = self.client.quarantined()
+        replicas = [frag.ensemble[i] for i in write_set(eid, meta.ensemble_size, meta.write_quorum)]
+        replicas.sort(key=lambda b: b in q)  # healthy first, write-set order otherwise
+        pending: set[asyncio.Task] = set()
+        outcomes: list[str] = []
+        nxt = 0
+
+        def start_next() -> None:
+            nonlocal nxt
+            pending.add(asyncio.ensure_future(self._read_from(replicas[nxt], eid)))
+            nxt += 1
+
+        start_next()
+        try:
+            while pending:
+                timeout = cfg.speculative_read_timeout if nxt < len(replicas) else None
+                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+                if not done:
+                    start_next()
+                    continue
+                for t in done:
+                    kind, value = t.result()
+                    if kind == "ok":
+                        return value
+                    outcomes.append(kind)
+                    if nxt < len(replicas):
+                        start_next()
+        finally:
+            for t in pending:
+                t.cancel()
+        if outcomes and all(k == "missing" for k in outcomes):
+            raise err.EntryMissing(self.ledger_id, eid, f"ledger {self.ledger_id}: no replica of entry {eid} "
+                                                        f"({replicas}) holds it")
+        if "bad" in outcomes:
+            raise err.BadChecksum(f"ledger {self.ledger_id}: entry {eid}: bad checksum on {replicas}")
+        raise err.ReadFailed(self.ledger_id, eid)
+
+    async def _read_from(self, bookie_id: str, eid: int) -> tuple[str, object]:
+        bc = await self.client.bookie(bookie_id)
+        if bc is None:
+            return "error", f"{bookie_id}: no address"
+        try:
+            resp = await bc.read_entry(self.ledger_id, eid, timeout=self.client.config.read_timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self.client.mark_failed(bookie_id)
+            return "error", str(e)
+        st = status_of(resp.status)
+        if st is Status.OK:
+            try:
+                e = entry_codec.decode(resp.entry)
+            except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as x:
+                return "bad", str(x)
+            if e.ledger_id != self.ledger_id or e.entry_id != eid:
+                return "bad", f"got entry {e.ledger_id}/{e.entry_id}"
+            return "ok", e
+        if st in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
+            return "missing", st.name
+        if st is Status.CHECKSUM_MISMATCH:
+            return "bad", resp.message
+        return "error", f"{bookie_id}: {st.name if st else resp.status}"
+
+    async def tail(self, start: int = 0, *, poll_timeout: float = 1.0,
+                   batch: int = 1000) -> AsyncIterator[entry_codec.Entry]:
+        """Every entry from ``start`` on, in order, as the LAC moves; ends
+        once the ledger is closed and its last entry was yielded."""
+        nxt = start
+        while True:
+            lac = self.last_add_confirmed
+            if nxt <= lac:
+                for e in await self.read_entries(nxt, min(lac, nxt + batch - 1)):
+                    yield e
+                    nxt = e.entry_id + 1
+                continue
+            if self._meta.state is LedgerState.CLOSED:
+                return
+            await self.long_poll_last_add_confirmed(lac, poll_timeout)
+
+
+async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) -> int:
+    """The highest LAC among a covering set of the last fragment's bookies
+    (stream.quorum.CoverageTracker), with plain reads: no fence, no term.
+
+    A fragment starts at the LAC + 1 of the change that made it, so its
+    first entry - 1 is a confirmed lower bound even before its bookies hold
+    anything."""
+    frag = meta.last_fragment
+    tracker = CoverageTracker(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
+    best = frag.first_entry - 1
+    timeout = client.config.read_timeout
+
+    async def one(bid: str):
+        bc = await client.bookie(bid)
+        if bc is None:
+            return None
+        try:
+            resp = await bc.read_lac(meta.ledger_id, timeout=timeout)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            client.mark_failed(bid, f"LAC read failed: {why(e)}")
+            return None
+        client.mark_healthy(bid)
+        return resp
+
+    tasks = {asyncio.ensure_future(one(b)): i for i, b in enumerate(frag.ensemble)}
+    try:
+        pending = set(tasks)
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for t in done:
+                i, resp = tasks[t], t.result()
+                st = status_of(resp.status) if resp is not None else None
+                if st is Status.OK:
+                    best = max(best, resp.lac)
+                    tracker.on_response(i)
+                elif st is Status.NO_SUCH_LEDGER:
+                    tracker.on_response(i)
+                else:
+                    tracker.on_failure(i)
+            if tracker.covered:
+                return best
+            if tracker.impossible:
+                break
+    finally:
+        for t in tasks:
+            t.cancel()
+    raise err.QuorumTimeout(f"ledger {meta.ledger_id}: no covering quorum answered the LAC read")
+
+

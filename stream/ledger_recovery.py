@@ -1,0 +1,339 @@
+"""The recovery path of a ledger: :class:`RecoveryDriver` drives
+:class:`stream.recovery_core.RecoveryCore` (classic: the fence flag, no
+term, no truncate no-op; unbounded: the term): fencing LAC reads,
+read-forward with read-ahead (the core's per-entry reads leave as one sparse
+range read per bookie and run of ids, carrying the term/fence; the answers
+go back per entry and bookie), write-back batched into add frames, bookie
+replacement.  :func:`recover_ledger` wraps it in the metadata steps of a
+classic ledger: CAS to IN_RECOVERY, run, CAS to CLOSED with the last entry
+(and the ensemble change, if any); a lost final CAS re-reads and adopts a
+CLOSED ledger's last entry, so concurrent recoverers converge.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from stream import errors as err
+from stream.bookie_client import BookieUnavailable
+from stream.quorum import write_set
+from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
+from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
+from stream.ledger_write import PREPARE_FAILED, prepare_bookies, split_frames, status_of, why
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stream.client import BookKeeperClient
+
+log = logging.getLogger("stream.ledger")  # one logger for the ledger's rooms
+
+# Recovery's range reads come back in smaller frames still: the frontier moves,
+# and write-backs leave, while the rest of the range is on its way.
+RECOVERY_FRAME_BYTES = 64 << 10
+
+
+class RecoveryDriver:
+    """Runs one RecoveryCore over the last fragment of ``meta``."""
+
+    def __init__(self, client: "BookKeeperClient", meta: LedgerMetadata):
+        """Classic ledgers are fenced; an unbounded ledger is recovered with
+        the term in ``meta`` (already raised in etcd by the caller)."""
+        self.client = client
+        self.cfg = client.config
+        self.meta = meta
+        frag = meta.last_fragment
+        assert frag is not None
+        self.lid = meta.ledger_id
+        unbounded = meta.mode is LedgerMode.UNBOUNDED
+        self.core = RecoveryCore(meta.ledger_id, frag.first_entry, list(frag.ensemble), meta.ensemble_size,
+                                 meta.write_quorum, meta.ack_quorum, term=meta.term if unbounded else 0,
+                                 fence=not unbounded, unbounded=unbounded)
+        self.loop = asyncio.get_running_loop()
+        self.done = self.loop.create_future()
+        self._tasks: set[asyncio.Task] = set()
+        self._scheduled = False
+        self._replace_lock = asyncio.Lock()
+        self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
+        self._answered_at = 0.0                 # the loop time of the last read answer or read sent
+        self._speculation: asyncio.TimerHandle | None = None
+        self.speculations = 0                   # times stalled reads were asked of the rest (stats)
+        self.missing: dict[str, str] = {}       # bookie id -> what failed (named by LedgerRecoveryFailed)
+
+    async def run(self) -> RecoveryResult:
+        for b in self.core.read_ensemble:
+            await self.client.bookie(b)  # fill the address cache; unknown ones fail fast
+        self.core.start()
+        self._pump()
+        try:
+            await self.done
+        finally:
+            for t in list(self._tasks):
+                t.cancel()
+            if self._speculation is not None:
+                self._speculation.cancel()
+        st = self.core.state
+        if st is RecoveryState.DONE:
+            return self.core.result
+        if st is RecoveryState.FENCED_OUT:
+            raise err.LedgerFenced(f"ledger {self.lid}: recovery fenced out: {self.core.reason}")
+        missing = "; ".join(f"{b}: {why}" for b, why in sorted(self.missing.items()))
+        raise err.LedgerRecoveryFailed(f"ledger {self.lid}: recovery aborted: {self.core.reason}"
+                                       + (f" (missing bookies: {missing})" if missing else ""),
+                                       missing=sorted(self.missing))
+
+    def _missing(self, bookie_id: str, why: str) -> None:
+        self.missing[bookie_id] = why
+        self.client.mark_failed(bookie_id, why)
+
+    def _schedule(self) -> None:
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._pump)
+
+    def _spawn(self, coro) -> None:
+        t = self.loop.create_task(coro)
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    def _pump(self) -> None:
+        self._scheduled = False
+        r = self.core.ready()
+        for f in r.fencing_reads:
+            self._spawn(self._fencing_read(f))
+        # The core's reads (one per entry and bookie) leave as one sparse range
+        # read per bookie and run of ids.
+        wanted: dict[tuple[int, str], list[int]] = {}
+        for rd in r.reads:
+            wanted.setdefault((rd.bookie_index, rd.bookie_id), []).append(rd.entry_id)
+        if r.reads:
+            self._answered_at = self.loop.time()  # (stalled reads are counted from here)
+            term, fence = r.reads[0].term, r.reads[0].fence
+            assert all((x.term, x.fence) == (term, fence) for x in r.reads)
+            for (index, bid), ids in wanted.items():
+                for run in _runs(sorted(ids), index, self.core.E, self.core.Qw):
+                    self._spawn(self._read_range(index, bid, run, term, fence))
+        batches: dict[tuple[int, str], list] = {}
+        for w in r.writes:
+            batches.setdefault((w.bookie_index, w.bookie_id), []).append(w)
+        for (index, bid), ws in batches.items():
+            self._spawn(self._write(index, bid, ws))
+        for rp in r.replacements:
+            self._spawn(self._replace(rp))
+        if self._speculation is None and self.core.single_reads:
+            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout, self._speculate)
+        if self.core.state in RECOVERY_TERMINAL and not self.done.done():
+            self.done.set_result(None)
+
+    def _speculate(self) -> None:
+        """Entries read from one bookie (spread reads): if no read answer
+        came for ``speculative_read_timeout``, the core asks the rest of
+        their write sets; otherwise look again that long after the last."""
+        self._speculation = None
+        if not self.core.single_reads:
+            return
+        quiet = self.loop.time() - self._answered_at
+        if quiet >= self.cfg.speculative_read_timeout:
+            n = self.core.speculate()
+            self.speculations += 1
+            log.info("ledger %s: recovery reads stalled for %.0f ms: %d entries asked of the rest of their "
+                     "write sets", self.lid, quiet * 1e3, n)
+            self._schedule()
+        else:
+            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout - quiet, self._speculate)
+
+    async def _fencing_read(self, f) -> None:
+        bc = self.client.bookie_now(f.bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{f.bookie_id}: no address")
+            resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
+            self.client.mark_healthy(f.bookie_id)
+            self.core.on_lac_response(f.bookie_index, status_of(resp.status), resp.lac, resp.lafr, resp.last_entry)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self._missing(f.bookie_id, f"fencing read failed: {why(e)}")
+            self.core.on_lac_response(f.bookie_index, None)
+        self._schedule()
+
+    async def _read_range(self, index: int, bookie_id: str, ids: list[int], term: int, fence: bool) -> None:
+        """One sparse range read of ``ids`` (ascending, the ids of a run that
+        this bookie holds) from one bookie; every id gets its answer: OK
+        with the record, NO_SUCH_ENTRY once a frame vouches for it, or, if
+        the stream fails first, the failure (None: timed out/unreachable)."""
+        core = self.core
+        self.range_reads[bookie_id] = self.range_reads.get(bookie_id, 0) + 1
+        k = 0  # ids[:k] are answered
+        answers: list[tuple[int, Status | None, bytes | None]] = []  # a frame's, handed over at once
+
+        def answer_upto(limit: int, status: Status | None) -> None:
+            nonlocal k
+            while k < len(ids) and ids[k] <= limit:
+                answers.append((ids[k], status, None))
+                k += 1
+
+        def hand_over() -> None:
+            if answers:
+                self._answered_at = self.loop.time()
+                core.on_read_responses(index, answers)
+                answers.clear()
+
+        bc = self.client.bookie_now(bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{bookie_id}: no address")
+            async for resp in bc.read_range(self.lid, ids[0], ids[-1], max_frame_bytes=RECOVERY_FRAME_BYTES,
+                                            term=term, fence=fence, sparse=True,
+                                            frame_timeout=self.cfg.read_timeout):
+                st = status_of(resp.status)
+                if st is not Status.OK:
+                    if st is Status.INVALID_TERM:
+                        if k < len(ids):
+                            answers.append((ids[k], st, None))  # a newer term: fenced out
+                    else:
+                        # NO_SUCH_LEDGER is definitive (every id absent); any
+                        # other status is an error, never "absent"
+                        answer_upto(ids[-1], st or Status.INTERNAL_ERROR)
+                    break
+                data = resp.entries
+                for eid, start, end in entry_codec.record_spans(data):
+                    answer_upto(eid - 1, Status.NO_SUCH_ENTRY)  # skipped: not held (sparse)
+                    if k < len(ids) and ids[k] == eid:
+                        if core.wants(eid, index):  # (the core verifies what it takes)
+                            answers.append((eid, Status.OK, data[start:end]))
+                        k += 1
+                answer_upto(resp.through, Status.NO_SUCH_ENTRY)
+                hand_over()
+                self._schedule()
+                if core.state is not RecoveryState.READING:
+                    break  # decided (or ended): the rest does not matter
+        except (BookieUnavailable, asyncio.TimeoutError, entry_codec.MalformedEntry) as e:
+            log.info("ledger %s: recovery range read from %s failed: %s", self.lid, bookie_id, e)
+            if not isinstance(e, entry_codec.MalformedEntry):
+                self._missing(bookie_id, f"recovery read failed: {why(e)}")
+        hand_over()  # (an answer the loop left: INVALID_TERM, or a frame's before a failure)
+        answer_upto(ids[-1], None)  # what the stream did not answer: failed
+        hand_over()
+        self._schedule()
+
+    async def _write(self, index: int, bookie_id: str, writes: list) -> None:
+        bc = self.client.bookie_now(bookie_id)
+        try:
+            if bc is None:
+                raise BookieUnavailable(f"{bookie_id}: no address")
+            ids = [w.entry_id for w in writes]
+            for fids, frecs in split_frames([w.record for w in writes], ids):
+                ack = await asyncio.wait_for(bc.add_records(frecs), self.cfg.add_timeout)
+                if ack.status == Status.OK and not ack.errors:
+                    self.core.on_write_acks(fids, index, bookie_id=bookie_id)
+                    continue
+                errors = {e.index: e for e in ack.errors}
+                whole = status_of(ack.status) if ack.status != Status.OK and not errors else None
+                for k, eid in enumerate(fids):
+                    e = errors.get(k)
+                    st = (status_of(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
+                    self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
+        except (BookieUnavailable, asyncio.TimeoutError) as e:
+            self._missing(bookie_id, f"recovery write failed: {why(e)}")
+            for w in writes:
+                self.core.on_write_ack(w.entry_id, index, None, bookie_id=bookie_id)
+        self._schedule()
+
+    async def _replace(self, rp) -> None:
+        async with self._replace_lock:
+            if self.core.state in RECOVERY_TERMINAL:
+                return
+            self.client.mark_failed(rp.bookie_id, "recovery write failed")
+            exclude = {b: "in the ensemble" for b in (*self.core.ensemble, *self.core.read_ensemble)}
+            try:
+                (new,) = await self.client.choose_bookies(1, exclude, None)
+            except err.BookKeeperError as e:
+                self.missing.setdefault(rp.bookie_id, "failed")
+                self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
+            else:
+                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new])
+                if verdict > 0:
+                    self.core.abort(f"term {verdict} took over while replacing {rp.bookie_id}")
+                elif verdict == PREPARE_FAILED:
+                    self.core.abort(f"replacement {new} for {rp.bookie_id} could not be prepared")
+                elif self.core.state not in RECOVERY_TERMINAL:
+                    log.info("ledger %s: recovery replaces %s with %s", self.lid, rp.bookie_id, new)
+                    self.core.on_bookie_replaced(rp.bookie_index, new)
+        self._schedule()
+
+
+def _runs(ids: list[int], index: int, ensemble_size: int, write_quorum: int) -> list[list[int]]:
+    """Splits the ascending ids that recovery reads from the bookie at
+    ``index`` into runs that one range read each covers: a run breaks only
+    where an id this bookie holds (its write set includes the bookie) was not
+    asked for; ids between that it does not hold (striping, E > Qw) do not
+    break a run."""
+    runs: list[list[int]] = []
+    for eid in ids:
+        if runs:
+            prev = runs[-1][-1]
+            if eid == prev + 1:
+                runs[-1].append(eid)
+                continue
+            gap = range(prev + 1, eid)
+            if len(gap) < ensemble_size and not any(index in write_set(j, ensemble_size, write_quorum) for j in gap):
+                runs[-1].append(eid)
+                continue
+        runs.append([eid])
+    return runs
+
+
+async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[LedgerMetadata, int]:
+    """Classic fencing recovery: returns the CLOSED metadata and its revision.
+
+    1. OPEN -> IN_RECOVERY by CAS (already IN_RECOVERY: another recoverer,
+       or one that crashed; recover anyway).
+    2. Run the recovery core over the last fragment (fence, read forward,
+       write back).
+    3. CAS to CLOSED with the last entry, publishing the ensemble change of
+       the recovery writes with it.  A lost CAS re-reads: a CLOSED ledger's
+       last entry is adopted (concurrent recoverers converge on it).
+    """
+    cfg = client.config
+    meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+    aborted: err.BookKeeperError | None = None
+    runs = 0
+    for _ in range(cfg.metadata_attempts + cfg.recovery_attempts):
+        if meta.state is LedgerState.CLOSED:
+            log.info("ledger %s: closed at %d", ledger_id, meta.last_entry)
+            return meta, rev
+        if meta.state is LedgerState.OPEN:
+            try:
+                new = meta.with_(state=LedgerState.IN_RECOVERY)
+                rev = await client.meta_call(client.ledgers.update_header, new, rev)
+                meta = new
+            except (err.MetadataConflict, err.MetadataUnavailable):
+                meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+                continue
+        if runs >= cfg.recovery_attempts:
+            break
+        runs += 1
+        try:
+            result = await RecoveryDriver(client, meta).run()
+        except err.LedgerRecoveryFailed as e:
+            aborted = e
+            log.info("%s (attempt %d)", e, runs)
+            await asyncio.sleep(0.1 * runs)
+            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+            continue
+        closed = meta.with_(state=LedgerState.CLOSED, last_entry=result.last_entry)
+        try:
+            log.info("ledger %s: recovered %d entries, closing at %d", ledger_id, len(result.recovered),
+                     result.last_entry)
+            if result.ensemble_change is not None:
+                first, ens = result.ensemble_change
+                return await client.meta_call(client.ledgers.add_fragment, ledger_id, Fragment(first, ens),
+                                              closed, rev)
+            rev = await client.meta_call(client.ledgers.update_header, closed, rev)
+            return closed, rev
+        except (err.MetadataConflict, err.MetadataUnavailable):
+            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+    raise aborted or err.LedgerRecoveryFailed(f"ledger {ledger_id}: recovery did not complete")
+
+
