@@ -66,6 +66,34 @@ def _read_varint(buf, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
+def _fields(data):
+    """The fields of a protobuf message, in order: (field number, wire type,
+    value), the value a varint's number or a length-delimited field's
+    (start, stop) in ``data``; fixed-width fields are skipped.  Raises
+    MalformedFrame."""
+    pos, end = 0, len(data)
+    while pos < end:
+        key, pos = _read_varint(data, pos, end)
+        field, wtype = key >> 3, key & 7
+        if field == 0 or key >> 32:
+            raise MalformedFrame(f"bad field number {field}")
+        if wtype == _VARINT:
+            value, pos = _read_varint(data, pos, end)
+            yield field, wtype, value
+        elif wtype == _LEN:
+            size, pos = _read_varint(data, pos, end)
+            if pos + size > end:
+                raise MalformedFrame("truncated field")
+            yield field, wtype, (pos, pos + size)
+            pos += size
+        elif wtype in (_I64, _I32):
+            pos += 8 if wtype == _I64 else 4
+            if pos > end:
+                raise MalformedFrame("truncated field")
+        else:
+            raise MalformedFrame(f"unsupported wire type {wtype}")
+
+
 def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
     """(frame id, entries) of an encoded AddFrame; the entries are a view
     into ``data``.  Like protobuf, the last occurrence of a field wins and
@@ -78,29 +106,11 @@ def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
             if start + size == len(data):
                 return fid, mv[start:]
     fid, entries = 0, mv[0:0]
-    pos, end = 0, len(data)
-    while pos < end:
-        key, pos = _read_varint(data, pos, end)
-        field, wtype = key >> 3, key & 7
-        if field == 0 or key >> 32:
-            raise MalformedFrame(f"bad field number {field}")
-        if wtype == _VARINT:
-            value, pos = _read_varint(data, pos, end)
-            if field == 1:
-                fid = value & ((1 << 64) - 1)
-        elif wtype == _LEN:
-            size, pos = _read_varint(data, pos, end)
-            if pos + size > end:
-                raise MalformedFrame("truncated field")
-            if field == 2:
-                entries = mv[pos:pos + size]
-            pos += size
-        elif wtype in (_I64, _I32):
-            pos += 8 if wtype == _I64 else 4
-            if pos > end:
-                raise MalformedFrame("truncated field")
-        else:
-            raise MalformedFrame(f"unsupported wire type {wtype}")
+    for field, wtype, value in _fields(data):
+        if field == 1 and wtype == _VARINT:
+            fid = value & ((1 << 64) - 1)
+        elif field == 2 and wtype == _LEN:
+            entries = mv[value[0]:value[1]]
     return fid, entries
 
 
@@ -134,14 +144,8 @@ def decode_range_frame(data: bytes) -> RangeFrame:
     mv = memoryview(data)
     out = RangeFrame(entries=mv[0:0])
     out.data = data
-    pos, end = 0, len(data)
-    while pos < end:
-        key, pos = _read_varint(data, pos, end)
-        field, wtype = key >> 3, key & 7
-        if field == 0 or key >> 32:
-            raise MalformedFrame(f"bad field number {field}")
+    for field, wtype, value in _fields(data):
         if wtype == _VARINT:
-            value, pos = _read_varint(data, pos, end)
             name = _RANGE_VARINTS.get(field)
             if name == "through":
                 value &= (1 << 64) - 1
@@ -153,19 +157,9 @@ def decode_range_frame(data: bytes) -> RangeFrame:
             if name is not None:
                 setattr(out, name, value)
         elif wtype == _LEN:
-            size, pos = _read_varint(data, pos, end)
-            if pos + size > end:
-                raise MalformedFrame("truncated field")
             if field == 2:
-                out.entries = mv[pos:pos + size]
-                out.start, out.stop = pos, pos + size
+                out.entries = mv[value[0]:value[1]]
+                out.start, out.stop = value
             elif field == 4:
-                out.message = bytes(mv[pos:pos + size]).decode("utf-8", "replace")
-            pos += size
-        elif wtype in (_I64, _I32):
-            pos += 8 if wtype == _I64 else 4
-            if pos > end:
-                raise MalformedFrame("truncated field")
-        else:
-            raise MalformedFrame(f"unsupported wire type {wtype}")
+                out.message = bytes(mv[value[0]:value[1]]).decode("utf-8", "replace")
     return out
