@@ -41,8 +41,10 @@ TMPFS_SEGMENT = 4 << 20      # journal segments of the tmpfs bookie (so several 
 class Bookie:
     """One bookie slot: its process, its proxy, its state in the nemesis's eyes."""
 
-    def __init__(self, index: int, proc: BookieProcess, proxy: BookieProxy, tmpfs: bool):
+    def __init__(self, index: int, proc: BookieProcess, proxy: BookieProxy, tmpfs: bool,
+                 etcd_proxy: BookieProxy):
         self.index, self.proc, self.proxy, self.tmpfs = index, proc, proxy, tmpfs
+        self.etcd_proxy = etcd_proxy  # this bookie's only way to etcd: partitions it from etcd alone
         self.state = "up"   # up / killed / stopped
         self.filler: Path | None = None
 
@@ -138,13 +140,14 @@ class FaultCluster:
             tmpfs = i == self.tmpfs_bookie and self._mount_tmpfs(data)
             port = _free_port()
             proxy = BookieProxy(self.ploop, port, self.client_pids)
+            etcd_proxy = BookieProxy(self.ploop, self.etcd.client_port, lambda: [])
             extra = ["--registration-ttl", str(self.ttl), "--advertise-address", proxy.address,
                      "--disk-check-interval", "0.5"]
             if tmpfs:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
-            proc = BookieProcess(data, port=port, etcd=self.etcd.endpoint, cluster=self.name, extra_args=extra)
-            slots.append(Bookie(i, proc, proxy, tmpfs))
+            proc = BookieProcess(data, port=port, etcd=etcd_proxy.address, cluster=self.name, extra_args=extra)
+            slots.append(Bookie(i, proc, proxy, tmpfs, etcd_proxy))
         with ThreadPoolExecutor(len(slots)) as ex:
             list(ex.map(lambda b: b.proc.start(), slots))
         self.bookies = slots
@@ -178,6 +181,7 @@ class FaultCluster:
                 pass
             b.proc.kill()
             b.proxy.close()
+            b.etcd_proxy.close()
         try:
             if self.etcd_state == "stopped":
                 os.kill(self.etcd.pid, signal.SIGCONT)
@@ -290,6 +294,15 @@ class FaultCluster:
 
     def heal(self, i: int) -> None:
         self.bookies[i].proxy.heal()
+
+    def partition_from_etcd(self, i: int, mode: str) -> None:
+        """Bookie ``i`` alone loses etcd (its registration's lease runs out
+        while it serves clients), by its etcd proxy: blackhole or cut."""
+        p = self.bookies[i].etcd_proxy
+        (p.blackhole if mode == "blackhole" else p.cut)(None)
+
+    def heal_etcd_link(self, i: int) -> None:
+        self.bookies[i].etcd_proxy.heal()
 
     # -- etcd ---------------------------------------------------------------------------------
 

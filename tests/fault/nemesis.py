@@ -14,6 +14,9 @@ Fault kinds (``KINDS``: weight, duration range in seconds):
   the registration TTL);
 - ``partition``: the bookie's proxy blackholes or cuts the links of every
   client, or of one writer only, healed after the duration;
+- ``etcd_partition``: the bookie's link to etcd (and only its) blackholed or
+  cut, healed after the duration (some longer than the registration TTL:
+  its lease expires while it serves clients, and it must register again);
 - ``full_disk``: the tmpfs bookie's disk is filled, freed after the duration;
 - ``torn_tail``: kill -9, a record cut short appended to the journal,
   restart after the duration;
@@ -47,7 +50,7 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail", "cut_tail"}
+BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "etcd_partition", "full_disk", "torn_tail", "cut_tail"}
 RESTART_MARGIN = 8.0   # a killed bookie's restart can wait for its old lease (2 x TTL)
 
 
@@ -61,6 +64,7 @@ KINDS: dict[str, Kind] = {
     "kill_bookie": Kind(3, (0.5, 5.0)),
     "pause_bookie": Kind(2, (0.5, 6.0)),
     "partition": Kind(3, (1.0, 8.0)),
+    "etcd_partition": Kind(2, (1.0, 8.0)),
     "full_disk": Kind(1, (1.0, 6.0)),
     "torn_tail": Kind(1, (0.3, 3.0)),
     "kill_writer": Kind(2, (0.2, 2.0)),
@@ -111,6 +115,8 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                 if kind == "partition":
                     params = {"mode": rng.choice(["blackhole", "cut"]),
                               "scope": rng.choice(["all", "all"] + writers)}
+                elif kind == "etcd_partition":
+                    params = {"mode": rng.choice(["blackhole", "cut"])}
                 f = Fault(round(t, 2), kind, i, d, params)
                 margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail") else 0.5
                 bookie_free[i] = t + d + margin
@@ -193,6 +199,8 @@ class Nemesis:
                 pids = None if scope == "all" else [p for p in [self._worker(scope).pid] if p]
                 c.partition(f.target, f.params["mode"], pids)
                 return {"pids": pids}
+            elif k == "etcd_partition":
+                c.partition_from_etcd(f.target, f.params["mode"])
             elif k == "full_disk":
                 return c.fill_disk(f.target)
             elif k == "torn_tail":
@@ -220,6 +228,8 @@ class Nemesis:
             c.cont_bookie(f.target)
         elif k == "partition":
             c.heal(f.target)
+        elif k == "etcd_partition":
+            c.heal_etcd_link(f.target)
         elif k == "full_disk":
             c.free_disk(f.target)
         elif k in ("kill_writer", "kill_reader"):
@@ -259,6 +269,7 @@ class Nemesis:
         restarted = []
         for b in c.bookies:
             c.heal(b.index)
+            c.heal_etcd_link(b.index)
             c.free_disk(b.index)
             if b.state == "stopped":
                 c.cont_bookie(b.index)

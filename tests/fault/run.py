@@ -114,7 +114,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
                 w.kill()
         regs = _registrations(c)
         alive = sum(1 for b in c.bookies if b.proc.alive())
-        lease_faults = any(f.kind in ("kill_etcd", "pause_etcd", "pause_bookie") for f in faults)
+        lease_faults = any(f.kind in ("kill_etcd", "pause_etcd", "pause_bookie", "etcd_partition") for f in faults)
         context = {"registered": len(regs), "bookies_alive": alive, "lease_faults": lease_faults,
                    "beyond_model": any(f.kind == "cut_tail" for f in faults)}
         marker = f"final-{seed}"

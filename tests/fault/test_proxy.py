@@ -96,3 +96,36 @@ def test_cut_resets_the_links_and_refuses_new_ones(proxy):
     s2.close()
     proxy.heal()
     connect(proxy).close()
+
+
+@pytest.mark.parametrize("mode", ["blackhole", "cut"])
+def test_a_bookie_partitioned_from_etcd_loses_its_registration_and_registers_again(tmp_path, mode):
+    """The nemesis's ``etcd_partition``: the bookie keeps running and serving,
+    but its lease runs out (its etcd link is its proxy), so its registration
+    goes; once healed, it registers again by itself (metadata/keeper.py)."""
+    import queue
+
+    from metadata.registration import BookieRegistry, MembershipChange
+    from metadata.store import MetadataStore
+    from tests.fault.cluster import FaultCluster
+
+    c = FaultCluster(tmp_path, seed=1, bookies=1, ttl=2, tmpfs_bookie=None).start()
+    store = MetadataStore(c.etcd.endpoint)
+    try:
+        bid = c.bookies[0].proc.bookie_id
+        registry = BookieRegistry(store, c.name)
+        regs, rev = registry.snapshot()
+        assert [r.bookie_id for r in regs] == [bid]
+        events: queue.SimpleQueue = queue.SimpleQueue()
+        cancel = registry.watch(events.put, start_revision=rev + 1)
+        c.partition_from_etcd(0, mode)
+        ev = events.get(timeout=30)  # the lease (TTL 2 s) expires: etcd deletes the key
+        assert (ev.change, ev.bookie_id) == (MembershipChange.REMOVED, bid)
+        assert c.bookies[0].proc.alive()  # the bookie itself runs on
+        c.heal_etcd_link(0)
+        ev = events.get(timeout=30)
+        assert (ev.change, ev.bookie_id) == (MembershipChange.ADDED, bid)
+        cancel()
+    finally:
+        store.close()
+        c.close()
