@@ -24,6 +24,7 @@ from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
+from stream.lifecycle import ChangeEnsemble, Moot, run_ledger_cas
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -479,7 +480,7 @@ class LedgerWriter:
         lid = self.core.ledger_id
         client = self.client
         async with client.placement_lock:
-            for attempt in range(self.cfg.metadata_attempts):
+            for _ in range(self.cfg.metadata_attempts):
                 if not self._live(prop):
                     return
                 # A failure replaces bookies with ones outside the ensemble; a
@@ -515,28 +516,19 @@ class LedgerWriter:
                 if verdict == PREPARE_FAILED:
                     continue  # a joining bookie failed: choose again (it is quarantined)
                 frag = Fragment(prop.first_entry, tuple(new))
-                try:
-                    meta, rev = await client.meta_call(client.ledgers.add_fragment, lid, frag,
-                                                       self.h._meta, self.h._rev)
-                except (err.MetadataConflict, err.MetadataUnavailable) as e:
-                    # A lost CAS, or an unknown outcome: the metadata decides.
-                    if isinstance(e, err.MetadataUnavailable):
-                        await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
-                    try:
-                        meta, rev = await client.meta_call(client.ledgers.read, lid)
-                    except err.MetadataUnavailable:
-                        continue
-                    self.h._set_meta(meta, rev)
-                    if meta.state is not LedgerState.OPEN or meta.term != self.core.term:
-                        # recovery started, or a newer term's writer took over
-                        log.info("ledger %s: ensemble change rejected, ledger is %s at term %d", lid,
-                                 meta.state.name, meta.term)
-                        if self._live(prop):
-                            self.core.on_ensemble_change_rejected(meta.term)
-                        return
-                    if meta.last_fragment != frag:
-                        continue
-                self.h._set_meta(meta, rev)
+                res = await run_ledger_cas(client, ChangeEnsemble(lid, self.core.term, frag, self.cfg.mutations),
+                                           known=(self.h._meta, self.h._rev), fragments=self.h._fragments_mode)
+                if res.meta is not None:
+                    self.h._set_meta(res.meta, res.revision)
+                if isinstance(res.verdict, Moot):  # recovery started, or a newer term's writer took over
+                    log.info("ledger %s: ensemble change rejected: %s", lid, res.verdict.why)
+                    if self._live(prop) and res.meta is None:
+                        self._fail(err.NoSuchLedger(lid))
+                    elif self._live(prop):
+                        self.core.on_ensemble_change_rejected(res.meta.term)
+                    return
+                if not res.applied:
+                    break  # the CAS kept failing
                 if self._live(prop):
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
