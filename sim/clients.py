@@ -1,25 +1,29 @@
 """Simulated clients: the adapter glue around the real protocol cores, the
-same job stream/ledger.py does over gRPC and etcd.
+same job stream/ledger*.py and stream/stream.py do over gRPC and etcd.
 
 A ``SimClient`` is a would-be writer.  Its life (unbounded mode):
 
-1. take-over: CAS the metadata to term + 1 and IN_RECOVERY;
+1. take-over: ``stream.lifecycle.TakeOver`` (term + 1, IN_RECOVERY), judged
+   on the simulated metadata, whose store executes the Apply;
 2. run a ``RecoveryCore`` with that term over the last fragment: its
    fencing reads, recovery reads and recovery writes become messages, the
    answers (or timeouts) go back in; a bookie replacement picks a live spare;
-3. on DONE, CAS the metadata to OPEN (with the recovery's ensemble change);
-   on a lost CAS (a newer term), withdraw;
+3. on DONE, ``FinishTakeOver`` (OPEN with the recovery's ensemble change);
+   Moot (a newer term): withdraw;
 4. be the writer: a ``WriterCore`` (guaranteed write quorum) from the
    recovery's next entry; adds at random times; its sends become frames;
-   timeouts mark bookies failed; an ensemble change proposal is published by
-   CAS (rejected: withdraw);
+   timeouts mark bookies failed; an ensemble change proposal is published
+   as ``ChangeEnsemble`` (``writer_verdict`` says fenced: withdraw);
 5. INVALID_TERM, FENCED_OUT, ABORTED, FAILED, a crash: back to idle, and
    maybe take over again later.
 
-Classic mode: term 0, the creator writes and may close (CAS to CLOSED with its
-LAC); other clients recover with the fence flag and close at the last
-recovered entry.
+Classic mode: term 0, the creator writes and may close (``CloseAt`` its
+LAC); other clients recover with the fence flag (``BeginRecovery``) and
+close at the last recovered entry (``CloseRecovered``).
 
+No life-cycle rule is written here: every metadata verdict (and the
+preparation of joining bookies) is ``stream/lifecycle.py``'s, so a broken
+rule there (``stream/mutations.py``'s life-cycle mutants) is caught here.
 Every core input is recorded as a spec action (sim/spec.py) and the model's
 client is compared with the core's state after it.
 """
@@ -31,8 +35,8 @@ from bookie.core import Status
 from metadata.ledgers import Fragment
 from sim.metadata import CLOSED, LID, as_ledger_metadata, with_fragment
 from sim.spec import SpecViolation, value_of
-from stream.lifecycle import (Apply, BeginRecovery, ChangeEnsemble, CloseAt, CloseRecovered, Done, FinishTakeOver,
-                              TakeOver, writer_verdict)
+from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, CloseAt, CloseRecovered, Done,
+                              FinishTakeOver, TakeOver, prepare_answer, prepare_verdict, writer_verdict)
 from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
@@ -590,20 +594,23 @@ class SimClient:
 
     def _prepare(self, bookies: list[str], first: int, term: int) -> bool:
         """stream.ledger_write.prepare_bookies: each joining bookie raises its term
-        and drops what it holds from `first` on (after a journal barrier).
-        False if one refused (a newer term).  Synchronous here: the change
-        that follows is one step of the glue."""
+        and drops what it holds from `first` on (after a journal barrier);
+        stream/lifecycle.py judges the answers.  False if one refused (a newer
+        term).  Synchronous here, one bookie after another: the change that
+        follows is one step of the glue."""
         w = self.w
+        answers: list[int] = []
         for b in bookies:
             sb = w.bookies[b]
             w._fsync(b, sb.incarnation)
             v = sb.prepare(first, term)
-            accepted = v.status is Status.OK
-            w.step("BookiePrepare", b, first, term, accepted)
+            answers.append(prepare_answer(v.status is Status.OK,
+                                          v.term if v.status is Status.INVALID_TERM else None))
+            w.step("BookiePrepare", b, first, term, v.status is Status.OK)
             w.compare_bookie(b)
             if w.check_invariants:
                 w.inv.bookie_changed(b)
-            if not accepted:
+            if prepare_verdict(answers) != PREPARED:
                 return False
         return True
 

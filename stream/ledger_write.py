@@ -24,7 +24,8 @@ from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
-from stream.lifecycle import ChangeEnsemble, Moot, run_ledger_cas
+from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
+                              run_ledger_cas)
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -78,9 +79,6 @@ def split_frames(records: list[bytes], ids: list[int]):
 
 # -- the writer ---------------------------------------------------------------------
 
-PREPARED, PREPARE_FAILED = 0, -1
-
-
 async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entry: int, term: int,
                           bookies: list[str]) -> int:
     """Prepares bookies joining a fragment that starts at ``first_entry`` of a
@@ -88,9 +86,9 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
     whatever an older term left at ``first_entry`` and above is deleted).
     Classic ledgers (term 0) have one writer per entry id and need none.
 
-    Returns PREPARED when all are, the newer term (> 0) when one answered
-    INVALID_TERM, PREPARE_FAILED when one could not be prepared (it is then
-    quarantined)."""
+    Returns ``stream.lifecycle.prepare_verdict``: PREPARED, the newer term
+    (> 0) when one answered INVALID_TERM, PREPARE_FAILED when one could not
+    be prepared (it is then quarantined)."""
     if term == 0 or not bookies:
         return PREPARED
 
@@ -103,17 +101,13 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
         except (BookieUnavailable, asyncio.TimeoutError):
             return PREPARE_FAILED
         client.mark_healthy(bid)  # it answered
-        if r.status == Status.INVALID_TERM:
-            return max(1, int(r.term))
-        return PREPARED if r.status == Status.OK else PREPARE_FAILED
+        return prepare_answer(r.status == Status.OK, int(r.term) if r.status == Status.INVALID_TERM else None)
 
     results = await asyncio.gather(*(one(b) for b in bookies))
     for bid, r in zip(bookies, results):
         if r == PREPARE_FAILED:
             client.mark_failed(bid)
-    return max(results) if any(r > 0 for r in results) else min(results)
-
-
+    return prepare_verdict(results)
 
 
 @dataclasses.dataclass(frozen=True)

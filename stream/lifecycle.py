@@ -246,6 +246,29 @@ class ChangeEnsemble:
         return Apply(meta, (self.fragment,))
 
 
+# -- preparing the bookies that join a fragment (term-based ledgers) -------------------------
+
+PREPARED, PREPARE_FAILED = 0, -1
+
+
+def prepare_answer(ok: bool, invalid_term: int | None) -> int:
+    """One joining bookie's answer to Prepare: PREPARED; the newer term
+    (> 0) when it refused with INVALID_TERM (``invalid_term``: the term it
+    holds); PREPARE_FAILED otherwise (no answer, an error)."""
+    if invalid_term is not None:
+        return max(1, invalid_term)
+    return PREPARED if ok else PREPARE_FAILED
+
+
+def prepare_verdict(answers: list[int]) -> int:
+    """The joining bookies' answers together: a newer term wins (the writer
+    is fenced), then a failure (choose again), else PREPARED.  Classic
+    ledgers (term 0) need no preparation: no answers, PREPARED."""
+    if any(a > 0 for a in answers):
+        return max(answers)
+    return min(answers, default=PREPARED)
+
+
 # -- the stream take-over: term + 1, then OPEN ----------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
@@ -470,6 +493,6 @@ async def run_ledger_cas(client, intent: Intent, *, known: tuple[LedgerMetadata,
 __all__ = [
     "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "GONE", "FENCED", "CLOSED_ELSEWHERE", "WRONG_MODE",
     "CHANGED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
-    "CloseRecovered", "writer_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
+    "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
     "CasLost", "CasUnknown", "run_cas", "ledger_store_io", "run_ledger_cas",
 ]

@@ -250,8 +250,9 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
         if attempt:
             await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), cfg.change_retry_max))
             cur, _ = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
-            if cur.term != mine.term:
-                raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term)
+            still = FinishTakeOver(ledger_id, mine.term, None, cfg.mutations).judge(cur)
+            if isinstance(still, Moot):  # a newer take-over
+                raise err.WriterFenced(f"ledger {ledger_id}: {still.why}", cur.term)
             if missing:
                 await bk.refresh_bookies(missing)  # restarted meanwhile? a fresh channel asks at once
         try:

@@ -223,3 +223,13 @@ def test_runner_starts_from_known_metadata_without_a_read():
 
     r = asyncio.run(run_cas(CloseAt(7, 4), read, cell.write, sleep=_nosleep, known=(m, cell.rev)))
     assert r.applied and reads == [] and cell.m.state is LedgerState.CLOSED
+
+
+def test_prepare_answers_a_newer_term_wins_then_a_failure():
+    from stream.lifecycle import PREPARE_FAILED, PREPARED, prepare_answer, prepare_verdict
+
+    assert prepare_answer(True, None) == PREPARED and prepare_answer(False, None) == PREPARE_FAILED
+    assert prepare_answer(False, 5) == 5 and prepare_answer(False, 0) == 1  # INVALID_TERM: fenced
+    assert prepare_verdict([]) == PREPARED
+    assert prepare_verdict([PREPARED, PREPARE_FAILED]) == PREPARE_FAILED
+    assert prepare_verdict([PREPARE_FAILED, 4, 3]) == 4
