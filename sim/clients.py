@@ -22,10 +22,9 @@ LAC); other clients recover with the fence flag (``BeginRecovery``) and
 close at the last recovered entry (``CloseRecovered``).
 
 No life-cycle rule is written here: every metadata verdict (and the
-preparation of joining bookies) is ``stream/lifecycle.py``'s, so a broken
-rule there (``stream/mutations.py``'s life-cycle mutants) is caught here.
-Every core input is recorded as a spec action (sim/spec.py) and the model's
-client is compared with the core's state after it.
+preparation of joining bookies) is ``stream/lifecycle.py``'s.  Every core
+input is recorded as a spec action (sim/spec.py) and the model's client is
+compared with the core's state after it.
 """
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING
 
 from bookie.core import Status
 from metadata.ledgers import Fragment
-from sim.metadata import CLOSED, LID, as_ledger_metadata, with_fragment
+from sim.metadata import LID, as_ledger_metadata, with_fragment
 from sim.spec import SpecViolation, value_of
 from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, CloseAt, CloseRecovered, Done,
                               FinishTakeOver, TakeOver, prepare_answer, prepare_verdict, writer_verdict)
@@ -188,8 +187,8 @@ class SimClient:
         verdict, ver = w.metastore.judge(TakeOver(LID, w.mutations) if w.unbounded else BeginRecovery(LID))
         if isinstance(verdict, Apply):
             assert w.metastore.apply(verdict, ver)  # (synchronous: nothing changed since the read)
-        elif not isinstance(verdict, Done) or w.meta.state == CLOSED:
-            return False  # nothing to recover
+        elif not isinstance(verdict, Done):
+            return False  # (CLOSED: nothing to recover)
         m = w.meta
         t = m.term
         w.count("takeovers")

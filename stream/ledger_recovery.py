@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING
 
 from bookie import entry as entry_codec
 from bookie.core import Status
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
-from stream.lifecycle import GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
+from stream.lifecycle import ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
 from stream.ledger_write import PREPARE_FAILED, prepare_bookies, split_frames, status_of, why
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -303,15 +303,16 @@ async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[Le
     runs = 0
     while True:
         begun = await run_ledger_cas(client, BeginRecovery(ledger_id), known=known, fragments="all")
+        meta, rev = begun.meta, begun.revision
+        if isinstance(begun.verdict, Moot) and begun.verdict.kind == ALREADY_CLOSED:
+            assert meta is not None
+            log.info("ledger %s: closed at %d", ledger_id, meta.last_entry)
+            return meta, rev
         if isinstance(begun.verdict, Moot):
             raise err.NoSuchLedger(ledger_id)
         if not begun.applied:
             break
-        meta, rev = begun.meta, begun.revision
         assert meta is not None
-        if meta.state is LedgerState.CLOSED:
-            log.info("ledger %s: closed at %d", ledger_id, meta.last_entry)
-            return meta, rev
         if runs >= cfg.recovery_attempts:
             break
         runs += 1

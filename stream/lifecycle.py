@@ -11,7 +11,8 @@ gives one of:
 - :class:`Moot`: the intent can no longer apply; ``kind`` says why, for the
   adapter's typed error: GONE (no ledger), FENCED (a recoverer or a newer
   term owns the ledger), CLOSED_ELSEWHERE (closed at another entry),
-  WRONG_MODE, CHANGED (a replacement's fragment changed).
+  ALREADY_CLOSED (nothing to recover), WRONG_MODE, CHANGED (the fragment
+  or state changed since the intent was planned).
 - :class:`Wait`: not now (the ledger is being recovered, the fragment is
   still open): retry later; ``retriable`` errors come from here.
 
@@ -24,7 +25,7 @@ intent                       the step                                        who
 :class:`FinishTakeOver`      IN_RECOVERY at our term -> OPEN (+ the          ``stream.stream.take_over``, sim
                              recovery's fragment); a newer term: FENCED
 :class:`BeginRecovery`       classic: OPEN -> IN_RECOVERY (IN_RECOVERY:      ``ledger_recovery.recover_ledger``,
-                             recover anyway; CLOSED: Done, nothing to do)    sim
+                             recover anyway; CLOSED: nothing to do)    sim
 :class:`CloseRecovered`      classic: IN_RECOVERY -> CLOSED at the last      ``ledger_recovery.recover_ledger``,
                              entry (+ fragment); CLOSED: Done (adopt its     sim
                              last entry: recoverers converge)
@@ -84,6 +85,7 @@ FENCED = "fenced"                      # a recoverer or a newer term owns the le
 CLOSED_ELSEWHERE = "closed_elsewhere"  # CLOSED at another last entry
 WRONG_MODE = "wrong_mode"              # e.g. a take-over of a classic ledger
 CHANGED = "changed"                    # the fragment changed since the intent was planned
+ALREADY_CLOSED = "already_closed"      # CLOSED: nothing to recover (adopt its last entry)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,7 +321,8 @@ class FinishTakeOver:
 class BeginRecovery:
     """Begin a classic recovery: OPEN -> IN_RECOVERY.  IN_RECOVERY already:
     Done (another recoverer, or one that crashed: recover anyway); CLOSED:
-    Done too (nothing to recover: the caller adopts its last entry)."""
+    Moot ALREADY_CLOSED (nothing to recover: the caller adopts its last
+    entry)."""
 
     ledger_id: int
 
@@ -328,7 +331,9 @@ class BeginRecovery:
             return Moot(f"ledger {self.ledger_id} is gone", GONE)
         if meta.state is LedgerState.OPEN:
             return Apply(meta.with_(state=LedgerState.IN_RECOVERY))
-        return Done(f"ledger {self.ledger_id} is {meta.state.name}")
+        if meta.state is LedgerState.CLOSED:
+            return Moot(f"ledger {self.ledger_id} closed at {meta.last_entry}", ALREADY_CLOSED)
+        return Done(f"ledger {self.ledger_id} is being recovered")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -492,7 +497,7 @@ async def run_ledger_cas(client, intent: Intent, *, known: tuple[LedgerMetadata,
 
 __all__ = [
     "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "GONE", "FENCED", "CLOSED_ELSEWHERE", "WRONG_MODE",
-    "CHANGED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
+    "CHANGED", "ALREADY_CLOSED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
     "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
     "CasLost", "CasUnknown", "run_cas", "ledger_store_io", "run_ledger_cas",
 ]

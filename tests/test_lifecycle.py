@@ -178,7 +178,7 @@ def test_classic_recovery_begins_and_closes():
     assert BeginRecovery(7).judge(m).header.state is LedgerState.IN_RECOVERY
     rec = m.with_(state=LedgerState.IN_RECOVERY)
     assert isinstance(BeginRecovery(7).judge(rec), Done)                  # recover anyway
-    assert isinstance(BeginRecovery(7).judge(m.with_(state=LedgerState.CLOSED, last_entry=3)), Done)
+    assert BeginRecovery(7).judge(m.with_(state=LedgerState.CLOSED, last_entry=3)).kind == lc.ALREADY_CLOSED
     v = CloseRecovered(7, 9, Fragment(5, ("a", "b", "x"))).judge(rec)
     assert isinstance(v, Apply) and (v.header.state, v.header.last_entry) == (LedgerState.CLOSED, 9)
     assert v.fragments == (Fragment(5, ("a", "b", "x")),)
