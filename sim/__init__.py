@@ -12,11 +12,15 @@ from __future__ import annotations
 
 from sim.scenario import Scenario
 from sim.world import Violation, World
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 
 
-def run(sc: Scenario, *, check_trace: bool = True, check_invariants: bool = True) -> World:
-    """Runs one simulated run to the end; raises Violation on any failure."""
-    return World(sc, check_trace=check_trace, check_invariants=check_invariants).run()
+def run(sc: Scenario, *, check_trace: bool = True, check_invariants: bool = True,
+        mutations: Mutations = NO_MUTATIONS) -> World:
+    """Runs one simulated run to the end; raises Violation on any failure.
+    ``mutations``: broken rules the cores run with (stream/mutations.py)."""
+    return World(sc, check_trace=check_trace, check_invariants=check_invariants, mutations=mutations).run()
 
 
 __all__ = ["Scenario", "Violation", "World", "run"]

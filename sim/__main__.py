@@ -27,26 +27,26 @@ def main(argv: list[str] | None = None) -> int:
     overrides = dict(parse_override(s) for s in args.set)
     t0 = time.perf_counter()
     failed = 0
-    with mutations.mutated(*args.mutant):
-        for seed in range(args.seed, args.seed + args.runs):
-            sc = Scenario.random(seed, **overrides)
-            w = World(sc, check_trace=not args.no_trace_check)
-            try:
-                w.run()
-                status = "ok"
-            except Violation as exc:
-                e = exc
-                failed += 1
-                status = f"VIOLATION {e.invariant}: {e.detail}"
-            if args.runs == 1:
-                print(sc)
-            if args.trace:
-                print(w.format_trace())
-            if args.runs == 1 or status != "ok":
-                print(f"seed {seed}: {status}")
-                print("  " + " ".join(f"{k}={v}" for k, v in sorted(w.stats.items())))
-                if status != "ok":
-                    print(f"  replay: {e.replay}")
+    muts = mutations.Mutations.of(*args.mutant)
+    for seed in range(args.seed, args.seed + args.runs):
+        sc = Scenario.random(seed, **overrides)
+        w = World(sc, check_trace=not args.no_trace_check, mutations=muts)
+        try:
+            w.run()
+            status = "ok"
+        except Violation as exc:
+            e = exc
+            failed += 1
+            status = f"VIOLATION {e.invariant}: {e.detail}"
+        if args.runs == 1:
+            print(sc)
+        if args.trace:
+            print(w.format_trace())
+        if args.runs == 1 or status != "ok":
+            print(f"seed {seed}: {status}")
+            print("  " + " ".join(f"{k}={v}" for k, v in sorted(w.stats.items())))
+            if status != "ok":
+                print(f"  replay: {e.replay}")
     dt = time.perf_counter() - t0
     if args.runs > 1:
         print(f"{args.runs} runs, {failed} with violations, {dt:.1f}s ({args.runs / dt:.0f} runs/s)")

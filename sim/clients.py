@@ -1,35 +1,41 @@
 """Simulated clients: the adapter glue around the real protocol cores, the
-same job stream/ledger.py does over gRPC and etcd.
+same job stream/ledger*.py and stream/stream.py do over gRPC and etcd.
 
 A ``SimClient`` is a would-be writer.  Its life (unbounded mode):
 
-1. take-over: CAS the metadata to term + 1 and IN_RECOVERY;
+1. take-over: ``stream.lifecycle.TakeOver`` (term + 1, IN_RECOVERY), judged
+   on the simulated metadata, whose store executes the Apply;
 2. run a ``RecoveryCore`` with that term over the last fragment: its
    fencing reads, recovery reads and recovery writes become messages, the
    answers (or timeouts) go back in; a bookie replacement picks a live spare;
-3. on DONE, CAS the metadata to OPEN (with the recovery's ensemble change);
-   on a lost CAS (a newer term), withdraw;
+3. on DONE, ``FinishTakeOver`` (OPEN with the recovery's ensemble change);
+   Moot (a newer term): withdraw;
 4. be the writer: a ``WriterCore`` (guaranteed write quorum) from the
    recovery's next entry; adds at random times; its sends become frames;
-   timeouts mark bookies failed; an ensemble change proposal is published by
-   CAS (rejected: withdraw);
+   timeouts mark bookies failed; an ensemble change proposal is published
+   as ``ChangeEnsemble`` (``writer_verdict`` says fenced: withdraw);
 5. INVALID_TERM, FENCED_OUT, ABORTED, FAILED, a crash: back to idle, and
    maybe take over again later.
 
-Classic mode: term 0, the creator writes and may close (CAS to CLOSED with its
-LAC); other clients recover with the fence flag and close at the last
-recovered entry.
+Classic mode: term 0, the creator writes and may close (``CloseAt`` its
+LAC); other clients recover with the fence flag (``BeginRecovery``) and
+close at the last recovered entry (``CloseRecovered``).
 
-Every core input is recorded as a spec action (sim/spec.py) and the model's
-client is compared with the core's state after it.
+No life-cycle rule is written here: every metadata verdict (and the
+preparation of joining bookies) is ``stream/lifecycle.py``'s.  Every core
+input is recorded as a spec action (sim/spec.py) and the model's client is
+compared with the core's state after it.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from bookie.core import Status
-from sim.metadata import CLOSED, IN_RECOVERY, OPEN, with_fragment
+from metadata.ledgers import Fragment
+from sim.metadata import LID, as_ledger_metadata, with_fragment
 from sim.spec import SpecViolation, value_of
+from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, CloseAt, CloseRecovered, Done,
+                              FinishTakeOver, TakeOver, prepare_answer, prepare_verdict, writer_verdict)
 from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
@@ -173,15 +179,18 @@ class SimClient:
     # -- take-over and recovery -------------------------------------------------------------------
 
     def takeover(self) -> bool:
+        """Begins a take-over (unbounded: ``TakeOver``, term + 1) or a classic
+        recovery (``BeginRecovery``); the verdict is stream/lifecycle.py's."""
         w = self.w
-        m, ver = w.metastore.read()
-        if m.state == CLOSED:
-            return False
-        t = m.term + 1 if w.unbounded else m.term
-        if w.unbounded and t > w.sc.max_terms:
-            return False
-        if not w.metastore.cas(m.with_(state=IN_RECOVERY, term=t), ver):
-            return False
+        if w.unbounded and w.meta.term + 1 > w.sc.max_terms:
+            return False  # (the scenario's bound on take-overs)
+        verdict, ver = w.metastore.judge(TakeOver(LID, w.mutations) if w.unbounded else BeginRecovery(LID))
+        if isinstance(verdict, Apply):
+            assert w.metastore.apply(verdict, ver)  # (synchronous: nothing changed since the read)
+        elif not isinstance(verdict, Done):
+            return False  # (CLOSED: nothing to recover)
+        m = w.meta
+        t = m.term
         w.count("takeovers")
         w.step("StartTakeover", self.name, t)
         w.compare_meta()
@@ -191,7 +200,8 @@ class SimClient:
         self._stale_seen = 0
         self.rec = RecoveryCore(7, first, list(ens), w.sc.E, w.sc.Qw, w.sc.Qa, term=t,
                                 fence=not w.unbounded, unbounded=w.unbounded,
-                                max_read_ahead=w.sc.read_ahead, max_inflight_writes=w.sc.rec_writes)
+                                max_read_ahead=w.sc.read_ahead, max_inflight_writes=w.sc.rec_writes,
+                                mutations=w.mutations)
         self.rec.start()
         self.pump_recovery()
         return True
@@ -368,21 +378,25 @@ class SimClient:
         self._after_rec_input(rec, before, decided)
 
     def _finish(self, rec: RecoveryCore) -> None:
+        """The recovery's final CAS: ``FinishTakeOver`` (OPEN at our term) or,
+        classic, ``CloseRecovered`` (CLOSED at the last entry), each with the
+        recovery's ensemble change; the verdict is stream/lifecycle.py's."""
         self.finishing = False
         if rec is not self.rec or rec.state is not RecoveryState.DONE:
             return
         w = self.w
         res = rec.result
-        m, ver = w.metastore.read()
-        frags = m.frags
-        if res.ensemble_change is not None and m.state == IN_RECOVERY and m.term == self.term:
-            first, ens = res.ensemble_change
-            frags = with_fragment(m.frags, first, ens)
-            assert frags == self.frags, (frags, self.frags)
+        change = None if res.ensemble_change is None else Fragment(res.ensemble_change[0],
+                                                                   tuple(res.ensemble_change[1]))
         self.rec = None
         if w.unbounded:
-            if m.term == self.term and m.state == IN_RECOVERY:
-                assert w.metastore.cas(m.with_(state=OPEN, frags=frags), ver)
+            ours = w.meta.term == self.term
+            verdict, ver = w.metastore.judge(FinishTakeOver(LID, self.term, change, w.mutations))
+            if isinstance(verdict, (Apply, Done)):
+                if isinstance(verdict, Apply):
+                    assert w.metastore.apply(verdict, ver)
+                frags = w.meta.frags
+                assert frags == self.frags or not ours, (frags, self.frags)
                 w.step("Finish", self.name)
                 if w.check_invariants:
                     w.inv.recovery_finished(self.term, res.next_entry - 1, frags[-1][1])
@@ -397,8 +411,9 @@ class SimClient:
             else:
                 w.step("NoticeTakeover", self.name)
         else:
-            if m.state == IN_RECOVERY:
-                assert w.metastore.cas(m.with_(state=CLOSED, last=res.last_entry, frags=frags), ver)
+            verdict, ver = w.metastore.judge(CloseRecovered(LID, res.last_entry, change))
+            if isinstance(verdict, Apply):
+                assert w.metastore.apply(verdict, ver)
                 w.count("recoveries_done")
             w.step("Finish", self.name)
             w.compare_meta()
@@ -521,11 +536,9 @@ class SimClient:
         if wr is not self.writer or wr.proposal is not prop or wr.state is not WriterState.CHANGING_ENSEMBLE:
             return
         w = self.w
-        m, ver = w.metastore.read()
-        ours = m.state == OPEN and (m.term == self.term or not w.unbounded)
-        if not ours:
+        if writer_verdict(as_ledger_metadata(w.meta, w.unbounded), LID, self.term, w.mutations) is not None:
             w.step("NoticeTakeover", self.name)
-            wr.on_ensemble_change_rejected(m.term)
+            wr.on_ensemble_change_rejected(w.meta.term)
             self.pump_writer()
             self.compare()
             return
@@ -556,12 +569,16 @@ class SimClient:
             new[i] = b
         joining = [b for b in new if b not in prop.ensemble]
         if w.unbounded and not self._prepare(joining, prop.first_entry, wr.term):
-            wr.on_invalid_term(w.metastore.read()[0].term)
+            wr.on_invalid_term(w.meta.term)
             self.pump_writer()
             self.compare()
             return
-        frags = with_fragment(m.frags, prop.first_entry, tuple(new))
-        assert w.metastore.cas(m.with_(frags=frags), ver)
+        verdict, ver = w.metastore.judge(ChangeEnsemble(LID, self.term, Fragment(prop.first_entry, tuple(new)),
+                                                        w.mutations))
+        if not isinstance(verdict, Apply):  # (synchronous: still the writer's, as judged above)
+            raise AssertionError(f"ensemble change judged {verdict} right after the writer's own check")
+        assert w.metastore.apply(verdict, ver)
+        frags = w.meta.frags
         if prop.reason is ChangeReason.FAILURE:
             w.step("EnsembleChange", self.name, prop.first_entry, tuple(new),
                    {prop.ensemble[i]: new[i] for i in prop.replace})
@@ -576,20 +593,23 @@ class SimClient:
 
     def _prepare(self, bookies: list[str], first: int, term: int) -> bool:
         """stream.ledger_write.prepare_bookies: each joining bookie raises its term
-        and drops what it holds from `first` on (after a journal barrier).
-        False if one refused (a newer term).  Synchronous here: the change
-        that follows is one step of the glue."""
+        and drops what it holds from `first` on (after a journal barrier);
+        stream/lifecycle.py judges the answers.  False if one refused (a newer
+        term).  Synchronous here, one bookie after another: the change that
+        follows is one step of the glue."""
         w = self.w
+        answers: list[int] = []
         for b in bookies:
             sb = w.bookies[b]
             w._fsync(b, sb.incarnation)
             v = sb.prepare(first, term)
-            accepted = v.status is Status.OK
-            w.step("BookiePrepare", b, first, term, accepted)
+            answers.append(prepare_answer(v.status is Status.OK,
+                                          v.term if v.status is Status.INVALID_TERM else None))
+            w.step("BookiePrepare", b, first, term, v.status is Status.OK)
             w.compare_bookie(b)
             if w.check_invariants:
                 w.inv.bookie_changed(b)
-            if not accepted:
+            if prepare_verdict(answers) != PREPARED:
                 return False
         return True
 
@@ -598,15 +618,15 @@ class SimClient:
         wr, w = self.writer, self.w
         if wr is None or w.unbounded or not wr.close_allowed():
             return
-        m, ver = w.metastore.read()
-        if m.state != OPEN:
+        verdict, ver = w.metastore.judge(CloseAt(LID, wr.lac, w.mutations))
+        if not isinstance(verdict, Apply):  # (Done too: a recoverer closed it at our LAC first)
             w.step("NoticeTakeover", self.name)
             wr.on_ensemble_change_rejected()
             self.writer = None
             self.compare()
             return
         last = wr.close()
-        assert w.metastore.cas(m.with_(state=CLOSED, last=last), ver)
+        assert last == verdict.header.last_entry and w.metastore.apply(verdict, ver)
         w.step("WriterClose", self.name, last)
         w.count("writer_closed")
         self.writer = None

@@ -18,18 +18,21 @@ from __future__ import annotations
 
 from sim.scenario import Scenario
 from sim.world import World
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 
 SCRIPTED = dict(p_loss=0.0, p_slow=0.0, delay_min=1, delay_max=1, fsync_min=0, fsync_max=0, crashes=0,
                 client_crashes=0, partitions=0, reads=0, timeout=30, E=3, Qw=3, Qa=2, clients=2)
 
 
-def seed_counterexample(*, check_trace: bool = True) -> World:
+def seed_counterexample(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIONS) -> World:
     """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1 and 2 reach b0 only.
     2. c1 takes over with term 2; b0 does not answer its reads, but takes its
        writes: b1 and b2 say entry 1 does not exist: a truncate no-op at 1.
     3. c1 writes entry 2; b1 and b2 acknowledge it (b0 unreachable).
     Without the truncate flag, b0 keeps c0's entry 2: divergence at 2."""
-    w = World(Scenario(seed=0, bookies=3, **SCRIPTED), scripted=True, check_trace=check_trace)
+    w = World(Scenario(seed=0, bookies=3, **SCRIPTED), scripted=True, check_trace=check_trace,
+              mutations=mutations)
     c0, c1 = w.clients["c0"], w.clients["c1"]
     w.do(c0.add)
     w.run(until=10)
@@ -48,13 +51,14 @@ def seed_counterexample(*, check_trace: bool = True) -> World:
     return w
 
 
-def reused_bookie(*, check_trace: bool = True) -> World:
+def reused_bookie(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIONS) -> World:
     """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1..3 reach b0 only.
     2. c1 takes over with term 2; b0 is unreachable: the recovery replaces it
        with b3 and truncates at 1 on b3, b1, b2; b0 keeps c0's 1..3.
     3. c1 writes entry 2; b1 fails: the change from 2 picks the only spare, b0,
        which still holds c0's entry 2 (and 3) while c1's entry 2 is committed."""
-    w = World(Scenario(seed=0, bookies=4, **SCRIPTED), scripted=True, check_trace=check_trace)
+    w = World(Scenario(seed=0, bookies=4, **SCRIPTED), scripted=True, check_trace=check_trace,
+              mutations=mutations)
     c0, c1 = w.clients["c0"], w.clients["c1"]
     w.do(c0.add)
     w.run(until=10)
@@ -76,7 +80,7 @@ def reused_bookie(*, check_trace: bool = True) -> World:
     return w
 
 
-def recovery_hole(*, check_trace: bool = True, attach=None) -> World:
+def recovery_hole(*, check_trace: bool = True, attach=None, mutations: Mutations = NO_MUTATIONS) -> World:
     """E3 Qw3 Qa2 on exactly three bookies (no spare).
     1. c0 (term 1) writes entries 0, 1 to b0, b1, b2 (acknowledged); its
        2, 3, 4 reach b2 only.
@@ -89,7 +93,8 @@ def recovery_hole(*, check_trace: bool = True, attach=None) -> World:
        first (c0's, origin 1): stale, since the floor is 2 once 2 is
        decided.  The end is 3 (without log matching: 3, 4 are recovered
        above the no-op, and the stream has a hole)."""
-    w = World(Scenario(seed=0, bookies=3, **{**SCRIPTED, "clients": 3}), scripted=True, check_trace=check_trace)
+    w = World(Scenario(seed=0, bookies=3, **{**SCRIPTED, "clients": 3}), scripted=True, check_trace=check_trace,
+              mutations=mutations)
     if attach is not None:
         attach(w)  # e.g. a sim.trace.Tracer, before the first event
     c0, c1, c2 = w.clients["c0"], w.clients["c1"], w.clients["c2"]

@@ -42,7 +42,8 @@ from sim.clients import SimClient, SimReader
 from sim.metadata import OPEN, LedgerMeta, MetaStore
 from sim.scenario import Scenario
 from sim.spec import Model, SpecViolation, value_of
-from stream import mutations
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 
 LID = 7
 
@@ -56,7 +57,7 @@ class Violation(AssertionError):
         self.scenario = world.sc
         self.time = world.now
         self.trace_tail = world.format_trace(last=40)
-        self.replay = world.sc.replay_command() + "".join(f" --mutant {m}" for m in sorted(mutations.ACTIVE))
+        self.replay = world.sc.replay_command() + "".join(f" --mutant {m}" for m in sorted(world.mutations.names))
         if world.model is None:
             self.replay += " --no-trace-check"
         if world.scripted:
@@ -81,8 +82,9 @@ class Request:
 
 class World:
     def __init__(self, sc: Scenario, *, check_trace: bool = True, check_invariants: bool = True,
-                 scripted: bool = False):
+                 scripted: bool = False, mutations: Mutations = NO_MUTATIONS):
         self.sc = sc
+        self.mutations = mutations  # broken rules the cores run with (tests only: stream/mutations.py)
         self.rng = random.Random(sc.seed)
         self.now = 0
         self._q: list = []
@@ -98,7 +100,8 @@ class World:
         self.bookies = {b: SimBookie(b, LID) for b in self.bookie_ids}
         ens = tuple(self.rng.sample(self.bookie_ids, sc.E)) if not scripted else tuple(self.bookie_ids[:sc.E])
         term = 1 if self.unbounded else 0
-        self.metastore = MetaStore(LedgerMeta(OPEN, term, ((0, ens),), E=sc.E, Qw=sc.Qw, Qa=sc.Qa))
+        self.metastore = MetaStore(LedgerMeta(OPEN, term, ((0, ens),), E=sc.E, Qw=sc.Qw, Qa=sc.Qa),
+                                  unbounded=self.unbounded)
         self.client_ids = [f"c{i}" for i in range(sc.clients)]
         self.clients = {c: SimClient(self, c) for c in self.client_ids}
         self.readers = [SimReader(self, f"r{i}") for i in range(1)]

@@ -31,6 +31,8 @@ from metadata.registration import BookieRegistry
 from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
 from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
 
@@ -62,6 +64,7 @@ class ClientConfig:
     failure_half_life: float = 10.0        # a failed bookie's score halves this often (placement avoids it)
     change_retry_max: float = 5.0          # a held or deferred ensemble change is retried at most this far apart
     placement: str = "random"
+    mutations: Mutations = NO_MUTATIONS    # broken protocol rules, tests only (stream/mutations.py)
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",

@@ -24,6 +24,8 @@ from sortedcontainers import SortedDict
 from bookie.core import Status
 from metadata.ledgers import LedgerMetadata, LedgerState
 from stream import errors as err
+from stream import lifecycle as lc
+from stream.lifecycle import CloseAt, Moot, run_ledger_cas
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import WriterState
 from stream.ledger_read import RANGE_FRAME_BYTES, ReadPath, read_lac_covering
@@ -106,6 +108,11 @@ class LedgerHandle(ReadPath):
     @property
     def length_entries(self) -> int:
         return self.last_add_confirmed + 1
+
+    @property
+    def _fragments_mode(self) -> str:
+        """What a re-read of this handle's metadata loads ("last" or "all")."""
+        return "last" if self._lazy_fragments else "all"
 
     def _set_meta(self, meta: LedgerMetadata, rev: int) -> None:
         if rev >= self._rev:
@@ -240,25 +247,23 @@ class LedgerHandle(ReadPath):
             w.cancel()
 
     async def _close_metadata(self, last: int) -> None:
-        client = self.client
-        meta, rev = self._meta, self._rev
-        for _ in range(client.config.metadata_attempts):
-            if meta.state is LedgerState.CLOSED:
-                self._set_meta(meta, rev)
-                if meta.last_entry == last:
-                    return
-                raise err.CloseMismatch(self.ledger_id, last, meta.last_entry)
-            if meta.state is LedgerState.IN_RECOVERY:
-                self._set_meta(meta, rev)
-                raise err.LedgerInRecovery(f"ledger {self.ledger_id} is being recovered by another client")
-            closed = meta.with_(state=LedgerState.CLOSED, last_entry=last)
-            try:
-                rev = await client.meta_call(client.ledgers.update_header, closed, rev)
-                self._set_meta(closed, rev)
-                return
-            except (err.MetadataConflict, err.MetadataUnavailable):
-                meta, rev = await client.meta_call(client.ledgers.read, self.ledger_id)
-        raise err.MetadataConflict(f"ledger {self.ledger_id}: close CAS kept failing")
+        """``stream.lifecycle.CloseAt`` through the one CAS runner; its
+        verdict becomes the handle's metadata or a typed error."""
+        res = await run_ledger_cas(self.client, CloseAt(self.ledger_id, last, self.client.config.mutations),
+                                   known=(self._meta, self._rev), fragments=self._fragments_mode)
+        if res.meta is not None:
+            self._set_meta(res.meta, res.revision)
+        v = res.verdict
+        if res.applied:
+            return
+        if isinstance(v, Moot) and v.kind == lc.CLOSED_ELSEWHERE:
+            assert res.meta is not None
+            raise err.CloseMismatch(self.ledger_id, last, res.meta.last_entry)
+        if isinstance(v, Moot) and v.kind == lc.FENCED:
+            raise err.LedgerInRecovery(f"ledger {self.ledger_id} is being recovered by another client")
+        if isinstance(v, Moot) and v.kind == lc.GONE:
+            raise err.NoSuchLedger(self.ledger_id)
+        raise err.MetadataConflict(f"ledger {self.ledger_id}: close CAS kept failing ({v.why})")
 
     async def __aenter__(self) -> "LedgerHandle":
         return self

@@ -5,9 +5,9 @@ read-forward with read-ahead (the core's per-entry reads leave as one sparse
 range read per bookie and run of ids, carrying the term/fence; the answers
 go back per entry and bookie), write-back batched into add frames, bookie
 replacement.  :func:`recover_ledger` wraps it in the metadata steps of a
-classic ledger: CAS to IN_RECOVERY, run, CAS to CLOSED with the last entry
-(and the ensemble change, if any); a lost final CAS re-reads and adopts a
-CLOSED ledger's last entry, so concurrent recoverers converge.
+classic ledger, ``stream.lifecycle``'s ``BeginRecovery`` and
+``CloseRecovered`` through the one CAS runner (what a lost CAS means is
+theirs to judge).
 """
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING
 
 from bookie import entry as entry_codec
 from bookie.core import Status
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
+from stream.lifecycle import ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
 from stream.ledger_write import PREPARE_FAILED, prepare_bookies, split_frames, status_of, why
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -50,7 +51,7 @@ class RecoveryDriver:
         unbounded = meta.mode is LedgerMode.UNBOUNDED
         self.core = RecoveryCore(meta.ledger_id, frag.first_entry, list(frag.ensemble), meta.ensemble_size,
                                  meta.write_quorum, meta.ack_quorum, term=meta.term if unbounded else 0,
-                                 fence=not unbounded, unbounded=unbounded)
+                                 fence=not unbounded, unbounded=unbounded, mutations=self.cfg.mutations)
         self.loop = asyncio.get_running_loop()
         self.done = self.loop.create_future()
         self._tasks: set[asyncio.Task] = set()
@@ -287,53 +288,53 @@ def _runs(ids: list[int], index: int, ensemble_size: int, write_quorum: int) -> 
 async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[LedgerMetadata, int]:
     """Classic fencing recovery: returns the CLOSED metadata and its revision.
 
-    1. OPEN -> IN_RECOVERY by CAS (already IN_RECOVERY: another recoverer,
-       or one that crashed; recover anyway).
+    1. ``BeginRecovery`` (``stream.lifecycle``): OPEN -> IN_RECOVERY by CAS
+       (already IN_RECOVERY: another recoverer, or one that crashed; recover
+       anyway; CLOSED: nothing to recover).
     2. Run the recovery core over the last fragment (fence, read forward,
        write back).
-    3. CAS to CLOSED with the last entry, publishing the ensemble change of
-       the recovery writes with it.  A lost CAS re-reads: a CLOSED ledger's
-       last entry is adopted (concurrent recoverers converge on it).
+    3. ``CloseRecovered``: CLOSED at the last entry, with the ensemble
+       change of the recovery writes.  A lost CAS is judged again: a CLOSED
+       ledger's last entry is adopted (concurrent recoverers converge on it).
     """
     cfg = client.config
-    meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
     aborted: err.BookKeeperError | None = None
+    known = None
     runs = 0
-    for _ in range(cfg.metadata_attempts + cfg.recovery_attempts):
-        if meta.state is LedgerState.CLOSED:
+    while True:
+        begun = await run_ledger_cas(client, BeginRecovery(ledger_id), known=known, fragments="all")
+        meta, rev = begun.meta, begun.revision
+        if isinstance(begun.verdict, Moot) and begun.verdict.kind == ALREADY_CLOSED:
+            assert meta is not None
             log.info("ledger %s: closed at %d", ledger_id, meta.last_entry)
             return meta, rev
-        if meta.state is LedgerState.OPEN:
-            try:
-                new = meta.with_(state=LedgerState.IN_RECOVERY)
-                rev = await client.meta_call(client.ledgers.update_header, new, rev)
-                meta = new
-            except (err.MetadataConflict, err.MetadataUnavailable):
-                meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
-                continue
+        if isinstance(begun.verdict, Moot):
+            raise err.NoSuchLedger(ledger_id)
+        if not begun.applied:
+            break
+        assert meta is not None
         if runs >= cfg.recovery_attempts:
             break
         runs += 1
         try:
             result = await RecoveryDriver(client, meta).run()
         except err.LedgerRecoveryFailed as e:
-            aborted = e
+            aborted, known = e, None
             log.info("%s (attempt %d)", e, runs)
             await asyncio.sleep(0.1 * runs)
-            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
             continue
-        closed = meta.with_(state=LedgerState.CLOSED, last_entry=result.last_entry)
-        try:
-            log.info("ledger %s: recovered %d entries, closing at %d", ledger_id, len(result.recovered),
-                     result.last_entry)
-            if result.ensemble_change is not None:
-                first, ens = result.ensemble_change
-                return await client.meta_call(client.ledgers.add_fragment, ledger_id, Fragment(first, ens),
-                                              closed, rev)
-            rev = await client.meta_call(client.ledgers.update_header, closed, rev)
-            return closed, rev
-        except (err.MetadataConflict, err.MetadataUnavailable):
-            meta, rev = await client.meta_call(client.ledgers.read, ledger_id)
+        log.info("ledger %s: recovered %d entries, closing at %d", ledger_id, len(result.recovered),
+                 result.last_entry)
+        change = None if result.ensemble_change is None else Fragment(result.ensemble_change[0],
+                                                                      tuple(result.ensemble_change[1]))
+        closed = await run_ledger_cas(client, CloseRecovered(ledger_id, result.last_entry, change),
+                                      known=(meta, rev), fragments="all")
+        if closed.applied:
+            assert closed.meta is not None
+            if isinstance(closed.verdict, Done):
+                log.info("ledger %s: closed at %d by another recoverer", ledger_id, closed.meta.last_entry)
+            return closed.meta, closed.revision
+        if isinstance(closed.verdict, Moot) and closed.verdict.kind == GONE:
+            raise err.NoSuchLedger(ledger_id)
+        known = None  # OPEN again, or the CAS kept failing: begin again
     raise aborted or err.LedgerRecoveryFailed(f"ledger {ledger_id}: recovery did not complete")
-
-

@@ -24,6 +24,8 @@ from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
+from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
+                              run_ledger_cas)
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -77,9 +79,6 @@ def split_frames(records: list[bytes], ids: list[int]):
 
 # -- the writer ---------------------------------------------------------------------
 
-PREPARED, PREPARE_FAILED = 0, -1
-
-
 async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entry: int, term: int,
                           bookies: list[str]) -> int:
     """Prepares bookies joining a fragment that starts at ``first_entry`` of a
@@ -87,9 +86,9 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
     whatever an older term left at ``first_entry`` and above is deleted).
     Classic ledgers (term 0) have one writer per entry id and need none.
 
-    Returns PREPARED when all are, the newer term (> 0) when one answered
-    INVALID_TERM, PREPARE_FAILED when one could not be prepared (it is then
-    quarantined)."""
+    Returns ``stream.lifecycle.prepare_verdict``: PREPARED, the newer term
+    (> 0) when one answered INVALID_TERM, PREPARE_FAILED when one could not
+    be prepared (it is then quarantined)."""
     if term == 0 or not bookies:
         return PREPARED
 
@@ -102,17 +101,13 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
         except (BookieUnavailable, asyncio.TimeoutError):
             return PREPARE_FAILED
         client.mark_healthy(bid)  # it answered
-        if r.status == Status.INVALID_TERM:
-            return max(1, int(r.term))
-        return PREPARED if r.status == Status.OK else PREPARE_FAILED
+        return prepare_answer(r.status == Status.OK, int(r.term) if r.status == Status.INVALID_TERM else None)
 
     results = await asyncio.gather(*(one(b) for b in bookies))
     for bid, r in zip(bookies, results):
         if r == PREPARE_FAILED:
             client.mark_failed(bid)
-    return max(results) if any(r > 0 for r in results) else min(results)
-
-
+    return prepare_verdict(results)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -479,7 +474,7 @@ class LedgerWriter:
         lid = self.core.ledger_id
         client = self.client
         async with client.placement_lock:
-            for attempt in range(self.cfg.metadata_attempts):
+            for _ in range(self.cfg.metadata_attempts):
                 if not self._live(prop):
                     return
                 # A failure replaces bookies with ones outside the ensemble; a
@@ -515,28 +510,19 @@ class LedgerWriter:
                 if verdict == PREPARE_FAILED:
                     continue  # a joining bookie failed: choose again (it is quarantined)
                 frag = Fragment(prop.first_entry, tuple(new))
-                try:
-                    meta, rev = await client.meta_call(client.ledgers.add_fragment, lid, frag,
-                                                       self.h._meta, self.h._rev)
-                except (err.MetadataConflict, err.MetadataUnavailable) as e:
-                    # A lost CAS, or an unknown outcome: the metadata decides.
-                    if isinstance(e, err.MetadataUnavailable):
-                        await asyncio.sleep(min(0.05 * (attempt + 1), 1.0))
-                    try:
-                        meta, rev = await client.meta_call(client.ledgers.read, lid)
-                    except err.MetadataUnavailable:
-                        continue
-                    self.h._set_meta(meta, rev)
-                    if meta.state is not LedgerState.OPEN or meta.term != self.core.term:
-                        # recovery started, or a newer term's writer took over
-                        log.info("ledger %s: ensemble change rejected, ledger is %s at term %d", lid,
-                                 meta.state.name, meta.term)
-                        if self._live(prop):
-                            self.core.on_ensemble_change_rejected(meta.term)
-                        return
-                    if meta.last_fragment != frag:
-                        continue
-                self.h._set_meta(meta, rev)
+                res = await run_ledger_cas(client, ChangeEnsemble(lid, self.core.term, frag, self.cfg.mutations),
+                                           known=(self.h._meta, self.h._rev), fragments=self.h._fragments_mode)
+                if res.meta is not None:
+                    self.h._set_meta(res.meta, res.revision)
+                if isinstance(res.verdict, Moot):  # recovery started, or a newer term's writer took over
+                    log.info("ledger %s: ensemble change rejected: %s", lid, res.verdict.why)
+                    if self._live(prop) and res.meta is None:
+                        self._fail(err.NoSuchLedger(lid))
+                    elif self._live(prop):
+                        self.core.on_ensemble_change_rejected(res.meta.term)
+                    return
+                if not res.applied:
+                    break  # the CAS kept failing
                 if self._live(prop):
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])

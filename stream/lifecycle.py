@@ -1,29 +1,50 @@
-"""The ledger life-cycle core: pure verdicts on ledger metadata, and the one
-asyncio CAS runner that executes them.
+"""The ledger life-cycle core: every metadata step of a ledger's life as a
+pure verdict on its metadata, and the one asyncio CAS runner that executes
+them.
 
-A metadata change is an *intent* (replace a bookie in a fragment, close at an
-entry, ...).  Judging an intent against the metadata as read gives one of:
+A metadata change is an *intent*; judging it against the metadata as read
+gives one of:
 
 - :class:`Apply`: CAS the header (and fragments) to this; the change holds.
 - :class:`Done`: the metadata already shows the intent's effect (another
   process, or our own CAS whose answer was lost, did it): adopt it.
-- :class:`Moot`: the intent can no longer apply (the ledger is gone, the
-  fragment was trimmed, the bookie is no longer named): drop it.
+- :class:`Moot`: the intent can no longer apply; ``kind`` says why, for the
+  adapter's typed error: GONE (no ledger), FENCED (a recoverer or a newer
+  term owns the ledger), CLOSED_ELSEWHERE (closed at another entry),
+  ALREADY_CLOSED (nothing to recover), WRONG_MODE, CHANGED (the fragment
+  or state changed since the intent was planned).
 - :class:`Wait`: not now (the ledger is being recovered, the fragment is
   still open): retry later; ``retriable`` errors come from here.
 
-The verdict on a *lost CAS* is the same function applied to the metadata
-read after the loss (:func:`judge_lost_cas`): a lost CAS never means
-"retry blindly" nor "failed" by itself.  :func:`run_cas` reads, judges,
-writes, and on a lost or unknown CAS re-reads and judges again, with one
-back-off (:class:`Backoff`).  No clock, no I/O here except in ``run_cas``,
-whose I/O is the three callables it is given.
+The intents, one per step (every path runs them through :func:`run_cas`):
 
-Intents implemented this session: :class:`ReplaceBookie` (autorecovery's
-fragment replacement) and :class:`CloseAt` (a classic close).  The take-over
-(term + 1), classic recovery's begin/finish and the writer's ensemble change
-and roll are to move here (issue 13 item 1); they keep their own loops in
-``stream/stream.py`` and ``stream/ledger.py`` for now.
+============================ =============================================== ==================================
+intent                       the step                                        who runs it
+============================ =============================================== ==================================
+:class:`TakeOver`            unbounded: term + 1, any state -> IN_RECOVERY   ``stream.stream.take_over``, sim
+:class:`FinishTakeOver`      IN_RECOVERY at our term -> OPEN (+ the          ``stream.stream.take_over``, sim
+                             recovery's fragment); a newer term: FENCED
+:class:`BeginRecovery`       classic: OPEN -> IN_RECOVERY (IN_RECOVERY:      ``ledger_recovery.recover_ledger``,
+                             recover anyway; CLOSED: nothing to do)    sim
+:class:`CloseRecovered`      classic: IN_RECOVERY -> CLOSED at the last      ``ledger_recovery.recover_ledger``,
+                             entry (+ fragment); CLOSED: Done (adopt its     sim
+                             last entry: recoverers converge)
+:class:`CloseAt`             a writer's close: OPEN -> CLOSED                ``LedgerHandle._close_metadata``, sim
+:class:`ChangeEnsemble`      the writer's ensemble change or roll: a new     ``LedgerWriter._publish_change``,
+                             fragment while OPEN at its term                 sim
+:class:`ReplaceBookie`       re-replication of a sealed fragment             autorecovery, ``bookstream recover``
+============================ =============================================== ==================================
+
+The verdict on a *lost CAS* is the same function applied to the metadata
+read after the loss (:func:`judge_lost_cas`): a lost CAS never means "retry
+blindly" nor "failed" by itself; e.g. a lost ensemble change is retried on
+the new revision while the ledger is still OPEN at the writer's term, and is
+FENCED otherwise.  :func:`run_cas` reads (or starts from metadata the caller
+holds), judges, writes, and on a lost or unknown CAS re-reads and judges
+again, with one back-off (:class:`Backoff`).  No clock, no I/O here except
+in ``run_cas``, whose I/O is the callables it is given (the simulator
+executes an Apply on its own metadata store).  Broken rules for tests come
+in as an explicit :class:`stream.mutations.Mutations` field of an intent.
 """
 from __future__ import annotations
 
@@ -32,7 +53,10 @@ import dataclasses
 import logging
 from typing import Awaitable, Callable, Protocol, Union
 
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from stream import mutations as M
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 
 log = logging.getLogger(__name__)
 
@@ -55,11 +79,21 @@ class Done:
     why: str
 
 
+# Moot kinds: why an intent can no longer apply (the adapter's typed error)
+GONE = "gone"                          # the ledger does not exist
+FENCED = "fenced"                      # a recoverer or a newer term owns the ledger
+CLOSED_ELSEWHERE = "closed_elsewhere"  # CLOSED at another last entry
+WRONG_MODE = "wrong_mode"              # e.g. a take-over of a classic ledger
+CHANGED = "changed"                    # the fragment changed since the intent was planned
+ALREADY_CLOSED = "already_closed"      # CLOSED: nothing to recover (adopt its last entry)
+
+
 @dataclasses.dataclass(frozen=True)
 class Moot:
-    """The intent can no longer apply; nothing to do."""
+    """The intent can no longer apply; nothing to do (``kind``: why)."""
 
     why: str
+    kind: str = CHANGED
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +107,8 @@ Verdict = Union[Apply, Done, Moot, Wait]
 
 
 class Intent(Protocol):
+    ledger_id: int
+
     def judge(self, meta: LedgerMetadata | None) -> Verdict:
         """The verdict on ``meta`` (None: the ledger does not exist).  Pure."""
 
@@ -127,7 +163,7 @@ class ReplaceBookie:
     def judge(self, meta: LedgerMetadata | None) -> Verdict:
         assert self.lost != self.target, "a bookie cannot replace itself"
         if meta is None:
-            return Moot(f"ledger {self.ledger_id} is gone")
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
         assert meta.ledger_id == self.ledger_id and meta.fragments_complete, "judge on all fragments"
         frag = next((f for f in meta.fragments if f.first_entry == self.first_entry), None)
         if frag is None:
@@ -156,17 +192,170 @@ class CloseAt:
 
     ledger_id: int
     last_entry: int
+    mutations: Mutations = NO_MUTATIONS
 
     def judge(self, meta: LedgerMetadata | None) -> Verdict:
         if meta is None:
-            return Moot(f"ledger {self.ledger_id} is gone")
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
         if meta.state is LedgerState.CLOSED:
             if meta.last_entry == self.last_entry:
                 return Done(f"ledger {self.ledger_id} closed at {self.last_entry}")
-            return Moot(f"ledger {self.ledger_id} closed at {meta.last_entry}, not {self.last_entry}")
-        if meta.state is LedgerState.IN_RECOVERY:
-            return Moot(f"ledger {self.ledger_id} is in recovery")
+            return Moot(f"ledger {self.ledger_id} closed at {meta.last_entry}, not {self.last_entry}",
+                        CLOSED_ELSEWHERE)
+        if meta.state is LedgerState.IN_RECOVERY and M.CLOSE_DESPITE_RECOVERY not in self.mutations:
+            return Moot(f"ledger {self.ledger_id} is in recovery", FENCED)
         return Apply(meta.with_(state=LedgerState.CLOSED, last_entry=self.last_entry))
+
+
+# -- the writer's steps: ensemble change, roll ------------------------------------------
+
+def writer_verdict(meta: LedgerMetadata | None, ledger_id: int, term: int,
+                   mutations: Mutations = NO_MUTATIONS) -> Moot | None:
+    """A writer at ``term`` (0: classic) still owns the ledger when it is
+    OPEN at that term; else a Moot: GONE, or FENCED (closed, being recovered,
+    or a newer term took over)."""
+    if meta is None:
+        return Moot(f"ledger {ledger_id} is gone", GONE)
+    if (meta.state is not LedgerState.OPEN or meta.term != term) and M.CHANGE_DESPITE_FENCE not in mutations:
+        return Moot(f"ledger {ledger_id} is {meta.state.name} at term {meta.term}", FENCED)
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class ChangeEnsemble:
+    """The writer's ensemble change or roll: publish ``fragment`` (a new
+    last fragment, or the current last one's replacement when it starts at
+    the same entry) while the ledger is OPEN at the writer's ``term``.
+
+    - not the writer's any more (:func:`writer_verdict`): Moot FENCED/GONE;
+    - the last fragment is ``fragment`` already: Done (our CAS went through);
+    - else Apply on this revision (a lost CAS while still OPEN at our term:
+      another change to the header, e.g. a trim or a re-replication: retry).
+    """
+
+    ledger_id: int
+    term: int
+    fragment: Fragment
+    mutations: Mutations = NO_MUTATIONS
+
+    def judge(self, meta: LedgerMetadata | None) -> Verdict:
+        fenced = writer_verdict(meta, self.ledger_id, self.term, self.mutations)
+        if fenced is not None:
+            return fenced
+        assert meta is not None and meta.last_fragment is not None, "judge with the last fragment loaded"
+        if meta.last_fragment == self.fragment:
+            return Done(f"ledger {self.ledger_id}: fragment {self.fragment} published")
+        return Apply(meta, (self.fragment,))
+
+
+# -- preparing the bookies that join a fragment (term-based ledgers) -------------------------
+
+PREPARED, PREPARE_FAILED = 0, -1
+
+
+def prepare_answer(ok: bool, invalid_term: int | None) -> int:
+    """One joining bookie's answer to Prepare: PREPARED; the newer term
+    (> 0) when it refused with INVALID_TERM (``invalid_term``: the term it
+    holds); PREPARE_FAILED otherwise (no answer, an error)."""
+    if invalid_term is not None:
+        return max(1, invalid_term)
+    return PREPARED if ok else PREPARE_FAILED
+
+
+def prepare_verdict(answers: list[int]) -> int:
+    """The joining bookies' answers together: a newer term wins (the writer
+    is fenced), then a failure (choose again), else PREPARED.  Classic
+    ledgers (term 0) need no preparation: no answers, PREPARED."""
+    if any(a > 0 for a in answers):
+        return max(answers)
+    return min(answers, default=PREPARED)
+
+
+# -- the stream take-over: term + 1, then OPEN ----------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class TakeOver:
+    """Begin a stream take-over: term + 1 and IN_RECOVERY, whatever the
+    state (a crashed or slow take-over's IN_RECOVERY is taken over too).
+    Applied once per take-over: a lost CAS is judged on the new metadata,
+    so the term raised is the newest one + 1.  Moot: GONE, WRONG_MODE."""
+
+    ledger_id: int
+    mutations: Mutations = NO_MUTATIONS
+
+    def judge(self, meta: LedgerMetadata | None) -> Verdict:
+        if meta is None:
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
+        if meta.mode is not LedgerMode.UNBOUNDED:
+            return Moot(f"ledger {self.ledger_id} is not an unbounded ledger", WRONG_MODE)
+        term = meta.term if M.TAKEOVER_KEEPS_TERM in self.mutations else meta.term + 1
+        return Apply(meta.with_(term=term, state=LedgerState.IN_RECOVERY))
+
+
+@dataclasses.dataclass(frozen=True)
+class FinishTakeOver:
+    """Finish a take-over at ``term``: IN_RECOVERY -> OPEN, publishing the
+    recovery's ensemble change (``change``: the last fragment with a bookie
+    replaced) with it.  OPEN at ``term``: Done (our CAS went through); any
+    other term: Moot FENCED (a newer take-over)."""
+
+    ledger_id: int
+    term: int
+    change: Fragment | None = None
+    mutations: Mutations = NO_MUTATIONS
+
+    def judge(self, meta: LedgerMetadata | None) -> Verdict:
+        if meta is None:
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
+        newer = meta.term != self.term
+        if newer and M.FINISH_DESPITE_NEWER_TERM not in self.mutations:
+            return Moot(f"ledger {self.ledger_id}: term {meta.term} took over", FENCED)
+        if meta.state is LedgerState.OPEN and not newer:
+            return Done(f"ledger {self.ledger_id}: term {self.term} open")
+        return Apply(meta.with_(state=LedgerState.OPEN, term=self.term), () if self.change is None else (self.change,))
+
+
+# -- classic recovery: fence, then CLOSED at the last entry ---------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class BeginRecovery:
+    """Begin a classic recovery: OPEN -> IN_RECOVERY.  IN_RECOVERY already:
+    Done (another recoverer, or one that crashed: recover anyway); CLOSED:
+    Moot ALREADY_CLOSED (nothing to recover: the caller adopts its last
+    entry)."""
+
+    ledger_id: int
+
+    def judge(self, meta: LedgerMetadata | None) -> Verdict:
+        if meta is None:
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
+        if meta.state is LedgerState.OPEN:
+            return Apply(meta.with_(state=LedgerState.IN_RECOVERY))
+        if meta.state is LedgerState.CLOSED:
+            return Moot(f"ledger {self.ledger_id} closed at {meta.last_entry}", ALREADY_CLOSED)
+        return Done(f"ledger {self.ledger_id} is being recovered")
+
+
+@dataclasses.dataclass(frozen=True)
+class CloseRecovered:
+    """Finish a classic recovery: IN_RECOVERY -> CLOSED at ``last_entry``,
+    publishing the recovery's ensemble change with it.  CLOSED: Done at
+    whatever last entry it has (a concurrent recoverer closed it: adopt it,
+    recoverers converge); OPEN: Moot CHANGED (begin again)."""
+
+    ledger_id: int
+    last_entry: int
+    change: Fragment | None = None
+
+    def judge(self, meta: LedgerMetadata | None) -> Verdict:
+        if meta is None:
+            return Moot(f"ledger {self.ledger_id} is gone", GONE)
+        if meta.state is LedgerState.CLOSED:
+            return Done(f"ledger {self.ledger_id} closed at {meta.last_entry}")
+        if meta.state is LedgerState.OPEN:
+            return Moot(f"ledger {self.ledger_id} is OPEN again", CHANGED)
+        return Apply(meta.with_(state=LedgerState.CLOSED, last_entry=self.last_entry),
+                     () if self.change is None else (self.change,))
 
 
 def judge_lost_cas(intent: Intent, current: LedgerMetadata | None) -> Verdict:
@@ -226,18 +415,23 @@ Write = Callable[[Apply, int], Awaitable[tuple[LedgerMetadata, int]]]
 
 
 async def run_cas(intent: Intent, read: Read, write: Write, backoff: Backoff = Backoff(),
-                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> CasResult:
+                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                  known: tuple[LedgerMetadata, int] | None = None) -> CasResult:
     """Executes ``intent``: read, judge, write on Apply; after a lost or
     unknown CAS, back off, re-read and judge again (:func:`judge_lost_cas`).
-    Returns on Done / Moot / Wait or a successful write; after
-    ``backoff.attempts`` lost rounds returns the last Wait-like verdict
-    (``Wait("CAS kept failing")``).  ``read`` returns (None, 0) for a
-    missing ledger."""
+    ``known``: the metadata and header revision the caller holds, judged
+    first instead of a read (a stale one only costs a lost CAS).  Returns
+    on Done / Moot / Wait or a successful write; after ``backoff.attempts``
+    lost rounds returns ``Wait("CAS kept failing")``.  ``read`` returns
+    (None, 0) for a missing ledger."""
     meta: LedgerMetadata | None = None
     rev = 0
     for attempt in range(backoff.attempts):
         try:
-            meta, rev = await read()
+            if attempt == 0 and known is not None:
+                meta, rev = known
+            else:
+                meta, rev = await read()
         except CasUnknown as e:
             log.info("%r: metadata unavailable (%s), attempt %d", intent, e, attempt + 1)
             await sleep(backoff.delay(attempt))
@@ -256,15 +450,16 @@ async def run_cas(intent: Intent, read: Read, write: Write, backoff: Backoff = B
     return CasResult(Wait(f"CAS kept failing after {backoff.attempts} attempts"), meta, rev, backoff.attempts)
 
 
-def ledger_store_io(client, ledger_id: int) -> tuple[Read, Write]:
+def ledger_store_io(client, ledger_id: int, fragments: str = "all") -> tuple[Read, Write]:
     """``read`` / ``write`` for :func:`run_cas` over a ``BookKeeperClient``'s
-    ``LedgerStore`` (all fragments read; an Apply with fragments is one
-    ``add_fragments`` transaction, without them a header CAS)."""
+    ``LedgerStore`` (``fragments``: what ``read`` loads, "all" or "last";
+    an Apply with fragments is one ``add_fragments`` transaction, without
+    them a header CAS)."""
     from metadata import errors as me
 
     async def read() -> tuple[LedgerMetadata | None, int]:
         try:
-            return await asyncio.to_thread(client.ledgers.read, ledger_id)
+            return await asyncio.to_thread(client.ledgers.read, ledger_id, fragments)
         except me.NoSuchLedger:
             return None, 0
         except (me.MetadataUnavailable, me.Compacted) as e:
@@ -285,8 +480,24 @@ def ledger_store_io(client, ledger_id: int) -> tuple[Read, Write]:
     return read, write
 
 
+async def run_ledger_cas(client, intent: Intent, *, known: tuple[LedgerMetadata, int] | None = None,
+                         fragments: str = "last") -> CasResult:
+    """:func:`run_cas` over a ``BookKeeperClient`` (its ``metadata_attempts``
+    bound the back-off); other metadata errors leave as ``stream.errors``
+    types.  The client's paths (take-over, recovery, close, ensemble change)
+    read the last fragment only: their intents judge the newest one."""
+    from stream import errors as err
+
+    read, write = ledger_store_io(client, intent.ledger_id, fragments)
+    try:
+        return await run_cas(intent, read, write, Backoff(attempts=client.config.metadata_attempts), known=known)
+    except Exception as e:
+        raise err.translate(e) from e
+
+
 __all__ = [
-    "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "ReplaceBookie", "CloseAt", "fragment_end",
-    "is_sealed", "judge_lost_cas", "Backoff", "CasResult", "CasLost", "CasUnknown", "run_cas",
-    "ledger_store_io",
+    "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "GONE", "FENCED", "CLOSED_ELSEWHERE", "WRONG_MODE",
+    "CHANGED", "ALREADY_CLOSED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
+    "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
+    "CasLost", "CasUnknown", "run_cas", "ledger_store_io", "run_ledger_cas",
 ]

@@ -152,7 +152,8 @@ from typing import NamedTuple
 
 from bookie import entry as entry_codec
 from bookie.core import Status
-from stream import mutations
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 from stream.quorum import CoverageTracker, EntryReadOutcome, ReadOutcome, validate_quorums, write_set
 
 DEFAULT_MAX_INFLIGHT_WRITES = 1000
@@ -301,6 +302,7 @@ class RecoveryCore:
         max_read_ahead: int = DEFAULT_MAX_READ_AHEAD,
         max_read_ahead_bytes: int = DEFAULT_MAX_READ_AHEAD_BYTES,
         max_replacements: int | None = None,
+        mutations: Mutations = NO_MUTATIONS,
     ):
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         assert len(ensemble) == ensemble_size and len(set(ensemble)) == ensemble_size, ensemble
@@ -308,6 +310,7 @@ class RecoveryCore:
         assert max_read_ahead >= 1 and max_read_ahead_bytes >= 1
         assert term > 0 or fence, "recovery must fence: a term (unbounded) or the fence flag (classic)"
         self.ledger_id, self.term, self.fence, self.unbounded = ledger_id, term, fence, unbounded
+        self.mutations = mutations                 # tests only: NONE in production
         self.E, self.Qw, self.Qa = ensemble_size, write_quorum, ack_quorum
         self.fragment_first = fragment_first
         self.read_ensemble = tuple(ensemble)       # reads: the last fragment only
@@ -377,7 +380,7 @@ class RecoveryCore:
         self._step(RecoveryEvent.START)
         for i, b in enumerate(self.read_ensemble):
             self._o_fencing.append(FencingRead(i, b, self.ledger_id, self.term, self.fence))
-        mutations.strip_read_terms(self._o_fencing)  # tests only (stream/mutations.py)
+        self.mutations.strip_read_terms(self._o_fencing)  # tests only
 
     def on_lac_response(self, bookie_index: int, status: Status | None, lac: int = -1, lafr: int = -1,
                         last_entry: int | None = None) -> None:
@@ -512,7 +515,7 @@ class RecoveryCore:
     def _take_acks(self, entry_ids, bookie_index: int) -> int:
         """Records a bookie's OKs for write backs (one loop: a frame holds up
         to thousands); returns how many were known."""
-        writes, incomplete, hooks = self.writes, self._incomplete, bool(mutations.ACTIVE)
+        writes, incomplete, hooks = self.writes, self._incomplete, bool(self.mutations)
         known = 0
         for eid in entry_ids:
             wb = writes.get(eid)
@@ -523,7 +526,7 @@ class RecoveryCore:
             acked = wb.acked
             acked.add(bookie_index)
             if hooks:
-                mutations.noop_acked(self, wb)  # tests only (stream/mutations.py)
+                self.mutations.noop_acked(self, wb)  # tests only
             if len(acked) == len(wb.targets):  # (wb.complete)
                 incomplete.discard(eid)
         return known
@@ -618,7 +621,7 @@ class RecoveryCore:
             self.reads_issued += 1
         assert len(self.outcomes) <= self.max_read_ahead and self.frontier in self.outcomes
         if len(self._o_reads) > n:
-            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+            self.mutations.strip_read_terms(self._o_reads)  # tests only
 
     def _first_reader(self, eid: int, ws: tuple[int, ...]) -> int | None:
         """The one bookie to read ``eid`` from first (spread reads, see the
@@ -645,7 +648,7 @@ class RecoveryCore:
         n = len(self._o_reads)
         self._ask(eid, [i for i in o.members if i != first and i not in o.answered])
         if len(self._o_reads) > n:
-            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+            self.mutations.strip_read_terms(self._o_reads)  # tests only
 
     def speculate(self) -> int:
         """Reads stalled (the adapter's timer): every entry of the window
@@ -705,7 +708,7 @@ class RecoveryCore:
             e = self._decoded.pop(eid)
             self._recovered(eid, e)
             if e.origin > self.floor:
-                self.floor = mutations.origin_floor(e.origin)  # tests only (stream/mutations.py)
+                self.floor = self.mutations.origin_floor(e.origin)  # tests only
                 self._demote_stale()
         if self.state is RecoveryState.READING and (self.frontier != start or self.frontier == self.read_top):
             self._fill_window()
@@ -733,7 +736,7 @@ class RecoveryCore:
                 self._single.pop(eid, None)
                 self._ask(eid, [i for i in o.members if i not in o.answered])
         if len(self._o_reads) > n:
-            mutations.strip_read_terms(self._o_reads)  # tests only (stream/mutations.py)
+            self.mutations.strip_read_terms(self._o_reads)  # tests only
 
     def _write(self, eid: int, record: bytes, targets: tuple[int, ...]) -> None:
         assert eid not in self.writes
@@ -752,7 +755,7 @@ class RecoveryCore:
         # The truncate flag already did its work on every bookie; resending it
         # would delete the entries above, which this recovery still has to read.
         flags = e.data_flags & ~entry_codec.FLAG_TRUNCATE
-        flags = mutations.writeback_flags(flags, e.data_flags)  # tests only (stream/mutations.py)
+        flags = self.mutations.writeback_flags(flags, e.data_flags)  # tests only
         rec = entry_codec.encode(self.ledger_id, eid, e.payload, lac=self.frozen_lac, lafr=self.frozen_lafr,
                                  data_flags=flags, req_flags=entry_codec.REQ_RECOVERY, term=self.term,
                                  origin=e.origin)  # what the entry is: copied, as the payload
@@ -771,9 +774,9 @@ class RecoveryCore:
                 self.ledger_id, eid, b"", lac=self.frozen_lac, lafr=self.frozen_lafr,
                 data_flags=entry_codec.FLAG_NOOP | entry_codec.FLAG_TRUNCATE,
                 req_flags=entry_codec.REQ_RECOVERY, term=self.term)
-            noop = mutations.recovery_noop(noop)  # tests only (stream/mutations.py)
+            noop = self.mutations.recovery_noop(noop)  # tests only
             self._write(eid, noop, tuple(range(self.E)))  # every bookie, not just Qw
-        mutations.after_end_found(self)  # tests only (stream/mutations.py)
+        self.mutations.after_end_found(self)  # tests only
         self._progress()
 
     def _progress(self) -> None:

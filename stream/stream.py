@@ -44,12 +44,14 @@ from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata import errors as me
 from metadata.layout import KeyLayout
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState, validate_config
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, validate_config
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
 from stream.client import BookKeeperClient, ClientConfig
 from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
+from stream import lifecycle as lc
 from stream.ledger_recovery import RecoveryDriver
+from stream.lifecycle import FinishTakeOver, Moot, TakeOver, run_ledger_cas
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
 
@@ -106,39 +108,38 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
     """Makes this client the ledger's writer in a new term.  Returns the
     OPEN metadata, its revision, and the first entry id to append at.
 
-    The term is raised once per call (a lost CAS raises nothing); recovery
-    is retried within that term, backing off, up to ``recovery_attempts``
-    runs (recovery with the same term again is the same recoverer again: its
-    fencing, reads and writes carry the term the bookies already hold).
+    The metadata steps are ``stream.lifecycle``'s :class:`TakeOver` (term +
+    1, IN_RECOVERY) and :class:`FinishTakeOver` (OPEN, with the recovery's
+    ensemble change), each through the one CAS runner.  The term is raised
+    once per call; recovery is retried within that term, backing off, up to
+    ``recovery_attempts`` runs (recovery with the same term again is the same
+    recoverer again: its fencing, reads and writes carry the term the
+    bookies already hold).
 
     Raises WriterFenced when a newer term takes over meanwhile, and
     LedgerRecoveryFailed (retriable; ``missing`` names the bookies that did
     not answer or could not be replaced) when recovery could not finish:
     the ledger stays IN_RECOVERY at this term until the next take-over."""
     cfg = bk.config
-    failure: BaseException | None = None
-    mine = rev = None
-    for _ in range(cfg.metadata_attempts):
-        meta, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
-        if meta.mode is not LedgerMode.UNBOUNDED:
-            raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not an unbounded ledger")
-        mine = meta.with_(term=meta.term + 1, state=LedgerState.IN_RECOVERY)
-        try:
-            rev = await bk.meta_call(bk.ledgers.update_header, mine, rev)
-            break
-        except (err.MetadataConflict, err.MetadataUnavailable) as e:
-            failure, mine = e, None
-            await asyncio.sleep(0.01)
-    if mine is None:
-        raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: could not raise the term: {failure}")
+    begun = await run_ledger_cas(bk, TakeOver(ledger_id, cfg.mutations))
+    v = begun.verdict
+    if isinstance(v, Moot):
+        raise (err.InvalidLedgerConfig(f"ledger {ledger_id} is not an unbounded ledger") if v.kind == lc.WRONG_MODE
+               else err.NoSuchLedger(ledger_id))
+    if not begun.applied:
+        raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: could not raise the term: {v.why}")
+    mine, rev = begun.meta, begun.revision
+    assert mine is not None
     log.info("ledger %s: taking over at term %d", ledger_id, mine.term)
+    failure: BaseException | None = None
     missing: tuple[str, ...] = ()
     for attempt in range(cfg.recovery_attempts):
         if attempt:
             await asyncio.sleep(min(0.1 * 2 ** (attempt - 1), cfg.change_retry_max))
             cur, _ = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
-            if cur.term != mine.term:
-                raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term)
+            still = FinishTakeOver(ledger_id, mine.term, None, cfg.mutations).judge(cur)
+            if isinstance(still, Moot):  # a newer take-over
+                raise err.WriterFenced(f"ledger {ledger_id}: {still.why}", cur.term)
             if missing:
                 await bk.refresh_bookies(missing)  # restarted meanwhile? a fresh channel asks at once
         try:
@@ -149,37 +150,23 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
             failure, missing = e, e.missing
             log.info("%s (attempt %d of %d at term %d)", e, attempt + 1, cfg.recovery_attempts, mine.term)
             continue
-        return await _open_after_recovery(bk, ledger_id, mine, rev, result)
+        change = None if result.ensemble_change is None else Fragment(result.ensemble_change[0],
+                                                                      tuple(result.ensemble_change[1]))
+        done = await run_ledger_cas(bk, FinishTakeOver(ledger_id, mine.term, change, cfg.mutations),
+                                    known=(mine, rev))
+        v = done.verdict
+        if isinstance(v, Moot):
+            term = done.meta.term if done.meta is not None else mine.term
+            raise err.WriterFenced(f"ledger {ledger_id}: {v.why}", term)
+        if not done.applied:
+            raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: the final CAS of the take-over kept failing: "
+                                           f"{v.why}")
+        assert done.meta is not None
+        log.info("ledger %s: term %d open; recovered %d entries, appends from %d", ledger_id,
+                 done.meta.term, len(result.recovered), result.next_entry)
+        return done.meta, done.revision, result.next_entry
     raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: take-over at term {mine.term} did not complete "
                                    f"after {cfg.recovery_attempts} recovery runs: {failure}", missing=missing)
-
-
-async def _open_after_recovery(bk: BookKeeperClient, ledger_id: int, mine: LedgerMetadata, rev: int,
-                               result) -> tuple[LedgerMetadata, int, int]:
-    """The final CAS of a take-over: IN_RECOVERY -> OPEN at our term, with
-    the recovery's ensemble change if it replaced a bookie."""
-    opened = mine.with_(state=LedgerState.OPEN)
-    failure: BaseException | None = None
-    for _ in range(bk.config.metadata_attempts):
-        try:
-            if result.ensemble_change is not None:
-                first, ens = result.ensemble_change
-                meta, rev = await bk.meta_call(bk.ledgers.add_fragment, ledger_id, Fragment(first, tuple(ens)),
-                                               opened, rev)
-            else:
-                rev = await bk.meta_call(bk.ledgers.update_header, opened, rev)
-                meta = opened
-            log.info("ledger %s: term %d open; recovered %d entries, appends from %d", ledger_id,
-                     meta.term, len(result.recovered), result.next_entry)
-            return meta, rev, result.next_entry
-        except (err.MetadataConflict, err.MetadataUnavailable) as e:
-            failure = e
-            cur, rev = await bk.meta_call(bk.ledgers.read, ledger_id, fragments="last")
-            if cur.term != mine.term:
-                raise err.WriterFenced(f"ledger {ledger_id}: term {cur.term} took over", cur.term) from e
-            if cur.state is LedgerState.OPEN:  # our CAS went through before the error
-                return cur, rev, result.next_entry
-    raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: the final CAS of the take-over kept failing: {failure}")
 
 
 # -- the asyncio API --------------------------------------------------------------------------

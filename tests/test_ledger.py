@@ -15,6 +15,7 @@ import pytest
 
 from metadata.ledgers import LedgerState
 from stream import errors as se
+from stream import mutations
 from stream.client import BookKeeperClient, SyncBookKeeperClient
 from stream.quorum import write_set
 from tests.conftest import run
@@ -397,9 +398,11 @@ def test_a_stopped_bookie_does_not_stall_the_writer_while_qa_is_met(own):
     run(go())
 
 
-def test_close_rules_against_the_metadata(shared, store):
+@pytest.mark.parametrize("mutant", [None, mutations.CLOSE_DESPITE_RECOVERY])
+def test_close_rules_against_the_metadata(shared, store, mutant):
     """CAS retried while OPEN; CLOSED at the same entry: success; at another:
-    CloseMismatch; IN_RECOVERY: LedgerInRecovery."""
+    CloseMismatch; IN_RECOVERY: LedgerInRecovery.  The life-cycle mutant
+    (stream/lifecycle.py's CloseAt closing over a recovery) breaks the last."""
     from metadata.ledgers import LedgerStore
 
     ledgers = LedgerStore(store, shared.cluster)
@@ -409,7 +412,7 @@ def test_close_rules_against_the_metadata(shared, store):
         ledgers.update_header(meta.with_(**changes), rev)
 
     async def go():
-        async with client(shared) as bk:
+        async with client(shared, mutations=mutations.Mutations.of(mutant)) as bk:
             handles = []
             for _ in range(4):
                 lh = await bk.create_ledger(3, 2, 2)
@@ -425,12 +428,19 @@ def test_close_rules_against_the_metadata(shared, store):
             with pytest.raises(se.CloseMismatch):
                 await c.close()
             bump(d.ledger_id, state=LedgerState.IN_RECOVERY)
+            if mutant:
+                await d.close()  # closed under the recoverer's feet
+                assert (await bk.ledger_metadata(d.ledger_id)).state is LedgerState.CLOSED
+                return
             with pytest.raises(se.LedgerInRecovery):
                 await d.close()
     run(go())
 
 
-def test_ensemble_change_cas_lost_to_recovery_fails_the_outstanding_adds(own, store):
+@pytest.mark.parametrize("mutant", [None, mutations.CHANGE_DESPITE_FENCE])
+def test_ensemble_change_cas_lost_to_recovery_fails_the_outstanding_adds(own, store, mutant):
+    """The life-cycle mutant (an ensemble change applied on a ledger in
+    recovery) publishes the fragment and the adds go on."""
     from metadata.ledgers import LedgerStore
 
     procs = own.start(4)
@@ -438,7 +448,7 @@ def test_ensemble_change_cas_lost_to_recovery_fails_the_outstanding_adds(own, st
     ledgers = LedgerStore(store, own.cluster)
 
     async def go():
-        async with client(own) as bk:
+        async with client(own, mutations=mutations.Mutations.of(mutant)) as bk:
             lh = await bk.create_ledger(3, 3, 3)
             await asyncio.gather(*(lh.add_entry_async(payload(i)) for i in range(10)))
             # a recoverer's first step (no fencing yet): the header moves on
@@ -447,6 +457,9 @@ def test_ensemble_change_cas_lost_to_recovery_fails_the_outstanding_adds(own, st
             by_id[lh.metadata.fragments[0].ensemble[2]].kill()
             futs = [lh.add_entry_async(payload(i)) for i in range(10, 20)]
             res = await asyncio.gather(*futs, return_exceptions=True)
+            if mutant:
+                assert len(ledgers.read(lh.ledger_id)[0].fragments) == 2  # published over the recovery
+                return
             assert all(isinstance(r, se.LedgerFenced) for r in res), res
             assert len(ledgers.read(lh.ledger_id)[0].fragments) == 1  # no fragment was added
             with pytest.raises(se.LedgerFenced):

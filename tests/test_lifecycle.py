@@ -136,3 +136,100 @@ def test_runner_gives_up_after_the_backoff_attempts():
 @pytest.mark.parametrize("attempt,delay", [(0, 0.05), (1, 0.1), (5, 1.0)])
 def test_backoff(attempt, delay):
     assert Backoff().delay(attempt) == pytest.approx(delay)
+
+
+# -- the other life-cycle steps ------------------------------------------------------------
+
+from stream import lifecycle as lc  # noqa: E402
+from stream import mutations as M  # noqa: E402
+from stream.lifecycle import (BeginRecovery, ChangeEnsemble, CloseRecovered, FinishTakeOver,  # noqa: E402
+                              TakeOver, writer_verdict)
+
+U = LedgerMode.UNBOUNDED
+
+
+def test_take_over_raises_the_term_once_from_any_state():
+    m = meta([(0, ABC)], mode=U).with_(term=3)
+    for state in LedgerState:
+        v = TakeOver(7).judge(m.with_(state=state))
+        assert isinstance(v, Apply) and (v.header.term, v.header.state) == (4, LedgerState.IN_RECOVERY)
+    assert TakeOver(7).judge(meta([(0, ABC)])).kind == lc.WRONG_MODE      # a classic ledger
+    assert TakeOver(7).judge(None).kind == lc.GONE
+    # the mutant keeps the term: caught by the simulator (tests/test_sim.py) and test_stream
+    assert TakeOver(7, M.Mutations.of(M.TAKEOVER_KEEPS_TERM)).judge(m).header.term == 3
+
+
+def test_finish_take_over_opens_at_its_term_or_is_fenced():
+    rec = meta([(0, ABC)], mode=U, state=LedgerState.IN_RECOVERY).with_(term=4)
+    change = Fragment(0, ("a", "b", "x"))
+    v = FinishTakeOver(7, 4, change).judge(rec)
+    assert isinstance(v, Apply) and v.header.state is LedgerState.OPEN and v.fragments == (change,)
+    assert FinishTakeOver(7, 4).judge(rec).fragments == ()
+    assert isinstance(FinishTakeOver(7, 4).judge(rec.with_(state=LedgerState.OPEN)), Done)  # our lost answer
+    newer = rec.with_(term=5)
+    assert FinishTakeOver(7, 4).judge(newer).kind == lc.FENCED
+    assert FinishTakeOver(7, 4).judge(newer.with_(state=LedgerState.OPEN)).kind == lc.FENCED
+    bad = FinishTakeOver(7, 4, mutations=M.Mutations.of(M.FINISH_DESPITE_NEWER_TERM)).judge(newer)
+    assert isinstance(bad, Apply) and bad.header.term == 4  # the term goes down: the simulator's Monotonic
+
+
+def test_classic_recovery_begins_and_closes():
+    m = meta([(0, ABC)])
+    assert BeginRecovery(7).judge(m).header.state is LedgerState.IN_RECOVERY
+    rec = m.with_(state=LedgerState.IN_RECOVERY)
+    assert isinstance(BeginRecovery(7).judge(rec), Done)                  # recover anyway
+    assert BeginRecovery(7).judge(m.with_(state=LedgerState.CLOSED, last_entry=3)).kind == lc.ALREADY_CLOSED
+    v = CloseRecovered(7, 9, Fragment(5, ("a", "b", "x"))).judge(rec)
+    assert isinstance(v, Apply) and (v.header.state, v.header.last_entry) == (LedgerState.CLOSED, 9)
+    assert v.fragments == (Fragment(5, ("a", "b", "x")),)
+    # a lost CAS: another recoverer closed it, maybe elsewhere: adopt its last entry
+    assert isinstance(CloseRecovered(7, 9).judge(m.with_(state=LedgerState.CLOSED, last_entry=8)), Done)
+    assert CloseRecovered(7, 9).judge(m).kind == lc.CHANGED
+
+
+def test_ensemble_change_lost_cas_retries_only_while_the_writers():
+    m = meta([(0, ABC)], mode=U).with_(term=2)
+    frag = Fragment(10, ("a", "b", "x"))
+    v = ChangeEnsemble(7, 2, frag).judge(m)
+    assert isinstance(v, Apply) and v.fragments == (frag,) and v.header == m
+    # after a lost CAS: still OPEN at our term (a trim, a re-replication moved the header): retry
+    assert isinstance(judge_lost_cas(ChangeEnsemble(7, 2, frag), m.with_(trimmed_before=5)), Apply)
+    # our CAS went through but its answer was lost
+    done = m.with_(fragments=(Fragment(0, ABC), frag), fragment_count=2, last_fragment_first_entry=10)
+    assert isinstance(judge_lost_cas(ChangeEnsemble(7, 2, frag), done), Done)
+    # a recovery, a newer term, a close: fenced
+    for other in (m.with_(state=LedgerState.IN_RECOVERY, term=3), m.with_(term=3),
+                  m.with_(state=LedgerState.CLOSED, last_entry=9)):
+        assert judge_lost_cas(ChangeEnsemble(7, 2, frag), other).kind == lc.FENCED
+    assert writer_verdict(None, 7, 2).kind == lc.GONE
+    mutant = ChangeEnsemble(7, 2, frag, M.Mutations.of(M.CHANGE_DESPITE_FENCE))
+    assert isinstance(mutant.judge(m.with_(state=LedgerState.IN_RECOVERY, term=3)), Apply)
+
+
+def test_close_mutant_closes_over_a_recovery():
+    rec = meta([(0, ABC)], state=LedgerState.IN_RECOVERY)
+    assert CloseAt(7, 4).judge(rec).kind == lc.FENCED
+    assert isinstance(CloseAt(7, 4, M.Mutations.of(M.CLOSE_DESPITE_RECOVERY)).judge(rec), Apply)
+
+
+def test_runner_starts_from_known_metadata_without_a_read():
+    m = meta([(0, ABC)])
+    cell = FakeEtcd(m)
+    reads = []
+
+    async def read():
+        reads.append(1)
+        return await cell.read()
+
+    r = asyncio.run(run_cas(CloseAt(7, 4), read, cell.write, sleep=_nosleep, known=(m, cell.rev)))
+    assert r.applied and reads == [] and cell.m.state is LedgerState.CLOSED
+
+
+def test_prepare_answers_a_newer_term_wins_then_a_failure():
+    from stream.lifecycle import PREPARE_FAILED, PREPARED, prepare_answer, prepare_verdict
+
+    assert prepare_answer(True, None) == PREPARED and prepare_answer(False, None) == PREPARE_FAILED
+    assert prepare_answer(False, 5) == 5 and prepare_answer(False, 0) == 1  # INVALID_TERM: fenced
+    assert prepare_verdict([]) == PREPARED
+    assert prepare_verdict([PREPARED, PREPARE_FAILED]) == PREPARE_FAILED
+    assert prepare_verdict([PREPARE_FAILED, 4, 3]) == 4

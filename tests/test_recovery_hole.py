@@ -102,8 +102,8 @@ def test_the_recovery_hole_schedule_on_real_bookies(own, mutant):
     run(registered(b3.bookie_id))
     os.kill(b2.pid, signal.SIGSTOP)  # b1 and b3 make the coverage: p+1.. read from b1, A's leftovers from b3
 
-    async def takeover():
-        async with client() as c:
+    async def takeover(**kw):
+        async with client(**kw) as c:
             opening = asyncio.ensure_future(c.open_writer(name))
             peek = BookieClient(b1.address)
             end, term = await wait_for_noop(peek, lid, range(p + 1, p + 5), aborted_term)
@@ -120,8 +120,7 @@ def test_the_recovery_hole_schedule_on_real_bookies(own, mutant):
             return end, got
 
     if mutant:
-        with mutations.mutated(mutant):
-            end, got = run(takeover())
+        end, got = run(takeover(mutations=mutations.Mutations.of(mutant)))
         # A's leftovers above the aborted take-over's no-op: its p+1 is gone, its p+2, p+3 are in the stream
         assert got == [b"a1", b"a2", b"a3", b"late2", b"late3", b"after"] and end == p + 4
     else:

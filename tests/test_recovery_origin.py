@@ -21,6 +21,8 @@ from stream.recovery_core import RecoveryCore, RecoveryState
 from stream.writer_core import WriterCore
 from tests.test_recovery_core import LID, NSE, OK, SimBookie, core, deliver_writer, fence_all
 
+IGNORE = mutations.Mutations.of(mutations.IGNORE_ORIGIN_TERM)
+
 NOOP, TRUNC = E.FLAG_NOOP, E.FLAG_NOOP | E.FLAG_TRUNCATE
 LIVE = (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING)
 
@@ -60,12 +62,11 @@ def test_an_ok_below_the_floor_counts_as_no_such_entry():
 
 
 def test_without_the_rule_the_leftover_is_recovered_above_the_noop():
-    with mutations.mutated(mutations.IGNORE_ORIGIN_TERM):
-        r = core(term=3)
-        fence_all(r, lac=1, lafr=1)
-        r.on_read_response(2, 0, OK, rec(2, b"", origin=2, flags=TRUNC))
-        r.on_read_response(3, 2, OK, rec(3, b"late3", origin=1))
-        assert r.recovered == [2, 3] and r.stale_answers == 0  # the hole
+    r = core(term=3, mutations=IGNORE)
+    fence_all(r, lac=1, lafr=1)
+    r.on_read_response(2, 0, OK, rec(2, b"", origin=2, flags=TRUNC))
+    r.on_read_response(3, 2, OK, rec(3, b"late3", origin=1))
+    assert r.recovered == [2, 3] and r.stale_answers == 0  # the hole
 
 
 def test_a_leftover_read_first_at_the_noop_id_recovers_the_older_writer_instead():
@@ -127,7 +128,8 @@ def test_classic_ledgers_have_origin_zero_and_nothing_is_stale():
 
 # -- the issue's schedule over BookieCore bookies ----------------------------------------------
 
-def recover(bookies, term, *, up=(0, 1, 2), write_up=None, first=None, ahead=1, deliver=None):
+def recover(bookies, term, *, up=(0, 1, 2), write_up=None, first=None, ahead=1, deliver=None,
+            mutations=mutations.NONE):
     """Runs a take-over's recovery over ``bookies``.  Reads of bookies not
     in ``up`` time out; each entry's reads are answered one at a time, the
     bookie ``first[entry]`` first (if asked), then in index order, lower
@@ -137,7 +139,7 @@ def recover(bookies, term, *, up=(0, 1, 2), write_up=None, first=None, ahead=1, 
     to replace it with"), as on a cluster of exactly E bookies."""
     write_up = set(up if write_up is None else write_up)
     first = first or {}
-    r = RecoveryCore(LID, 0, ["b0", "b1", "b2"], 3, 3, 2, term=term, max_read_ahead=ahead)
+    r = RecoveryCore(LID, 0, ["b0", "b1", "b2"], 3, 3, 2, term=term, max_read_ahead=ahead, mutations=mutations)
     r.start()
     reads = []
     while r.state in LIVE:
@@ -224,8 +226,7 @@ def test_issue_schedule_leaves_no_hole(order, ahead):
 
 def test_issue_schedule_with_the_mutant_shows_the_hole():
     b = issue_schedule()
-    with mutations.mutated(mutations.IGNORE_ORIGIN_TERM):
-        r = recover(b, 3, first=ORDERS["noop_first"][0])
+    r = recover(b, 3, first=ORDERS["noop_first"][0], mutations=IGNORE)
     assert r.state is RecoveryState.DONE
     s = stream_of(b, r.result)
     assert s == [b"a0", b"a1", ("noop",), b"late3", b"late4", ("noop",)]  # the issue's stream
@@ -247,8 +248,7 @@ def test_a_take_over_that_aborted_after_a_partial_write_back(order, written_to, 
     e = b[written_to].entries()[2]
     assert e.origin == (2 if order == "noop_first" else 1) and not E.parse_header(
         b[written_to].records[b[written_to].core.lookup(LID, 2)[1][0]]).is_truncate
-    with mutations.mutated(*([mutations.IGNORE_ORIGIN_TERM] if mutant else [])):
-        r = recover(b, 4, first={2: written_to, 3: 2, 4: 2})
+    r = recover(b, 4, first={2: written_to, 3: 2, 4: 2}, mutations=IGNORE if mutant else mutations.NONE)
     assert r.state is RecoveryState.DONE
     s = stream_of(b, r.result)
     if mutant and order == "noop_first":

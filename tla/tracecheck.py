@@ -313,14 +313,14 @@ def simulate(seed: int, mutant: str | None = None, **overrides) -> str:
     from stream import mutations
 
     sc = Scenario.random(seed, **overrides)
-    with mutations.mutated(*([mutant] if mutant else [])):
-        w = World(sc, check_trace=mutant is None, check_invariants=mutant is None)
-        tr = Tracer.attach(w)
-        try:
-            w.run()
-        except Violation:
-            if mutant is None:
-                raise
+    w = World(sc, check_trace=mutant is None, check_invariants=mutant is None,
+              mutations=mutations.Mutations.of(mutant))
+    tr = Tracer.attach(w)
+    try:
+        w.run()
+    except Violation:
+        if mutant is None:
+            raise
     return tr.ndjson()
 
 
@@ -334,12 +334,12 @@ def simulate_script(name: str, mutant: str | None = None) -> str:
     from stream import mutations
 
     tracers: list = []
-    with mutations.mutated(*([mutant] if mutant else [])):
-        try:
-            scripted.SCRIPTS[name](check_trace=mutant is None, attach=lambda w: tracers.append(Tracer.attach(w)))
-        except Violation:
-            if mutant is None:
-                raise
+    try:
+        scripted.SCRIPTS[name](check_trace=mutant is None, attach=lambda w: tracers.append(Tracer.attach(w)),
+                               mutations=mutations.Mutations.of(mutant))
+    except Violation:
+        if mutant is None:
+            raise
     return tracers[0].ndjson()
 
 

@@ -40,6 +40,7 @@ import signal
 import time
 
 from stream import errors as err
+from stream.mutations import Mutations
 from stream.stream import AsyncStreamClient, Position, StreamConfig
 
 STREAM = "faults"
@@ -67,7 +68,7 @@ def stream_config(args) -> StreamConfig:
 
 async def run_writer(args, h: History, rng: random.Random, stop: asyncio.Event, takeover: asyncio.Event) -> None:
     mean_gap = args.batch_max / 2 / args.rate
-    async with AsyncStreamClient(args.etcd, args.cluster) as sc:
+    async with AsyncStreamClient(args.etcd, args.cluster, mutations=Mutations.of(args.mutant)) as sc:
         session = 0
         while not stop.is_set():
             session += 1
@@ -118,7 +119,7 @@ async def run_log_writer(args, h: History, rng: random.Random, stop: asyncio.Eve
     from stream.client import BookKeeperClient
     from stream.log import LogWriter
     mean_gap = args.batch_max / 2 / args.rate
-    bk = BookKeeperClient(args.etcd, args.cluster)
+    bk = BookKeeperClient(args.etcd, args.cluster, mutations=Mutations.of(args.mutant))
     try:
         session = 0
         while not stop.is_set():
@@ -264,12 +265,7 @@ def main(argv=None) -> int:
             pass
         h.emit("stop")
 
-    if args.mutant:
-        from stream import mutations
-        with mutations.mutated(args.mutant):
-            asyncio.run(go())
-    else:
-        asyncio.run(go())
+    asyncio.run(go())
     return 0
 
 
