@@ -72,7 +72,7 @@ class Status(enum.IntEnum):
 
 
 @dataclass(slots=True)
-class LedgerState:
+class BookieLedger:
     """What a bookie keeps for one ledger besides its entries' bytes."""
 
     term: int = 0
@@ -110,7 +110,7 @@ class BookieCore:
     """Per-ledger state of one bookie.  Deterministic; no I/O."""
 
     def __init__(self) -> None:
-        self.ledgers: dict[int, LedgerState] = {}
+        self.ledgers: dict[int, BookieLedger] = {}
         self.read_only = False
 
     # -- adds ----------------------------------------------------------------
@@ -128,7 +128,7 @@ class BookieCore:
             if self.read_only:
                 return Verdict(Status.READ_ONLY, st.term if st else 0)
         if st is None:
-            st = self.ledgers[h.ledger_id] = LedgerState()
+            st = self.ledgers[h.ledger_id] = BookieLedger()
         changed = h.term > st.term
         st.term = h.term if changed else st.term
         return Verdict(Status.OK, st.term, changed)
@@ -155,12 +155,12 @@ class BookieCore:
                             f"both must be below its id (a recovery add's LAC excepted)")
         return None
 
-    def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> LedgerState:
+    def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> BookieLedger:
         """The ledger durable adds apply to, its term, LAC and LAFR raised
         to theirs (never lowered)."""
         st = self.ledgers.get(ledger_id)
         if st is None:  # replay of a ledger deleted after the add was admitted
-            st = self.ledgers[ledger_id] = LedgerState()
+            st = self.ledgers[ledger_id] = BookieLedger()
         if term > st.term:
             st.term = term
         if lac > st.lac:
@@ -244,7 +244,7 @@ class BookieCore:
             return Verdict(Status.INVALID_TERM, st.term)
         created = st is None
         if st is None:
-            st = self.ledgers[ledger_id] = LedgerState()
+            st = self.ledgers[ledger_id] = BookieLedger()
         changed = created or term > st.term or (fence and not st.fenced)
         st.term = max(st.term, term)
         st.fenced = st.fenced or fence
@@ -264,7 +264,7 @@ class BookieCore:
 
     def apply_state(self, ledger_id: int, term: int, fenced: bool) -> None:
         """Replay of a journalled state change."""
-        st = self.ledgers.setdefault(ledger_id, LedgerState())
+        st = self.ledgers.setdefault(ledger_id, BookieLedger())
         st.term = max(st.term, term)
         st.fenced = st.fenced or fenced
 

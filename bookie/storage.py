@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookie.crc import crc32
-from bookie.core import BookieCore, LedgerState, Status, Verdict
+from bookie.core import BookieCore, BookieLedger, Status, Verdict
 from bookie.index import OFFSET_BITS, LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
@@ -41,7 +41,7 @@ from bookie.journal import (
     R_STATE,
     STATE_BODY,
     Journal,
-    Position,
+    JournalPosition,
 )
 
 log = logging.getLogger(__name__)
@@ -85,7 +85,7 @@ class Storage:
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
         self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
-        self.checkpoint_pos = Position(1, 0)
+        self.checkpoint_pos = JournalPosition(1, 0)
         self._since_checkpoint = 0
         self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         # ledger -> normal adds admitted but not yet durable (fence barrier)
@@ -93,7 +93,7 @@ class Storage:
         self.replayed_bytes = 0
         self.replayed_records = 0
         self.replay_seconds = 0.0
-        self.applied_end = Position(1, 0)
+        self.applied_end = JournalPosition(1, 0)
 
     # -- start-up ------------------------------------------------------------
 
@@ -107,7 +107,7 @@ class Storage:
         segs = self.journal.segments()
         start = self.checkpoint_pos
         if segs and start.segment < segs[0]:
-            start = Position(segs[0], 0)
+            start = JournalPosition(segs[0], 0)
         t0 = time.perf_counter()
         for rec in self.journal.scan(start):
             self._replay(rec)
@@ -116,7 +116,7 @@ class Storage:
         self.replay_seconds = time.perf_counter() - t0
         end = self.journal.scan_end
         if not segs:
-            end = Position(max(start.segment, 1), 0)
+            end = JournalPosition(max(start.segment, 1), 0)
         self.journal.open_for_append(end)
         self.applied_end = end
         self._recount_live()
@@ -260,7 +260,7 @@ class Storage:
         once the record is applied or has failed."""
         off = self.journal.append(rtype, body)
         seg = self.journal.current_segment
-        end = Position(seg, off + len(body))
+        end = JournalPosition(seg, off + len(body))
         self._since_checkpoint += len(body)
         fut = self.journal.sync()
 
@@ -529,7 +529,7 @@ class Storage:
     def checkpoint_due(self) -> bool:
         return self._since_checkpoint >= self.config.checkpoint_bytes
 
-    async def checkpoint(self) -> Position:
+    async def checkpoint(self) -> JournalPosition:
         """Writes a checkpoint: the state and index as of `applied_end`, the
         end of the last record applied.  Records after it are replayed on the
         next start; the term and fence changes among them are already in the
@@ -542,7 +542,7 @@ class Storage:
         self._since_checkpoint = 0
         return pos
 
-    def _snapshot(self, pos: Position) -> bytes:
+    def _snapshot(self, pos: JournalPosition) -> bytes:
         parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
         for lid, st in self.core.ledgers.items():
             runs = st.index.runs()
@@ -592,7 +592,7 @@ class Storage:
         finally:
             os.close(fd)
 
-    def _load_checkpoint(self) -> Position | None:
+    def _load_checkpoint(self) -> JournalPosition | None:
         path = self.dir / "checkpoint"
         if not path.exists():
             return None
@@ -617,8 +617,8 @@ class Storage:
                 lens = data[p : p + 4 * count]
                 p += 4 * count
                 runs.append((start, locs, lens))
-            self.core.ledgers[lid] = LedgerState(term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
-        return Position(seg, off)
+            self.core.ledgers[lid] = BookieLedger(term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
+        return JournalPosition(seg, off)
 
     # -- garbage collection ---------------------------------------------------------------------
 
