@@ -10,10 +10,16 @@ Adds go through two steps, as in a write-ahead log:
 
 1. ``admit_add`` (on receipt): checks the request against the ledger's term,
    fence and the bookie's mode, and raises the ledger's term.  Nothing is
-   readable yet.
+   readable yet.  A normal add counts as *pending* (``adds_pending``) until
+   it is applied or its write failed (``adds_settled``).
 2. ``apply_add`` (once the record is durable, in journal order): makes the entry
    readable, raises LAC/LAFR, and for a truncate no-op removes every higher
    entry of the ledger.
+
+The core also owns the fence barrier (``fence_read``: what a fencing or
+term-carrying read must wait for before it answers), the read-only
+transitions (``judge_disk``), and the decoding of journal records on replay
+(``replay``: the same code for ``bookie/storage.py`` and ``sim/bookie.py``).
 
 Rules (../shared/notes/protocol-rules.md):
 
@@ -29,6 +35,14 @@ recovery add                   accepted on a fenced ledger and in read-only
 truncate no-op at e            once durable, deletes every entry > e
 fencing read (READ_FENCE)      sets the fence; creates the ledger if unknown,
                                so that a late writer is fenced too
+fencing or term-carrying read  a changed term/fence is journalled before the
+                               answer (barrier JOURNAL_STATE); unchanged, it
+                               waits for the ledger's pending *normal* adds
+                               (barrier SYNC) so that it never answers
+                               NO_SUCH_ENTRY for an entry about to be acked
+delete                         unknown ledger: NO_SUCH_LEDGER
+disk usage                     read-only at >= threshold; writable again
+                               below threshold - margin
 normal read                    no term, no state change; unknown ledger:
                                NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
 LAC, LAFR                      never go down
@@ -42,17 +56,21 @@ a term above MAX_TERM          BAD_REQUEST, nothing changes (a term must leave
 from __future__ import annotations
 
 import enum
+import struct
 from array import array
 from dataclasses import dataclass, field
 
-from bookie.entry import FLAG_TRUNCATE, EntryHeader, EntryRun, parse_header
+from bookie.entry import FLAG_TRUNCATE, REQ_RECOVERY, EntryHeader, EntryRun, parse_header, scan_runs
 from bookie.index import LedgerIndex, Removed
+from bookie.journal import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_RELOCATED, R_STATE, STATE_BODY
 
 # The highest term a request may carry.  A ledger at term T can be taken
 # over only at T + 1; a term at the top of its field (u64 on the wire, i64 in
 # Java's BookKeeper) would leave no successor and the ledger could never be
 # recovered again.  2^63 - 1 keeps T + 1 inside every field that holds it.
 MAX_TERM = (1 << 63) - 1
+
+_U32 = struct.Struct("<I")
 
 
 class Status(enum.IntEnum):
@@ -72,7 +90,7 @@ class Status(enum.IntEnum):
 
 
 @dataclass(slots=True)
-class LedgerState:
+class BookieLedger:
     """What a bookie keeps for one ledger besides its entries' bytes."""
 
     term: int = 0
@@ -97,6 +115,14 @@ class Verdict:
     state_changed: bool = False
 
 
+class Barrier(enum.Enum):
+    """What a fencing or term-carrying read waits for before it answers."""
+
+    NONE = "none"                    # answer at once
+    SYNC = "sync"                    # the ledger's pending normal adds durable (a journal sync)
+    JOURNAL_STATE = "journal_state"  # its changed term/fence journalled (``state_body``), then answer
+
+
 @dataclass(frozen=True, slots=True)
 class LacInfo:
     lac: int
@@ -110,8 +136,10 @@ class BookieCore:
     """Per-ledger state of one bookie.  Deterministic; no I/O."""
 
     def __init__(self) -> None:
-        self.ledgers: dict[int, LedgerState] = {}
+        self.ledgers: dict[int, BookieLedger] = {}
         self.read_only = False
+        # ledger -> normal adds admitted but not yet applied (the fence barrier)
+        self.pending: dict[int, int] = {}
 
     # -- adds ----------------------------------------------------------------
 
@@ -128,7 +156,7 @@ class BookieCore:
             if self.read_only:
                 return Verdict(Status.READ_ONLY, st.term if st else 0)
         if st is None:
-            st = self.ledgers[h.ledger_id] = LedgerState()
+            st = self.ledgers[h.ledger_id] = BookieLedger()
         changed = h.term > st.term
         st.term = h.term if changed else st.term
         return Verdict(Status.OK, st.term, changed)
@@ -155,12 +183,12 @@ class BookieCore:
                             f"both must be below its id (a recovery add's LAC excepted)")
         return None
 
-    def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> LedgerState:
+    def _applying(self, ledger_id: int, term: int, lac: int, lafr: int) -> BookieLedger:
         """The ledger durable adds apply to, its term, LAC and LAFR raised
         to theirs (never lowered)."""
         st = self.ledgers.get(ledger_id)
         if st is None:  # replay of a ledger deleted after the add was admitted
-            st = self.ledgers[ledger_id] = LedgerState()
+            st = self.ledgers[ledger_id] = BookieLedger()
         if term > st.term:
             st.term = term
         if lac > st.lac:
@@ -244,7 +272,7 @@ class BookieCore:
             return Verdict(Status.INVALID_TERM, st.term)
         created = st is None
         if st is None:
-            st = self.ledgers[ledger_id] = LedgerState()
+            st = self.ledgers[ledger_id] = BookieLedger()
         changed = created or term > st.term or (fence and not st.fenced)
         st.term = max(st.term, term)
         st.fenced = st.fenced or fence
@@ -264,11 +292,128 @@ class BookieCore:
 
     def apply_state(self, ledger_id: int, term: int, fenced: bool) -> None:
         """Replay of a journalled state change."""
-        st = self.ledgers.setdefault(ledger_id, LedgerState())
+        st = self.ledgers.setdefault(ledger_id, BookieLedger())
         st.term = max(st.term, term)
         st.fenced = st.fenced or fenced
 
+    def fence_read(self, ledger_id: int, term: int, fence: bool) -> tuple[Verdict, Barrier]:
+        """:meth:`fence`, and what the read must wait for before answering
+        (:class:`Barrier`): a change is journalled first (its sync makes every
+        add admitted before it durable and applied first); an unchanged state
+        waits while *normal* adds of the ledger are pending, so that they are
+        readable when it answers (a recovery read never says NO_SUCH_ENTRY
+        for an entry an older writer is about to see acked).  Pending
+        *recovery* adds need no wait: a recoverer only writes back entries
+        that exist elsewhere."""
+        v = self.fence(ledger_id, term, fence)
+        if v.status is not Status.OK:
+            return v, Barrier.NONE
+        if v.state_changed:
+            return v, Barrier.JOURNAL_STATE
+        return v, Barrier.SYNC if ledger_id in self.pending else Barrier.NONE
+
+    def state_body(self, ledger_id: int) -> bytes:
+        """The R_STATE journal record of a ledger's term and fence."""
+        st = self.ledgers[ledger_id]
+        return STATE_BODY.pack(ledger_id, st.term, int(st.fenced))
+
+    # -- pending normal adds (the fence barrier) ------------------------------
+
+    def adds_pending(self, runs: list[EntryRun]) -> dict[int, int]:
+        """Counts the normal adds of admitted ``runs`` as pending until
+        :meth:`adds_settled` with the returned counts (once applied, or once
+        their write failed)."""
+        counts: dict[int, int] = {}
+        for run in runs:
+            if not run.req_flags & REQ_RECOVERY:
+                counts[run.ledger_id] = counts.get(run.ledger_id, 0) + run.count
+        pending = self.pending
+        for lid, n in counts.items():
+            pending[lid] = pending.get(lid, 0) + n
+        return counts
+
+    def adds_settled(self, counts: dict[int, int]) -> None:
+        pending = self.pending
+        for lid, n in counts.items():
+            left = pending.get(lid, 0) - n
+            if left > 0:
+                pending[lid] = left
+            else:
+                pending.pop(lid, None)
+
+    # -- read-only mode ----------------------------------------------------------
+
+    def judge_disk(self, used_fraction: float, threshold: float, margin: float) -> bool:
+        """Read-only once the disk is used at ``threshold`` or above; writable
+        again only below ``threshold - margin`` (no flapping).  Returns
+        whether the mode changed."""
+        before = self.read_only
+        if not before and used_fraction >= threshold:
+            self.read_only = True
+        elif before and used_fraction < threshold - margin:
+            self.read_only = False
+        return before != self.read_only
+
+    # -- replay --------------------------------------------------------------
+
+    def apply_entries(self, runs: list[EntryRun], base: int) -> Removed:
+        """Applies durable entry runs (their records at ``base + offset``);
+        returns what they made dead."""
+        dead: Removed = []
+        at = base.__add__
+        for run in runs:
+            d = self.apply_run(run, array("Q", map(at, run.offsets)))
+            if d:
+                dead += d
+        return dead
+
+    def apply_relocated(self, body, base: int, runs: list[EntryRun] | None = None) -> list[tuple[int, int, int]]:
+        """Applies an R_RELOCATED body (u32 n, n x u64 old location, then the
+        n records, at ``base + offset``): returns (old, new, length) of each
+        record followed (the others changed since)."""
+        (n,) = _U32.unpack_from(body, 0)
+        olds = struct.unpack_from(f"<{n}Q", body, 4)
+        rec_start = 4 + 8 * n
+        if runs is None:
+            runs = scan_runs(body[rec_start:])
+        moved, k = [], 0
+        for run in runs:
+            for j, (off, size) in enumerate(zip(run.offsets, run.lengths)):
+                old, k = olds[k], k + 1
+                new = base + rec_start + off
+                if self.apply_relocation(run.ledger_id, run.first_entry + j, old, new, size):
+                    moved.append((old, new, size))
+        return moved
+
+    def replay(self, rtype: int, body, base: int, runs: list[EntryRun] | None = None) -> None:
+        """Applies one durable journal record (bookie/journal.py record
+        types), its body at location ``base``: how a restart rebuilds the
+        state, in ``Storage.open`` and in the simulated bookie alike."""
+        if rtype == R_ENTRIES:
+            self.apply_entries(runs if runs is not None else scan_runs(body), base)
+        elif rtype == R_STATE:
+            lid, term, fenced = STATE_BODY.unpack(body)
+            self.apply_state(lid, term, bool(fenced))
+        elif rtype == R_DELETE:
+            lid, has_range, first, last = DELETE_BODY.unpack(body)
+            self.delete(lid, (first, last) if has_range else None)
+        elif rtype == R_LAC:
+            self.apply_lac(*LAC_BODY.unpack(body))
+        elif rtype == R_RELOCATED:
+            self.apply_relocated(body, base, runs)
+        else:
+            raise ValueError(f"unknown journal record type {rtype}")
+
+    def restore(self, ledger_id: int, term: int, fenced: bool, lac: int, lafr: int, index: LedgerIndex) -> None:
+        """A ledger's state as a checkpoint holds it."""
+        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index)
+
     # -- reads ---------------------------------------------------------------
+
+    def term_of(self, ledger_id: int) -> int:
+        """The ledger's term (0 if unknown): what answers carry."""
+        st = self.ledgers.get(ledger_id)
+        return st.term if st is not None else 0
 
     def lookup(self, ledger_id: int, entry_id: int) -> tuple[Status, tuple[int, int] | None]:
         st = self.ledgers.get(ledger_id)
@@ -286,6 +431,9 @@ class BookieCore:
         return LacInfo(st.lac, st.lafr, st.last_entry, st.term, st.fenced)
 
     # -- deletion ------------------------------------------------------------
+
+    def admit_delete(self, ledger_id: int) -> Status:
+        return Status.OK if ledger_id in self.ledgers else Status.NO_SUCH_LEDGER
 
     def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None) -> Removed:
         """Deletes a ledger (state included), or the entries of a range."""

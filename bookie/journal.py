@@ -135,16 +135,16 @@ def verified_runs(rtype: int, body: memoryview) -> list[E.EntryRun] | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Position:
+class JournalPosition:
     """A point in the journal: a segment and a byte offset in it."""
 
     segment: int
     offset: int
 
-    def __lt__(self, other: "Position") -> bool:
+    def __lt__(self, other: "JournalPosition") -> bool:
         return (self.segment, self.offset) < (other.segment, other.offset)
 
-    def __le__(self, other: "Position") -> bool:
+    def __le__(self, other: "JournalPosition") -> bool:
         return (self.segment, self.offset) <= (other.segment, other.offset)
 
 
@@ -154,7 +154,7 @@ class ScannedRecord:
     body: memoryview
     segment: int
     body_offset: int  # of the body in the segment file
-    end: Position     # just past the record
+    end: JournalPosition     # just past the record
     runs: list | None = None  # entry-bearing records: their entries, scanned (entry.EntryRun)
 
 
@@ -191,7 +191,7 @@ class Journal:
         self._write_fd = -1
         self._write_seg = -1
         self._tail = 0  # logical end of the current segment (including pending)
-        self._durable = Position(self._seg, 0)
+        self._durable = JournalPosition(self._seg, 0)
         self._disk_bytes = 0       # durable bytes in segment files
         self._inflight_bytes = 0   # handed to the flusher, not yet durable
         self.bytes_appended = 0
@@ -217,10 +217,10 @@ class Journal:
         return self._seg
 
     @property
-    def end(self) -> Position:
-        return Position(self._seg, self._tail)
+    def end(self) -> JournalPosition:
+        return JournalPosition(self._seg, self._tail)
 
-    def open_for_append(self, end: Position) -> None:
+    def open_for_append(self, end: JournalPosition) -> None:
         """Called once recovery decided where the valid journal ends."""
         self._seg, self._tail = end.segment, end.offset
         fd = os.open(self.path(self._seg), os.O_WRONLY | os.O_CREAT, 0o644)
@@ -263,7 +263,7 @@ class Journal:
 
     # -- scanning (recovery, compaction) -------------------------------------
 
-    def scan(self, start: Position) -> Iterator[ScannedRecord]:
+    def scan(self, start: JournalPosition) -> Iterator[ScannedRecord]:
         """Yields the valid records from `start` to the end of the journal.
 
         Stops at the first torn or corrupt record; `self.scan_end` then says
@@ -293,13 +293,13 @@ class Journal:
                 elif crc32(body, crc32(mv[off : off + 8])) != crc:
                     break
                 off = body_off + blen
-                self.scan_end = Position(seg, off)
+                self.scan_end = JournalPosition(seg, off)
                 yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, runs)
             if off != len(data) and data.count(0, off) == len(data) - off:
                 pass  # the zeros of a preallocated segment: its records end here
             elif off != len(data):
                 log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
-                self.scan_end = Position(seg, off)
+                self.scan_end = JournalPosition(seg, off)
                 # A torn record ends the valid journal: later segments cannot
                 # have been written after it.
                 for later in self.segments():
@@ -307,7 +307,7 @@ class Journal:
                         log.warning("journal segment %d follows a torn tail: removed", later)
                         os.unlink(self.path(later))
                 return
-            self.scan_end = Position(seg, off)
+            self.scan_end = JournalPosition(seg, off)
 
     def read_segment(self, seg: int) -> bytes:
         return self.path(seg).read_bytes()
@@ -410,7 +410,7 @@ class Journal:
                 raise
             # a prepared segment grows only past its zeros (a record larger than it)
             grew += max(0, written - max(start, self.segment_size if self._write_preallocated else start))
-            self._durable = Position(seg, written)
+            self._durable = JournalPosition(seg, written)
             if self.preallocate and self._prepared is None and written >= self.segment_size // 4:
                 # a quarter through: prepare the next segment (an idle
                 # bookie never writes a segment of zeros it does not need)

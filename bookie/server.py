@@ -1,7 +1,8 @@
 """The bookie's gRPC server (grpc.aio): a thin adapter around Storage.
 
-Every handler turns a request into calls on the storage and its protocol core,
-and every outcome into a typed status code.  No input reaches an unhandled
+Every handler turns a request into calls on the storage (never on its protocol
+core directly: every verdict, NO_SUCH_LEDGER included, is the core's), and every
+outcome into a typed status code.  No input reaches an unhandled
 exception: a malformed request gets BAD_REQUEST and changes nothing, an I/O
 failure gets INTERNAL_ERROR (never NO_SUCH_ENTRY).
 """
@@ -166,8 +167,6 @@ class BookieService(pb_grpc.BookieServicer):
                         break  # the stream ends with INVALID_ARGUMENT once its acks are out
                     size = len(entries)
                     status, msg, runs = storage.validate_frame(entries)
-                    if status is Status.OK and (bad := storage.core.check_positions(runs, entries)):
-                        status, msg = Status.BAD_REQUEST, bad
                     if status is not Status.OK:
                         acks.put_nowait(pb.AddAck(frame_id=frame_id, status=status, message=msg))
                         continue
@@ -257,8 +256,7 @@ class BookieService(pb_grpc.BookieServicer):
             status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
             if status is Status.OK:
                 E.verify(rec, E.parse_header(rec))
-            st = self.storage.core.ledgers.get(request.ledger_id)
-            return pb.ReadEntryResponse(status=status, entry=rec, term=st.term if st else 0)
+            return pb.ReadEntryResponse(status=status, entry=rec, term=self.storage.term_of(request.ledger_id))
         except E.ChecksumMismatch as e:
             log.error("stored entry failed its checksum: %s", e)
             return pb.ReadEntryResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
@@ -324,8 +322,7 @@ class BookieService(pb_grpc.BookieServicer):
                 log.exception("range read failed")
                 yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
                 return
-            st = self.storage.core.ledgers.get(ledger_id)
-            term = st.term if st else 0
+            term = self.storage.term_of(ledger_id)
             if bad is not None:
                 log.error("stored entry failed its checksum: %s", bad)
                 if count:
@@ -341,7 +338,7 @@ class BookieService(pb_grpc.BookieServicer):
             nxt = through + 1
 
     def _lac_response(self, ledger_id: int, status: Status = Status.OK, term: int = 0) -> pb.ReadLacResponse:
-        info = self.storage.core.lac_info(ledger_id)
+        info = self.storage.lac_info(ledger_id)
         if status is not Status.OK:
             return pb.ReadLacResponse(status=status, term=term, lac=-1, lafr=-1, last_entry=-1)
         if info is None:
@@ -390,27 +387,25 @@ class BookieService(pb_grpc.BookieServicer):
     async def Delete(self, request, context):
         if request.has_range and (request.first_entry < 0 or request.last_entry < request.first_entry):
             return pb.DeleteResponse(status=Status.BAD_REQUEST, message="bad range")
-        if request.ledger_id not in self.storage.core.ledgers:
-            return pb.DeleteResponse(status=Status.NO_SUCH_LEDGER)
         rng = (request.first_entry, request.last_entry) if request.has_range else None
         try:
-            n = await self.storage.delete(request.ledger_id, rng)
+            status, n = await self.storage.delete(request.ledger_id, rng)
         except Exception as e:
             log.exception("delete failed")
             return pb.DeleteResponse(status=Status.INTERNAL_ERROR, message=str(e))
-        return pb.DeleteResponse(status=Status.OK, entries_deleted=n)
+        return pb.DeleteResponse(status=status, entries_deleted=n)
 
     async def Info(self, request, context):
         used, free, total = self.storage.disk_usage()
-        core = self.storage.core
+        storage = self.storage
         return pb.InfoResponse(
             bookie_id=self.config.bookie_id,
-            state=pb.READ_ONLY_STATE if core.read_only else pb.WRITABLE,
+            state=pb.READ_ONLY_STATE if storage.read_only else pb.WRITABLE,
             free_bytes=free,
             total_bytes=total,
             used_bytes=used,
-            ledgers=len(core.ledgers),
-            entries=core.entry_count,
+            ledgers=storage.ledger_count,
+            entries=storage.entry_count,
             segments=len(self.storage.journal.segments()),
             replayed_records=self.storage.replayed_records,
             replayed_bytes=self.storage.replayed_bytes,
@@ -506,7 +501,7 @@ class BookieServer:
             await asyncio.sleep(self.config.disk_check_interval_s)
             try:
                 self.storage.update_read_only()
-                ro = self.storage.core.read_only
+                ro = self.storage.read_only
                 if self.registration is not None and self.registration.read_only != ro:
                     await asyncio.get_running_loop().run_in_executor(None, self.registration.set_read_only, ro)
                     log.info("registration moved to %s", "read-only" if ro else "writable")

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookie.crc import crc32
-from bookie.core import BookieCore, LedgerState, Status, Verdict
+from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict
 from bookie.index import OFFSET_BITS, LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
@@ -39,9 +39,8 @@ from bookie.journal import (
     R_ENTRIES,
     R_RELOCATED,
     R_STATE,
-    STATE_BODY,
     Journal,
-    Position,
+    JournalPosition,
 )
 
 log = logging.getLogger(__name__)
@@ -85,15 +84,13 @@ class Storage:
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
         self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
-        self.checkpoint_pos = Position(1, 0)
+        self.checkpoint_pos = JournalPosition(1, 0)
         self._since_checkpoint = 0
         self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
-        # ledger -> normal adds admitted but not yet durable (fence barrier)
-        self._pending_adds: dict[int, int] = {}
         self.replayed_bytes = 0
         self.replayed_records = 0
         self.replay_seconds = 0.0
-        self.applied_end = Position(1, 0)
+        self.applied_end = JournalPosition(1, 0)
 
     # -- start-up ------------------------------------------------------------
 
@@ -107,7 +104,7 @@ class Storage:
         segs = self.journal.segments()
         start = self.checkpoint_pos
         if segs and start.segment < segs[0]:
-            start = Position(segs[0], 0)
+            start = JournalPosition(segs[0], 0)
         t0 = time.perf_counter()
         for rec in self.journal.scan(start):
             self._replay(rec)
@@ -116,7 +113,7 @@ class Storage:
         self.replay_seconds = time.perf_counter() - t0
         end = self.journal.scan_end
         if not segs:
-            end = Position(max(start.segment, 1), 0)
+            end = JournalPosition(max(start.segment, 1), 0)
         self.journal.open_for_append(end)
         self.applied_end = end
         self._recount_live()
@@ -126,20 +123,8 @@ class Storage:
         )
 
     def _replay(self, rec) -> None:
-        if rec.rtype == R_ENTRIES:
-            self._apply_entries(rec.body, rec.segment, rec.body_offset, rec.runs)
-        elif rec.rtype == R_STATE:
-            lid, term, fenced = STATE_BODY.unpack(rec.body)
-            self.core.apply_state(lid, term, bool(fenced))
-        elif rec.rtype == R_DELETE:
-            lid, has_range, first, last = DELETE_BODY.unpack(rec.body)
-            self.core.delete(lid, (first, last) if has_range else None)
-        elif rec.rtype == R_LAC:
-            self.core.apply_lac(*LAC_BODY.unpack(rec.body))
-        elif rec.rtype == R_RELOCATED:
-            self._apply_relocated(rec.body, rec.segment, rec.body_offset, rec.runs)
-        else:
-            raise ValueError(f"unknown journal record type {rec.rtype}")
+        # (live bytes are recounted once replay is done)
+        self.core.replay(rec.rtype, rec.body, pack_location(rec.segment, rec.body_offset), rec.runs)
 
     def _recount_live(self) -> None:
         self.live_bytes.clear()
@@ -155,35 +140,19 @@ class Storage:
 
     def _apply_entries(self, body, seg: int, body_off: int, runs: list[E.EntryRun] | None = None) -> set[int]:
         """Applies an R_ENTRIES body in order (its runs, if already scanned);
-        returns the ledgers touched.  Each run of consecutive entries of one
-        ledger is applied at once (``BookieCore.apply_run``)."""
+        returns the ledgers touched."""
         runs = runs if runs is not None else E.scan_runs(body)
-        touched = set()
-        core = self.core
-        at = (seg << 40 | body_off).__add__
-        for run in runs:
-            dead = core.apply_run(run, array("Q", map(at, run.offsets)))
-            if dead:
-                self._dead(dead)
-            touched.add(run.ledger_id)
+        dead = self.core.apply_entries(runs, pack_location(seg, body_off))
+        if dead:
+            self._dead(dead)
         if runs:
             self.live_bytes[seg] += runs[-1].end - runs[0].start
-        return touched
+        return {run.ledger_id for run in runs}
 
-    def _apply_relocated(self, body, seg: int, body_off: int, runs: list[E.EntryRun] | None = None) -> None:
-        (n,) = struct.unpack_from("<I", body, 0)
-        olds = struct.unpack_from(f"<{n}Q", body, 4)
-        rec_start = 4 + 8 * n
-        if runs is None:
-            runs = E.scan_runs(body[rec_start:])
-        k = 0
-        for run in runs:
-            for j, (off, size) in enumerate(zip(run.offsets, run.lengths)):
-                old, k = olds[k], k + 1
-                new = pack_location(seg, body_off + rec_start + off)
-                if self.core.apply_relocation(run.ledger_id, run.first_entry + j, old, new, size):
-                    self.live_bytes[old >> 40] -= size
-                    self.live_bytes[seg] += size
+    def _apply_relocated(self, body, seg: int, body_off: int) -> None:
+        for old, new, size in self.core.apply_relocated(body, pack_location(seg, body_off)):
+            self.live_bytes[old >> 40] -= size
+            self.live_bytes[new >> 40] += size
 
     # -- adds --------------------------------------------------------------------
 
@@ -201,6 +170,8 @@ class Storage:
             return Status.CHECKSUM_MISMATCH, str(e), []
         if not runs:
             return Status.BAD_REQUEST, "empty frame", []
+        if bad := self.core.check_positions(runs, entries):
+            return Status.BAD_REQUEST, bad, []
         return Status.OK, "", runs
 
     def admit_frame(
@@ -232,23 +203,10 @@ class Storage:
             runs = E.scan_runs(body)
         else:
             body = entries
-        pending: dict[int, int] = {}
-        for run in runs:
-            if not run.req_flags & E.REQ_RECOVERY:
-                pending[run.ledger_id] = pending.get(run.ledger_id, 0) + run.count
-        for lid, n in pending.items():
-            self._pending_adds[lid] = self._pending_adds.get(lid, 0) + n
-
-        def settle() -> None:
-            for lid, n in pending.items():
-                left = self._pending_adds[lid] - n
-                if left:
-                    self._pending_adds[lid] = left
-                else:
-                    del self._pending_adds[lid]
-
+        pending = self.core.adds_pending(runs)
         return refused, self._append(
-            R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, runs), settle)
+            R_ENTRIES, body, lambda b, seg, off: self._on_entries_durable(b, seg, off, runs),
+            lambda: self.core.adds_settled(pending))
 
     def _append(self, rtype: int, body, apply, settle=None) -> asyncio.Future:
         """Journals a record; `apply(body, segment, body_offset)` runs once it
@@ -260,7 +218,7 @@ class Storage:
         once the record is applied or has failed."""
         off = self.journal.append(rtype, body)
         seg = self.journal.current_segment
-        end = Position(seg, off + len(body))
+        end = JournalPosition(seg, off + len(body))
         self._since_checkpoint += len(body)
         fut = self.journal.sync()
 
@@ -284,20 +242,13 @@ class Storage:
     # -- state changes -------------------------------------------------------------
 
     async def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
-        """A term-carrying or fencing request.  The term and fence change at
-        once (so later requests of an older writer are refused at once), and
-        are journalled before the answer goes out.  While normal adds of the
-        ledger admitted before it are not yet durable, it also waits for them
-        (a journal barrier): they are readable when it answers, so a recovery
-        read never answers NO_SUCH_ENTRY for an entry an older writer is about
-        to see acked.  Pending *recovery* adds need no wait: a recoverer only
-        writes back entries that exist elsewhere.  With nothing pending, a
-        recovery read at an unchanged term answers at once."""
-        v = self.core.fence(ledger_id, term, fence)
-        if v.status is Status.OK and v.state_changed:
-            st = self.core.ledgers[ledger_id]
-            await self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
-        elif ledger_id in self._pending_adds:
+        """A term-carrying or fencing request: the term and fence change at
+        once (later requests of an older writer are refused at once); the
+        answer waits for the core's barrier (``BookieCore.fence_read``)."""
+        v, barrier = self.core.fence_read(ledger_id, term, fence)
+        if barrier is Barrier.JOURNAL_STATE:
+            await self._append(R_STATE, self.core.state_body(ledger_id), None)
+        elif barrier is Barrier.SYNC:
             await self.journal.sync()
         return v
 
@@ -322,15 +273,19 @@ class Storage:
         if v.status is not Status.OK:
             return v, 0
         if v.state_changed:
-            st = self.core.ledgers[ledger_id]
-            self._append(R_STATE, STATE_BODY.pack(ledger_id, st.term, int(st.fenced)), None)
+            self._append(R_STATE, self.core.state_body(ledger_id), None)
         return v, await self._journal_delete(ledger_id, (first_entry, (1 << 63) - 1),
                                              lambda: self.core.apply_prepare(ledger_id, first_entry))
 
-    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> int:
+    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> tuple[Status, int]:
         """Deletes a ledger or a range of its entries, once the deletion is
-        durable and in journal order with the adds around it."""
-        return await self._journal_delete(ledger_id, entry_range, lambda: self.core.delete(ledger_id, entry_range))
+        durable and in journal order with the adds around it.  Returns the
+        status (NO_SUCH_LEDGER: nothing journalled) and how many entries went."""
+        status = self.core.admit_delete(ledger_id)
+        if status is not Status.OK:
+            return status, 0
+        return status, await self._journal_delete(ledger_id, entry_range,
+                                                  lambda: self.core.delete(ledger_id, entry_range))
 
     async def _journal_delete(self, ledger_id: int, entry_range: tuple[int, int] | None, remove) -> int:
         """Journals a deletion; `remove()` runs once it is durable, in journal
@@ -348,6 +303,24 @@ class Storage:
         return count[0] if count else 0
 
     # -- reads ----------------------------------------------------------------------
+
+    def term_of(self, ledger_id: int) -> int:
+        return self.core.term_of(ledger_id)
+
+    def lac_info(self, ledger_id: int) -> LacInfo | None:
+        return self.core.lac_info(ledger_id)
+
+    @property
+    def read_only(self) -> bool:
+        return self.core.read_only
+
+    @property
+    def ledger_count(self) -> int:
+        return len(self.core.ledgers)
+
+    @property
+    def entry_count(self) -> int:
+        return self.core.entry_count
 
     def read_record(self, ledger_id: int, entry_id: int) -> tuple[Status, bytes]:
         status, loc = self.core.lookup(ledger_id, entry_id)
@@ -514,14 +487,12 @@ class Storage:
         frac = 1.0 - free / total if total else 1.0
         if self.config.max_storage_bytes:
             frac = max(frac, used / self.config.max_storage_bytes)
-        before = self.core.read_only
-        if not before and frac >= self.config.disk_usage_threshold:
-            self.core.read_only = True
+        changed = self.core.judge_disk(frac, self.config.disk_usage_threshold, self.config.disk_usage_margin)
+        if changed and self.core.read_only:
             log.warning("disk usage %.1f%% >= %.1f%%: read-only", frac * 100, self.config.disk_usage_threshold * 100)
-        elif before and frac < self.config.disk_usage_threshold - self.config.disk_usage_margin:
-            self.core.read_only = False
+        elif changed:
             log.warning("disk usage %.1f%%: writable again", frac * 100)
-        return before != self.core.read_only
+        return changed
 
     # -- checkpoints -------------------------------------------------------------------------
 
@@ -529,7 +500,7 @@ class Storage:
     def checkpoint_due(self) -> bool:
         return self._since_checkpoint >= self.config.checkpoint_bytes
 
-    async def checkpoint(self) -> Position:
+    async def checkpoint(self) -> JournalPosition:
         """Writes a checkpoint: the state and index as of `applied_end`, the
         end of the last record applied.  Records after it are replayed on the
         next start; the term and fence changes among them are already in the
@@ -542,7 +513,7 @@ class Storage:
         self._since_checkpoint = 0
         return pos
 
-    def _snapshot(self, pos: Position) -> bytes:
+    def _snapshot(self, pos: JournalPosition) -> bytes:
         parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
         for lid, st in self.core.ledgers.items():
             runs = st.index.runs()
@@ -592,7 +563,7 @@ class Storage:
         finally:
             os.close(fd)
 
-    def _load_checkpoint(self) -> Position | None:
+    def _load_checkpoint(self) -> JournalPosition | None:
         path = self.dir / "checkpoint"
         if not path.exists():
             return None
@@ -617,8 +588,8 @@ class Storage:
                 lens = data[p : p + 4 * count]
                 p += 4 * count
                 runs.append((start, locs, lens))
-            self.core.ledgers[lid] = LedgerState(term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
-        return Position(seg, off)
+            self.core.restore(lid, term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
+        return JournalPosition(seg, off)
 
     # -- garbage collection ---------------------------------------------------------------------
 

@@ -145,7 +145,7 @@ def _registration_factory(args: argparse.Namespace):
         reg = mpb.BookieRegistration(
             bookie_id=server.config.bookie_id,
             address=server.address,
-            read_only=server.storage.core.read_only,
+            read_only=server.storage.read_only,
             free_bytes=free,
             total_bytes=total,
             max_entry_size=server.config.storage.max_entry_size,  # the clients' limit (EntryTooLarge)

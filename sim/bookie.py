@@ -1,34 +1,33 @@
 """A simulated bookie: the real ``bookie.core.BookieCore`` over a simulated disk.
 
-Durability follows ``bookie/storage.py`` exactly:
+Every decision is the core's, executed here as ``bookie/storage.py`` executes
+it: admission, the fence barrier (``fence_read``), the pending normal adds,
+and replay (``replay`` of the same journal record types and bodies as
+``bookie/journal.py``'s, a record's location being its index in the list
+shifted by ``bookie.index.OFFSET_BITS``).  The order of effects:
 
 - an add is admitted on receipt (``admit_add``: term/fence rules; raises the
   in-memory term), appended to the journal's *unsynced* tail, and applied
   (``apply_add``: index, LAC/LAFR, truncation) only once a simulated fsync
   made it durable; its answer goes out after that;
-- a term-carrying or fencing read (``fence``) changes the term/fence at once;
-  a change is journalled and answered once durable (which makes every add
-  admitted before it durable and applied first); an unchanged state waits
-  for such a barrier only while *normal* adds of the ledger are pending
-  (``Storage.fence``);
+- a term-carrying or fencing read changes the term/fence at once and waits
+  for the core's barrier (``BookieCore.fence_read``);
 - a plain read (term 0, no fence flag) answers from the applied state;
 - a crash drops the unsynced tail (and with it the in-memory term raises of
   adds admitted but not yet durable); a restart rebuilds a fresh
-  ``BookieCore`` by replaying the durable journal through ``apply_add`` /
-  ``apply_state``, as ``Storage.open`` does.  No disk is ever lost.
+  ``BookieCore`` by replaying the durable journal through
+  ``BookieCore.replay``, as ``Storage.open`` does.  No disk is ever lost.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from bookie import entry as E
-from bookie.core import BookieCore, Status
+from bookie.core import Barrier, BookieCore, Status
+from bookie.index import OFFSET_BITS
+from bookie.journal import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_STATE
 
-# journal record kinds
-J_ADD = 0
-J_STATE = 1
-J_LAC = 2
-J_PREP = 3
+_BARRIER = {Barrier.NONE: None, Barrier.SYNC: "sync", Barrier.JOURNAL_STATE: "state"}
 
 
 @dataclass(slots=True)
@@ -52,9 +51,10 @@ class SimBookie:
     bid: str
     ledger_id: int
     core: BookieCore = field(default_factory=BookieCore)
-    # durable: (J_ADD, record) | (J_STATE, lid, term, fenced) | (J_LAC, lid, lac, lafr)
-    journal: list[tuple] = field(default_factory=list)
-    unsynced: list[tuple] = field(default_factory=list)    # (record, header, frame) | ((lac, lafr), None, frame)
+    # durable: (record type, body), bookie/journal.py's (an R_ENTRIES body holds one record)
+    journal: list[tuple[int, bytes]] = field(default_factory=list)
+    # (record, header, frame, pending counts) | ((lac, lafr), None, frame, None)
+    unsynced: list[tuple] = field(default_factory=list)
     up: bool = True
     incarnation: int = 0
     durable_term: int = 0                                  # the term a restart would rebuild
@@ -73,7 +73,7 @@ class SimBookie:
             if v.status is Status.OK:
                 frame.results.append(AddResult(h.entry_id, Status.OK))
                 frame.waiting += 1
-                self.unsynced.append((rec, h, frame))
+                self.unsynced.append((rec, h, frame, self.core.adds_pending(E.scan_runs(rec))))
             else:
                 frame.results.append(AddResult(h.entry_id, v.status, v.term))
         if frame.waiting == 0:
@@ -85,7 +85,7 @@ class SimBookie:
         creates the ledger), journalled, applied once durable."""
         v = self.core.admit_lac(self.ledger_id, term)
         if v.status is Status.OK:
-            self.unsynced.append(((lac, lafr), None, _PendingFrame([AddResult(-1, Status.OK)], 1, reply)))
+            self.unsynced.append(((lac, lafr), None, _PendingFrame([AddResult(-1, Status.OK)], 1, reply), None))
         return v
 
     def fsync(self) -> list[tuple[bytes, object]]:
@@ -95,18 +95,15 @@ class SimBookie:
         explicit LAC."""
         applied = []
         done = []
-        for rec, h, frame in self.unsynced:
+        for rec, h, frame, pending in self.unsynced:
             if h is None:
-                lac, lafr = rec
-                self.journal.append((J_LAC, self.ledger_id, lac, lafr))
-                self.core.apply_lac(self.ledger_id, lac, lafr)
+                self._journal(R_LAC, LAC_BODY.pack(self.ledger_id, *rec))
             else:
-                loc = len(self.journal)
-                self.journal.append((J_ADD, rec))
                 if h.is_truncate:
                     st = self.core.ledgers.get(self.ledger_id)
                     self.truncated += sum(1 for _ in st.index.iter_from(h.entry_id + 1, 1 << 62)) if st else 0
-                self.core.apply_add(h, loc, len(rec))
+                self._journal(R_ENTRIES, rec)
+                self.core.adds_settled(pending)
                 self.durable_term = max(self.durable_term, h.term)
             applied.append((rec, h))
             frame.waiting -= 1
@@ -126,10 +123,8 @@ class SimBookie:
         assert not self.unsynced, "prepare goes after the adds admitted before it"
         v = self.core.prepare(self.ledger_id, first_entry, term)
         if v.status is Status.OK:
-            st = self.core.ledgers[self.ledger_id]
-            self.journal.append((J_STATE, self.ledger_id, st.term, st.fenced))
-            self.journal.append((J_PREP, self.ledger_id, first_entry))
-            self.durable_term = max(self.durable_term, st.term)
+            self.journal_state()
+            self.journal.append((R_DELETE, DELETE_BODY.pack(self.ledger_id, True, first_entry, (1 << 63) - 1)))
             self.core.apply_prepare(self.ledger_id, first_entry)
         return v
 
@@ -143,18 +138,19 @@ class SimBookie:
         not yet durable, None otherwise (pending *recovery* adds need no
         wait).  The caller fsyncs for a barrier, then calls journal_state()
         for "state", then answers."""
-        v = self.core.fence(self.ledger_id, term, fence)
-        if v.status is Status.OK and v.state_changed:
-            return v, "state"
-        if any(h is not None and not h.is_recovery for _, h, _ in self.unsynced):
-            return v, "sync"
-        return v, None
+        v, barrier = self.core.fence_read(self.ledger_id, term, fence)
+        return v, _BARRIER[barrier]
 
     def journal_state(self) -> None:
         assert not self.unsynced, "the state record goes after the adds before it"
-        st = self.core.ledgers[self.ledger_id]
-        self.journal.append((J_STATE, self.ledger_id, st.term, st.fenced))
-        self.durable_term = max(self.durable_term, st.term)
+        self.journal.append((R_STATE, self.core.state_body(self.ledger_id)))
+        self.durable_term = max(self.durable_term, self.core.term_of(self.ledger_id))
+
+    def _journal(self, rtype: int, body: bytes) -> None:
+        """Appends a durable record and applies it as replay will."""
+        loc = len(self.journal) << OFFSET_BITS
+        self.journal.append((rtype, body))
+        self.core.replay(rtype, body, loc)
 
     def lac_answer(self) -> tuple[Status, int, int, int, int]:
         """(status, lac, lafr, term, last entry held) from the applied state."""
@@ -168,9 +164,7 @@ class SimBookie:
         status, loc = self.core.lookup(self.ledger_id, entry_id)
         if status is not Status.OK:
             return status, None
-        kind, rec = self.journal[loc[0]]
-        assert kind == J_ADD
-        return Status.OK, rec
+        return Status.OK, self.record_at(loc[0])
 
     # -- crash and restart -----------------------------------------------------------
 
@@ -191,23 +185,15 @@ class SimBookie:
 
     def replay(self) -> BookieCore:
         core = BookieCore()
-        for loc, rec in enumerate(self.journal):
-            if rec[0] == J_ADD:
-                core.apply_add(E.parse_header(rec[1]), loc, len(rec[1]))
-            elif rec[0] == J_LAC:
-                core.apply_lac(*rec[1:])
-            elif rec[0] == J_PREP:
-                core.apply_prepare(rec[1], rec[2])
-            else:
-                _, lid, term, fenced = rec
-                core.apply_state(lid, term, fenced)
+        for i, (rtype, body) in enumerate(self.journal):
+            core.replay(rtype, body, i << OFFSET_BITS)
         return core
 
     # -- state, for invariants and the trace checker -----------------------------------
 
     def record_at(self, loc: int) -> bytes:
-        kind, rec = self.journal[loc]
-        assert kind == J_ADD
+        rtype, rec = self.journal[loc >> OFFSET_BITS]
+        assert rtype == R_ENTRIES and loc & ((1 << OFFSET_BITS) - 1) == 0
         return rec
 
     def entries(self) -> dict[int, int]:

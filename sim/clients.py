@@ -650,8 +650,10 @@ class SimClient:
 
 class SimReader:
     """Reads committed entries (at or below a LAC some bookie reported, or an
-    acknowledged one) from their write set in the metadata, one replica at a
-    time, with plain reads; records what it read."""
+    acknowledged one) with plain reads, as ``stream.read_core.EntryRead``
+    decides (the shipped read core: replica order, speculation after
+    ``timeout // 3``, "missing" only on Qw - Qa + 1 absent answers); records
+    what it read.  This class only routes the core's requests and answers."""
 
     def __init__(self, world: "World", name: str):
         self.w = world
@@ -671,36 +673,54 @@ class SimReader:
 
     def read(self, n: int, bound: int) -> None:
         from sim.metadata import frag_of
-        from stream.quorum import write_set
+        from stream.read_core import EntryRead
 
         w = self.w
         ens = frag_of(w.meta.frags, n)[1]
-        replicas = [ens[i] for i in write_set(n, w.sc.E, w.sc.Qw)]
-        w.rng.shuffle(replicas)
-        self._next(n, bound, replicas, 0, [])
+        r = EntryRead(n, w.sc.E, w.sc.Qw, w.sc.Qa, rotation=w.rng.randrange(w.sc.Qw),
+                      speculate_after=w.sc.timeout // 3)
+        self._send(r, ens, bound, r.start(w.now))
 
-    def _next(self, n: int, bound: int, replicas: list[str], k: int, outcomes: list[str]) -> None:
+    def _send(self, r, ens, bound: int, indexes: list[int]) -> None:
+        from stream.read_core import Answer, answer_of
+
         w = self.w
-        if k == len(replicas):
-            w.count("reads_unavailable" if "error" in outcomes else "reads_missing")
-            if w.check_invariants and all(o == "missing" for o in outcomes):
-                w.inv.read_missing(n, bound, replicas)
+        for i in indexes:
+            def on_reply(req, reply, i=i):
+                status, record, _ = reply
+                if status is Status.OK:
+                    self._answer(r, ens, bound, i, Answer.OK, value_of(record), req.bid)
+                else:
+                    self._answer(r, ens, bound, i, answer_of(status), None, req.bid)
+
+            def on_timeout(req, i=i):
+                self._answer(r, ens, bound, i, Answer.FAILED, None, req.bid)
+
+            w.request(self.name, 0, ens[i], "read", {"entry": r.entry_id, "term": 0, "fence": False}, {},
+                      on_reply, on_timeout, w.sc.timeout)
+        d = r.deadline
+        if indexes and d is not None:
+            w.at(max(0, d - w.now), lambda: self._send(r, ens, bound, r.tick(w.now)))
+
+    def _answer(self, r, ens, bound: int, i: int, answer, value, bid: str) -> None:
+        from stream.read_core import Verdict
+
+        w = self.w
+        if r.verdict is not Verdict.PENDING:
             return
-
-        def on_reply(req, reply):
-            status, record, _ = reply
-            if status is Status.OK:
-                w.count("reads_ok")
-                if w.check_invariants:
-                    w.inv.read_value(n, value_of(record), req.bid)
-                return
-            self._next(n, bound, replicas, k + 1, outcomes + ["missing" if status in ABSENT_STATUSES else "error"])
-
-        def on_timeout(req):
-            self._next(n, bound, replicas, k + 1, outcomes + ["error"])
-
-        w.request(self.name, 0, replicas[k], "read", {"entry": n, "term": 0, "fence": False}, {},
-                  on_reply, on_timeout, w.sc.timeout)
+        nxt = r.on_answer(i, answer, w.now, value)
+        v = r.verdict
+        if v is Verdict.FOUND:
+            w.count("reads_ok")
+            if w.check_invariants:
+                w.inv.read_value(r.entry_id, value, bid)
+        elif v is Verdict.MISSING:
+            w.count("reads_missing")
+            if w.check_invariants:
+                w.inv.read_missing(r.entry_id, bound, [ens[k] for k in r.order])
+        elif v is not Verdict.PENDING:
+            w.count("reads_unavailable")
+        self._send(r, ens, bound, nxt)
 
 
 __all__ = ["SimClient", "SimReader"]

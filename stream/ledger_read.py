@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import logging
+import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 from bookie import entry as entry_codec
@@ -16,7 +17,7 @@ from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable
-from stream.quorum import CoverageTracker, write_set
+from stream.read_core import Answer, EntryRead, LacRead, Verdict, answer_of
 from stream.read_plan import RangeRead, plan_missing, plan_reads
 from stream.ledger_write import status_of, why
 
@@ -249,70 +250,74 @@ class ReadPath:
         return (await self._span(eid))[0]
 
     async def _read_replicas(self, eid: int, frag: Fragment) -> entry_codec.Entry:
-        """Speculative read: ask one replica; when it is slow (past
-        ``speculative_read_timeout``) or fails, ask the next as well; the
-        first verified answer wins."""
+        """Speculative read, as ``stream.read_core.EntryRead`` decides it:
+        the replicas of the write set healthy first; the next one asked when
+        the last is slow (past ``speculative_read_timeout``) or fails; the
+        first verified answer wins; missing only on Qw - Qa + 1 absent answers."""
         meta, cfg = self._meta, self.client.config
-        q = self.client.quarantined()
-        replicas = [frag.ensemble[i] for i in write_set(eid, meta.ensemble_size, meta.write_quorum)]
-        replicas.sort(key=lambda b: b in q)  # healthy first, write-set order otherwise
-        pending: set[asyncio.Task] = set()
-        outcomes: list[str] = []
-        nxt = 0
+        ens = frag.ensemble
+        now = time.monotonic()
+        health = self.client.health
+        read = EntryRead(eid, meta.ensemble_size, meta.write_quorum, meta.ack_quorum,
+                         scores={i: health.score(b, now) for i, b in enumerate(ens)},
+                         speculate_after=cfg.speculative_read_timeout)
+        loop = asyncio.get_running_loop()
+        tasks: dict[asyncio.Future, int] = {}
 
-        def start_next() -> None:
-            nonlocal nxt
-            pending.add(asyncio.ensure_future(self._read_from(replicas[nxt], eid)))
-            nxt += 1
+        def send(indexes: list[int]) -> None:
+            for i in indexes:
+                tasks[asyncio.ensure_future(self._read_from(ens[i], eid))] = i
 
-        start_next()
+        send(read.start(loop.time()))
         try:
-            while pending:
-                timeout = cfg.speculative_read_timeout if nxt < len(replicas) else None
-                done, pending = await asyncio.wait(pending, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            while tasks and read.verdict is Verdict.PENDING:
+                d = read.deadline
+                done, _ = await asyncio.wait(tasks, timeout=None if d is None else max(0.0, d - loop.time()),
+                                             return_when=asyncio.FIRST_COMPLETED)
                 if not done:
-                    start_next()
-                    continue
+                    send(read.tick(loop.time()))
                 for t in done:
-                    kind, value = t.result()
-                    if kind == "ok":
-                        return value
-                    outcomes.append(kind)
-                    if nxt < len(replicas):
-                        start_next()
+                    answer, value = t.result()
+                    send(read.on_answer(tasks.pop(t), answer, loop.time(), value))
         finally:
-            for t in pending:
+            for t in tasks:
                 t.cancel()
-        if outcomes and all(k == "missing" for k in outcomes):
-            raise err.EntryMissing(self.ledger_id, eid, f"ledger {self.ledger_id}: no replica of entry {eid} "
-                                                        f"({replicas}) holds it")
-        if "bad" in outcomes:
+        verdict = read.verdict
+        if verdict is Verdict.FOUND:
+            return read.value
+        replicas = [ens[i] for i in read.order]
+        if verdict is Verdict.MISSING:
+            raise err.EntryMissing(self.ledger_id, eid, f"ledger {self.ledger_id}: entry {eid} is missing: "
+                                                        f"{meta.write_quorum - meta.ack_quorum + 1} of its "
+                                                        f"replicas {replicas} do not hold it")
+        if verdict is Verdict.BAD:
             raise err.BadChecksum(f"ledger {self.ledger_id}: entry {eid}: bad checksum on {replicas}")
         raise err.ReadFailed(self.ledger_id, eid)
 
-    async def _read_from(self, bookie_id: str, eid: int) -> tuple[str, object]:
+    async def _read_from(self, bookie_id: str, eid: int) -> tuple[Answer, entry_codec.Entry | None]:
+        """One replica's answer, sorted (``read_core.Answer``); the entry
+        with OK, its checksum verified."""
         bc = await self.client.bookie(bookie_id)
         if bc is None:
-            return "error", f"{bookie_id}: no address"
+            return Answer.FAILED, None
         try:
             resp = await bc.read_entry(self.ledger_id, eid, timeout=self.client.config.read_timeout)
-        except (BookieUnavailable, asyncio.TimeoutError) as e:
+        except (BookieUnavailable, asyncio.TimeoutError):
             self.client.mark_failed(bookie_id)
-            return "error", str(e)
+            return Answer.FAILED, None
         st = status_of(resp.status)
-        if st is Status.OK:
-            try:
-                e = entry_codec.decode(resp.entry)
-            except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as x:
-                return "bad", str(x)
-            if e.ledger_id != self.ledger_id or e.entry_id != eid:
-                return "bad", f"got entry {e.ledger_id}/{e.entry_id}"
-            return "ok", e
-        if st in (Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER):
-            return "missing", st.name
-        if st is Status.CHECKSUM_MISMATCH:
-            return "bad", resp.message
-        return "error", f"{bookie_id}: {st.name if st else resp.status}"
+        if st is not Status.OK:
+            return answer_of(st), None
+        try:
+            e = entry_codec.decode(resp.entry)
+        except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as x:
+            log.warning("ledger %s: entry %s from %s: %s", self.ledger_id, eid, bookie_id, x)
+            return Answer.BAD, None
+        if e.ledger_id != self.ledger_id or e.entry_id != eid:
+            log.warning("ledger %s: entry %s from %s: got entry %s/%s", self.ledger_id, eid, bookie_id,
+                        e.ledger_id, e.entry_id)
+            return Answer.BAD, None
+        return Answer.OK, e
 
     async def tail(self, start: int = 0, *, poll_timeout: float = 1.0,
                    batch: int = 1000) -> AsyncIterator[entry_codec.Entry]:
@@ -339,8 +344,7 @@ async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) ->
     first entry - 1 is a confirmed lower bound even before its bookies hold
     anything."""
     frag = meta.last_fragment
-    tracker = CoverageTracker(meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
-    best = frag.first_entry - 1
+    read = LacRead(frag.first_entry, meta.ensemble_size, meta.write_quorum, meta.ack_quorum)
     timeout = client.config.read_timeout
 
     async def one(bid: str):
@@ -361,18 +365,14 @@ async def read_lac_covering(client: "BookKeeperClient", meta: LedgerMetadata) ->
         while pending:
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for t in done:
-                i, resp = tasks[t], t.result()
-                st = status_of(resp.status) if resp is not None else None
-                if st is Status.OK:
-                    best = max(best, resp.lac)
-                    tracker.on_response(i)
-                elif st is Status.NO_SUCH_LEDGER:
-                    tracker.on_response(i)
+                resp = t.result()
+                if resp is None:
+                    read.on_answer(tasks[t], None)
                 else:
-                    tracker.on_failure(i)
-            if tracker.covered:
-                return best
-            if tracker.impossible:
+                    read.on_answer(tasks[t], status_of(resp.status), resp.lac)
+            if read.covered:
+                return read.lac
+            if read.impossible:
                 break
     finally:
         for t in tasks:

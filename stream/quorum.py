@@ -135,6 +135,13 @@ class ReadOutcome(enum.Enum):
 ABSENT_STATUSES = frozenset({Status.NO_SUCH_ENTRY, Status.NO_SUCH_LEDGER})
 
 
+def absent_quorum(write_quorum: int, ack_quorum: int) -> int:
+    """How many absent answers (ABSENT_STATUSES) from an entry's write set
+    prove it was never confirmed there: Qw - Qa + 1, so that at most Qa - 1
+    replicas may hold it (recovery's ABSENT, a reader's EntryMissing)."""
+    return write_quorum - ack_quorum + 1
+
+
 class EntryReadOutcome:
     """Recovery's read of one entry over its write set (see module doc).
 
@@ -170,7 +177,7 @@ class EntryReadOutcome:
 
     def _settle(self) -> None:
         if self.outcome is ReadOutcome.PENDING:
-            if self.no_such >= self.Qw - self.Qa + 1:
+            if self.no_such >= absent_quorum(self.Qw, self.Qa):
                 self.outcome = ReadOutcome.ABSENT
             elif len(self.answered) == self.Qw:
                 self.outcome = ReadOutcome.UNKNOWN

@@ -21,9 +21,8 @@ once, and the bookies serve in parallel.
 What a plan does not decide: whether an entry is missing.  Whatever a
 planned read does not deliver (a bookie down, slow, missing the entry, or a
 frame that fails its checksum) is read entry by entry over its whole write
-set (``LedgerHandle._read_replicas``), which alone may conclude that an entry
-is missing (every replica said so: protocol-rules.md, "Answers a bookie must
-never give").  A planned read only ever *adds* entries, and only those of ids
+set (``stream.read_core.EntryRead``), which alone may conclude that an entry
+is missing (Qw - Qa + 1 replicas said so).  A planned read only ever *adds* entries, and only those of ids
 it was planned for (``RangeRead.wants``): an entry from a bookie outside the
 id's write set is dropped.
 """

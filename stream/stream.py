@@ -560,21 +560,21 @@ class AsyncStreamReader:
     def _read_ahead(self) -> None:
         """Starts chunk reads after the last one under way, as far as a LAC
         covered by metadata allows (no LAC round trip), while the records
-        held and the chunks under way stay within ``read_ahead_bytes``."""
+        buffered and the chunks under way stay within ``read_ahead_bytes``."""
         aheads, per = self._aheads, self._entry_bytes
         if not per:
             return
         chunk = self._chunk_entries()
         start = aheads[-1][1] + 1 if aheads else self._next
-        held = (len(self._buf) - self._pos + sum(b - a + 1 for a, b, _ in aheads)) * per
+        buffered = (len(self._buf) - self._pos + sum(b - a + 1 for a, b, _ in aheads)) * per
         while start <= self._covered:
             last = min(self._covered, start + chunk - 1)
-            if held + (last - start + 1) * per > self.read_ahead_bytes:
+            if buffered + (last - start + 1) * per > self.read_ahead_bytes:
                 return
             t = asyncio.ensure_future(self.handle.read_entries(start, last, rotation=self._rotation()))
             t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
             aheads.append((start, last, t))
-            held += (last - start + 1) * per
+            buffered += (last - start + 1) * per
             start = last + 1
 
     def _drop_ahead(self) -> None:

@@ -158,7 +158,7 @@ def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
 def test_journal_server_acks_frames_it_journalled(tmp_path):
     """`serve --journal`: every frame acked is in the server's journal,
     whole and in order (the acks wait for the journal's sync)."""
-    from bookie.journal import R_ENTRIES, Journal, Position
+    from bookie.journal import R_ENTRIES, Journal, JournalPosition
     from stream.bookie_client import BookieClient
 
     server = ceilings.EmptyServerProcess(tmp_path / "j", journal=True).start()
@@ -176,7 +176,7 @@ def test_journal_server_acks_frames_it_journalled(tmp_path):
         server.stop()
     assert [a.status for a in acks] == [0] * len(frames)
     assert 0 < info.journal_fsyncs == sum(info.journal_sync_histogram) and info.journal_bytes > sum(map(len, frames))
-    records = list(Journal(tmp_path / "j" / "journal").scan(Position(1, 0)))
+    records = list(Journal(tmp_path / "j" / "journal").scan(JournalPosition(1, 0)))
     assert [r.rtype for r in records] == [R_ENTRIES] * len(frames)
     assert [bytes(r.body) for r in records] == frames
 

@@ -6,7 +6,7 @@ import logging
 import os
 
 from bookie import entry as E
-from bookie.journal import PREPARED_SUFFIX, R_ENTRIES, R_STATE, STATE_BODY, Journal, Position, frame_record
+from bookie.journal import PREPARED_SUFFIX, R_ENTRIES, R_STATE, STATE_BODY, Journal, JournalPosition, frame_record
 
 SEG = 64 << 10
 
@@ -17,8 +17,8 @@ def _entries(ledger: int, first: int, n: int) -> bytes:
 
 def _open(path, preallocate: bool = True) -> tuple[Journal, list]:
     j = Journal(path, segment_size=SEG, preallocate=preallocate)
-    records = [(r.rtype, bytes(r.body)) for r in j.scan(Position(1, 0))]
-    end = j.scan_end if j.segments() else Position(1, 0)
+    records = [(r.rtype, bytes(r.body)) for r in j.scan(JournalPosition(1, 0))]
+    end = j.scan_end if j.segments() else JournalPosition(1, 0)
     j.open_for_append(end)
     return j, records
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -12,7 +13,7 @@ from metadata import errors as me
 from stream import errors as se
 from stream import writer_core as wc
 from stream.bookie_client import BookieUnavailable
-from stream.placement import LeastLoadedPlacement, RandomPlacement, get_policy
+from stream.placement import BookieHealth, LeastLoadedPlacement, RandomPlacement, get_policy
 
 
 def reg(bid, free=0, ro=False):
@@ -119,11 +120,12 @@ class FakeBookie:
 
 
 class FakeClient:
-    def __init__(self, modes):
+    def __init__(self, modes, ack_quorum=2):
         self.config = ClientConfig(speculative_read_timeout=0.05, read_timeout=30)
         self.bookies = {b: FakeBookie(m) for b, m in modes.items()}
         self.failed = set()
-        self.meta = LedgerMetadata(3, 2, 2, ledger_id=LID, fragment_count=1, last_fragment_first_entry=0,
+        self.health = BookieHealth()
+        self.meta = LedgerMetadata(3, 2, ack_quorum, ledger_id=LID, fragment_count=1, last_fragment_first_entry=0,
                                    fragments=(Fragment(0, tuple(modes)),))
         self.ledgers = SimpleNamespace(read=lambda lid: (self.meta, 1))
 
@@ -140,14 +142,15 @@ class FakeClient:
 
     def mark_failed(self, b):
         self.failed.add(b)
+        self.health.on_failure(b, time.monotonic())
 
     async def bookie(self, b):
         return self.bookies[b]
 
 
-def read(modes, eid=0):
+def read(modes, eid=0, ack_quorum=2):
     async def go():
-        c = FakeClient(modes)
+        c = FakeClient(modes, ack_quorum)
         h = LedgerHandle(c, c.meta, 1, writable=False, lac=10)
         t0 = asyncio.get_running_loop().time()
         try:
@@ -177,8 +180,16 @@ def test_all_replicas_corrupt_is_bad_checksum_all_missing_is_entry_missing():
     assert isinstance(e, se.BadChecksum)
     e, _, _ = read({"a": "missing", "b": "missing", "c": "ok"})
     assert isinstance(e, se.EntryMissing) and not e.retriable
+    # Qw = Qa = 2: a confirmed entry is on both replicas, one absent answer proves it missing
     e, _, _ = read({"a": "down", "b": "missing", "c": "ok"})
+    assert isinstance(e, se.EntryMissing) and not e.retriable
+    # Qw = 2, Qa = 1: it may be on the replica that did not answer: not known
+    e, _, _ = read({"a": "down", "b": "missing", "c": "ok"}, ack_quorum=1)
     assert isinstance(e, se.ReadFailed) and e.retriable
+    e, _, _ = read({"a": "missing", "b": "missing", "c": "ok"}, ack_quorum=1)
+    assert isinstance(e, se.EntryMissing)
+    e, _, _ = read({"a": "missing", "b": "ok", "c": "ok"}, ack_quorum=1)
+    assert e.payload == b"payload-0"  # an OK wins over an absent answer
 
 
 def test_a_failed_replica_is_asked_last_next_time():
