@@ -1,7 +1,7 @@
 """The read core: the decisions of a reader's per-entry read and of the
 covering LAC read.  Pure: no I/O, no clock (time enters as ``now``, the
 replicas to ask leave as return values).  ``stream.ledger_read.ReadPath``
-(asyncio) and the simulator's reader (``sim/clients.py`` SimReader) both
+(asyncio) and the simulator's reader (``sim/reader.py`` SimReader) both
 execute it; range reads are planned in ``stream.read_plan``.
 
 A per-entry read (:class:`EntryRead`):
