@@ -22,7 +22,6 @@ import os
 import shutil
 import struct
 import time
-from array import array
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path

@@ -38,7 +38,8 @@ from bookie import entry as E
 from bookie.core import Status
 from sim import invariants
 from sim.bookie import SimBookie
-from sim.clients import SimClient, SimReader
+from sim.clients import SimClient
+from sim.reader import SimReader
 from sim.metadata import OPEN, LedgerMeta, MetaStore
 from sim.scenario import Scenario
 from sim.spec import Model, SpecViolation, value_of

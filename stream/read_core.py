@@ -1,7 +1,7 @@
 """The read core: the decisions of a reader's per-entry read and of the
 covering LAC read.  Pure: no I/O, no clock (time enters as ``now``, the
 replicas to ask leave as return values).  ``stream.ledger_read.ReadPath``
-(asyncio) and the simulator's reader (``sim/clients.py`` SimReader) both
+(asyncio) and the simulator's reader (``sim/reader.py`` SimReader) both
 execute it; range reads are planned in ``stream.read_plan``.
 
 A per-entry read (:class:`EntryRead`):
@@ -77,8 +77,10 @@ def replica_order(entry_id: int, ensemble_size: int, write_quorum: int,
     turned by ``rotation``, then the suspects, least suspect first."""
     ws = write_set(entry_id, ensemble_size, write_quorum)
     k = rotation % len(ws)
-    ws = ws[k:] + ws[:k]
-    scores = scores or {}
+    if k:
+        ws = ws[k:] + ws[:k]
+    if not scores or max(scores.get(i, 0.0) for i in ws) < BookieHealth.SUSPECT:
+        return list(ws)
     healthy = [i for i in ws if scores.get(i, 0.0) < BookieHealth.SUSPECT]
     suspects = sorted((i for i in ws if scores.get(i, 0.0) >= BookieHealth.SUSPECT), key=lambda i: scores[i])
     return healthy + suspects
@@ -103,10 +105,11 @@ class EntryRead:
         self.answers: dict[int, Answer] = {}
         self.value: object = None
         self.found_at: int | None = None
+        self.verdict = Verdict.PENDING
         self._asked_at = 0.0
 
-    @property
-    def verdict(self) -> Verdict:
+    def _decide(self) -> Verdict:
+        """The verdict from the answers so far."""
         if self.found_at is not None:
             return Verdict.FOUND
         if len(self.answers) < len(self.order):
@@ -136,7 +139,7 @@ class EntryRead:
         self.answers[index] = answer
         if answer is Answer.OK:
             self.value, self.found_at = value, index
-            return []
+        self.verdict = self._decide()
         return self._ask_next(now) if self.verdict is Verdict.PENDING else []
 
     def tick(self, now: float) -> list[int]:
