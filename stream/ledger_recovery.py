@@ -19,11 +19,12 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, decode_ack
+from stream.frames import FramePipeline
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
-from stream.ledger_write import PREPARE_FAILED, prepare_bookies, split_frames, status_of, why
+from stream.ledger_write import PREPARE_FAILED, prepare_bookies, status_of, why
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.client import BookKeeperClient
@@ -56,6 +57,7 @@ class RecoveryDriver:
         self._tasks: set[asyncio.Task] = set()
         self._scheduled = False
         self._replace_lock = asyncio.Lock()
+        self.pipeline = FramePipeline()         # write-backs: a run encoded once for its bookies
         self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
         self._answered_at = 0.0                 # the loop time of the last read answer or read sent
         self._speculation: asyncio.TimerHandle | None = None
@@ -222,17 +224,13 @@ class RecoveryDriver:
         try:
             if bc is None:
                 raise BookieUnavailable(f"{bookie_id}: no address")
-            ids = [w.entry_id for w in writes]
-            for fids, frecs in split_frames([w.record for w in writes], ids):
-                ack = await asyncio.wait_for(bc.add_records(frecs), self.cfg.add_timeout)
-                if ack.status == Status.OK and not ack.errors:
-                    self.core.on_write_acks(fids, index, bookie_id=bookie_id)
+            for f in self.pipeline.encode(index, bookie_id, [w.entry_id for w in writes], [w.record for w in writes]):
+                ack = await asyncio.wait_for(bc.add_encoded(f.frame_id, f.message), self.cfg.add_timeout)
+                statuses = decode_ack(ack, len(f.entry_ids))
+                if statuses is None:
+                    self.core.on_write_acks(f.entry_ids, index, bookie_id=bookie_id)
                     continue
-                errors = {e.index: e for e in ack.errors}
-                whole = status_of(ack.status) if ack.status != Status.OK and not errors else None
-                for k, eid in enumerate(fids):
-                    e = errors.get(k)
-                    st = (status_of(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
+                for eid, (st, _term) in zip(f.entry_ids, statuses):
                     self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(bookie_id, f"recovery write failed: {why(e)}")

@@ -19,11 +19,14 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from bookie import wire
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, decode_ack
+from stream.bookie_client import status_of  # noqa: F401  (re-exported: ledger_read imports it from here)
+from stream.frames import Frame, FramePipeline
+# re-exported for the benchmark floor (bookstream/ceilings.py FloorWriter)
+from stream.frames import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES, split_frames  # noqa: F401
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -33,46 +36,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("stream.ledger")  # one logger for the ledger's rooms
 
-# A bookie's batch leaves in frames of at most this: at 1 MiB gRPC's cost per
-# message is already small beside its cost per byte, and a large batch in
-# several frames lets a bookie journal one while the next arrives (with 4 MiB
-# the whole window moved as one frame, a stage at a time: bench medians of six
-# alternating runs, 1 KiB and 64 KiB appends, about 8 % higher at 1 MiB).
-FRAME_BYTES = 1 << 20
-# Frames in flight per bookie.  A small batch waits for the frame ahead of
-# it to be acknowledged, gathering what comes meanwhile (fewer, larger frames:
-# gRPC's cost is per message); a backlog of PIPELINE_BYTES or more goes at
-# once, up to MAX_INFLIGHT_FRAMES, so large entries keep the bookie busy.
-MAX_INFLIGHT_FRAMES = 4
-PIPELINE_BYTES = 256 << 10
 TELL_LAC_TIMEOUT = 1.0  # a closing writer's last explicit LAC
 
 
 def why(e: BaseException) -> str:
     """An error as a reason (a timeout's str() is empty)."""
     return str(e) or type(e).__name__
-
-
-def status_of(code: int) -> Status | None:
-    try:
-        return Status(code)
-    except ValueError:
-        return None
-
-
-def split_frames(records: list[bytes], ids: list[int]):
-    """Splits one bookie's batch into frames of at most FRAME_BYTES."""
-    if sum(map(len, records)) <= FRAME_BYTES:
-        yield ids, records
-        return
-    start, size = 0, 0
-    for k, rec in enumerate(records):
-        if size and size + len(rec) > FRAME_BYTES:
-            yield ids[start:k], records[start:k]
-            start, size = k, 0
-        size += len(rec)
-    if start < len(records):
-        yield ids[start:], records[start:]
 
 
 # -- the writer ---------------------------------------------------------------------
@@ -156,10 +125,7 @@ class LedgerWriter:
         self._retry_timer: asyncio.TimerHandle | None = None
         self._retry_delay = 0.0                # back-off of held/deferred ensemble changes
         self._retried: set[str] = set()        # the failed bookies last retried (an ack resets the back-off)
-        self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
-        self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
-        # the last frame encoded: ((first, last), frame id, message, bookies sent to)
-        self._last_frame: tuple | None = None
+        self.pipeline = FramePipeline()        # frames in flight and backlog per bookie
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
         self._queued_n = 0
@@ -173,6 +139,7 @@ class LedgerWriter:
         self._stopped = False                  # stop(): nothing more is sent
         self.frames_sent = 0
         self.ensemble_changes = 0
+        self.client.watch_for_writer(self)
 
     # -- inputs ----------------------------------------------------------------
 
@@ -246,6 +213,16 @@ class LedgerWriter:
         self.client.mark_failed(bookie_id, reason)
         core.on_bookie_failed(index)
         self._schedule()
+
+    def on_bookie_gone(self, bookie_id: str) -> None:
+        """The bookie's registration disappeared (the client's watch): it is
+        failed now, as a failed write would find it later, so the open
+        fragment's ensemble changes (delayed when no bookie can replace it)."""
+        if self._stopped:
+            return
+        for index, b in enumerate(self.core.ensemble):
+            if b == bookie_id:
+                self._bookie_failed(index, bookie_id, "its registration is gone")
 
     def _fail(self, e: BaseException) -> None:
         self._fail_error = e
@@ -368,51 +345,28 @@ class LedgerWriter:
         return t
 
     def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
-        inflight = self._inflight.get(bookie_id, 0)
-        if inflight == 0:
-            self._transmit(index, bookie_id, ids, records)
-            return
-        held = self._backlog.setdefault(bookie_id, [index, [], [], 0])
-        held[1].extend(ids)
-        held[2].extend(records)
-        held[3] += sum(map(len, records))
-        if held[3] >= PIPELINE_BYTES and inflight < MAX_INFLIGHT_FRAMES:
-            del self._backlog[bookie_id]
-            self._transmit(index, bookie_id, held[1], held[2])
+        self._transmit(self.pipeline.offer(index, bookie_id, ids, records))
 
-    def _transmit(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
+    def _transmit(self, frames: list[Frame]) -> None:
+        if not frames:
+            return
+        index, bookie_id = frames[0].bookie_index, frames[0].bookie_id
         bc = self.client.bookie_now(bookie_id)
         if bc is None:
+            self.pipeline.unsent(frames)
             self.loop.call_soon(self._bookie_failed, index, bookie_id, "not registered")
             return
-        for fids, frecs in split_frames(records, ids):
+        for k, f in enumerate(frames):
             try:
-                fut = bc.add_encoded(*self._encoded(bookie_id, fids, frecs))
+                fut = bc.add_encoded(f.frame_id, f.message)
             except Exception:  # pragma: no cover - a broken channel
                 log.exception("add_frame failed")
+                self.pipeline.unsent(frames[k:])
                 self.loop.call_soon(self._bookie_failed, index, bookie_id)
                 return
             self.frames_sent += 1
-            self._inflight[bookie_id] = self._inflight.get(bookie_id, 0) + 1
             timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
-            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
-
-    def _encoded(self, bookie_id: str, ids, records: list[bytes]) -> tuple[int, bytes]:
-        """The frame of ``records`` (entries ``ids``), encoded once for every
-        bookie it goes to: with Qw = E every bookie of the write set is sent
-        the same runs, at once or as each one's frame ahead is acked.  Only
-        a run of consecutive ids is shared (its ids name its records)."""
-        first, last, n = ids[0], ids[-1], len(ids)
-        shared = last - first + 1 == n
-        c = self._last_frame
-        if shared and c is not None and c[0] == (first, last) and bookie_id not in c[3]:
-            c[3].add(bookie_id)
-            return c[1], c[2]
-        fid = next(wire.frame_ids)
-        msg = wire.encode_add_frame(fid, records)
-        if shared:
-            self._last_frame = ((first, last), fid, msg, {bookie_id})
-        return fid, msg
+            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, f.entry_ids, timer))
 
     async def _write_lac(self, bookie_id: str, lac: int, lafr: int, timeout: float | None = None) -> None:
         bc = self.client.bookie_now(bookie_id)
@@ -433,11 +387,12 @@ class LedgerWriter:
 
     def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
         timer.cancel()
-        self._inflight[bookie_id] -= 1
-        held = self._backlog.pop(bookie_id, None)
-        if held is not None and not self._stopped:
-            if self.core.ensemble[held[0]] == bookie_id:  # else replaced: the core resends elsewhere
-                self._transmit(held[0], bookie_id, held[1], held[2])
+        at, frames = self.pipeline.frame_done(bookie_id)
+        if frames:
+            if not self._stopped and self.core.ensemble[at] == bookie_id:
+                self._transmit(frames)
+            else:  # replaced (the core resends elsewhere), or stopped
+                self.pipeline.unsent(frames)
         if fut.cancelled() or fut.exception() is not None:
             self._bookie_failed(index, bookie_id, "cancelled" if fut.cancelled() else str(fut.exception()))
             return
@@ -446,19 +401,12 @@ class LedgerWriter:
         if self._retried and bookie_id in self._retried:  # a retried bookie is back
             self._retried.discard(bookie_id)
             self._retry_delay = 0.0
-        if ack.status == Status.OK and not ack.errors:
+        statuses = decode_ack(ack, len(ids))
+        if statuses is None:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
-            self._schedule()
-            return
-        errors = {e.index: e for e in ack.errors}
-        whole = status_of(ack.status) if ack.status != Status.OK and not errors else None
-        for k, eid in enumerate(ids):
-            e = errors.get(k)
-            if e is not None:
-                st, term = status_of(e.status) or Status.INTERNAL_ERROR, e.term
-            else:
-                st, term = whole or Status.OK, 0
-            self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
+        else:
+            for eid, (st, term) in zip(ids, statuses):
+                self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
         self._schedule()
 
     # -- ensemble change ---------------------------------------------------------
@@ -568,7 +516,7 @@ class LedgerWriter:
         if self.core.state not in WRITER_TERMINAL:
             self._fail(error)
         self._drain()  # settles the futures now (queued adds too), wakes the waiters
-        self._backlog.clear()
+        self.pipeline.forget()
         self.cancel()
 
 
