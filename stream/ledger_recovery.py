@@ -3,11 +3,13 @@
 term, no truncate no-op; unbounded: the term): fencing LAC reads,
 read-forward with read-ahead (the core's per-entry reads leave as one sparse
 range read per bookie and run of ids, carrying the term/fence; the answers
-go back per entry and bookie), write-back batched into add frames, bookie
-replacement.  :func:`recover_ledger` wraps it in the metadata steps of a
-classic ledger: CAS to IN_RECOVERY, run, CAS to CLOSED with the last entry
-(and the ensemble change, if any); a lost final CAS re-reads and adopts a
-CLOSED ledger's last entry, so concurrent recoverers converge.
+go back per entry and bookie), write-back batched into add frames
+(``stream/frames.py``), bookie replacement; speculative reads are
+``stream/timers.py``'s ``RecoveryClock`` (one loop timer at its deadline).
+:func:`recover_ledger` wraps it in the metadata steps of a classic ledger:
+CAS to IN_RECOVERY, run, CAS to CLOSED with the last entry (and the
+ensemble change, if any); a lost final CAS re-reads and adopts a CLOSED
+ledger's last entry, so concurrent recoverers converge.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream import errors as err
 from stream.bookie_client import BookieUnavailable, decode_ack
 from stream.frames import FramePipeline
+from stream.timers import RecoveryClock
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
@@ -59,9 +62,8 @@ class RecoveryDriver:
         self._replace_lock = asyncio.Lock()
         self.pipeline = FramePipeline()         # write-backs: a run encoded once for its bookies
         self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
-        self._answered_at = 0.0                 # the loop time of the last read answer or read sent
-        self._speculation: asyncio.TimerHandle | None = None
-        self.speculations = 0                   # times stalled reads were asked of the rest (stats)
+        self.clock = RecoveryClock(self.core, self.cfg.speculative_read_timeout)  # speculative reads
+        self._timer: asyncio.TimerHandle | None = None
         self.missing: dict[str, str] = {}       # bookie id -> what failed (named by LedgerRecoveryFailed)
 
     async def run(self) -> RecoveryResult:
@@ -74,8 +76,8 @@ class RecoveryDriver:
         finally:
             for t in list(self._tasks):
                 t.cancel()
-            if self._speculation is not None:
-                self._speculation.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
         st = self.core.state
         if st is RecoveryState.DONE:
             return self.core.result
@@ -111,7 +113,7 @@ class RecoveryDriver:
         for rd in r.reads:
             wanted.setdefault((rd.bookie_index, rd.bookie_id), []).append(rd.entry_id)
         if r.reads:
-            self._answered_at = self.loop.time()  # (stalled reads are counted from here)
+            self.clock.read_activity(self.loop.time())  # (stalled reads are counted from here)
             term, fence = r.reads[0].term, r.reads[0].fence
             assert all((x.term, x.fence) == (term, fence) for x in r.reads)
             for (index, bid), ids in wanted.items():
@@ -124,27 +126,26 @@ class RecoveryDriver:
             self._spawn(self._write(index, bid, ws))
         for rp in r.replacements:
             self._spawn(self._replace(rp))
-        if self._speculation is None and self.core.single_reads:
-            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout, self._speculate)
+        self.clock.after_ready(self.loop.time())
+        at = self.clock.next_deadline()
+        if self._timer is None and at is not None:
+            self._timer = self.loop.call_at(at, self._tick)
         if self.core.state in RECOVERY_TERMINAL and not self.done.done():
             self.done.set_result(None)
 
-    def _speculate(self) -> None:
-        """Entries read from one bookie (spread reads): if no read answer
-        came for ``speculative_read_timeout``, the core asks the rest of
-        their write sets; otherwise look again that long after the last."""
-        self._speculation = None
-        if not self.core.single_reads:
-            return
-        quiet = self.loop.time() - self._answered_at
-        if quiet >= self.cfg.speculative_read_timeout:
-            n = self.core.speculate()
-            self.speculations += 1
+    @property
+    def speculations(self) -> int:
+        """Times stalled reads were asked of the rest of their write sets (stats)."""
+        return self.clock.speculations
+
+    def _tick(self) -> None:
+        self._timer = None
+        before = self.clock.speculations
+        n = self.clock.tick(self.loop.time())
+        if self.clock.speculations > before:
             log.info("ledger %s: recovery reads stalled for %.0f ms: %d entries asked of the rest of their "
-                     "write sets", self.lid, quiet * 1e3, n)
-            self._schedule()
-        else:
-            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout - quiet, self._speculate)
+                     "write sets", self.lid, self.cfg.speculative_read_timeout * 1e3, n)
+        self._schedule()  # (the pump re-arms the timer)
 
     async def _fencing_read(self, f) -> None:
         bc = self.client.bookie_now(f.bookie_id)
@@ -177,7 +178,7 @@ class RecoveryDriver:
 
         def hand_over() -> None:
             if answers:
-                self._answered_at = self.loop.time()
+                self.clock.read_activity(self.loop.time())
                 core.on_read_responses(index, answers)
                 answers.clear()
 

@@ -3,9 +3,14 @@
 LAC, ensemble changes from LAC+1; or a term's writer on an unbounded ledger).
 Every input (an add, a bookie's ack, an error, a timeout, a published
 ensemble change) goes into the core; its ``Ready`` is drained once per
-event-loop turn, so all adds of a turn leave as one frame per bookie
-(pipelining).  An ensemble change the core proposes is published here:
-replacements from the placement policy, joining bookies prepared
+event-loop turn, so all adds of a turn leave as frames per bookie
+(``stream/frames.py``: size, in-flight limit, backlog, a run encoded once).
+Every timing rule (frame timeouts, the explicit LAC, the retry of waiting
+bookies) is ``stream/timers.py``'s ``WriterClock``: one loop timer at its
+next deadline calls ``tick(loop.time())``.  A bookie whose registration
+disappears is failed at once (``on_bookie_gone``, from the client's watch).
+An ensemble change the core proposes is published here: replacements from
+the placement policy, joining bookies prepared
 (:func:`prepare_bookies`), one fragment CASed into etcd with
 ``LedgerStore.add_fragment``; a lost CAS re-reads the metadata and, unless
 the ledger is still OPEN, fails the outstanding adds (fenced).
@@ -25,6 +30,7 @@ from stream import errors as err
 from stream.bookie_client import BookieUnavailable, decode_ack
 from stream.bookie_client import status_of  # noqa: F401  (re-exported: ledger_read imports it from here)
 from stream.frames import Frame, FramePipeline
+from stream.timers import WriterClock
 # re-exported for the benchmark floor (bookstream/ceilings.py FloorWriter)
 from stream.frames import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES, split_frames  # noqa: F401
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
@@ -118,13 +124,15 @@ class LedgerWriter:
                                max_pending=self.cfg.max_pending_adds,
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
-        self._lac_told = (self.core.lac, self.core.lafr)
+        # every timing rule (frame timeouts, the explicit LAC, the retry of
+        # waiting bookies) is the clock's; one loop timer at its next deadline
+        self.clock = WriterClock(self.core, frame_timeout=self.cfg.add_timeout, lac_delay=self.cfg.explicit_lac_delay,
+                                 explicit_lac=o.explicit_lac, retry_max=self.cfg.change_retry_max)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._frame_seq = 0
         self._lac_told_to: list[str] = list(self.core.ensemble)  # the ensemble the last WriteLacs went to
         self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
-        self._lac_timer: asyncio.TimerHandle | None = None
-        self._retry_timer: asyncio.TimerHandle | None = None
-        self._retry_delay = 0.0                # back-off of held/deferred ensemble changes
-        self._retried: set[str] = set()        # the failed bookies last retried (an ack resets the back-off)
         self.pipeline = FramePipeline()        # frames in flight and backlog per bookie
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
@@ -266,18 +274,11 @@ class LedgerWriter:
                     f.set_exception(e)
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
-        if (self.options.explicit_lac and not r.sends and (r.lac, r.lafr) > self._lac_told
-                and self.core.may_tell_lac and self._lac_timer is None):
-            self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
-        if self._retry_timer is None and not self._stopped and self.core.awaiting:
-            # Failed bookies wait (delayed ensemble change): rule 3 holds the
-            # change (each holds an ack a committed entry needs), or no bookie
-            # could replace them.  Appends go on to the rest meanwhile; the
-            # failed ones (and the change) are retried, backing off.
-            self._retry_delay = min(self.cfg.change_retry_max, max(0.1, self._retry_delay * 2))
-            self._retry_timer = self.loop.call_later(self._retry_delay, self._retry_held)
+        if not self._stopped:
+            self.clock.after_ready(r, self.loop.time())
+            self._arm()
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
@@ -291,7 +292,7 @@ class LedgerWriter:
         told = (core.lac, core.lafr)
         if not core.may_tell_lac:  # also mid-change: a roll falls due as a full fragment's last entry is acked
             return
-        if told <= self._lac_told and self._lac_told_to == core.ensemble:
+        if told <= self.clock.told and self._lac_told_to == core.ensemble:
             # told already, by an explicit LAC: its answers are awaited too
             # (the writer stopping next would cancel a WriteLac on its way)
             if self._lac_round is not None and not self._lac_round.done():
@@ -299,7 +300,7 @@ class LedgerWriter:
             if self._lac_told_to == core.ensemble:
                 return
         for _ in range(2):  # again if a change published meanwhile: its bookies need it too
-            self._lac_told = told
+            self.clock.told_now(told)
             # advisory: a slow bookie does not hold a closing writer for long
             await self._tell_ensemble(*told, timeout=TELL_LAC_TIMEOUT)
             if self._lac_told_to == core.ensemble or not core.may_tell_lac:
@@ -309,28 +310,33 @@ class LedgerWriter:
         ensemble = self._lac_told_to = list(self.core.ensemble)
         await asyncio.gather(*(self._write_lac(bid, lac, lafr, timeout=timeout) for bid in ensemble))
 
-    def _explicit_lac(self) -> None:
-        """Adds went quiet: the last entries' LAC (and LAFR: a take-over
-        reads from LAFR + 1) would otherwise reach the bookies only with the
-        next add.  Sent once adds stayed quiet for ``explicit_lac_delay`` (a
-        WriteLac is journalled: one per add would double the fsyncs), and
-        not while adds are in flight (their acks arm it again)."""
-        self._lac_timer = None
-        core = self.core
-        told = (core.lac, core.lafr)
-        if not core.may_tell_lac or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
+    def _arm(self) -> None:
+        """One loop timer, at the clock's next deadline."""
+        at = self.clock.next_deadline()
+        if at is None:
             return
-        self._lac_told = told
-        self._lac_round = self._spawn(self._tell_ensemble(*told))
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer, self._timer_at = self.loop.call_at(at, self._tick), at
 
-    def _retry_held(self) -> None:
-        self._retry_timer = None
-        waiting = sorted(self.core.failed.values())
-        self._retried = set(waiting)
-        if self.core.retry_failed():
+    def _tick(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
+        t = self.clock.tick(self.loop.time())
+        for _, index, bookie_id in t.timed_out:
+            self._bookie_failed(index, bookie_id, f"no ack in {self.cfg.add_timeout} s")
+        if t.tell_lac is not None:
+            # Adds went quiet: the last entries' LAC (and LAFR: a take-over
+            # reads from LAFR + 1) would otherwise reach the bookies only with
+            # the next add (a WriteLac is journalled: not one per add).
+            self._lac_round = self._spawn(self._tell_ensemble(*t.tell_lac))
+        if t.retried:
             log.info("ledger %s: retrying failed bookies %s (and the ensemble change)", self.core.ledger_id,
-                     waiting)
-            self._schedule()
+                     t.retried)
+        self._schedule()  # (the drain re-arms the timer)
 
     def progress(self) -> asyncio.Future:
         """Resolves at the next drain (an ack, a failure, a change...)."""
@@ -365,8 +371,10 @@ class LedgerWriter:
                 self.loop.call_soon(self._bookie_failed, index, bookie_id)
                 return
             self.frames_sent += 1
-            timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
-            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, f.entry_ids, timer))
+            self._frame_seq += 1
+            self.clock.frame_sent(self._frame_seq, index, bookie_id, self.loop.time())
+            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, f.entry_ids,
+                                                    self._frame_seq))
 
     async def _write_lac(self, bookie_id: str, lac: int, lafr: int, timeout: float | None = None) -> None:
         bc = self.client.bookie_now(bookie_id)
@@ -381,12 +389,8 @@ class LedgerWriter:
             self.core.on_invalid_term(resp.term)
             self._schedule()
 
-    def _frame_timeout(self, index: int, bookie_id: str, fut: asyncio.Future) -> None:
-        if not fut.done():
-            self._bookie_failed(index, bookie_id, f"no ack in {self.cfg.add_timeout} s")
-
-    def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
-        timer.cancel()
+    def _frame_done(self, index: int, bookie_id: str, ids: list[int], key: int, fut: asyncio.Future) -> None:
+        self.clock.frame_done(key)
         at, frames = self.pipeline.frame_done(bookie_id)
         if frames:
             if not self._stopped and self.core.ensemble[at] == bookie_id:
@@ -398,9 +402,7 @@ class LedgerWriter:
             return
         ack = fut.result()
         self.client.mark_healthy(bookie_id)  # it answered (a refusal too: it is alive)
-        if self._retried and bookie_id in self._retried:  # a retried bookie is back
-            self._retried.discard(bookie_id)
-            self._retry_delay = 0.0
+        self.clock.answered(bookie_id)
         statuses = decode_ack(ack, len(ids))
         if statuses is None:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
@@ -489,7 +491,7 @@ class LedgerWriter:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
-                    self._retry_delay = 0.0
+                    self.clock.changed()
                     self.core.on_ensemble_changed(prop.first_entry, new)
                 return
         if self._live(prop):
@@ -498,9 +500,9 @@ class LedgerWriter:
     def cancel(self) -> None:
         for t in list(self._tasks):
             t.cancel()
-        for timer in (self._retry_timer, self._lac_timer):
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def stop(self, error: BaseException) -> None:
         """Ends the writer here, with no close CAS (a stream writer closing,
