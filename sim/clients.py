@@ -12,7 +12,9 @@ A ``SimClient`` is a would-be writer.  Its life (unbounded mode):
    Moot (a newer term): withdraw;
 4. be the writer: a ``WriterCore`` (guaranteed write quorum) from the
    recovery's next entry; adds at random times; its sends become frames;
-   timeouts mark bookies failed; an ensemble change proposal is published
+   its timing rules (frame timeouts that mark bookies failed, the explicit
+   LAC, the retry back-off) are the shipped ``stream/timers.py`` WriterClock
+   ticked with simulated time; an ensemble change proposal is published
    as ``ChangeEnsemble`` (``writer_verdict`` says fenced: withdraw);
 5. INVALID_TERM, FENCED_OUT, ABORTED, FAILED, a crash: back to idle, and
    maybe take over again later.
@@ -39,12 +41,14 @@ from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, Cl
 from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
+from stream.timers import WriterClock
 from stream.writer_core import TERMINAL as W_TERMINAL
 from stream.writer_core import ChangeReason, WindowFull, WriterCore, WriterState
 
 if TYPE_CHECKING:  # pragma: no cover
     from sim.world import Request, World
 
+LAC_DELAY = 1  # simulated time units: adds quiet this long, the explicit LAC goes (ClientConfig.explicit_lac_delay)
 LIVE_RECOVERY = (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING)
 
 
@@ -54,7 +58,9 @@ class SimClient:
         self.name = name
         self.inc = 0                    # incarnation: a crash starts a new one
         self.term = 0
-        self._retry_scheduled = False
+        self.clock: WriterClock | None = None   # the writer's timing rules (stream/timers.py), in simulated time
+        self._frames: dict = {}                 # request id -> the writer's add frame awaiting its answer
+        self._tick_at: int | None = None
         self.frags: tuple = ()          # this client's view (cl[c].frags)
         self.rec: RecoveryCore | None = None
         self.writer: WriterCore | None = None
@@ -64,7 +70,6 @@ class SimClient:
         self._proposal = None           # the writer's proposal already traced
         self.finishing = False          # the final CAS is scheduled
         self.closing = False
-        self._lac_told = -1              # the explicit LAC last sent (stream/ledger_write.py explicit_lac)
         self._stale_seen = 0             # the recovery's stale answers counted so far
 
     # -- state ------------------------------------------------------------------------------
@@ -159,7 +164,12 @@ class SimClient:
     def _start_writing(self) -> None:
         self.adds_left = self.w.sc.entries
         self._proposal = None
-        self._lac_told = self.writer.lac
+        sc = self.w.sc
+        # the shipped rules (frame timeouts, explicit LAC, retry back-off), in simulated time
+        self.clock = WriterClock(self.writer, frame_timeout=sc.timeout, lac_delay=LAC_DELAY,
+                                 retry_min=sc.timeout, retry_max=4 * sc.timeout)
+        self._tick_at = None
+        self._frames = {}
         if not self.w.scripted:
             self._schedule_add()
 
@@ -460,35 +470,53 @@ class SimClient:
         for s in r.sends:
             for eid, record in zip(s.entry_ids, s.records):
                 w.step("ClientSendAdd", self.name, s.bookie_id, eid, record)
-            w.request(self.name, self.inc, s.bookie_id, "add", {"records": s.records},
-                      {"writer": wr, "index": s.bookie_index, "ids": list(s.entry_ids)},
-                      self._on_add, self._on_add_timeout, w.sc.timeout)
-        if not r.sends and r.lac > self._lac_told and r.state is WriterState.OPEN:
-            # Adds went quiet: tell the ensemble the LAC (stream/ledger_write.py explicit_lac).
-            self._lac_told = r.lac
-            for bid in wr.ensemble:
-                w.step("ClientSendLac", self.name, bid, r.lac, r.lafr, wr.term)
-                w.request(self.name, self.inc, bid, "wlac", {"lac": r.lac, "lafr": r.lafr, "term": wr.term},
-                          {"writer": wr}, self._on_lac_written, None, w.sc.timeout)
+            # the frame's timeout is the clock's (stream/timers.py), not the world's
+            req = w.request(self.name, self.inc, s.bookie_id, "add", {"records": s.records},
+                            {"writer": wr, "index": s.bookie_index, "ids": list(s.entry_ids)},
+                            self._on_add, None, w.sc.timeout)
+            self._frames[req.rid] = req
+            self.clock.frame_sent(req.rid, s.bookie_index, s.bookie_id, w.now)
         if prop is not None and prop is not self._proposal:
             self._proposal = prop
             w.at(w.sc.meta_delay, self._publish_change, wr, prop)
-        if wr.awaiting and not self._retry_scheduled:
-            # rule 3 holds the change, or no spare: give the failed bookies another chance
-            self._retry_scheduled = True
-            w.at(w.sc.timeout, self._retry_held, wr)
+        if self.clock is not None and self.clock.core is wr:
+            self.clock.after_ready(r, w.now)
+            at = self.clock.next_deadline()
+            if at is not None and (self._tick_at is None or at < self._tick_at):
+                self._tick_at = at
+                w.at(max(0, at - w.now), self._clock_tick, wr, at)
         if wr.state in W_TERMINAL and wr.state is not WriterState.CLOSED:
             w.count("writer_" + wr.state.value)
             self.writer = None
         if r.acked and w.check_invariants:
             w.inv.acked_changed()
 
-    def _retry_held(self, wr: WriterCore) -> None:
-        self._retry_scheduled = False
-        if wr is self.writer and wr.retry_held():
-            self.w.count("writer_retries")
-            self.pump_writer()
-            self.compare()
+    def _clock_tick(self, wr: WriterCore, at: int) -> None:
+        if wr is not self.writer or self.clock is None or self.clock.core is not wr:
+            return
+        if self._tick_at == at:
+            self._tick_at = None
+        w = self.w
+        t = self.clock.tick(w.now)
+        for rid, index, bid in t.timed_out:
+            req = self._frames.pop(rid, None)
+            if req is None or req.done:
+                continue
+            req.done = True  # given up: a late answer is dropped
+            w.count("timeouts")
+            if wr.state not in W_TERMINAL and wr.ensemble[index] == bid:
+                w.count("writer_bookie_failed")
+                wr.on_bookie_failed(index)
+        if t.tell_lac is not None:
+            lac, lafr = t.tell_lac
+            for bid in wr.ensemble:
+                w.step("ClientSendLac", self.name, bid, lac, lafr, wr.term)
+                w.request(self.name, self.inc, bid, "wlac", {"lac": lac, "lafr": lafr, "term": wr.term},
+                          {"writer": wr}, self._on_lac_written, None, w.sc.timeout)
+        if t.retried:
+            w.count("writer_retries")
+        self.pump_writer()
+        self.compare()
 
     def _live_writer(self, req: "Request") -> WriterCore | None:
         wr = req.ctx["writer"]
@@ -501,6 +529,10 @@ class SimClient:
         if wr is None:
             return
         idx, bid = req.ctx["index"], req.bid
+        self._frames.pop(req.rid, None)
+        if self.clock is not None and self.clock.core is wr:
+            self.clock.frame_done(req.rid)
+            self.clock.answered(bid)
         for res in results:
             live = wr.state not in W_TERMINAL
             mine = live and wr.ensemble[idx] == bid
@@ -520,15 +552,6 @@ class SimClient:
             return  # advisory: the next entry carries the LAC anyway
         self.w.step("Rejected", self.name)
         wr.on_invalid_term(term)
-        self.pump_writer()
-        self.compare()
-
-    def _on_add_timeout(self, req: "Request") -> None:
-        wr = self._live_writer(req)
-        if wr is None or wr.state in W_TERMINAL or wr.ensemble[req.ctx["index"]] != req.bid:
-            return
-        self.w.count("writer_bookie_failed")
-        wr.on_bookie_failed(req.ctx["index"])
         self.pump_writer()
         self.compare()
 
@@ -587,6 +610,7 @@ class SimClient:
         w.count("ensemble_changes")
         self.frags = frags
         wr.on_ensemble_changed(prop.first_entry, new)
+        self.clock.changed()
         w.compare_meta()
         self.pump_writer()
         self.compare()

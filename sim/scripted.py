@@ -69,7 +69,8 @@ def reused_bookie(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIO
     w.blocked |= {("c1", "b0", "lac"), ("c1", "b0", "read"), ("c1", "b0", "add")}
     assert w.do(c1.takeover)
     w.run(until=200)
-    assert w.meta.last_frag == (0, ("b3", "b1", "b2")), w.meta
+    # (from 1: c0 told the ensemble its LAC and LAFR, 0 and 0, once entry 0 reached Qw)
+    assert w.meta.last_frag == (1, ("b3", "b1", "b2")), w.meta
     w.blocked -= {("c1", "b0", "add")}
     w.blocked |= {("c1", "b1", "add")}
     w.do(c1.add)

@@ -16,6 +16,7 @@ from typing import AsyncIterator
 import grpc
 
 from bookie import wire
+from bookie.core import Status
 from bookie.server import MAX_MESSAGE_BYTES
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -43,6 +44,33 @@ CHANNEL_OPTIONS = [
 _ADD = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name["Add"]
 _ADD_PATH = f"/{_ADD.containing_service.full_name}/{_ADD.name}"
 _RANGE_PATH = f"/{_ADD.containing_service.full_name}/ReadRange"
+
+
+def status_of(code: int) -> Status | None:
+    """A wire status code as a Status (None: a code this client does not know)."""
+    try:
+        return Status(code)
+    except ValueError:
+        return None
+
+
+def decode_ack(ack: pb.AddAck, n: int) -> list[tuple[Status, int]] | None:
+    """A write ack for a frame of ``n`` entries as per-entry (status, term),
+    in the frame's order; None when every entry is OK (the common case).
+    A status on the whole frame with no per-entry errors applies to every
+    entry; an unknown code is INTERNAL_ERROR."""
+    if ack.status == Status.OK and not ack.errors:
+        return None
+    errors = {e.index: e for e in ack.errors}
+    whole = (status_of(ack.status) or Status.INTERNAL_ERROR) if ack.status != Status.OK and not errors else None
+    out = []
+    for k in range(n):
+        e = errors.get(k)
+        if e is not None:
+            out.append((status_of(e.status) or Status.INTERNAL_ERROR, e.term))
+        else:
+            out.append((whole or Status.OK, 0))
+    return out
 
 
 class BookieUnavailable(ConnectionError):

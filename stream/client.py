@@ -27,7 +27,7 @@ from bookie.server import MAX_MESSAGE_BYTES
 from bookie.storage import StorageConfig
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
-from metadata.registration import BookieRegistry
+from metadata.registration import BookieRegistry, MembershipChange
 from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
@@ -65,6 +65,7 @@ class ClientConfig:
     change_retry_max: float = 5.0          # a held or deferred ensemble change is retried at most this far apart
     placement: str = "random"
     mutations: Mutations = NO_MUTATIONS    # broken protocol rules, tests only (stream/mutations.py)
+    watch_registrations: bool = True       # a writer changes its ensemble when a bookie's registration goes
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
@@ -122,6 +123,8 @@ class BookKeeperClient:
         self._close_task: asyncio.Future | None = None
         self._handles: weakref.WeakSet[LedgerHandle] = weakref.WeakSet()  # the open ones, for close
         self._lock: asyncio.Lock | None = None
+        self._writers: weakref.WeakSet = weakref.WeakSet()  # live writers, told when a bookie's registration goes
+        self._watch_cancel: Callable[[], None] | None = None
 
     @property
     def placement_lock(self) -> asyncio.Lock:
@@ -161,6 +164,58 @@ class BookKeeperClient:
         reader of the same client starting at the latest position takes this
         one, so it never reads back what its own writer had acknowledged."""
         return max((h.last_add_confirmed for h in list(self._handles) if h.ledger_id == ledger_id), default=-1)
+
+    # -- a bookie's registration gone (issue 15) ---------------------------------
+
+    def watch_for_writer(self, writer) -> None:
+        """``writer`` (a LedgerWriter) is told ``on_bookie_gone(id)`` when a
+        bookie's registration disappears, so it changes its ensemble at once
+        instead of at its next failed write (autorecovery then finds nothing
+        to do in its open fragment).  The registration watch starts with the
+        first writer and ends with the client."""
+        self._writers.add(writer)
+        if self._watch_cancel is None and self.config.watch_registrations and not self._closing:
+            self._watch_cancel = lambda: None  # (starting)
+            self._spawn(self._start_watch(asyncio.get_running_loop()))
+
+    async def _start_watch(self, loop: asyncio.AbstractEventLoop) -> None:
+        def on_event(ev) -> None:  # a watch thread
+            if ev.change is MembershipChange.REMOVED:
+                try:
+                    loop.call_soon_threadsafe(self._on_registration_removed, ev.bookie_id)
+                except RuntimeError:  # the loop is closed
+                    pass
+
+        def on_error(e) -> None:
+            log.info("bookie registration watch ended: %s", e)
+
+        try:
+            cancel = await asyncio.to_thread(self.registry.watch, on_event, on_error=on_error)
+        except Exception as e:
+            log.warning("cannot watch bookie registrations (writers change ensembles on failed writes "
+                        "only): %s", e)
+            return
+        if self._closing:
+            await asyncio.to_thread(cancel)
+        else:
+            self._watch_cancel = cancel
+
+    def _on_registration_removed(self, bookie_id: str) -> None:
+        if not self._closing and self._writers:
+            self._spawn(self._check_gone(bookie_id))
+
+    async def _check_gone(self, bookie_id: str) -> None:
+        """A REMOVED event: gone only if no registration is left (a move to
+        read-only removes one key and adds another)."""
+        try:
+            regs = await self._registrations(False)
+        except err.MetadataUnavailable:
+            return  # unknown: the writer finds out at its next write
+        if any(r.bookie_id == bookie_id for r in regs):
+            return
+        log.info("bookie %s: its registration is gone", bookie_id)
+        for w in list(self._writers):
+            w.on_bookie_gone(bookie_id)
 
     def mark_failed(self, bookie_id: str, reason: str = "did not answer") -> None:
         """The bookie failed a request (unreachable, timed out, an error of
@@ -388,6 +443,9 @@ class BookKeeperClient:
         for h, r in zip(handles, results):
             if isinstance(r, Exception):
                 log.info("ledger %s: ending the handle at close: %r", h.ledger_id, r)
+        cancel, self._watch_cancel = self._watch_cancel, None
+        if cancel is not None:
+            await asyncio.to_thread(cancel)
         bookies, self._bookies = list(self._bookies.values()), {}
         await asyncio.gather(*(b.close() for b in bookies), *list(self._tasks), return_exceptions=True)
         self._closed = True

@@ -3,11 +3,12 @@
 term, no truncate no-op; unbounded: the term): fencing LAC reads,
 read-forward with read-ahead (the core's per-entry reads leave as one sparse
 range read per bookie and run of ids, carrying the term/fence; the answers
-go back per entry and bookie), write-back batched into add frames, bookie
-replacement.  :func:`recover_ledger` wraps it in the metadata steps of a
-classic ledger, ``stream.lifecycle``'s ``BeginRecovery`` and
-``CloseRecovered`` through the one CAS runner (what a lost CAS means is
-theirs to judge).
+go back per entry and bookie), write-back batched into add frames
+(``stream/frames.py``), bookie replacement; speculative reads are
+``stream/timers.py``'s ``RecoveryClock`` (one loop timer at its deadline).
+:func:`recover_ledger` wraps it in the metadata steps of a classic ledger,
+``stream.lifecycle``'s ``BeginRecovery`` and ``CloseRecovered`` through the
+one CAS runner (what a lost CAS means is theirs to judge).
 """
 from __future__ import annotations
 
@@ -19,12 +20,14 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode
 from stream import errors as err
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, decode_ack
+from stream.frames import FramePipeline
+from stream.timers import RecoveryClock
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
 from stream.lifecycle import ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
-from stream.ledger_write import PREPARE_FAILED, prepare_bookies, split_frames, status_of, why
+from stream.ledger_write import PREPARE_FAILED, prepare_bookies, status_of, why
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.client import BookKeeperClient
@@ -57,10 +60,10 @@ class RecoveryDriver:
         self._tasks: set[asyncio.Task] = set()
         self._scheduled = False
         self._replace_lock = asyncio.Lock()
+        self.pipeline = FramePipeline()         # write-backs: a run encoded once for its bookies
         self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
-        self._answered_at = 0.0                 # the loop time of the last read answer or read sent
-        self._speculation: asyncio.TimerHandle | None = None
-        self.speculations = 0                   # times stalled reads were asked of the rest (stats)
+        self.clock = RecoveryClock(self.core, self.cfg.speculative_read_timeout)  # speculative reads
+        self._timer: asyncio.TimerHandle | None = None
         self.missing: dict[str, str] = {}       # bookie id -> what failed (named by LedgerRecoveryFailed)
 
     async def run(self) -> RecoveryResult:
@@ -73,8 +76,8 @@ class RecoveryDriver:
         finally:
             for t in list(self._tasks):
                 t.cancel()
-            if self._speculation is not None:
-                self._speculation.cancel()
+            if self._timer is not None:
+                self._timer.cancel()
         st = self.core.state
         if st is RecoveryState.DONE:
             return self.core.result
@@ -110,7 +113,7 @@ class RecoveryDriver:
         for rd in r.reads:
             wanted.setdefault((rd.bookie_index, rd.bookie_id), []).append(rd.entry_id)
         if r.reads:
-            self._answered_at = self.loop.time()  # (stalled reads are counted from here)
+            self.clock.read_activity(self.loop.time())  # (stalled reads are counted from here)
             term, fence = r.reads[0].term, r.reads[0].fence
             assert all((x.term, x.fence) == (term, fence) for x in r.reads)
             for (index, bid), ids in wanted.items():
@@ -123,27 +126,26 @@ class RecoveryDriver:
             self._spawn(self._write(index, bid, ws))
         for rp in r.replacements:
             self._spawn(self._replace(rp))
-        if self._speculation is None and self.core.single_reads:
-            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout, self._speculate)
+        self.clock.after_ready(self.loop.time())
+        at = self.clock.next_deadline()
+        if self._timer is None and at is not None:
+            self._timer = self.loop.call_at(at, self._tick)
         if self.core.state in RECOVERY_TERMINAL and not self.done.done():
             self.done.set_result(None)
 
-    def _speculate(self) -> None:
-        """Entries read from one bookie (spread reads): if no read answer
-        came for ``speculative_read_timeout``, the core asks the rest of
-        their write sets; otherwise look again that long after the last."""
-        self._speculation = None
-        if not self.core.single_reads:
-            return
-        quiet = self.loop.time() - self._answered_at
-        if quiet >= self.cfg.speculative_read_timeout:
-            n = self.core.speculate()
-            self.speculations += 1
+    @property
+    def speculations(self) -> int:
+        """Times stalled reads were asked of the rest of their write sets (stats)."""
+        return self.clock.speculations
+
+    def _tick(self) -> None:
+        self._timer = None
+        before = self.clock.speculations
+        n = self.clock.tick(self.loop.time())
+        if self.clock.speculations > before:
             log.info("ledger %s: recovery reads stalled for %.0f ms: %d entries asked of the rest of their "
-                     "write sets", self.lid, quiet * 1e3, n)
-            self._schedule()
-        else:
-            self._speculation = self.loop.call_later(self.cfg.speculative_read_timeout - quiet, self._speculate)
+                     "write sets", self.lid, self.cfg.speculative_read_timeout * 1e3, n)
+        self._schedule()  # (the pump re-arms the timer)
 
     async def _fencing_read(self, f) -> None:
         bc = self.client.bookie_now(f.bookie_id)
@@ -176,7 +178,7 @@ class RecoveryDriver:
 
         def hand_over() -> None:
             if answers:
-                self._answered_at = self.loop.time()
+                self.clock.read_activity(self.loop.time())
                 core.on_read_responses(index, answers)
                 answers.clear()
 
@@ -223,17 +225,13 @@ class RecoveryDriver:
         try:
             if bc is None:
                 raise BookieUnavailable(f"{bookie_id}: no address")
-            ids = [w.entry_id for w in writes]
-            for fids, frecs in split_frames([w.record for w in writes], ids):
-                ack = await asyncio.wait_for(bc.add_records(frecs), self.cfg.add_timeout)
-                if ack.status == Status.OK and not ack.errors:
-                    self.core.on_write_acks(fids, index, bookie_id=bookie_id)
+            for f in self.pipeline.encode(index, bookie_id, [w.entry_id for w in writes], [w.record for w in writes]):
+                ack = await asyncio.wait_for(bc.add_encoded(f.frame_id, f.message), self.cfg.add_timeout)
+                statuses = decode_ack(ack, len(f.entry_ids))
+                if statuses is None:
+                    self.core.on_write_acks(f.entry_ids, index, bookie_id=bookie_id)
                     continue
-                errors = {e.index: e for e in ack.errors}
-                whole = status_of(ack.status) if ack.status != Status.OK and not errors else None
-                for k, eid in enumerate(fids):
-                    e = errors.get(k)
-                    st = (status_of(e.status) or Status.INTERNAL_ERROR) if e is not None else (whole or Status.OK)
+                for eid, (st, _term) in zip(f.entry_ids, statuses):
                     self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(bookie_id, f"recovery write failed: {why(e)}")

@@ -3,9 +3,14 @@
 LAC, ensemble changes from LAC+1; or a term's writer on an unbounded ledger).
 Every input (an add, a bookie's ack, an error, a timeout, a published
 ensemble change) goes into the core; its ``Ready`` is drained once per
-event-loop turn, so all adds of a turn leave as one frame per bookie
-(pipelining).  An ensemble change the core proposes is published here:
-replacements from the placement policy, joining bookies prepared
+event-loop turn, so all adds of a turn leave as frames per bookie
+(``stream/frames.py``: size, in-flight limit, backlog, a run encoded once).
+Every timing rule (frame timeouts, the explicit LAC, the retry of waiting
+bookies) is ``stream/timers.py``'s ``WriterClock``: one loop timer at its
+next deadline calls ``tick(loop.time())``.  A bookie whose registration
+disappears is failed at once (``on_bookie_gone``, from the client's watch).
+An ensemble change the core proposes is published here: replacements from
+the placement policy, joining bookies prepared
 (:func:`prepare_bookies`), one fragment CASed into etcd with
 ``LedgerStore.add_fragment``; a lost CAS re-reads the metadata and, unless
 the ledger is still OPEN, fails the outstanding adds (fenced).
@@ -19,13 +24,17 @@ import functools
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from bookie import wire
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, decode_ack
+from stream.bookie_client import status_of  # noqa: F401  (re-exported: ledger_read imports it from here)
+from stream.frames import Frame, FramePipeline
 from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
                               run_ledger_cas)
+from stream.timers import WriterClock
+# re-exported for the benchmark floor (bookstream/ceilings.py FloorWriter)
+from stream.frames import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES, split_frames  # noqa: F401
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -35,46 +44,12 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("stream.ledger")  # one logger for the ledger's rooms
 
-# A bookie's batch leaves in frames of at most this: at 1 MiB gRPC's cost per
-# message is already small beside its cost per byte, and a large batch in
-# several frames lets a bookie journal one while the next arrives (with 4 MiB
-# the whole window moved as one frame, a stage at a time: bench medians of six
-# alternating runs, 1 KiB and 64 KiB appends, about 8 % higher at 1 MiB).
-FRAME_BYTES = 1 << 20
-# Frames in flight per bookie.  A small batch waits for the frame ahead of
-# it to be acknowledged, gathering what comes meanwhile (fewer, larger frames:
-# gRPC's cost is per message); a backlog of PIPELINE_BYTES or more goes at
-# once, up to MAX_INFLIGHT_FRAMES, so large entries keep the bookie busy.
-MAX_INFLIGHT_FRAMES = 4
-PIPELINE_BYTES = 256 << 10
 TELL_LAC_TIMEOUT = 1.0  # a closing writer's last explicit LAC
 
 
 def why(e: BaseException) -> str:
     """An error as a reason (a timeout's str() is empty)."""
     return str(e) or type(e).__name__
-
-
-def status_of(code: int) -> Status | None:
-    try:
-        return Status(code)
-    except ValueError:
-        return None
-
-
-def split_frames(records: list[bytes], ids: list[int]):
-    """Splits one bookie's batch into frames of at most FRAME_BYTES."""
-    if sum(map(len, records)) <= FRAME_BYTES:
-        yield ids, records
-        return
-    start, size = 0, 0
-    for k, rec in enumerate(records):
-        if size and size + len(rec) > FRAME_BYTES:
-            yield ids[start:k], records[start:k]
-            start, size = k, 0
-        size += len(rec)
-    if start < len(records):
-        yield ids[start:], records[start:]
 
 
 # -- the writer ---------------------------------------------------------------------
@@ -144,17 +119,16 @@ class LedgerWriter:
                                max_pending=self.cfg.max_pending_adds,
                                fragment_max_entries=o.fragment_max_entries,
                                fragment_max_bytes=o.fragment_max_bytes)
-        self._lac_told = (self.core.lac, self.core.lafr)
+        # every timing rule (frame timeouts, the explicit LAC, the retry of
+        # waiting bookies) is the clock's; one loop timer at its next deadline
+        self.clock = WriterClock(self.core, frame_timeout=self.cfg.add_timeout, lac_delay=self.cfg.explicit_lac_delay,
+                                 explicit_lac=o.explicit_lac, retry_max=self.cfg.change_retry_max)
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._frame_seq = 0
         self._lac_told_to: list[str] = list(self.core.ensemble)  # the ensemble the last WriteLacs went to
         self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
-        self._lac_timer: asyncio.TimerHandle | None = None
-        self._retry_timer: asyncio.TimerHandle | None = None
-        self._retry_delay = 0.0                # back-off of held/deferred ensemble changes
-        self._retried: set[str] = set()        # the failed bookies last retried (an ack resets the back-off)
-        self._inflight: dict[str, int] = {}   # bookie id -> frames awaiting their ack
-        self._backlog: dict[str, list] = {}  # bookie id -> [index, ids, records, bytes]
-        # the last frame encoded: ((first, last), frame id, message, bookies sent to)
-        self._last_frame: tuple | None = None
+        self.pipeline = FramePipeline()        # frames in flight and backlog per bookie
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
         self._queued_n = 0
@@ -168,6 +142,7 @@ class LedgerWriter:
         self._stopped = False                  # stop(): nothing more is sent
         self.frames_sent = 0
         self.ensemble_changes = 0
+        self.client.watch_for_writer(self)
 
     # -- inputs ----------------------------------------------------------------
 
@@ -242,6 +217,16 @@ class LedgerWriter:
         core.on_bookie_failed(index)
         self._schedule()
 
+    def on_bookie_gone(self, bookie_id: str) -> None:
+        """The bookie's registration disappeared (the client's watch): it is
+        failed now, as a failed write would find it later, so the open
+        fragment's ensemble changes (delayed when no bookie can replace it)."""
+        if self._stopped:
+            return
+        for index, b in enumerate(self.core.ensemble):
+            if b == bookie_id:
+                self._bookie_failed(index, bookie_id, "its registration is gone")
+
     def _fail(self, e: BaseException) -> None:
         self._fail_error = e
         self.core.fail(str(e))
@@ -284,18 +269,11 @@ class LedgerWriter:
                     f.set_exception(e)
         for s in r.sends:
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
-        if (self.options.explicit_lac and not r.sends and (r.lac, r.lafr) > self._lac_told
-                and self.core.may_tell_lac and self._lac_timer is None):
-            self._lac_timer = self.loop.call_later(self.cfg.explicit_lac_delay, self._explicit_lac)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
-        if self._retry_timer is None and not self._stopped and self.core.awaiting:
-            # Failed bookies wait (delayed ensemble change): rule 3 holds the
-            # change (each holds an ack a committed entry needs), or no bookie
-            # could replace them.  Appends go on to the rest meanwhile; the
-            # failed ones (and the change) are retried, backing off.
-            self._retry_delay = min(self.cfg.change_retry_max, max(0.1, self._retry_delay * 2))
-            self._retry_timer = self.loop.call_later(self._retry_delay, self._retry_held)
+        if not self._stopped:
+            self.clock.after_ready(r, self.loop.time())
+            self._arm()
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():
@@ -309,7 +287,7 @@ class LedgerWriter:
         told = (core.lac, core.lafr)
         if not core.may_tell_lac:  # also mid-change: a roll falls due as a full fragment's last entry is acked
             return
-        if told <= self._lac_told and self._lac_told_to == core.ensemble:
+        if told <= self.clock.told and self._lac_told_to == core.ensemble:
             # told already, by an explicit LAC: its answers are awaited too
             # (the writer stopping next would cancel a WriteLac on its way)
             if self._lac_round is not None and not self._lac_round.done():
@@ -317,7 +295,7 @@ class LedgerWriter:
             if self._lac_told_to == core.ensemble:
                 return
         for _ in range(2):  # again if a change published meanwhile: its bookies need it too
-            self._lac_told = told
+            self.clock.told_now(told)
             # advisory: a slow bookie does not hold a closing writer for long
             await self._tell_ensemble(*told, timeout=TELL_LAC_TIMEOUT)
             if self._lac_told_to == core.ensemble or not core.may_tell_lac:
@@ -327,28 +305,33 @@ class LedgerWriter:
         ensemble = self._lac_told_to = list(self.core.ensemble)
         await asyncio.gather(*(self._write_lac(bid, lac, lafr, timeout=timeout) for bid in ensemble))
 
-    def _explicit_lac(self) -> None:
-        """Adds went quiet: the last entries' LAC (and LAFR: a take-over
-        reads from LAFR + 1) would otherwise reach the bookies only with the
-        next add.  Sent once adds stayed quiet for ``explicit_lac_delay`` (a
-        WriteLac is journalled: one per add would double the fsyncs), and
-        not while adds are in flight (their acks arm it again)."""
-        self._lac_timer = None
-        core = self.core
-        told = (core.lac, core.lafr)
-        if not core.may_tell_lac or told <= self._lac_told or core.next_to_send > core.release_mark + 1:
+    def _arm(self) -> None:
+        """One loop timer, at the clock's next deadline."""
+        at = self.clock.next_deadline()
+        if at is None:
             return
-        self._lac_told = told
-        self._lac_round = self._spawn(self._tell_ensemble(*told))
+        if self._timer is not None:
+            if self._timer_at <= at:
+                return
+            self._timer.cancel()
+        self._timer, self._timer_at = self.loop.call_at(at, self._tick), at
 
-    def _retry_held(self) -> None:
-        self._retry_timer = None
-        waiting = sorted(self.core.failed.values())
-        self._retried = set(waiting)
-        if self.core.retry_failed():
+    def _tick(self) -> None:
+        self._timer = None
+        if self._stopped:
+            return
+        t = self.clock.tick(self.loop.time())
+        for _, index, bookie_id in t.timed_out:
+            self._bookie_failed(index, bookie_id, f"no ack in {self.cfg.add_timeout} s")
+        if t.tell_lac is not None:
+            # Adds went quiet: the last entries' LAC (and LAFR: a take-over
+            # reads from LAFR + 1) would otherwise reach the bookies only with
+            # the next add (a WriteLac is journalled: not one per add).
+            self._lac_round = self._spawn(self._tell_ensemble(*t.tell_lac))
+        if t.retried:
             log.info("ledger %s: retrying failed bookies %s (and the ensemble change)", self.core.ledger_id,
-                     waiting)
-            self._schedule()
+                     t.retried)
+        self._schedule()  # (the drain re-arms the timer)
 
     def progress(self) -> asyncio.Future:
         """Resolves at the next drain (an ack, a failure, a change...)."""
@@ -363,51 +346,30 @@ class LedgerWriter:
         return t
 
     def _send(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
-        inflight = self._inflight.get(bookie_id, 0)
-        if inflight == 0:
-            self._transmit(index, bookie_id, ids, records)
-            return
-        held = self._backlog.setdefault(bookie_id, [index, [], [], 0])
-        held[1].extend(ids)
-        held[2].extend(records)
-        held[3] += sum(map(len, records))
-        if held[3] >= PIPELINE_BYTES and inflight < MAX_INFLIGHT_FRAMES:
-            del self._backlog[bookie_id]
-            self._transmit(index, bookie_id, held[1], held[2])
+        self._transmit(self.pipeline.offer(index, bookie_id, ids, records))
 
-    def _transmit(self, index: int, bookie_id: str, ids: list[int], records: list[bytes]) -> None:
+    def _transmit(self, frames: list[Frame]) -> None:
+        if not frames:
+            return
+        index, bookie_id = frames[0].bookie_index, frames[0].bookie_id
         bc = self.client.bookie_now(bookie_id)
         if bc is None:
+            self.pipeline.unsent(frames)
             self.loop.call_soon(self._bookie_failed, index, bookie_id, "not registered")
             return
-        for fids, frecs in split_frames(records, ids):
+        for k, f in enumerate(frames):
             try:
-                fut = bc.add_encoded(*self._encoded(bookie_id, fids, frecs))
+                fut = bc.add_encoded(f.frame_id, f.message)
             except Exception:  # pragma: no cover - a broken channel
                 log.exception("add_frame failed")
+                self.pipeline.unsent(frames[k:])
                 self.loop.call_soon(self._bookie_failed, index, bookie_id)
                 return
             self.frames_sent += 1
-            self._inflight[bookie_id] = self._inflight.get(bookie_id, 0) + 1
-            timer = self.loop.call_later(self.cfg.add_timeout, self._frame_timeout, index, bookie_id, fut)
-            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, fids, timer))
-
-    def _encoded(self, bookie_id: str, ids, records: list[bytes]) -> tuple[int, bytes]:
-        """The frame of ``records`` (entries ``ids``), encoded once for every
-        bookie it goes to: with Qw = E every bookie of the write set is sent
-        the same runs, at once or as each one's frame ahead is acked.  Only
-        a run of consecutive ids is shared (its ids name its records)."""
-        first, last, n = ids[0], ids[-1], len(ids)
-        shared = last - first + 1 == n
-        c = self._last_frame
-        if shared and c is not None and c[0] == (first, last) and bookie_id not in c[3]:
-            c[3].add(bookie_id)
-            return c[1], c[2]
-        fid = next(wire.frame_ids)
-        msg = wire.encode_add_frame(fid, records)
-        if shared:
-            self._last_frame = ((first, last), fid, msg, {bookie_id})
-        return fid, msg
+            self._frame_seq += 1
+            self.clock.frame_sent(self._frame_seq, index, bookie_id, self.loop.time())
+            fut.add_done_callback(functools.partial(self._frame_done, index, bookie_id, f.entry_ids,
+                                                    self._frame_seq))
 
     async def _write_lac(self, bookie_id: str, lac: int, lafr: int, timeout: float | None = None) -> None:
         bc = self.client.bookie_now(bookie_id)
@@ -422,38 +384,26 @@ class LedgerWriter:
             self.core.on_invalid_term(resp.term)
             self._schedule()
 
-    def _frame_timeout(self, index: int, bookie_id: str, fut: asyncio.Future) -> None:
-        if not fut.done():
-            self._bookie_failed(index, bookie_id, f"no ack in {self.cfg.add_timeout} s")
-
-    def _frame_done(self, index: int, bookie_id: str, ids: list[int], timer, fut: asyncio.Future) -> None:
-        timer.cancel()
-        self._inflight[bookie_id] -= 1
-        held = self._backlog.pop(bookie_id, None)
-        if held is not None and not self._stopped:
-            if self.core.ensemble[held[0]] == bookie_id:  # else replaced: the core resends elsewhere
-                self._transmit(held[0], bookie_id, held[1], held[2])
+    def _frame_done(self, index: int, bookie_id: str, ids: list[int], key: int, fut: asyncio.Future) -> None:
+        self.clock.frame_done(key)
+        at, frames = self.pipeline.frame_done(bookie_id)
+        if frames:
+            if not self._stopped and self.core.ensemble[at] == bookie_id:
+                self._transmit(frames)
+            else:  # replaced (the core resends elsewhere), or stopped
+                self.pipeline.unsent(frames)
         if fut.cancelled() or fut.exception() is not None:
             self._bookie_failed(index, bookie_id, "cancelled" if fut.cancelled() else str(fut.exception()))
             return
         ack = fut.result()
         self.client.mark_healthy(bookie_id)  # it answered (a refusal too: it is alive)
-        if self._retried and bookie_id in self._retried:  # a retried bookie is back
-            self._retried.discard(bookie_id)
-            self._retry_delay = 0.0
-        if ack.status == Status.OK and not ack.errors:
+        self.clock.answered(bookie_id)
+        statuses = decode_ack(ack, len(ids))
+        if statuses is None:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
-            self._schedule()
-            return
-        errors = {e.index: e for e in ack.errors}
-        whole = status_of(ack.status) if ack.status != Status.OK and not errors else None
-        for k, eid in enumerate(ids):
-            e = errors.get(k)
-            if e is not None:
-                st, term = status_of(e.status) or Status.INTERNAL_ERROR, e.term
-            else:
-                st, term = whole or Status.OK, 0
-            self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
+        else:
+            for eid, (st, term) in zip(ids, statuses):
+                self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
         self._schedule()
 
     # -- ensemble change ---------------------------------------------------------
@@ -527,7 +477,7 @@ class LedgerWriter:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
-                    self._retry_delay = 0.0
+                    self.clock.changed()
                     self.core.on_ensemble_changed(prop.first_entry, new)
                 return
         if self._live(prop):
@@ -536,9 +486,9 @@ class LedgerWriter:
     def cancel(self) -> None:
         for t in list(self._tasks):
             t.cancel()
-        for timer in (self._retry_timer, self._lac_timer):
-            if timer is not None:
-                timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     def stop(self, error: BaseException) -> None:
         """Ends the writer here, with no close CAS (a stream writer closing,
@@ -554,7 +504,7 @@ class LedgerWriter:
         if self.core.state not in WRITER_TERMINAL:
             self._fail(error)
         self._drain()  # settles the futures now (queued adds too), wakes the waiters
-        self._backlog.clear()
+        self.pipeline.forget()
         self.cancel()
 
 

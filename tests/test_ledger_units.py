@@ -316,7 +316,7 @@ def test_tune_malloc_keeps_freed_buffers_for_reuse():
 
 
 def test_a_batch_leaves_in_frames_of_at_most_frame_bytes_in_order():
-    from stream.ledger_write import FRAME_BYTES, split_frames
+    from stream.frames import FRAME_BYTES, split_frames
 
     size = FRAME_BYTES // 4
     records = [bytes([k]) * size for k in range(10)] + [b"x" * (FRAME_BYTES + 1), b"y"]

@@ -37,7 +37,10 @@ from stream import mutations  # noqa: E402
 # 8% message loss, 2 ensemble changes, 10 truncating no-op stores, client
 # crashes; 22: the same kinds, 4 ensemble changes.
 SAMPLE = (1, 16, 22)
-MUTANT_SEED = 3  # 5 take-overs, crashes, partitions, truncations: every mutant shows
+# Every mutant shows in seed 22's run (seed 3 until the simulated writers ran
+# the shipped explicit-LAC rule, stream/timers.py: then WRITEBACK_KEEPS_TRUNCATE
+# no longer showed there; seed 16's run has no Finish since).
+MUTANT_SEED = 22
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +52,7 @@ def tools():
 
 
 def test_export_is_ndjson_with_the_changed_variables():
-    text = trace.simulate(16, **trace.profile_for(16))
+    text = trace.simulate(22, **trace.profile_for(22))
     events = [json.loads(line) for line in text.splitlines()]
     assert events[0]["action"] == "Header" and events[0]["args"]["mode"] == "unbounded"
     kinds = {e["action"] for e in events}
