@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bookie import entry as E
-from bookstream import ceilings, peer_jetstream, suite
+from bench import ceilings, peer_jetstream, suite
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -228,7 +228,7 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
     import gc
     import time
 
-    from bookstream import bench
+    from bench import single
 
     calls = 0
 
@@ -246,7 +246,7 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
             f.set_result(None)
             return f
 
-        return await bench._open_loop(append_async, 10, 0.3, 1000, hiccups=False)
+        return await single._open_loop(append_async, 10, 0.3, 1000, hiccups=False)
 
     r = asyncio.run(go())
     assert calls == 400 and r["completed"] == 300 and r["warmup_appends"] == 100
@@ -399,7 +399,7 @@ def test_client_and_bookie_benchmarks_remove_their_data_unless_kept(tmp_path, ke
 def test_the_open_loop_warms_up_before_it_records():
     """A third of the measured time more (at most 1 s) is offered first, at
     the same rate, and not recorded."""
-    from bookstream import bench
+    from bench import single
 
     calls = []
 
@@ -409,6 +409,6 @@ def test_the_open_loop_warms_up_before_it_records():
         f.set_result(len(calls))
         return f
 
-    r = asyncio.run(bench._open_loop(append_async, 10, 0.3, 1000))
+    r = asyncio.run(single._open_loop(append_async, 10, 0.3, 1000))
     assert r["warmup_s"] == pytest.approx(0.1) and r["warmup_appends"] == 100
     assert r["completed"] == 300 and r["failed"] == 0 and len(calls) == 400

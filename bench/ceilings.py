@@ -19,8 +19,8 @@
 - **The machine's hiccups**: `HiccupMeter`, a process that only wakes every
   millisecond, records the stalls every process here suffered meanwhile.
 
-    python -m bookstream.ceilings serve [--port 0] [--journal DIR]   one empty server
-    python -m bookstream.ceilings hiccups [--interval-ms 1]          the meter (until stdin closes)
+    python -m bench.ceilings serve [--port 0] [--journal DIR]   one empty server
+    python -m bench.ceilings hiccups [--interval-ms 1]          the meter (until stdin closes)
 """
 from __future__ import annotations
 
@@ -185,7 +185,7 @@ class HiccupMeter:
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "HiccupMeter":
-        self._proc = subprocess.Popen([sys.executable, "-m", "bookstream.ceilings", "hiccups",
+        self._proc = subprocess.Popen([sys.executable, "-m", "bench.ceilings", "hiccups",
                                        "--interval-ms", str(self.interval * 1e3)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self._proc.stdout.readline()
@@ -338,7 +338,7 @@ async def _serve(host: str, port: int, journal_dir: str | None = None) -> None:
 
 
 class EmptyServerProcess(ServedProcess):
-    """`python -m bookstream.ceilings serve` as a child process."""
+    """`python -m bench.ceilings serve` as a child process."""
 
     log_name = "empty-server.log"
 
@@ -349,7 +349,7 @@ class EmptyServerProcess(ServedProcess):
 
     def command(self) -> list[str]:
         journal = ["--journal", str(Path(self.data_dir) / "journal")] if self.journal else []
-        return [sys.executable, "-m", "bookstream.ceilings", "serve", "--port", "0", *journal]
+        return [sys.executable, "-m", "bench.ceilings", "serve", "--port", "0", *journal]
 
     def describe(self) -> str:
         return "empty gRPC server" + (" with a journal" if self.journal else "")
@@ -506,7 +506,7 @@ async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], 
     gRPC's transport, the writer's batching and the journal's write +
     fdatasync, sharing the machine's cores as a cluster does, and nothing
     else (no bookie state, index or validation, no writer bookkeeping)."""
-    from bookstream.bench import _closed_loop
+    from bench.single import _closed_loop
     from stream.bookie_client import BookieClient
 
     say = progress or (lambda msg: None)
@@ -534,7 +534,7 @@ async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], 
 async def _floor_open_loop(addresses: list[str], open_loop: dict, say, what: str, journal: bool) -> dict:
     """`open_loop_floor` for a ceiling phase, with the servers' journals'
     group commits over it when they have journals."""
-    from bookstream.bench import open_loop_line
+    from bench.single import open_loop_line
 
     before = await journal_counters(addresses) if journal else None
     r = await open_loop_floor(addresses, **open_loop)
@@ -608,7 +608,12 @@ class FloorWriter:
     of at most FRAME_BYTES.  `append_async` (one entry) and
     `append_many_async` (a batch, one future) resolve once `ack_quorum`
     servers acked every entry.  No entry ids, no LAC, no ensemble, no
-    retries: the floor under the writer."""
+    retries: the floor under the writer.
+
+    TODO(issue 13 item 3): this re-implements the writer's frame pipeline
+    by hand (frame size, in-flight limit, backlog, one encoding per run).
+    Drive it with the pure frame pipeline module once it exists, so the
+    floor measures the writer's own rules, not a copy of them."""
 
     def __init__(self, clients, ack_quorum: int = 2):
         from stream.ledger import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
@@ -693,11 +698,11 @@ class FloorWriter:
 
 
 async def open_loop_floor(addresses: list[str], size: int, seconds: float, rate: float, ack_quorum: int = 2) -> dict:
-    """The open loop of `bench stream` (`bookstream.bench._open_loop`, the
+    """The open loop of `bench stream` (`bench.single._open_loop`, the
     same measuring code) through a `FloorWriter` to servers that do no more
     than gRPC (and their journal, if started with one): the floor of that
     figure at that load, without any bookie or client logic."""
-    from bookstream.bench import _open_loop
+    from bench.single import _open_loop
     from stream.bookie_client import BookieClient
 
     clients = [BookieClient(a) for a in addresses]
@@ -718,7 +723,7 @@ def best(rows: list[dict], size: int, key: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bookstream.ceilings")
+    p = argparse.ArgumentParser(prog="python -m bench.ceilings")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve the bookie service with empty handlers")
     s.add_argument("--host", default="127.0.0.1")
