@@ -5,6 +5,7 @@
     bookstream bench reads [...]                              (reads.py)
     bookstream bench suite [--quick] [--out suite.json]       (suite.py)
     bookstream bench plot suite.json                          (suite.py, plot.py)
+    bookstream bench table suite.json                         (report.py: the README's table)
     bookstream bench profile [...]                            (profile.py)
     bookstream bench spark [...]                              (spark.py)
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from bench import profile, reads, single, suite
+from bench import profile, reads, report, single, suite
 
 
 def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
@@ -22,6 +23,7 @@ def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
     reads.add_parsers(bsub)
     suite.add_parsers(bsub)
     profile.add_parser(bsub)
+    report.add_parser(bsub)
     s = bsub.add_parser("spark", add_help=False, help="the Spark source and sink beside the plain reader "
                                                       "(bookstream bench spark --help)")
     s.add_argument("spark_args", nargs=argparse.REMAINDER)

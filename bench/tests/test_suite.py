@@ -255,8 +255,9 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
     # later, and begins with an append scheduled at 50 ms or later (the one
     # after the sleep, or a little later if the sleep's burst already issued
     # a few).  That burst is a stall ending at 69 ms or later, and counts in
-    # the lateness and the latencies; others may come on a loaded machine.
-    stall = [(at, ms) for at, ms in r["stalls"] if 0.0495 <= at < 0.064 and at + ms / 1e3 >= 0.069 - 1e-6]
+    # the lateness and the latencies; others may come on a loaded machine,
+    # and one that began earlier may run into it (then it starts before 50 ms).
+    stall = [(at, ms) for at, ms in r["stalls"] if at < 0.064 and at + ms / 1e3 >= 0.069 - 1e-6]
     assert stall, r["stalls"]
     at, ms = stall[0]
     assert ms >= 5 and r["late_max_ms"] >= ms and r["p999_ms"] >= ms
