@@ -8,7 +8,8 @@ A top-level package of the source checkout, beside `bookstream/`, `stream/`,
     cli.py             the `bench` command tree
     single.py          bench bookie | replay | stream | ledger, and the closed and open loops
     suite.py           bench suite: every figure beside its ceilings and JetStream (JSON + plot)
-    ceilings.py        the gRPC ceiling, the gRPC + journal floor (FloorWriter), the disk, the hiccup meter
+    ceilings.py        the gRPC ceiling, the gRPC + journal floor, the disk, the hiccup meter, settle
+    floor.py           FloorWriter: a writer that only batches frames as the stream writer does
     peer_jetstream.py  the peer: 3 clustered nats-server processes
     reads.py           bench reads: catch-up per ensemble shape, the open loop beside a reader
     plot.py            the suite's PNG

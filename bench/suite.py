@@ -8,10 +8,10 @@ In one run, in this order (so that no two of them share the 2 cores):
 
 1. gRPC ceiling: three empty bookie servers (`bench.ceilings`), driven
    by one client process as the stream client drives bookies, and the open
-   loop at its load through them (`ceilings.FloorWriter`);
+   loop at its load through them (`floor.FloorWriter`);
 2. the design's floor: three servers that only journal each frame (the
    bookie's own `Journal`, fdatasync before the ack), driven by the same
-   closed and open loops through `ceilings.FloorWriter` (the writer's
+   closed and open loops through `floor.FloorWriter` (the writer's
    batching and nothing else): gRPC and the disk together on the same
    cores;
 3. bookstream on a local cluster (etcd + 3 bookie processes, fsync on,
@@ -499,7 +499,7 @@ def build_figures(doc: dict) -> list[dict]:
         if g:
             ceilings["grpc_journal"] = _ref(r["appends_per_s"], g["entries_per_s"],
                                             "servers that only journal (write+fdatasync) each frame, the same "
-                                            "closed loop batched as the writer batches (ceilings.FloorWriter)",
+                                            "closed loop batched as the writer batches (floor.FloorWriter)",
                                             unit="appends/s")
         c = r.get("cpu")
         if c and c["ceiling_per_s"]:
@@ -522,7 +522,7 @@ def build_figures(doc: dict) -> list[dict]:
                                           "servers that only journal (write+fdatasync) each frame")):
                 if floor_ol:
                     ceilings[name] = _ref(ol[pk], floor_ol[pk], f"the same open loop {q}, {what}, batched as the "
-                                          f"writer batches (ceilings.FloorWriter)", unit="ms")
+                                          f"writer batches (floor.FloorWriter)", unit="ms")
             peer = _ref(ol[pk], jol[pk], "JetStream, same offered rate") if jol else None
             add(f"open_loop_{q}", f"open loop {q}, {ol['entry_bytes']} B at {ol['offered_per_s']:,.0f}/s", "ms",
                 "lower", ol[pk], ceilings, peer, ms=ol[pk], stalls=_stalls(ol))

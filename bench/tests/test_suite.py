@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bookie import entry as E
-from bench import ceilings, peer_jetstream, suite
+from bench import ceilings, floor, peer_jetstream, suite
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -198,7 +198,7 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
                 return add_frame(frame)
             c.add_frame = counting
         try:
-            w = ceilings.FloorWriter(clients, ack_quorum=2)
+            w = floor.FloorWriter(clients, ack_quorum=2)
             first = [w.append_async(b"a" * 10) for _ in range(5)]
             await asyncio.sleep(0)  # the next turn: handed over, the acks still on their way
             second = [w.append_async(b"b" * 10) for _ in range(3)]
@@ -206,7 +206,7 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
             await asyncio.gather(*first, *second)
             # a batch: one future, its entries in frames of at most the writer's FRAME_BYTES
             await w.append_many_async([b"c" * 102_400] * 20)
-            r = await ceilings.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
+            r = await floor.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
         finally:
             for c in clients:
                 await c.close()
