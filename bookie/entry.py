@@ -81,7 +81,7 @@ class _Flags:
 @dataclass(slots=True)
 class EntryHeader(_Flags):
     """The parsed header of one record, and where it sits in its buffer.
-    (Not frozen: a frozen dataclass's __init__ costs 3x more, and one of
+    (Not frozen: a frozen dataclass's __init__ costs more, and one of
     these is built per entry on the data path.  Treat it as read-only.)"""
 
     ledger_id: int

@@ -24,16 +24,15 @@ from every client, so one fsync covers many frames.
 Preallocation (``preallocate``, off by default): once a quarter of a segment
 is written, a thread prepares the next one: a file of ``segment_size`` zeros
 under a name the scan ignores (``segment-N.log.prep``), written 1 MiB and one
-fdatasync at a time with pauses between (one 64 MiB burst held the journal's
-own fsyncs for up to 100 ms), renamed into place when the journal rolls (a
-roll never waits for it: without one ready it appends a new file).
-Overwriting blocks that already exist makes an fdatasync write only the data
-(appending also writes the file's new size and extents through the
-filesystem's own journal): on this machine's ext4, 4 KiB write + fdatasync
-ran 2.4x as often into a zero-filled file as appended.  It stays off because
-it did not pay here: the open loop's p50 at 10k appends/s was the same with
-it (the time goes to CPU, not fsync), and zero-filling doubles the bytes
-written, which the 64 KiB appends, near the disk's ceiling, cannot spare.  A
+fdatasync at a time with pauses between (one burst held up the journal's
+own fsyncs), renamed into place when the journal rolls (a roll never waits
+for it: without one ready it appends a new file).  Overwriting blocks that
+already exist makes an fdatasync write only the data (appending also writes
+the file's new size and extents through the filesystem's own journal), so
+syncs are cheaper.  It stays off because it did not lower the open loop's
+latency (the time goes to CPU, not fsync), and zero-filling doubles the
+bytes written, which large appends, near the disk's ceiling, cannot spare
+(figures: bench/notes.md).  A
 record header is never all zeros (its type is not 0), so a scan ends cleanly
 where a segment's zeros begin; a remainder that is not all zeros is a torn
 tail, as before.

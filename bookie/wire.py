@@ -4,8 +4,7 @@ An ``AddFrame`` (proto/bookie.proto) is a frame id and a few megabytes of
 entry records.  Through the generated class, a frame's bytes were copied when
 the message was built, again when it was serialized (once per bookie of the
 write set), and on the bookie when it was parsed and when its ``entries``
-field was read.  A benchmark of one 4 MiB frame (64 entries of 64 KiB) took
-8.0 ms of client CPU that way against 3.0 ms sent as prepared bytes.
+field was read: most of a large frame's client CPU (bench/notes.md).
 
 So the Add method carries raw bytes on both sides (a serializer and a
 deserializer that pass bytes through) and this module writes and reads them.

@@ -343,7 +343,9 @@ def bench(mb, entry_size, directory, out, keep_data, fmt):
     """Re-replication rate of a lost bookie's data beside the disk's
     sequential read + write ceiling, measured in the same run (starts its
     own etcd and bookies)."""
-    from stream.autorecovery import bench as b
+    from bookstream.cli import load_bench
+
+    b = load_bench("autorecovery")  # bench/autorecovery.py, in a source checkout
     r = b.run_bench(mb, entry_size, directory, keep_data)
     if out:
         b.write_json(r, out)

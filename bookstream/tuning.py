@@ -18,10 +18,8 @@ a fresh block is a page fault, so the same memory is faulted in over and
 over.  ``tune_malloc()`` keeps freed memory for reuse instead: blocks below
 ``MMAP_THRESHOLD`` come from the heap, and the heap's top is returned to the
 kernel only past ``TRIM_THRESHOLD`` (the cost: up to that much memory kept
-after a burst).  Measured on this machine (1 KiB closed loops, medians of 5
-runs, two pairs of runs against the same code without it): page faults per
-append went from 0.2-0.25 to 0.003 in the client and to 0.02 in the bookies,
-CPU per append down 2-12 %; catch-up reads of 100 B entries 1.06-1.21x.
+after a burst).  Page faults per append drop by one to two orders of
+magnitude (figures: bench/notes.md).
 
 Bookies call ``tune_process()`` once serving; a client application may call
 it after its own start-up (the benchmarks do, and say so).
@@ -30,10 +28,9 @@ The event loop: ``run()`` runs a coroutine on uvloop's loop (libuv, the
 loop's own machinery in C) where uvloop is installed, else on asyncio's.
 Bookies run on it (and the gRPC ceiling's empty servers, which stand in for
 them). Clients are left on the application's loop, and the benchmarks keep
-theirs on asyncio's: measured here (`bench stream`, alternating runs, 1 KiB),
-bookies on uvloop took the open loop's p50 from 3.03-3.09 to 2.83-2.91 ms
-with the tail unchanged, while a client on uvloop doubled the open loop's
-p99 (8.3-8.6 against 4.7-5.3 ms) for 1 and 13 % more appends/s (two runs).
+theirs on asyncio's: bookies on uvloop lowered the open loop's p50 with the
+tail unchanged, while a client on uvloop doubled its p99 for a few percent
+more appends/s (figures: bench/notes.md).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ newest fragment with one point read, however many fragments the ledger has.
 Why the newest fragment is read by key and not with a descending range:
 etcd 3.5 serves a sorted range by fetching the *whole* range from its
 backend and truncating afterwards, so a ``descending, limit=1`` range over
-100,000 fragments costs ~160 ms, while the point read costs ~0.4 ms.
+many fragments costs hundreds of point reads (bench/notes.md).
 :meth:`LedgerStore.fragment_for` likewise probes narrow descending windows
 below the entry instead of one range down to the first fragment.
 """

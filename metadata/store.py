@@ -20,12 +20,12 @@ Keys are ``str`` (UTF-8 in etcd); values are ``bytes``.  Every etcd failure
 is translated into a :mod:`metadata.errors` type; connection problems all
 become :class:`~metadata.errors.MetadataUnavailable` (``retriable=True``).
 
-Cost notes (etcd 3.5, measured on 100,000 keys under one prefix): a point
-get takes ~0.4 ms; an unsorted ``limit=1`` range ~14 ms (etcd walks its
-in-memory index over the whole range to compute ``count``); a *sorted*
-(``descending``) ``limit=1`` range ~160 ms, because etcd 3.5 fetches every
-key of the range from its backend, sorts, then truncates.  Prefer point gets
-and narrow ranges on hot paths; keep descending ranges narrow.
+Cost notes (etcd 3.5; figures in bench/notes.md): an unsorted ``limit=1``
+range walks etcd's in-memory index over the whole range to compute
+``count``; a *sorted* (``descending``) ``limit=1`` range costs far more,
+because etcd 3.5 fetches every key of the range from its backend, sorts,
+then truncates.  Prefer point gets and narrow ranges on hot paths; keep
+descending ranges narrow.
 """
 from __future__ import annotations
 

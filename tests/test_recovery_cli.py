@@ -201,20 +201,6 @@ def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
             worker.wait()
 
 
-def test_rereplication_bench_smoke(tmp_path):
-    """The benchmark command runs and reports the rate beside the ceiling
-    (no timing asserted: figures are for the command's reader)."""
-    out = tmp_path / "r.json"
-    p = subprocess.run(CLI + ["autorecovery", "bench", "--mb", "8", "--entry-size", "65536", "--dir",
-                              str(tmp_path), "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    r = json.loads(out.read_text())
-    assert r["rereplication"]["bytes_copied"] >= 8_000_000 // 65536 * 65536
-    assert r["rereplication"]["fragments_replaced"] >= 1 and not r["left"] and not r["unrecoverable"]
-    assert r["ceiling"]["mb_per_s"] > 0 and r["ratio"] > 0
-    assert "ratio" in p.stdout
-
-
 def test_the_auditor_killed_mid_scan_another_takes_over(own, tmp_path):
     """An auditor process is kill -9'd as soon as its scan published a
     task; a second candidate is elected once the first one's lease expires,

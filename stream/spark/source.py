@@ -20,8 +20,8 @@ Options (names as Spark's Kafka source has them where it has one):
   when larger;
 - ``trimOnCommit`` (``false``, streams only): trim the stream below each
   committed micro-batch;
-- ``arrowBatches`` (``true``): tasks return pyarrow record batches (about
-  9x faster than tuples here; ``false`` returns tuples).
+- ``arrowBatches`` (``true``): tasks return pyarrow record batches (far
+  faster than tuples: bench/notes.md; ``false`` returns tuples).
 
 The schema is fixed: ``stream`` string, ``position`` binary, ``ledger``
 long, ``entry`` long, ``payload`` binary, ``fragment`` int.  No-op entries

@@ -14,13 +14,13 @@
   protobuf framing alone allow this client.
 - **The design's floor**: the same servers with a journal each (`serve
   --journal`): gRPC and the journal's write + fdatasync, nothing else;
-  `FloorWriter` drives them (and the empty ones) in the benchmark's own
-  open loop, batching as the stream writer does.
+  `FloorWriter` (`bench/floor.py`) drives them (and the empty ones) in
+  the benchmark's own open loop, batching as the stream writer does.
 - **The machine's hiccups**: `HiccupMeter`, a process that only wakes every
   millisecond, records the stalls every process here suffered meanwhile.
 
-    python -m bookstream.ceilings serve [--port 0] [--journal DIR]   one empty server
-    python -m bookstream.ceilings hiccups [--interval-ms 1]          the meter (until stdin closes)
+    python -m bench.ceilings serve [--port 0] [--journal DIR]   one empty server
+    python -m bench.ceilings hiccups [--interval-ms 1]          the meter (until stdin closes)
 """
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ from pathlib import Path
 from bookie import entry as E
 from bookstream.tuning import run as run_loop
 from bookstream.processes import ServedProcess
+from bench.floor import FloorWriter, open_loop_floor
 
 CEILING_READY = "CEILING_READY "
 
@@ -185,7 +186,7 @@ class HiccupMeter:
         self._proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "HiccupMeter":
-        self._proc = subprocess.Popen([sys.executable, "-m", "bookstream.ceilings", "hiccups",
+        self._proc = subprocess.Popen([sys.executable, "-m", "bench.ceilings", "hiccups",
                                        "--interval-ms", str(self.interval * 1e3)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         line = self._proc.stdout.readline()
@@ -338,7 +339,7 @@ async def _serve(host: str, port: int, journal_dir: str | None = None) -> None:
 
 
 class EmptyServerProcess(ServedProcess):
-    """`python -m bookstream.ceilings serve` as a child process."""
+    """`python -m bench.ceilings serve` as a child process."""
 
     log_name = "empty-server.log"
 
@@ -349,7 +350,7 @@ class EmptyServerProcess(ServedProcess):
 
     def command(self) -> list[str]:
         journal = ["--journal", str(Path(self.data_dir) / "journal")] if self.journal else []
-        return [sys.executable, "-m", "bookstream.ceilings", "serve", "--port", "0", *journal]
+        return [sys.executable, "-m", "bench.ceilings", "serve", "--port", "0", *journal]
 
     def describe(self) -> str:
         return "empty gRPC server" + (" with a journal" if self.journal else "")
@@ -506,7 +507,7 @@ async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], 
     gRPC's transport, the writer's batching and the journal's write +
     fdatasync, sharing the machine's cores as a cluster does, and nothing
     else (no bookie state, index or validation, no writer bookkeeping)."""
-    from bookstream.bench import _closed_loop
+    from bench.single import _closed_loop
     from stream.bookie_client import BookieClient
 
     say = progress or (lambda msg: None)
@@ -534,7 +535,7 @@ async def journal_floor(addresses: list[str], plan: list[tuple[int, int, int]], 
 async def _floor_open_loop(addresses: list[str], open_loop: dict, say, what: str, journal: bool) -> dict:
     """`open_loop_floor` for a ceiling phase, with the servers' journals'
     group commits over it when they have journals."""
-    from bookstream.bench import open_loop_line
+    from bench.single import open_loop_line
 
     before = await journal_counters(addresses) if journal else None
     r = await open_loop_floor(addresses, **open_loop)
@@ -589,128 +590,6 @@ def journal_line(j: dict) -> str:
             f"{j['sync_p999_ms_at_most']} ms, the longest <= {j['sync_max_ms_at_most']} ms")
 
 
-class _Add:
-    """One call's entries (one, or a batch) and its future; done once
-    `ack_quorum` servers acked all of them."""
-
-    __slots__ = ("fut", "n", "acked", "servers_done")
-
-    def __init__(self, fut: asyncio.Future, n: int, servers: int):
-        self.fut, self.n, self.acked, self.servers_done = fut, n, [0] * servers, 0
-
-
-class FloorWriter:
-    """A writer that does no more than move frames, batched as the stream
-    writer batches them (stream/ledger_write.py): the appends of one turn of the
-    event loop are handed over together; a server with no frame in flight
-    is sent them at once, else they wait, and go when its frame's ack is
-    back or once MAX_INFLIGHT_FRAMES allows and PIPELINE_BYTES wait; frames
-    of at most FRAME_BYTES.  `append_async` (one entry) and
-    `append_many_async` (a batch, one future) resolve once `ack_quorum`
-    servers acked every entry.  No entry ids, no LAC, no ensemble, no
-    retries: the floor under the writer."""
-
-    def __init__(self, clients, ack_quorum: int = 2):
-        from stream.ledger_write import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
-
-        self.frame_bytes, self.max_inflight, self.pipeline_bytes = FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES
-        self.clients, self.ack_quorum = clients, ack_quorum
-        self.loop = asyncio.get_running_loop()
-        self._queued: list[tuple[list[bytes], _Add]] = []
-        self._held: list[list[tuple[list[bytes], _Add]]] = [[] for _ in clients]
-        self._held_bytes = [0] * len(clients)
-        self._inflight = [0] * len(clients)
-        self._last_frame: tuple | None = None
-
-    def append_async(self, payload: bytes) -> asyncio.Future:
-        return self.append_many_async([payload])
-
-    def append_many_async(self, payloads) -> asyncio.Future:
-        fut = self.loop.create_future()
-        if not self._queued:
-            self.loop.call_soon(self._hand_queued)
-        self._queued.append(([E.encode(1, k, p) for k, p in enumerate(payloads)], _Add(fut, len(payloads),
-                                                                                     len(self.clients))))
-        return fut
-
-    def _hand_queued(self) -> None:
-        queued, self._queued = self._queued, []
-        size = sum(len(r) for records, _ in queued for r in records)
-        for i in range(len(self.clients)):
-            self._held[i].extend(queued)
-            self._held_bytes[i] += size
-            if not self._inflight[i] or (self._held_bytes[i] >= self.pipeline_bytes
-                                         and self._inflight[i] < self.max_inflight):
-                self._send(i)
-
-    def _send(self, i: int) -> None:
-        held, self._held[i], self._held_bytes[i] = self._held[i], [], 0
-        frame: list[bytes] = []
-        parts: list[tuple[_Add, int]] = []
-        size = 0
-        for records, add in held:
-            n = 0
-            for r in records:
-                if frame and size + len(r) > self.frame_bytes:
-                    if n:
-                        parts.append((add, n))
-                    self._transmit(i, frame, parts)
-                    frame, parts, size, n = [], [], 0, 0
-                frame.append(r)
-                size += len(r)
-                n += 1
-            parts.append((add, n))
-        if frame:
-            self._transmit(i, frame, parts)
-
-    def _transmit(self, i: int, frame: list[bytes], parts: list[tuple[_Add, int]]) -> None:
-        # one frame's bytes for every server it goes to, as the writer encodes a run once
-        c = self._last_frame
-        if c is not None and c[0] is frame[0] and c[1] is frame[-1] and c[2] == len(frame):
-            message = c[3]
-        else:
-            message = b"".join(frame)
-            self._last_frame = (frame[0], frame[-1], len(frame), message)
-        self._inflight[i] += 1
-        self.clients[i].add_frame(message).add_done_callback(lambda f: self._acked(i, parts, f))
-
-    def _acked(self, i: int, parts: list[tuple[_Add, int]], f: asyncio.Future) -> None:
-        self._inflight[i] -= 1
-        failed = f.exception()
-        for add, n in parts:
-            if add.fut.done():
-                continue
-            if failed is not None:
-                add.fut.set_exception(failed)
-                continue
-            add.acked[i] += n
-            if add.acked[i] == add.n:
-                add.servers_done += 1
-                if add.servers_done == self.ack_quorum:
-                    add.fut.set_result(None)
-        if self._held[i]:
-            self._send(i)
-
-
-async def open_loop_floor(addresses: list[str], size: int, seconds: float, rate: float, ack_quorum: int = 2) -> dict:
-    """The open loop of `bench stream` (`bookstream.bench._open_loop`, the
-    same measuring code) through a `FloorWriter` to servers that do no more
-    than gRPC (and their journal, if started with one): the floor of that
-    figure at that load, without any bookie or client logic."""
-    from bookstream.bench import _open_loop
-    from stream.bookie_client import BookieClient
-
-    clients = [BookieClient(a) for a in addresses]
-    try:
-        for c in clients:
-            await c.add(E.encode(1, 0, b"open"))  # open the streams
-        r = await _open_loop(FloorWriter(clients, ack_quorum).append_async, size, seconds, rate)
-    finally:
-        for c in clients:
-            await c.close()
-    return {"entry_bytes": size, "ack_quorum": ack_quorum, **r}
-
-
 def best(rows: list[dict], size: int, key: str) -> dict | None:
     """The row for entries of `size` with the highest `key`."""
     rows = [r for r in rows if r["entry_bytes"] == size]
@@ -718,7 +597,7 @@ def best(rows: list[dict], size: int, key: str) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bookstream.ceilings")
+    p = argparse.ArgumentParser(prog="python -m bench.ceilings")
     sub = p.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("serve", help="serve the bookie service with empty handlers")
     s.add_argument("--host", default="127.0.0.1")

@@ -70,7 +70,7 @@ def _cdf_panel(ax, doc: dict) -> None:
 def _ratio_panel(ax, doc: dict) -> None:
     figs = doc["figures"]
     labels, to_ceiling, to_peer = [], [], []
-    from bookstream.suite import tightest
+    from bench.suite import tightest
 
     for f in figs:
         _, c = tightest(f)

@@ -1,16 +1,15 @@
-"""`bookstream bench`: benchmarks (figures, never assertions).
+"""The single-purpose benchmarks and the measuring loops the others share.
 
     bookstream bench bookie [--sizes 100,1024,65536] [--batches 1,10,100,1000]
                             [--seconds 3] [--out results.json]
-    bookstream bench replay | stream | ledger | reads [...]   (reads: bookstream/bench_reads.py)
-    bookstream bench suite [--quick] [--out suite.json]     (bookstream/suite.py)
-    bookstream bench plot suite.json
+    bookstream bench replay | stream | ledger [...]
 
 `bench bookie` starts one real bookie process on a temporary data dir (on
 the same disk as --dir) and measures appends/s and MB/s into it, with fsync,
 for each entry size and batch size.  In the same run it measures the raw
 write + fdatasync rate of the same disk with the same write sizes, and reports
-each figure as a ratio to it.
+each figure as a ratio to it.  The closed and open loops here
+(`_closed_loop`, `_open_loop`) also drive the suite's floors and JetStream.
 """
 from __future__ import annotations
 
@@ -28,10 +27,10 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
-from bookstream.ceilings import STALL_MS, HiccupMeter
-from bookstream.ceilings import pct as _pct
+from bench.ceilings import STALL_MS, HiccupMeter
+from bench.ceilings import pct as _pct
 from bookstream.tuning import tune_process
-from bookstream.ceilings import raw_disk_rate, read_files_rate
+from bench.ceilings import raw_disk_rate, read_files_rate
 from stream.errors import TooManyPendingAdds
 
 
@@ -43,9 +42,8 @@ def int_list(s: str) -> list[int]:
 MAX_FRAME_BYTES = 16 << 20
 
 
-def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="run benchmarks")
-    bsub = p.add_subparsers(dest="bench", required=True)
+def add_parsers(bsub) -> None:
+    """`bench bookie`, `bench replay`, `bench stream`, `bench ledger`."""
     b = bsub.add_parser("bookie", help="appends/s and MB/s into one bookie, beside the raw disk")
     b.add_argument("--sizes", default="100,1024,65536")
     b.add_argument("--batches", default="1,10,100,1000")
@@ -61,12 +59,6 @@ def add_parser(sub) -> None:
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_replay)
     add_client_parsers(bsub)
-    from bookstream import bench_reads, profile, suite
-
-    bench_reads.add_parsers(bsub)
-
-    suite.add_parsers(bsub)
-    profile.add_parser(bsub)
 
 
 def add_data_args(p) -> None:

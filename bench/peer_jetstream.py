@@ -5,8 +5,8 @@ JetStream cluster on loopback, each with its own store dir and
 `sync_interval: always` (the server fsyncs on every write: docs.nats.io,
 reference/config/jetstream/sync_interval); streams are created with
 replicas=3 and file storage.  One `nats-py` client runs the same workloads as
-bookstream's, through the same measuring code (`bench._closed_loop`,
-`bench._open_loop`): appends are publishes whose future resolves on the
+bookstream's, through the same measuring code (`single._closed_loop`,
+`single._open_loop`): appends are publishes whose future resolves on the
 stream's PubAck (after the replicated write is stored by a quorum).
 
 Readiness is waited for by events: each server's "Server is ready" line, then
@@ -312,7 +312,7 @@ def _chain(target: asyncio.Future, source: asyncio.Future) -> None:
 
 
 async def closed_loop(js, stream: str, size: int, seconds: float, window: int, min_count: int = 0) -> dict:
-    from bookstream.bench import _closed_loop
+    from bench.single import _closed_loop
 
     subject = f"{stream}.data"
     facts = await create_stream(js, stream, subject)
@@ -325,7 +325,7 @@ async def closed_loop(js, stream: str, size: int, seconds: float, window: int, m
 
 
 async def open_loop(js, stream: str, size: int, seconds: float, rate: float) -> dict:
-    from bookstream.bench import _open_loop
+    from bench.single import _open_loop
 
     subject = f"{stream}.data"
     facts = await create_stream(js, stream, subject)
@@ -369,13 +369,13 @@ async def run_workloads(urls: list[str], plan: list[tuple[int, int, int]], secon
     read of it; then the open loop."""
     import nats.js.errors
 
-    from bookstream.bench import open_loop_line
+    from bench.single import open_loop_line
 
     say = progress or (lambda msg: None)
     out: dict = {"appends": [], "reads": [], "open_loop": []}
     nc, js = await connect(urls, max(w for _, w, _ in plan))
     try:
-        if open_loop_rate:  # first, as for bookstream (bookstream/suite.py)
+        if open_loop_rate:  # first, as for bookstream (bench/suite.py)
             r = await open_loop(js, "bench_open_loop", open_loop_size, seconds, open_loop_rate)
             out["open_loop"].append(r)
             say("jetstream " + open_loop_line(r))

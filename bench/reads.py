@@ -8,10 +8,10 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
 
 1. for each ensemble E/Qw (Qa 2) and entry size, a stream of `--mb` MiB is
    written, then read from the start to its end `--reads` times by one
-   reader (`bench.stream_read_all`): entries/s and MB/s.  Striped ensembles
+   reader (`single.stream_read_all`): entries/s and MB/s.  Striped ensembles
    (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
    the same run;
-2. with `--open-loop-rate`: the open loop (`bench._open_loop`, 1 KiB) alone,
+2. with `--open-loop-rate`: the open loop (`single._open_loop`, 1 KiB) alone,
    then the same with a catch-up reader in another process reading the
    largest E = Qw stream over and over (`bench catchup-reader`): the p99 with
    the reader beside it against the p99 without, and what the reader read
@@ -43,7 +43,7 @@ def ensembles(spec: str) -> list[tuple[int, int]]:
 
 
 def add_parsers(bsub) -> None:
-    from bookstream.bench import add_data_args
+    from bench.single import add_data_args
 
     r = bsub.add_parser("reads", help="catch-up reads per ensemble shape; the writer's p99 beside a catch-up reader")
     r.add_argument("--sizes", default="1024,65536")
@@ -111,11 +111,11 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
     and the best; `vs_qw_eq_e`: MB/s ÷ the reference ensemble's, same size;
     per read, `disk_fraction`: the bookies' reads from the disk (page-cache
     misses) ÷ the bytes read."""
-    from bookstream import bench
+    from bench import single
 
     async def one(name: str, size: int) -> dict:
         before = disk_reads(bookie_pids)
-        r = await bench.stream_read_all(sc, name, size)
+        r = await single.stream_read_all(sc, name, size)
         r["disk_fraction"] = (disk_reads(bookie_pids) - before) / max(1, r["entries"] * size)
         return r
 
@@ -143,7 +143,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
 
 
 def start_reader(etcd: str, cluster: str, name: str, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bookstream.cli", "bench", "catchup-reader", "--etcd", etcd,
+    return subprocess.Popen([sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
                              "--cluster", cluster, "--stream", name, "--seconds", str(seconds)],
                             stdout=subprocess.PIPE, text=True)
 
@@ -151,27 +151,27 @@ def start_reader(etcd: str, cluster: str, name: str, seconds: float) -> subproce
 async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
                                   rate: float, say=print) -> dict:
     """Step 2 of the module doc."""
-    from bookstream import bench
+    from bench import single
 
-    alone = await bench.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
-    say(f"alone: {bench.open_loop_line(alone)}")
+    alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
+    say(f"alone: {single.open_loop_line(alone)}")
     reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30)
     try:
         line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
         if not line.startswith("started"):
             raise RuntimeError(f"the catch-up reader did not start: {line!r}")
-        beside = await bench.stream_open_loop(sc, f"reads-open-beside-{tag}", 1024, seconds, rate)
+        beside = await single.stream_open_loop(sc, f"reads-open-beside-{tag}", 1024, seconds, rate)
     finally:
         reader.terminate()
         out, _ = await asyncio.get_running_loop().run_in_executor(None, reader.communicate)
     got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-    say(f"beside a catch-up reader ({got.get('mb_per_s', 0):.0f} MB/s meanwhile): {bench.open_loop_line(beside)}")
+    say(f"beside a catch-up reader ({got.get('mb_per_s', 0):.0f} MB/s meanwhile): {single.open_loop_line(beside)}")
     return {"alone": alone, "beside_reader": beside, "reader": got,
             "p99_ratio": beside["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else None}
 
 
 def cmd_bench_reads(args: argparse.Namespace) -> int:
-    from bookstream.bench import _cluster, int_list
+    from bench.single import _cluster, int_list
     from stream.stream import AsyncStreamClient
 
     tune_process()
@@ -235,17 +235,17 @@ def cmd_catchup_reader(args: argparse.Namespace) -> int:
     return 0
 
 
-# -- in the suite (bookstream/suite.py) ------------------------------------------------------
+# -- in the suite (bench/suite.py) ------------------------------------------------------
 
 
 def _int_list(s: str) -> list[int]:
-    from bookstream.bench import int_list
+    from bench.single import int_list
 
     return int_list(s)
 
 
 def phase_reads(base: Path, p: dict, say) -> dict:
-    """Issue 18's read figures on a cluster of 5 bookies (`bench_reads`):
+    """Issue 18's read figures on a cluster of 5 bookies (`bench/reads.py`):
     the catch-up of streams of each ensemble shape (striped against Qw = E,
     per byte), and the open loop alone and beside a catch-up reader."""
     from bookstream.standalone import Standalone

@@ -36,7 +36,7 @@ def add_parser(bsub) -> None:
     p.add_argument("--batch", type=int, default=100, help="appends per call (1: append_async per record)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--top", type=int, default=15)
-    from bookstream.bench import add_data_args
+    from bench.single import add_data_args
 
     add_data_args(p)  # --dir (the data and the samples), --keep-data (the cluster's), --bookie-arg
     p.add_argument("--out", type=Path, default=Path("bench-results/profile.json"))
@@ -76,7 +76,7 @@ def top_functions(raw: str, top: int) -> dict:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from bookstream import bench
+    from bench import single
     from bookstream.standalone import Standalone
     from stream.stream import AsyncStreamClient
 
@@ -97,7 +97,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                      for name, pid in targets.items()]
             try:
-                r = await bench.stream_closed_loop(sc, f"profile-{os.getpid()}", args.size, args.seconds,
+                r = await single.stream_closed_loop(sc, f"profile-{os.getpid()}", args.size, args.seconds,
                                                    args.window, batch=args.batch)
             finally:
                 await asyncio.get_running_loop().run_in_executor(None, lambda: [s.wait() for s in spies])

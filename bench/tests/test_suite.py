@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from bookie import entry as E
-from bookstream import ceilings, peer_jetstream, suite
+from bench import ceilings, floor, peer_jetstream, suite
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -198,7 +198,7 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
                 return add_frame(frame)
             c.add_frame = counting
         try:
-            w = ceilings.FloorWriter(clients, ack_quorum=2)
+            w = floor.FloorWriter(clients, ack_quorum=2)
             first = [w.append_async(b"a" * 10) for _ in range(5)]
             await asyncio.sleep(0)  # the next turn: handed over, the acks still on their way
             second = [w.append_async(b"b" * 10) for _ in range(3)]
@@ -206,7 +206,7 @@ def test_floor_writer_batches_a_turn_and_waits_for_its_ack_quorum(tmp_path):
             await asyncio.gather(*first, *second)
             # a batch: one future, its entries in frames of at most the writer's FRAME_BYTES
             await w.append_many_async([b"c" * 102_400] * 20)
-            r = await ceilings.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
+            r = await floor.open_loop_floor([s.address for s in servers], 100, 0.2, 2000)
         finally:
             for c in clients:
                 await c.close()
@@ -228,7 +228,7 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
     import gc
     import time
 
-    from bookstream import bench
+    from bench import single
 
     calls = 0
 
@@ -246,7 +246,7 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
             f.set_result(None)
             return f
 
-        return await bench._open_loop(append_async, 10, 0.3, 1000, hiccups=False)
+        return await single._open_loop(append_async, 10, 0.3, 1000, hiccups=False)
 
     r = asyncio.run(go())
     assert calls == 400 and r["completed"] == 300 and r["warmup_appends"] == 100
@@ -255,8 +255,9 @@ def test_open_loop_reports_its_own_lateness_and_gc_passes():
     # later, and begins with an append scheduled at 50 ms or later (the one
     # after the sleep, or a little later if the sleep's burst already issued
     # a few).  That burst is a stall ending at 69 ms or later, and counts in
-    # the lateness and the latencies; others may come on a loaded machine.
-    stall = [(at, ms) for at, ms in r["stalls"] if 0.0495 <= at < 0.064 and at + ms / 1e3 >= 0.069 - 1e-6]
+    # the lateness and the latencies; others may come on a loaded machine,
+    # and one that began earlier may run into it (then it starts before 50 ms).
+    stall = [(at, ms) for at, ms in r["stalls"] if at < 0.064 and at + ms / 1e3 >= 0.069 - 1e-6]
     assert stall, r["stalls"]
     at, ms = stall[0]
     assert ms >= 5 and r["late_max_ms"] >= ms and r["p999_ms"] >= ms
@@ -399,7 +400,7 @@ def test_client_and_bookie_benchmarks_remove_their_data_unless_kept(tmp_path, ke
 def test_the_open_loop_warms_up_before_it_records():
     """A third of the measured time more (at most 1 s) is offered first, at
     the same rate, and not recorded."""
-    from bookstream import bench
+    from bench import single
 
     calls = []
 
@@ -409,6 +410,6 @@ def test_the_open_loop_warms_up_before_it_records():
         f.set_result(len(calls))
         return f
 
-    r = asyncio.run(bench._open_loop(append_async, 10, 0.3, 1000))
+    r = asyncio.run(single._open_loop(append_async, 10, 0.3, 1000))
     assert r["warmup_s"] == pytest.approx(0.1) and r["warmup_appends"] == 100
     assert r["completed"] == 300 and r["failed"] == 0 and len(calls) == 400

