@@ -54,7 +54,8 @@ Mutants == {"none",
             "lafr_from_lac",          \* (4) recovery's LAFR is scanned from LAC + 1
             "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
             "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
-            "no_origin_floor"}        \* (7) recovery takes any OK answer (no origin-term floor)
+            "no_origin_floor",        \* (7) recovery takes any OK answer (no origin-term floor)
+            "release_at_qa"}          \* (8) unbounded: a writer releases a pending add at Qa
 
 ASSUME Mode \in {"unbounded", "classic"}
 ASSUME Mutant \in Mutants
@@ -155,8 +156,8 @@ Advance(from, ack, q) ==
     MaxOf({m \in from .. IdMax : \A i \in (from + 1) .. m : Cardinality(ack[i]) >= q})
 
 \* A writer releases a pending add at Qw (unbounded: guaranteed write quorum,
-\* rule 1) or at Qa (classic).
-Released(w) == IF Unbounded THEN w.lafr ELSE w.lac
+\* rule 1) or at Qa (classic; the mutant release_at_qa: unbounded too).
+Released(w) == IF Unbounded /\ Mutant # "release_at_qa" THEN w.lafr ELSE w.lac
 
 (***************************************************************************)
 (* Bookie rules.                                                           *)
@@ -245,7 +246,7 @@ AckFrom(c, b, n) ==
     IF w.phase = "open"
     THEN LET lac2  == Advance(w.lac, ack2, AQ)
              lafr2 == IF Unbounded THEN Advance(w.lafr, ack2, WQ) ELSE -1
-             rel   == IF Unbounded THEN lafr2 ELSE lac2
+             rel   == IF Unbounded /\ Mutant # "release_at_qa" THEN lafr2 ELSE lac2
          IN
          /\ cl' = [cl EXCEPT
                      ![c].ack  = [i \in Ids |-> IF i <= rel THEN {} ELSE ack2[i]],
@@ -671,6 +672,28 @@ NoHole ==
         => IF n = 0 THEN Origin(ReadValue(n)) = 1
            ELSE /\ Cardinality(ReadableValues(n - 1)) = 1
                 /\ ReadValue(n - 1) \in {ReadValue(n), NoOp(Origin(ReadValue(n)))}
+
+\* No dirty reads (after Vanlightly's specs): a reader may read up to any
+\* LAC a bookie reports, so every entry up to a bookie's LAC is committed:
+\* on at least Qa bookies of its write set in the metadata, with the value
+\* a reader gets.  (AckedDurable covers what a writer acknowledged; this
+\* covers what the bookies advertise, recovery's frozen LAC included.)
+NoDirtyReads ==
+    \A b \in Bookies : \A n \in 0 .. bk[b].lac :
+        /\ ReadableValues(n) # {}
+        /\ Cardinality({x \in WriteSet(n, meta.frags) : bk[x].ents[n] = ReadValue(n)}) >= AQ
+
+\* Tail fragments reach the write quorum (after Vanlightly's guaranteed-write-
+\* quorum spec): unbounded, a fragment that is no longer the last one was
+\* sealed at the writer's (or recovery's) LAFR + 1, so each of its entries
+\* is on every bookie of its ensemble, with one value.  (Classic seals at
+\* LAC + 1: an entry of a sealed fragment may be on Qa bookies only.)
+TailFragmentsReachWriteQuorum ==
+    Unbounded =>
+        \A f \in 1 .. Len(meta.frags) - 1 :
+            \A n \in meta.frags[f].first .. meta.frags[f + 1].first - 1 :
+                /\ \A b \in meta.frags[f].ens : bk[b].ents[n] # NoVal
+                /\ Cardinality({bk[b].ents[n] : b \in meta.frags[f].ens}) = 1
 
 \* Classic: a closed ledger's last entry covers every acknowledged entry.
 ClosedCoversAcked ==

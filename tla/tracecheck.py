@@ -42,7 +42,7 @@ if str(HERE.parent) not in sys.path:
 
 import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
 
-SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamTrace.tla")
+SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamFiner.tla", HERE / "BookstreamTrace.tla")
 
 
 class Unsupported(ValueError):
