@@ -169,8 +169,8 @@ FinerInit == Init /\ msgs = {} /\ hist = [lac |-> -1, lafr |-> -1]
 
 FinerSpec == FinerInit /\ [][FinerNext]_fvars
 
-\* Bounds the channel for model checking: at most MaxInFlight requests
-\* remembered (a state constraint: prunes behaviours, adds none).
-MaxInFlight == 2
-ChannelBound == Cardinality(msgs) <= MaxInFlight
+\* Bound the channel for model checking (state constraints: they prune
+\* behaviours, add none): at most 2 (1) requests delayed at once.
+ChannelBound == Cardinality(msgs) <= 2
+ChannelOne == Cardinality(msgs) <= 1
 =============================================================================

@@ -738,6 +738,12 @@ FirstTermDataOnly ==
     /\ \A c \in Clients : \A i \in Ids : cl[c].val[i] \in {NoVal, Data(1)} \cup {NoOp(t) : t \in 1 .. MaxTerm}
     /\ \A c \in Clients : cl[c].phase = "open" /\ cl[c].term > 1 => cl[c].lap = cl[c].lac
 
+\* Only crashed bookies are replaced (by writers and recoveries alike).
+CrashReplacementsOnly ==
+    /\ Ensemble0 \ LastFrag(meta.frags).ens \subseteq crashed
+    /\ \A c \in Clients :
+          cl[c].frags # <<>> => Ensemble0 \ LastFrag(cl[c].frags).ens \subseteq crashed
+
 \* Each bookie stores a client's adds in id order (one stream per bookie, as
 \* in the implementation): among the adds a client has not released, a
 \* bookie that acknowledged one acknowledged every lower one it must hold.
@@ -745,4 +751,20 @@ AddsInOrder ==
     \A c \in Clients : \A i, j \in Ids :
         i < j /\ cl[c].val[i] # NoVal /\ cl[c].val[j] # NoVal =>
             \A b \in cl[c].ack[j] \cap WriteSet(i, cl[c].frags) : b \in cl[c].ack[i]
+
+\* A reachability witness (a configuration expects it violated): a recovery
+\* that replaced a crashed bookie is about to send its truncate no-op to a
+\* bookie holding an entry above it, which the no-op will delete, in a state
+\* that unbounded_crash_ids2's constraints admit (TLC checks invariants on
+\* states the constraints then prune).
+NoDeletingTruncationAfterRecoveryChange ==
+    ~ /\ CrashReplacementsOnly /\ AddsInOrder
+      /\ \E c \in Clients, b \in Bookies :
+           LET w == cl[c] IN
+           /\ w.phase = "finishing"
+           /\ crashed # {}
+           /\ LastFrag(w.frags).ens # w.rens
+           /\ b \in WriteSet(w.next, w.frags) \ (crashed \cup w.ack[w.next])
+           /\ bk[b].term <= w.term
+           /\ \E i \in Ids : i > w.next /\ bk[b].ents[i] # NoVal
 =============================================================================

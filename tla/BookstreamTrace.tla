@@ -135,14 +135,35 @@ Step(e) ==
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 
-TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {}
+TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
+
+\* Reports how far some behaviour got (tracecheck.py reads the last line;
+\* TLC's depth overcounts with ReadAtDecision steps; one worker).
+Progressed ==
+    l' > TLCGet(1) => PrintT(<<"consumed", l' - 1>>) /\ TLCSet(1, l')
+
+\* Read-ahead: the implementation records answers for entries above next
+\* and decides in entry order (RecoveryDecide).  The spec's RecoveryRead
+\* reads next when it decides: before a RecoveryDecide event, TLC may take
+\* client c's reads of next (the bookie side of each already happened, at
+\* its BookieRead event, so the read finds the bookie's term raised and
+\* changes nothing there) without consuming an event.
+ReadAtDecision ==
+    LET e == Trace[l] IN
+    /\ e.a = "RecoveryDecide"
+    /\ cl[e.c].phase = "reading"
+    /\ cl[e.c].next <= e.n
+    /\ \E b \in Bookies : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk
+    /\ UNCHANGED <<l, msgs, hist>>
 
 TraceNext ==
-    /\ l <= Len(Trace)
-    /\ Step(Trace[l])
-    /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
-    /\ l' = l + 1
-    /\ HistNext
+    \/ /\ l <= Len(Trace)
+       /\ Step(Trace[l])
+       /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
+       /\ l' = l + 1
+       /\ HistNext
+       /\ Progressed
+    \/ l <= Len(Trace) /\ ReadAtDecision
 
 TraceSpec == TraceInit /\ [][TraceNext]_tvars
 
