@@ -31,7 +31,7 @@ def tools():
 
 @pytest.mark.parametrize("config", check.CI_CONFIGS, ids=lambda c: c.name)
 def test_model(config, tools):
-    result = check.run_config(config, tools, timeout=280)
+    result = check.run_config(config, tools, timeout=900)  # (generous: other work shares the cores)
     assert result.outcome == config.expect_outcome, result.describe()
     assert result.distinct or (config.depth and result.generated), result.describe()
     if config.budget:  # simulation of the real protocol: no error in its time

@@ -325,7 +325,8 @@ def compact_trace(output: str) -> str:
 def table(results: list[Result]) -> str:
     rows = [("config", "kind", "expected", "outcome", "distinct", "depth", "seconds", "")]
     for r in results:
-        rows.append((r.config.name, "mutant" if r.config.mutant else "real", r.config.expect_outcome, r.outcome,
+        kind = "witness" if r.config.name.startswith("witness") else "mutant" if r.config.mutant else "real"
+        rows.append((r.config.name, kind, r.config.expect_outcome, r.outcome,
                      f"{r.distinct:,}" if r.distinct is not None
                      else f"{r.generated:,} sim" if r.generated is not None else "-",
                      str(r.depth) if r.depth is not None else "-",
