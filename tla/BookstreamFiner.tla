@@ -24,12 +24,10 @@
 EXTENDS BookstreamLedger
 
 VARIABLES
-    msgs,   \* adds sent and not yet known stored: the channel to the bookies
+    msgs,   \* adds sent and not yet delivered: the channel to the bookies
     hist    \* history: the highest LAC and LAFR any writer ever had
 
 fvars == <<vars, msgs, hist>>
-
-OpenClients == {c \in Clients : cl[c].phase = "open"}
 
 \* hist after a step (a writer's LAC/LAFR after it).
 HistNext ==

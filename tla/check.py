@@ -104,8 +104,8 @@ CONFIGS = [
     # reach the 34-step counterexample (CI).
     Config("sim_mutant_no_origin_floor_e3", "violation:NoHole", depth=45),
     # The finer spec with crashes and restarts: too large to exhaust; random
-    # behaviours of depth <= 60 for 120 s (CI).
-    Config("sim_finer", OK, deadlock=False, module="BookstreamFiner", depth=60, budget=120),
+    # behaviours of depth <= 60 for 60 s (CI; `--budget S` for longer).
+    Config("sim_finer", OK, deadlock=False, module="BookstreamFiner", depth=60, budget=60),
 ]
 CI_CONFIGS = [c for c in CONFIGS if not c.extended]
 BY_NAME = {c.name: c for c in CONFIGS}
@@ -349,6 +349,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", action="store_true", help="print TLC's whole output")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
+    ap.add_argument("--budget", type=float, help="seconds for the simulated real configurations (sim_finer)")
     args = ap.parse_args(argv)
 
     if args.list:
@@ -359,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         ap.error(f"unknown configuration(s): {', '.join(unknown)} (see --list)")
     configs = [BY_NAME[n] for n in args.names] or (CONFIGS if args.all else CI_CONFIGS)
+    if args.budget:
+        configs = [dataclasses.replace(c, budget=args.budget) if c.budget else c for c in configs]
     try:
         tools = find_tools()
     except ToolError as e:
