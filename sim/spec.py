@@ -117,6 +117,13 @@ DEVIATIONS = {
                   "ahead (answers for ids above next recorded in any order, decisions in order: "
                   "ClientReadAnswer / RecoveryDecide; why an earlier answer is as good: "
                   "stream/recovery_core.py)",
+    "crash_term": "BookieCrash: bk[b].term here is the in-memory term, raised when an add is admitted; "
+                  "a crash forgets a raise no durable step carried, so the term goes down (against the "
+                  "spec's Monotonic).  The spec raises a term only at a durable step (a store; a fencing "
+                  "or recovery read fsyncs the term before it answers), and TLC's mapping "
+                  "(tla/BookstreamTrace.tla: the term compared at stores and crashes only) is the "
+                  "durable term, which never goes down; the forgotten raise was seen only by the "
+                  "refusals it gave (InvalidTerm to an older writer, which then withdrew)",
 }
 
 
@@ -576,7 +583,8 @@ class Model:
     def BookieCrash(self, b: str, durable_term: int, durable_fenced: bool) -> None:
         """The bookie stops answering and loses its memory: what it rebuilds
         from its journal keeps every stored entry, LAC and LAFR; the term
-        raised by adds admitted but never durable is forgotten."""
+        raised by adds admitted but never durable is forgotten
+        (DEVIATIONS["crash_term"])."""
         a, k = "BookieCrash", self.bk[b]
         self._need(b not in self.crashed, a, f"{b} already crashed")
         self._need(durable_term <= k.term and (k.fenced or not durable_fenced), a, "a crash raised the state")

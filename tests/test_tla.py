@@ -31,10 +31,12 @@ def tools():
 
 @pytest.mark.parametrize("config", check.CI_CONFIGS, ids=lambda c: c.name)
 def test_model(config, tools):
-    result = check.run_config(config, tools, timeout=280)
-    assert result.outcome == config.expect, result.describe()
-    assert result.distinct, result.describe()
-    if config.expect == check.OK:
+    result = check.run_config(config, tools, timeout=900)  # (generous: other work shares the cores)
+    assert result.outcome == config.expect_outcome, result.describe()
+    assert result.distinct or (config.depth and result.generated), result.describe()
+    if config.budget:  # simulation of the real protocol: no error in its time
+        assert result.outcome == check.SAMPLED
+    elif config.expect == check.OK:
         assert result.left == 0, result.describe()
     else:
         assert result.outcome.startswith("violation:")
@@ -55,3 +57,6 @@ def test_parse_does_not_trust_no_error_alone():
     assert check.parse("Error: Invariant NoDivergence is violated.\n")[0] == "violation:NoDivergence"
     assert check.parse("Error: Action property ReadsStable is violated.\n")[0] == "violation:ReadsStable"
     assert check.parse("Error: Deadlock reached.\n")[0] == "deadlock"
+    # Simulation mode reports the states it visited, no distinct count.
+    sim = "Error: Invariant NoHole is violated.\nThe number of states generated: 489900\n"
+    assert check.parse(sim)[:3] == ("violation:NoHole", None, 489900)

@@ -54,7 +54,8 @@ Mutants == {"none",
             "lafr_from_lac",          \* (4) recovery's LAFR is scanned from LAC + 1
             "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
             "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
-            "no_origin_floor"}        \* (7) recovery takes any OK answer (no origin-term floor)
+            "no_origin_floor",        \* (7) recovery takes any OK answer (no origin-term floor)
+            "release_at_qa"}          \* (8) unbounded: a writer releases a pending add at Qa
 
 ASSUME Mode \in {"unbounded", "classic"}
 ASSUME Mutant \in Mutants
@@ -155,8 +156,8 @@ Advance(from, ack, q) ==
     MaxOf({m \in from .. IdMax : \A i \in (from + 1) .. m : Cardinality(ack[i]) >= q})
 
 \* A writer releases a pending add at Qw (unbounded: guaranteed write quorum,
-\* rule 1) or at Qa (classic).
-Released(w) == IF Unbounded THEN w.lafr ELSE w.lac
+\* rule 1) or at Qa (classic; the mutant release_at_qa: unbounded too).
+Released(w) == IF Unbounded /\ Mutant # "release_at_qa" THEN w.lafr ELSE w.lac
 
 (***************************************************************************)
 (* Bookie rules.                                                           *)
@@ -245,7 +246,7 @@ AckFrom(c, b, n) ==
     IF w.phase = "open"
     THEN LET lac2  == Advance(w.lac, ack2, AQ)
              lafr2 == IF Unbounded THEN Advance(w.lafr, ack2, WQ) ELSE -1
-             rel   == IF Unbounded THEN lafr2 ELSE lac2
+             rel   == IF Unbounded /\ Mutant # "release_at_qa" THEN lafr2 ELSE lac2
          IN
          /\ cl' = [cl EXCEPT
                      ![c].ack  = [i \in Ids |-> IF i <= rel THEN {} ELSE ack2[i]],
@@ -672,6 +673,28 @@ NoHole ==
            ELSE /\ Cardinality(ReadableValues(n - 1)) = 1
                 /\ ReadValue(n - 1) \in {ReadValue(n), NoOp(Origin(ReadValue(n)))}
 
+\* No dirty reads (after Vanlightly's specs): a reader may read up to any
+\* LAC a bookie reports, so every entry up to a bookie's LAC is committed:
+\* on at least Qa bookies of its write set in the metadata, with the value
+\* a reader gets.  (AckedDurable covers what a writer acknowledged; this
+\* covers what the bookies advertise, recovery's frozen LAC included.)
+NoDirtyReads ==
+    \A b \in Bookies : \A n \in 0 .. bk[b].lac :
+        /\ ReadableValues(n) # {}
+        /\ Cardinality({x \in WriteSet(n, meta.frags) : bk[x].ents[n] = ReadValue(n)}) >= AQ
+
+\* Tail fragments reach the write quorum (after Vanlightly's guaranteed-write-
+\* quorum spec): unbounded, a fragment that is no longer the last one was
+\* sealed at the writer's (or recovery's) LAFR + 1, so each of its entries
+\* is on every bookie of its ensemble, with one value.  (Classic seals at
+\* LAC + 1: an entry of a sealed fragment may be on Qa bookies only.)
+TailFragmentsReachWriteQuorum ==
+    Unbounded =>
+        \A f \in 1 .. Len(meta.frags) - 1 :
+            \A n \in meta.frags[f].first .. meta.frags[f + 1].first - 1 :
+                /\ \A b \in meta.frags[f].ens : bk[b].ents[n] # NoVal
+                /\ Cardinality({bk[b].ents[n] : b \in meta.frags[f].ens}) = 1
+
 \* Classic: a closed ledger's last entry covers every acknowledged entry.
 ClosedCoversAcked ==
     meta.state = "CLOSED" => \A p \in acked : p[1] <= meta.last
@@ -715,6 +738,12 @@ FirstTermDataOnly ==
     /\ \A c \in Clients : \A i \in Ids : cl[c].val[i] \in {NoVal, Data(1)} \cup {NoOp(t) : t \in 1 .. MaxTerm}
     /\ \A c \in Clients : cl[c].phase = "open" /\ cl[c].term > 1 => cl[c].lap = cl[c].lac
 
+\* Only crashed bookies are replaced (by writers and recoveries alike).
+CrashReplacementsOnly ==
+    /\ Ensemble0 \ LastFrag(meta.frags).ens \subseteq crashed
+    /\ \A c \in Clients :
+          cl[c].frags # <<>> => Ensemble0 \ LastFrag(cl[c].frags).ens \subseteq crashed
+
 \* Each bookie stores a client's adds in id order (one stream per bookie, as
 \* in the implementation): among the adds a client has not released, a
 \* bookie that acknowledged one acknowledged every lower one it must hold.
@@ -722,4 +751,20 @@ AddsInOrder ==
     \A c \in Clients : \A i, j \in Ids :
         i < j /\ cl[c].val[i] # NoVal /\ cl[c].val[j] # NoVal =>
             \A b \in cl[c].ack[j] \cap WriteSet(i, cl[c].frags) : b \in cl[c].ack[i]
+
+\* A reachability witness (a configuration expects it violated): a recovery
+\* that replaced a crashed bookie is about to send its truncate no-op to a
+\* bookie holding an entry above it, which the no-op will delete, in a state
+\* that unbounded_crash_ids2's constraints admit (TLC checks invariants on
+\* states the constraints then prune).
+NoDeletingTruncationAfterRecoveryChange ==
+    ~ /\ CrashReplacementsOnly /\ AddsInOrder
+      /\ \E c \in Clients, b \in Bookies :
+           LET w == cl[c] IN
+           /\ w.phase = "finishing"
+           /\ crashed # {}
+           /\ LastFrag(w.frags).ens # w.rens
+           /\ b \in WriteSet(w.next, w.frags) \ (crashed \cup w.ack[w.next])
+           /\ bk[b].term <= w.term
+           /\ \E i \in Ids : i > w.next /\ bk[b].ents[i] # NoVal
 =============================================================================

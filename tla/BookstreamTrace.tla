@@ -13,19 +13,18 @@
 (* iff some behaviour consumes it whole, i.e. TLC finds a state violating  *)
 (* the invariant Unconsumed.                                               *)
 (*                                                                         *)
-(* Extension steps (not in the protocol spec; each only withdraws a        *)
-(* client, or raises a bookie's LAC/LAFR to a writer's own, or brings a    *)
-(* crashed bookie back): Withdraw, StoreLac, Restart.  tla/README.md lists *)
-(* them with the rest of the mapping.                                      *)
+(* The steps BookstreamLedger abstracts (late stores and reads, explicit   *)
+(* LAC, give-ups, restarts) are BookstreamFiner's, model-checked there;   *)
+(* the trace's channel only remembers every request sent (a live store is *)
+(* DeliverWith, a stale one StoreLate).  tla/README.md has the mapping.    *)
 (***************************************************************************)
-EXTENDS BookstreamLedger, TraceData
+EXTENDS BookstreamFiner, TraceData
 \* TraceData (generated per trace by tla/tracecheck.py) defines Trace: <<event,
 \* ...>>, records with the fields below, and the constants' values.
 
 VARIABLES
-    l,           \* the index of the next event to consume
-    hist,        \* history: the highest LAC and LAFR a writer ever had
-    msgs         \* adds sent and not yet stored: the channel to the bookies
+    l            \* the index of the next event to consume
+\* (msgs: every add request sent; hist: the highest LAC/LAFR a writer had)
 
 tvars == <<vars, l, hist, msgs>>
 
@@ -62,33 +61,10 @@ MetaIs(o) ==
 
 Stutter == UNCHANGED vars
 
-\* -- extension steps --------------------------------------------------------
-\* A client gives up (recovery aborted for want of a bookie, data loss below
-\* the LAC, a client crash): it only stops.
-Withdraw(c) ==
-    /\ cl[c].phase # "idle"
-    /\ cl' = [cl EXCEPT ![c] = IdleClient]
-    /\ UNCHANGED <<bk, crashed, meta, acked>>
-
-\* An explicit LAC write: a bookie's LAC/LAFR go up to what a writer had
-\* (the write may arrive after the writer is gone): hist, a history
-\* variable, holds the highest LAC and LAFR any writer ever had.
-StoreLac(b, lac, lafr) ==
-    /\ lac <= hist.lac
-    /\ lafr <= hist.lafr
-    /\ bk' = [bk EXCEPT ![b].lac = Max2(@, lac), ![b].lafr = Max2(@, lafr)]
-    /\ UNCHANGED <<crashed, meta, cl, acked>>
-
-\* A crashed bookie answers again (with what it had: fsync before ack).
-Restart(b) ==
-    /\ b \in crashed
-    /\ crashed' = crashed \ {b}
-    /\ UNCHANGED <<bk, meta, cl, acked>>
-
 \* An add leaves client c for bookie b: Deliver's client-side guard, taken
 \* when the request is sent; the request keeps the client's value, term and
 \* truncate flag of that moment.
-SendAdd(e) ==
+TraceSendAdd(e) ==
     LET w == cl[e.c] IN
     /\ w.phase \in {"open", "reading", "finishing"}
     /\ Match(w.val[e.n], e.v)
@@ -100,31 +76,13 @@ SendAdd(e) ==
     /\ UNCHANGED vars
 
 \* A request stored after its client withdrew, moved to another term,
-\* released the entry or dropped the bookie: the bookie side of Deliver,
-\* with what the request carried (the answer finds nobody who counts it).
-StaleStore(e) ==
+\* released the entry or dropped the bookie: BookstreamFiner's StoreLate.
+TraceStaleStore(e) ==
     \E m \in msgs :
         /\ m.b = e.b /\ m.n = e.n /\ Match(m.v, e.v) /\ m.trunc = e.trunc
         /\ m.rl = e.rl /\ m.rf = e.rf
-        /\ LET w == cl[m.c] IN   \* the request is no longer live at its client
-           ~(/\ w.phase \in {"open", "reading", "finishing"} /\ w.term = m.t
-             /\ w.val[m.n] = m.v /\ m.b \notin w.ack[m.n] /\ m.b \in WriteSet(m.n, w.frags))
-        /\ e.b \notin crashed
-        /\ IF Unbounded THEN bk[e.b].term <= m.t ELSE TRUE
-        /\ bk' = [bk EXCEPT ![e.b].term = IF Unbounded THEN m.t ELSE @,
-                             ![e.b].ents = Store(@, m.n, m.v, m.trunc),
-                             ![e.b].lac  = Max2(@, m.rl),
-                             ![e.b].lafr = Max2(@, m.rf)]
-        /\ UNCHANGED <<crashed, meta, cl, acked>>
-
-\* A fencing or recovery read of a term some client took over with, reaching
-\* a bookie after that client withdrew or moved on: the bookie side only.
-StaleRead(e) ==
-    /\ Unbounded
-    /\ e.t <= meta.term
-    /\ bk[e.b].term <= e.t
-    /\ bk' = [bk EXCEPT ![e.b].term = e.t]
-    /\ UNCHANGED <<crashed, meta, cl, acked>>
+        /\ ~Live(m)
+        /\ StoreLate(m)
 
 \* -- events -> spec actions ------------------------------------------------
 \* Whether the answer reached the client: known from the trace ("yes" /
@@ -150,20 +108,20 @@ Step(e) ==
                                    /\ cl[e.c].phase \in {"reading", "finishing", "idle"}
                                    /\ cl[e.c].phase = "reading" => cl[e.c].next > e.n
                                    /\ Stutter
-      [] e.a = "ClientSendAdd"  -> SendAdd(e)
+      [] e.a = "ClientSendAdd"  -> TraceSendAdd(e)
       [] e.a = "BookieStore"    ->
             /\ \/ \E c \in IF e.c = "" THEN Clients ELSE {e.c} : \E seen \in SeenIn(e, c) :
                      /\ Match(cl[c].val[e.n], e.v)
                      /\ DeliverWith(c, e.b, e.n, seen, e.rl, e.rf)
                      /\ TruncateFlag(cl[c], e.n) = e.trunc
-               \/ StaleStore(e)
+               \/ TraceStaleStore(e)
             /\ BookieIs(e.b, e.bk, TRUE)
       [] e.a = "BookieRead"     ->
             /\ \/ /\ e.ok
                   /\ \/ \E c \in IF e.c = "" THEN Clients ELSE {e.c} : \E heard \in HeardIn(e) :
                            /\ ~Unbounded \/ cl[c].term = e.t
                            /\ IF e.n < 0 THEN FenceReadH(c, e.b, heard) ELSE RecoveryReadH(c, e.b, heard)
-                     \/ StaleRead(e)
+                     \/ StaleRead(e.b, e.t)
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
       [] e.a = "EnsembleChange" ->
@@ -177,15 +135,35 @@ Step(e) ==
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 
-TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {}
+TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
+
+\* Reports how far some behaviour got (tracecheck.py reads the last line;
+\* TLC's depth overcounts with ReadAtDecision steps; one worker).
+Progressed ==
+    l' > TLCGet(1) => PrintT(<<"consumed", l' - 1>>) /\ TLCSet(1, l')
+
+\* Read-ahead: the implementation records answers for entries above next
+\* and decides in entry order (RecoveryDecide).  The spec's RecoveryRead
+\* reads next when it decides: before a RecoveryDecide event, TLC may take
+\* client c's reads of next (the bookie side of each already happened, at
+\* its BookieRead event, so the read finds the bookie's term raised and
+\* changes nothing there) without consuming an event.
+ReadAtDecision ==
+    LET e == Trace[l] IN
+    /\ e.a = "RecoveryDecide"
+    /\ cl[e.c].phase = "reading"
+    /\ cl[e.c].next <= e.n
+    /\ \E b \in Bookies : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk
+    /\ UNCHANGED <<l, msgs, hist>>
 
 TraceNext ==
-    /\ l <= Len(Trace)
-    /\ Step(Trace[l])
-    /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
-    /\ l' = l + 1
-    /\ hist' = [lac  |-> MaxOf({hist.lac} \cup {cl'[c].lac : c \in {d \in Clients : cl'[d].phase = "open"}}),
-                lafr |-> MaxOf({hist.lafr} \cup {cl'[c].lafr : c \in {d \in Clients : cl'[d].phase = "open"}})]
+    \/ /\ l <= Len(Trace)
+       /\ Step(Trace[l])
+       /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
+       /\ l' = l + 1
+       /\ HistNext
+       /\ Progressed
+    \/ l <= Len(Trace) /\ ReadAtDecision
 
 TraceSpec == TraceInit /\ [][TraceNext]_tvars
 

@@ -31,9 +31,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SPEC = HERE / "BookstreamLedger.tla"
+FINER = HERE / "BookstreamFiner.tla"  # extends SPEC: channels, restarts, explicit LAC
 MODELS = HERE / "models"
 
 OK = "ok"  # TLC finished the whole state space (queue empty), no error
+SAMPLED = "sampled"  # simulation mode ran for its time budget, no error
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +44,17 @@ class Config:
     expect: str            # OK, or "violation:<Invariant or property>"
     deadlock: bool = True  # TLC's deadlock check (the spec has a Terminate action)
     extended: bool = False  # not run by default (minutes)
+    # TLC's simulation mode (random behaviours of at most this depth, from
+    # `seed`, one worker: the same behaviours on every run) instead of
+    # breadth-first search; for configurations too large to exhaust.
+    depth: int | None = None
+    seed: int = 7
+    module: str = "BookstreamLedger"  # BookstreamFiner: the finer spec
+    budget: float | None = None  # simulation of the real protocol: seconds to run
+
+    @property
+    def expect_outcome(self) -> str:
+        return SAMPLED if self.budget else self.expect
 
     @property
     def cfg(self) -> Path:
@@ -59,11 +72,15 @@ CONFIGS = [
     Config("unbounded_ensemble", OK),
     Config("unbounded_crash", OK),
     Config("unbounded_hole", OK),
+    Config("unbounded_crash_ids2", OK),
     # A recovery that replaced a slow bookie and then lost the replacement to a
     # crash has no bookie left among 4 (it may not reuse its read ensemble):
     # a dead end of small clusters, so the deadlock check is off here.
     Config("unbounded_crash_timeouts", OK, deadlock=False),
     Config("classic", OK),
+    # The finer spec (message channels, stale stores and reads, explicit LAC,
+    # give-ups, restarts); no Terminate there, so no deadlock check.
+    Config("finer", OK, deadlock=False, module="BookstreamFiner"),
     Config("liveness", OK),
     Config("liveness_classic", OK),
     Config("mutant_no_truncate", "violation:NoDivergence"),
@@ -75,10 +92,20 @@ CONFIGS = [
     Config("mutant_ensemble_no_prepare", "violation:NoDivergence"),
     Config("mutant_classic_no_fence", "violation:ClosedCoversAcked"),
     Config("mutant_no_origin_floor", "violation:NoHole"),
+    Config("mutant_release_at_qa", "violation:AckedDurable"),
+    # A reachability witness, not a mutant: unbounded_crash_ids2's combination
+    # (a recovery-time change, then a truncate no-op that deletes) occurs.
+    Config("witness_crash_ids2", "violation:NoDeletingTruncationAfterRecoveryChange"),
     # Larger models, minutes each: `check.py --all` (or by name).
     Config("ext_lost_acks_any_order", OK, extended=True),
     Config("ext_ensemble_crash", OK, deadlock=False, extended=True),
     Config("ext_mutant_no_origin_floor_e3", "violation:NoHole", extended=True),
+    # The same in simulation mode: random behaviours up to depth 45 from seed 7
+    # reach the 34-step counterexample (CI).
+    Config("sim_mutant_no_origin_floor_e3", "violation:NoHole", depth=45),
+    # The finer spec with crashes and restarts: too large to exhaust; random
+    # behaviours of depth <= 60 for 60 s (CI; `--budget S` for longer).
+    Config("sim_finer", OK, deadlock=False, module="BookstreamFiner", depth=60, budget=60),
 ]
 CI_CONFIGS = [c for c in CONFIGS if not c.extended]
 BY_NAME = {c.name: c for c in CONFIGS}
@@ -130,11 +157,11 @@ class Result:
 
     @property
     def passed(self) -> bool:
-        return self.outcome == self.config.expect
+        return self.outcome == self.config.expect_outcome
 
     def describe(self) -> str:
         tail = "\n".join(self.output.strip().splitlines()[-25:])
-        return (f"{self.config.name}: expected {self.config.expect}, got {self.outcome} "
+        return (f"{self.config.name}: expected {self.config.expect_outcome}, got {self.outcome} "
                 f"(distinct={self.distinct}, left on queue={self.left})\n--- TLC output (tail) ---\n{tail}")
 
 
@@ -149,6 +176,8 @@ def parse(output: str) -> tuple[str, int | None, int | None, int | None, int | N
     generated = distinct = left = None
     if counts:
         generated, distinct, left = (_int(x) for x in counts[-1])
+    elif sim := re.findall(r"The number of states generated: ([\d,]+)|Progress: ([\d,]+) states checked", output):
+        generated = max(_int(a or b) for a, b in sim)  # simulation mode: states visited
     m = re.search(r"The depth of the complete state graph search is (\d+)", output)
     depth = int(m.group(1)) if m else None
     if m := re.search(r"Error: Invariant (\w+) is violated", output):
@@ -174,26 +203,34 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
     worker: breadth-first search is then deterministic, and the counterexample
     (the first violating state found, at the least depth) is the same on
     every run."""
-    if config.mutant:
+    if config.mutant or config.depth:
         workers = 1
     with tempfile.TemporaryDirectory(prefix=f"tlc-{config.name}-") as tmp:
-        shutil.copy(SPEC, Path(tmp, SPEC.name))
+        for spec in (SPEC, FINER):
+            shutil.copy(spec, Path(tmp, spec.name))
         shutil.copy(config.cfg, Path(tmp, config.cfg.name))
         cmd = [tools.java, "-XX:+UseParallelGC", "-cp", tools.jar, "tlc2.TLC",
                "-workers", str(workers), "-metadir", str(Path(tmp, "meta")),
                "-config", config.cfg.name]
         if not config.deadlock:
             cmd.append("-deadlock")  # (the flag *disables* the check)
-        cmd.append(SPEC.name)
+        if config.depth:
+            cmd += ["-simulate", "-depth", str(config.depth), "-seed", str(config.seed)]
+        cmd.append(f"{config.module}.tla")
         t0 = time.monotonic()
+        limit = config.budget or timeout
+        killed = False
         try:
-            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
+            proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=limit)
             output = proc.stdout + proc.stderr
         except subprocess.TimeoutExpired as e:
             output = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
-            output += f"\n[check.py: killed after {timeout:.0f} s]"
+            output += f"\n[check.py: killed after {limit:.0f} s]"
+            killed = True
         seconds = time.monotonic() - t0
     outcome, distinct, generated, left, depth = parse(output)
+    if config.budget and killed and outcome == "incomplete":
+        outcome = SAMPLED  # the budget ran out with no error found
     return Result(config, outcome, distinct, generated, left, depth, seconds, output)
 
 
@@ -288,8 +325,10 @@ def compact_trace(output: str) -> str:
 def table(results: list[Result]) -> str:
     rows = [("config", "kind", "expected", "outcome", "distinct", "depth", "seconds", "")]
     for r in results:
-        rows.append((r.config.name, "mutant" if r.config.mutant else "real", r.config.expect, r.outcome,
-                     f"{r.distinct:,}" if r.distinct is not None else "-",
+        kind = "witness" if r.config.name.startswith("witness") else "mutant" if r.config.mutant else "real"
+        rows.append((r.config.name, kind, r.config.expect_outcome, r.outcome,
+                     f"{r.distinct:,}" if r.distinct is not None
+                     else f"{r.generated:,} sim" if r.generated is not None else "-",
                      str(r.depth) if r.depth is not None else "-",
                      f"{r.seconds:.1f}", "PASS" if r.passed else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -310,16 +349,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--raw", action="store_true", help="print TLC's whole output")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=600, help="seconds per configuration")
+    ap.add_argument("--budget", type=float, help="seconds for the simulated real configurations (sim_finer)")
     args = ap.parse_args(argv)
 
     if args.list:
         for c in CONFIGS:
-            print(f"{c.name:34} expect {c.expect}{'  (extended)' if c.extended else ''}")
+            print(f"{c.name:34} expect {c.expect_outcome}{'  (extended)' if c.extended else ''}")
         return 0
     unknown = [n for n in args.names if n not in BY_NAME]
     if unknown:
         ap.error(f"unknown configuration(s): {', '.join(unknown)} (see --list)")
     configs = [BY_NAME[n] for n in args.names] or (CONFIGS if args.all else CI_CONFIGS)
+    if args.budget:
+        configs = [dataclasses.replace(c, budget=args.budget) if c.budget else c for c in configs]
     try:
         tools = find_tools()
     except ToolError as e:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,7 @@ if str(HERE.parent) not in sys.path:
 
 import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
 
-SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamTrace.tla")
+SPECS = (HERE / "BookstreamLedger.tla", HERE / "BookstreamFiner.tla", HERE / "BookstreamTrace.tla")
 
 
 class Unsupported(ValueError):
@@ -297,7 +298,8 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
         return Verdict(True, tr.events, tr.events, distinct, dt, None, out)
     if outcome != check.OK:
         raise RuntimeError(f"TLC did not finish the trace check ({outcome}):\n{out[-3000:]}")
-    consumed = max((depth or 1) - 1, 0)
+    reached = re.findall(r'<<"consumed", (\d+)>>', out)
+    consumed = int(reached[-1]) if reached else max((depth or 1) - 1, 0)
     stuck = prepared[consumed] if consumed < len(prepared) else None
     return Verdict(False, tr.events, consumed, distinct, dt, stuck, out)
 
@@ -343,14 +345,16 @@ def simulate_script(name: str, mutant: str | None = None) -> str:
     return tracers[0].ndjson()
 
 
-# The profile TLC can validate whole: E = Qw, no rolls, one entry read at a time.
-PROFILE = dict(roll_entries=0, read_ahead=1)
+# The profile TLC can validate whole: E = Qw, no rolls; the recovery's
+# read-ahead is the scenario's own (1, 2, 4 or 16; BookstreamTrace's
+# ReadAtDecision) unless given.
+PROFILE = dict(roll_entries=0)
 
 
-def profile_for(seed: int) -> dict:
+def profile_for(seed: int, read_ahead: int | None = None) -> dict:
     from sim.scenario import Scenario
     sc = Scenario.random(seed)
-    return dict(PROFILE, Qw=sc.E)
+    return dict(PROFILE, Qw=sc.E, **({} if read_ahead is None else {"read_ahead": read_ahead}))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -358,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("trace", nargs="?", help="an NDJSON trace (sim/trace.py)")
     ap.add_argument("--seed", type=int, help="simulate this seed (in the validated profile) and validate it")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--read-ahead", type=int, help="the recovery's read-ahead window (default: the scenario's)")
     ap.add_argument("--mutant", help="a stream/mutations.py mutation for the simulated run")
     ap.add_argument("--save", help="write the NDJSON trace / the TLA+ module here (prefix)")
     ap.add_argument("--raw", action="store_true", help="print TLC's output")
@@ -368,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         jobs.append((args.trace, Path(args.trace).read_text()))
     elif args.seed is not None:
         for s in range(args.seed, args.seed + args.runs):
-            jobs.append((f"seed {s}", simulate(s, args.mutant, **profile_for(s))))
+            jobs.append((f"seed {s}", simulate(s, args.mutant, **profile_for(s, args.read_ahead))))
     else:
         ap.error("give a trace file or --seed")
     bad = 0
