@@ -316,20 +316,25 @@ def admin_command(group: click.Group | None, name: str, **kw):
     return deco
 
 
-def _quiet_logs() -> None:
-    """Library log lines (INFO and below) would mix with the output."""
-    import logging
+_LOG_FORMAT = {"format": "text"}  # the root's --log-format
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger().setLevel(logging.ERROR)
+
+def _quiet_logs() -> None:
+    """Library log lines (below ERROR) would mix with the output."""
+    from bookstream import logs
+
+    logs.setup("ERROR", _LOG_FORMAT["format"], "cli")
 
 
 # -- the root --------------------------------------------------------------------------------
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="BOOKSTREAM_LOG_FORMAT",
+              help="the CLI's own log lines (errors) as text or one JSON object a line")
+def cli(log_format: str) -> None:
     """bookstream: run and inspect a replicated log store (BookKeeper protocol)."""
+    _LOG_FORMAT["format"] = log_format
 
 
 def _passthrough(name: str, help_text: str) -> click.Command:

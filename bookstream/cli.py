@@ -30,12 +30,10 @@ LEASE_FILE = "registration.lease"  # in the data dir: the lease id of the curren
 DEFAULT_CLUSTER = "default"
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text", component: str = "bookie"):
+    from bookstream import logs
+
+    return logs.setup(level, fmt, component)
 
 
 # -- bookie ------------------------------------------------------------------------
@@ -90,6 +88,8 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one JSON object a line (time, level, component, bookie_id, ledger, message)")
 
 
 def bookie_config(args: argparse.Namespace) -> BookieConfig:
@@ -176,8 +176,10 @@ def _registration_factory(args: argparse.Namespace):
     return register
 
 
-async def run_bookie(args: argparse.Namespace) -> None:
+async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     config = bookie_config(args)
+    if hasattr(formatter, "bookie_id"):  # JSON logs name the bookie from here on
+        formatter.bookie_id = config.bookie_id
     server = BookieServer(config, _registration_factory(args))
     await server.start()
     stop = asyncio.Event()
@@ -202,8 +204,8 @@ async def run_bookie(args: argparse.Namespace) -> None:
 
 
 def cmd_bookie(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
-    run_loop(run_bookie(args))
+    formatter = _setup_logging(args.log_level, args.log_format)
+    run_loop(run_bookie(args, formatter))
     return 0
 
 

@@ -65,6 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery-delay", type=float, default=30.0,
                    help="lost_bookie_recovery_delay of the autorecovery (seconds)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one JSON object a line, here and in the bookies and autorecovery it runs")
 
 
 def _free(port: int) -> bool:
@@ -296,12 +298,14 @@ class Supervisor:
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bookie_args = ["--admin-port", "0"]  # each bookie's /health /ready /metrics /info
+    from bookstream import logs
+
+    logs.setup(args.log_level, args.log_format, "standalone")
+    bookie_args = ["--admin-port", "0", "--log-format", args.log_format]  # admin: /health /ready /metrics /info
     if args.registration_ttl is not None:
         bookie_args += ["--registration-ttl", str(args.registration_ttl)]
-    autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay)]
+    autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay), "--log-format",
+                                                           args.log_format]
     cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
                          bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args)
     sup = Supervisor(cluster, args.restart_bookies)

@@ -32,6 +32,7 @@ from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
+from stream.metrics import ClientMetrics
 from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,7 @@ class ClientConfig:
     failure_half_life: float = 10.0        # a failed bookie's score halves this often (placement avoids it)
     change_retry_max: float = 5.0          # a held or deferred ensemble change is retried at most this far apart
     placement: str = "random"
+    metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
@@ -112,6 +114,7 @@ class BookKeeperClient:
         self._tasks: set[asyncio.Future] = set()
         self._bookies: dict[str, BookieClient] = {}
         self.health = BookieHealth(self.config.failure_half_life)
+        self.metrics = self.config.metrics or ClientMetrics.default()  # stream/metrics.py
         # the smallest max entry size the registrations published (see entry_size_limit)
         self._entry_limit: int | None = None
         self._closed = False

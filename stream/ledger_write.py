@@ -541,6 +541,7 @@ class LedgerWriter:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
+                    self.client.metrics.ensemble_changes.inc()
                     self._retry_delay = 0.0
                     self.core.on_ensemble_changed(prop.first_entry, new)
                 return

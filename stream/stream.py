@@ -55,6 +55,7 @@ from stream.bookie_client import BookieUnavailable
 from stream.client import BackgroundLoop, BookKeeperClient, ClientConfig
 from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
 from stream.ledger_recovery import RecoveryDriver
+from stream.metrics import timed_takeover
 from stream.placement import get_policy
 
 log = logging.getLogger(__name__)
@@ -215,6 +216,7 @@ class StreamConfig:
 
 # -- take-over ------------------------------------------------------------------------------
 
+@timed_takeover
 async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadata, int, int]:
     """Makes this client the ledger's writer in a new term.  Returns the
     OPEN metadata, its revision, and the first entry id to append at.
