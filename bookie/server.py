@@ -50,6 +50,7 @@ class BookieConfig:
     read_frame_bytes: int = 4 << 20
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
+    tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
 
 
 class Undecodable:
@@ -497,7 +498,9 @@ class BookieServer:
         service.registration_status = lambda: self.registration.status() if self.registration else None
         self.service = service  # the admin HTTP port reads its Info (bookstream/admin_http.py)
         register(service, self.server)
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        bind, tls = f"{self.config.host}:{self.config.port}", self.config.tls
+        self.port = self.server.add_secure_port(bind, tls.server_credentials()) if tls else \
+            self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
         await self.server.start()

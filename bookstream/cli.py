@@ -88,6 +88,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
+    from bookstream import security
+
+    security.add_arguments(p)  # --tls-cert/--tls-key [--tls-ca]: gRPC over TLS; --etcd-*: TLS and auth to etcd
     p.add_argument("--log-format", choices=["text", "json"], default="text",
                    help="json: one JSON object a line (time, level, component, bookie_id, ledger, message)")
 
@@ -112,7 +115,14 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
+        tls=_security(args).tls,
     )
+
+
+def _security(args: argparse.Namespace):
+    from bookstream.security import Security
+
+    return Security.of(vars(args))
 
 
 def _registration_factory(args: argparse.Namespace):
@@ -139,7 +149,7 @@ def _registration_factory(args: argparse.Namespace):
                 delay = min(2.0, delay * 2)
 
     def register_once(server: BookieServer):
-        store = MetadataStore(args.etcd.split(","))
+        store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
         registry = BookieRegistry(store, args.cluster)
         used, free, total = server.storage.disk_usage()
         reg = mpb.BookieRegistration(

@@ -44,9 +44,17 @@ def _common(f):
     return f
 
 
+def _store_options() -> dict:
+    from bookstream.security import current
+
+    return current().store_options()
+
+
 def _client(etcd: str, cluster: str):
     from stream.client import BookKeeperClient
-    return BookKeeperClient(etcd.split(","), cluster)
+    from bookstream.security import current
+
+    return BookKeeperClient(etcd.split(","), cluster, **current().client_config())
 
 
 def _emit(fmt: str, data, text: str) -> None:
@@ -205,7 +213,7 @@ def decommission(bookie, etcd, cluster, fmt):
     read-only."""
     from metadata.registration import BookieRegistry
     from metadata.store import MetadataStore
-    store = MetadataStore(etcd.split(","))
+    store = MetadataStore(etcd.split(","), **_store_options())
     try:
         writable = {r.bookie_id for r in BookieRegistry(store, cluster).list_bookies(True)}
         if bookie in writable:
@@ -247,7 +255,7 @@ def autorecovery() -> None:
 
 def _keys(etcd: str, cluster: str):
     from metadata.store import MetadataStore
-    store = MetadataStore(etcd.split(","))
+    store = MetadataStore(etcd.split(","), **_store_options())
     return store, AutorecoveryKeys(store, cluster)
 
 

@@ -28,6 +28,7 @@ from bookie.storage import StorageConfig
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
 from metadata.registration import BookieRegistry
+from metadata import errors as me
 from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
@@ -64,6 +65,9 @@ class ClientConfig:
     change_retry_max: float = 5.0          # a held or deferred ensemble change is retried at most this far apart
     placement: str = "random"
     metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
+    tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
+    etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
+    etcd_auth: Any = None                  # metadata.tls.EtcdAuth: etcd user and password
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
@@ -104,7 +108,11 @@ class BookKeeperClient:
             raise err.InvalidLedgerConfig(f"cluster must be a non-empty name, got {cluster!r}")
         self.cluster = cluster
         self._own_store = store is None
-        self.store = store or MetadataStore(_endpoints(etcd_endpoints), timeout=self.config.metadata_timeout)
+        try:
+            self.store = store or MetadataStore(_endpoints(etcd_endpoints), timeout=self.config.metadata_timeout,
+                                                tls=self.config.etcd_tls, auth=self.config.etcd_auth)
+        except me.MetadataError as e:  # AuthenticationFailed, MetadataUnavailable: the stream.errors type
+            raise err.translate(e) from None
         self.ledgers = LedgerStore(self.store, cluster)
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
@@ -279,7 +287,7 @@ class BookKeeperClient:
             addr = self._addresses.get(bookie_id)
             if addr is None:
                 return None
-            bc = self._bookies[bookie_id] = BookieClient(addr)
+            bc = self._bookies[bookie_id] = BookieClient(addr, self.config.tls)
         return bc
 
     async def bookie(self, bookie_id: str) -> BookieClient | None:

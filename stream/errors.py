@@ -171,6 +171,13 @@ class MetadataUnavailable(BookKeeperError):
     retriable = True
 
 
+class AuthenticationFailed(BookKeeperError):
+    """etcd refused the client's credentials (none given where auth is on,
+    a wrong user or password, no permission): ClientConfig.etcd_auth."""
+
+    retriable = False
+
+
 class MetadataConflict(BookKeeperError):
     """A metadata compare-and-swap kept failing."""
 
@@ -218,6 +225,8 @@ def translate(exc: BaseException) -> BaseException:
         out = InvalidLedgerConfig(str(exc))
     elif isinstance(exc, me.InvalidName):
         out = InvalidLedgerConfig(str(exc))
+    elif isinstance(exc, me.AuthenticationFailed):
+        out = AuthenticationFailed(str(exc))
     elif isinstance(exc, (me.MetadataUnavailable, me.Compacted)):
         out = MetadataUnavailable(str(exc))
     elif isinstance(exc, me.ConditionFailed):
@@ -247,6 +256,6 @@ __all__ = [
     "LedgerClosed", "LedgerInRecovery", "CloseMismatch", "NotWriter", "WriterFenced", "NotLeader",
     "TooManyPendingAdds",
     "AddFailed", "QuorumTimeout", "LedgerRecoveryFailed", "ReadBeyondLac", "BadChecksum", "ReadFailed",
-    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "ClientClosed", "NoSuchStream",
+    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "AuthenticationFailed", "ClientClosed", "NoSuchStream",
     "PositionTrimmed", "translate",
 ]
