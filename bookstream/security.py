@@ -50,6 +50,13 @@ class Security:
                         TlsFiles.of(v["etcd_ca"], v["etcd_cert"], v["etcd_key"]),
                         EtcdAuth.of(v["etcd_user"], v["etcd_password"]))
 
+    @staticmethod
+    def from_env() -> "Security":
+        """From the BOOKSTREAM_* variables (what `bookstream standalone --tls` prints)."""
+        import os
+
+        return Security.of({k: os.environ.get(env) for k, env in OPTIONS.items()})
+
     def client_config(self) -> dict:
         """Keyword overrides of ``stream.client.ClientConfig``."""
         return {"tls": self.tls, "etcd_tls": self.etcd_tls, "etcd_auth": self.etcd_auth}

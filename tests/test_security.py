@@ -114,3 +114,39 @@ def test_tls_files_checked_up_front(tmp_path):
         TlsFiles(None, "cert.pem", None)
     with pytest.raises(TlsConfigError, match="missing"):
         TlsFiles(str(tmp_path / "missing.pem")).channel_credentials()
+
+
+def test_standalone_tls_is_one_command(tmp_path):
+    """`bookstream standalone --tls`: etcd and the bookies over (mutual) TLS; the
+    printed exports are all the admin CLI needs; without them it is refused."""
+    import re
+
+    from bookstream.security import Security
+    from tests.test_standalone_cli import _ctrl_c, _start, _stop
+
+    proc, out = _start(tmp_path, "--tls")
+    try:
+        out.until("Ctrl-C to stop.")
+        env = dict(re.findall(r"export (BOOKSTREAM_\w+)=(\S+)", out.text))
+        assert set(env) == {"BOOKSTREAM_TLS_CA", "BOOKSTREAM_TLS_CERT", "BOOKSTREAM_TLS_KEY", "BOOKSTREAM_ETCD_CA"}
+        etcd = re.search(r"etcd:    (\S+)", out.text)[1]
+        cli = [sys.executable, "-m", "bookstream.cli", "bookies", "list", "--etcd", etcd, "--format", "json",
+               "--timeout", "3"]
+        ok = subprocess.run(cli, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
+        assert ok.returncode == 0, ok.stderr
+        assert len(json.loads(ok.stdout)) == 2
+        plain = subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("BOOKSTREAM_")})
+        assert plain.returncode != 0 and len(plain.stderr.strip().splitlines()) == 1
+
+        sec = Security.of({k.removeprefix("BOOKSTREAM_").lower(): v for k, v in env.items()})
+
+        async def go():
+            async with BookKeeperClient(etcd, "default", ClientConfig(**sec.client_config())) as bk:
+                lh = await bk.create_ledger(2, 2, 2)
+                assert await lh.add_entry(b"over tls") == 0
+                assert (await lh.read_entries(0, 0))[0].payload == b"over tls"
+        run(go())
+        _ctrl_c(proc, out, tmp_path)
+    finally:
+        _stop(proc)
