@@ -33,6 +33,7 @@ from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
+from stream import password as ledger_password
 from stream.metrics import ClientMetrics
 from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
 
@@ -316,9 +317,12 @@ class BookKeeperClient:
 
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
                             placement: PlacementPolicy | str | None = None,
-                            custom: dict[str, str] | None = None) -> LedgerHandle:
+                            custom: dict[str, str] | None = None, password: bytes | str | None = None
+                            ) -> LedgerHandle:
         """A new OPEN ledger on E distinct writable bookies; its writer handle.
-        Raises InvalidLedgerConfig unless E >= Qw >= Qa >= 1, NotEnoughBookies."""
+        Raises InvalidLedgerConfig unless E >= Qw >= Qa >= 1, NotEnoughBookies.
+        With ``password``, opening it needs the password (stream/password.py)."""
+        custom = ledger_password.custom_with_password(custom, password)
         try:
             validate_config(ensemble_size, write_quorum, ack_quorum)
         except Exception as e:
@@ -333,12 +337,15 @@ class BookKeeperClient:
                  write_quorum, ack_quorum)
         return LedgerHandle(self, meta, rev, writable=True, placement=pol)
 
-    async def open_ledger(self, ledger_id: int, recovery: bool = True) -> LedgerHandle:
+    async def open_ledger(self, ledger_id: int, recovery: bool = True, *,
+                          password: bytes | str | None = None) -> LedgerHandle:
         """A read handle.  ``recovery=True`` fences the ledger and closes it
         at its last entry (the old writer's adds then fail with
         LedgerFenced); ``recovery=False`` never fences: it reads the LAC from
-        a covering quorum and can tail the ledger while it is written."""
+        a covering quorum and can tail the ledger while it is written.
+        UnauthorizedAccess when it was created with a password and this is not it."""
         meta, rev = await self.meta_call(self.ledgers.read, ledger_id)
+        ledger_password.check(ledger_id, meta.custom, password)  # before any fencing
         if meta.mode is not LedgerMode.CLASSIC:
             raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not a classic ledger")
         if recovery:
@@ -610,8 +617,8 @@ class SyncBookKeeperClient:
         return SyncLedgerHandle(self, self._run(self.client.create_ledger(ensemble_size, write_quorum,
                                                                            ack_quorum, **kw)))
 
-    def open_ledger(self, ledger_id: int, recovery: bool = True) -> SyncLedgerHandle:
-        return SyncLedgerHandle(self, self._run(self.client.open_ledger(ledger_id, recovery)))
+    def open_ledger(self, ledger_id: int, recovery: bool = True, **kw) -> SyncLedgerHandle:
+        return SyncLedgerHandle(self, self._run(self.client.open_ledger(ledger_id, recovery, **kw)))
 
     def delete_ledger(self, ledger_id: int) -> None:
         self._run(self.client.delete_ledger(ledger_id))

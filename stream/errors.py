@@ -178,6 +178,12 @@ class AuthenticationFailed(BookKeeperError):
     retriable = False
 
 
+class UnauthorizedAccess(BookKeeperError):
+    """The ledger was created with a password, and none or another was given."""
+
+    retriable = False
+
+
 class MetadataConflict(BookKeeperError):
     """A metadata compare-and-swap kept failing."""
 
@@ -256,6 +262,6 @@ __all__ = [
     "LedgerClosed", "LedgerInRecovery", "CloseMismatch", "NotWriter", "WriterFenced", "NotLeader",
     "TooManyPendingAdds",
     "AddFailed", "QuorumTimeout", "LedgerRecoveryFailed", "ReadBeyondLac", "BadChecksum", "ReadFailed",
-    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "AuthenticationFailed", "ClientClosed", "NoSuchStream",
+    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "AuthenticationFailed", "UnauthorizedAccess", "ClientClosed", "NoSuchStream",
     "PositionTrimmed", "translate",
 ]
