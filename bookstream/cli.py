@@ -215,6 +215,13 @@ async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
 
 def cmd_bookie(args: argparse.Namespace) -> int:
     formatter = _setup_logging(args.log_level, args.log_format)
+    from metadata.tls import TlsConfigError
+
+    try:
+        _security(args)
+    except TlsConfigError as e:  # a cert without its key, a user without a password: one line
+        log.error("%s", e)
+        return 2
     run_loop(run_bookie(args, formatter))
     return 0
 

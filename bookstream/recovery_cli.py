@@ -312,21 +312,24 @@ def disable(etcd, cluster, fmt):
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               help="json: one JSON object a line (bookstream/logs.py)")
 @click.option("--metrics-port", type=int, default=None,
-              help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port")
+              help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port "
+                   "of 127.0.0.1 (0: any free port, logged)")
 @_common
 def run(delay, grace, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port, etcd, cluster,
         fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
+    from bookstream import logs
+
+    logs.setup(log_level, log_format, "autorecovery")
     if metrics_port is not None:
         import prometheus_client
 
         from stream.metrics import AutorecoveryMetrics
 
         AutorecoveryMetrics.default()  # its families exported (at 0) from the start
-        prometheus_client.start_http_server(metrics_port, addr="127.0.0.1")
-    from bookstream import logs
-
-    logs.setup(log_level, log_format, "autorecovery")
+        httpd, _ = prometheus_client.start_http_server(metrics_port, addr="127.0.0.1")
+        logging.getLogger("bookstream.autorecovery").info("metrics on http://127.0.0.1:%d/metrics",
+                                                          httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
                            check_interval=check_interval))
 

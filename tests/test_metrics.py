@@ -118,3 +118,22 @@ def test_dashboard_expressions_name_exported_metrics(etcd_server, tmp_path, clus
         b.kill()
     missing = {n for e in exprs for n in _expr_names(e)} - exported
     assert not missing, f"dashboard names not exported: {sorted(missing)}"
+
+
+def test_autorecovery_serves_metrics(etcd_server, tmp_path, cluster):
+    import re
+
+    from bookstream.processes import AutorecoveryProcess
+
+    ar = AutorecoveryProcess(tmp_path / "ar", etcd=etcd_server.endpoint, cluster=cluster,
+                             extra_args=["--metrics-port", "0", "--log-format", "json"]).start()
+    try:
+        # logged (and flushed) before the process said it is ready
+        m = re.search(r"metrics on http://([\d.:]+)/metrics", ar.log_path.read_text())
+        assert m, ar.log_path.read_text()
+        found = scrape(m[1])
+        for name in ("bookstream_autorecovery_tasks_total", "bookstream_autorecovery_copied_bytes_total",
+                     "bookstream_autorecovery_fragments_total"):
+            assert name in found, sorted(found)
+    finally:
+        ar.kill()
