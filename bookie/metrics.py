@@ -59,10 +59,19 @@ class BookieMetrics:
         self.gc_removed_segments = Counter(p + "gc_removed_segments", "journal segments deleted by GC", registry=r)
         self.gc_compacted_segments = Counter(p + "gc_compacted_segments", "journal segments compacted", registry=r)
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)
-        for m in ("ReadEntry", "ReadRange"):  # exported at 0 from the start (the dashboard's series)
-            self.read_latency.labels(m)
+        # labelled children looked up once (a labels() call costs more than the observation);
+        # these are exported at 0 from the start (the dashboard's series)
+        self._latency = {m: self.read_latency.labels(m) for m in ("ReadEntry", "ReadRange")}
+        self._requests: dict = {}
+        self._refusals: dict = {}
         for st in ("INVALID_TERM", "FENCED"):
-            self.refusals.labels("Add", st)
+            self._refusal("Add", st)
+
+    def _refusal(self, method: str, status: str):
+        child = self._refusals.get((method, status))
+        if child is None:
+            child = self._refusals[(method, status)] = self.refusals.labels(method, status)
+        return child
 
     # -- reports from the bookie ----------------------------------------------
 
@@ -76,9 +85,9 @@ class BookieMetrics:
         for a in acks:
             if a.errors:
                 for e in a.errors:
-                    self.refusals.labels("Add", Status(e.status).name).inc()
+                    self._refusal("Add", _name(e.status)).inc()
             elif a.status:
-                self.refusals.labels("Add", _name(a.status)).inc()
+                self._refusal("Add", _name(a.status)).inc()
 
     def commit(self, size: int, seconds: float) -> None:
         self.commit_bytes.observe(size)
@@ -94,7 +103,7 @@ class BookieMetrics:
         """One answer of a read, LAC or metadata RPC."""
         st = getattr(resp, "status", 0)
         if st:
-            self.refusals.labels(method, _name(st)).inc()
+            self._refusal(method, _name(st)).inc()
         if method == "ReadEntry":
             self.read_entries.inc(not st)
             self.read_bytes.inc(len(resp.entry))
@@ -104,18 +113,22 @@ class BookieMetrics:
 
     def answered(self, method: str, request, seconds: float) -> None:
         """An RPC done (after its answers went through ``response``)."""
-        self.requests.labels(method).inc()
+        child = self._requests.get(method)
+        if child is None:
+            child = self._requests[method] = self.requests.labels(method)
+        child.inc()
         if method in FENCING and getattr(request, "flags", 0) & 1:  # READ_FENCE
             self.fence_requests.inc()
-        if method in ("ReadEntry", "ReadRange"):
-            self.read_latency.labels(method).observe(seconds)
+        latency = self._latency.get(method)
+        if latency is not None:
+            latency.observe(seconds)
+
+
+_NAMES = {int(s): s.name for s in Status}
 
 
 def _name(status: int) -> str:
-    try:
-        return Status(status).name
-    except ValueError:
-        return str(status)
+    return _NAMES.get(status) or str(status)
 
 
 def observed(method):
