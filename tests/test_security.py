@@ -131,10 +131,14 @@ def test_standalone_tls_is_one_command(tmp_path):
         assert set(env) == {"BOOKSTREAM_TLS_CA", "BOOKSTREAM_TLS_CERT", "BOOKSTREAM_TLS_KEY", "BOOKSTREAM_ETCD_CA"}
         etcd = re.search(r"etcd:    (\S+)", out.text)[1]
         cli = [sys.executable, "-m", "bookstream.cli", "bookies", "list", "--etcd", etcd, "--format", "json",
-               "--timeout", "3"]
+               "--timeout", "10"]
         ok = subprocess.run(cli, capture_output=True, text=True, timeout=60, env={**os.environ, **env})
         assert ok.returncode == 0, ok.stderr
         assert len(json.loads(ok.stdout)) == 2
+        bid = json.loads(ok.stdout)[0]["bookie_id"]
+        info = subprocess.run(cli[:4] + ["info", bid] + cli[5:], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **env})
+        assert info.returncode == 0 and json.loads(info.stdout)["bookie_id"] == bid, info.stderr
         plain = subprocess.run(cli, capture_output=True, text=True, timeout=60,
                                env={k: v for k, v in os.environ.items() if not k.startswith("BOOKSTREAM_")})
         assert plain.returncode != 0 and len(plain.stderr.strip().splitlines()) == 1
