@@ -79,7 +79,7 @@ def click_options(f):
     """The options on a click command or group."""
     import click
 
-    for name, env in OPTIONS.items():
+    for name, env in reversed(OPTIONS.items()):  # the last applied is listed first
         f = click.option("--" + name.replace("_", "-"), name, envvar=env, default=None, show_envvar=True,
                          help=HELP[name])(f)
     return f

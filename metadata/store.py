@@ -42,6 +42,7 @@ import etcd3
 import etcd3.etcdrpc as rpc
 import etcd3.events as etcd_events
 import etcd3.exceptions as etcd_exc
+from etcd3.client import EtcdTokenCallCredentials  # (the package's `etcd3.client` is a function)
 import grpc
 
 from metadata.errors import (
@@ -782,8 +783,7 @@ class MetadataStore:
         resp = self._client.authstub.Authenticate(
             rpc.AuthenticateRequest(name=self._auth.user, password=self._auth.password), self._timeout)
         self._client.metadata = (("token", resp.token),)
-        self._client.call_credentials = grpc.metadata_call_credentials(etcd3.client.EtcdTokenCallCredentials(
-            resp.token))
+        self._client.call_credentials = grpc.metadata_call_credentials(EtcdTokenCallCredentials(resp.token))
         watcher = self._client._stubs.get("watcher")
         if watcher is not None:  # the watch stream reconnects with the new token
             watcher._metadata, watcher._credentials = self._client.metadata, self._client.call_credentials

@@ -154,3 +154,28 @@ def test_standalone_tls_is_one_command(tmp_path):
         _ctrl_c(proc, out, tmp_path)
     finally:
         _stop(proc)
+
+
+def test_etcd_token_renewed_after_an_etcd_restart(secure):
+    """etcd keeps its auth tokens in memory: after a restart the client's token
+    is invalid, and the store authenticates again instead of failing."""
+    import time
+
+    from metadata.errors import MetadataUnavailable
+    from metadata.store import MetadataStore
+
+    ca, etcd = secure
+    with MetadataStore(etcd.endpoint, tls=TlsFiles(ca.ca), auth=EtcdAuth("root", PASSWORD)) as store:
+        store.put("/t/k", b"v1")
+        etcd.stop()
+        etcd.start()  # same ports, same data; tokens forgotten
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                got = store.get("/t/k")
+                break
+            except MetadataUnavailable:  # reconnecting to the restarted etcd
+                assert time.monotonic() < deadline
+                time.sleep(0.1)  # between two attempts of a reconnecting client
+        assert got.value == b"v1"
+        store.put("/t/k", b"v2")
