@@ -195,6 +195,7 @@ class Journal:
         self._inflight_bytes = 0   # handed to the flusher, not yet durable
         self.bytes_appended = 0
         self.fsyncs = 0
+        self.on_commit = None  # (bytes, seconds) of each group commit: bookie/metrics.py
         self.sync_histogram = [0] * (len(SYNC_BUCKET_BOUNDS_US) + 1)  # group commits by duration
         self.sync_max_seconds = 0.0
 
@@ -360,7 +361,7 @@ class Journal:
 
     def _flush_done(self, loop, f: asyncio.Future, waiters: list[asyncio.Future]) -> None:
         self._flushing = False
-        self._inflight_bytes = 0
+        size, self._inflight_bytes = self._inflight_bytes, 0
         exc = f.exception()
         if exc is not None:
             # The flusher cut the failed segment back to its durable end.
@@ -377,6 +378,8 @@ class Journal:
         self.fsyncs += 1
         self.sync_histogram[sync_bucket(took)] += 1
         self.sync_max_seconds = max(self.sync_max_seconds, took)
+        if self.on_commit is not None:
+            self.on_commit(size, took)
         self._disk_bytes += grew  # what the files grew by (not writes into preallocated ones)
         for w in waiters:
             if not w.done():

@@ -19,6 +19,7 @@ from bookie import entry as E
 from bookie import wire
 from bookie.core import Status
 from bookie.journal import JournalWriteError
+from bookie.metrics import BookieMetrics, observed
 from bookie.storage import Storage, StorageConfig
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -50,6 +51,7 @@ class BookieConfig:
     read_frame_bytes: int = 4 << 20
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
+    tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
 
 
 class Undecodable:
@@ -143,6 +145,8 @@ class BookieService(pb_grpc.BookieServicer):
         self.read_range_requests = 0
         self.read_range_entries = 0
         self.registration_status = lambda: None  # set by BookieServer: the etcd registration's status()
+        self.metrics = BookieMetrics()  # bookie/metrics.py; served by bookstream/admin_http.py
+        storage.journal.on_commit = self.metrics.commit
 
     # -- adds ----------------------------------------------------------------
 
@@ -193,6 +197,8 @@ class BookieService(pb_grpc.BookieServicer):
                 finish_if_done()
 
         def _on_durable(frame_id, errors, count, size):
+            t0 = time.perf_counter()
+
             def cb(f: asyncio.Future):
                 budget.release(size)
                 state["inflight"] -= 1
@@ -211,6 +217,7 @@ class BookieService(pb_grpc.BookieServicer):
                     if isinstance(exc, JournalWriteError):
                         storage.update_read_only()
                 else:
+                    self.metrics.added(count - len(errors), size, time.perf_counter() - t0)
                     acks.put_nowait(_ack(frame_id, errors, count))
                 finish_if_done()
             return cb
@@ -229,6 +236,7 @@ class BookieService(pb_grpc.BookieServicer):
                         done = True
                         break
                     batch.append(nxt)
+                self.metrics.acked(batch)
                 yield pb.AddAcks(acks=batch)
                 if done:
                     break
@@ -245,6 +253,7 @@ class BookieService(pb_grpc.BookieServicer):
         v = await self.storage.fence(ledger_id, term, bool(flags & pb.READ_FENCE))
         return v.status, v.term
 
+    @observed
     async def ReadEntry(self, request, context):
         self.read_entry_requests += 1
         try:
@@ -264,6 +273,7 @@ class BookieService(pb_grpc.BookieServicer):
             log.exception("read failed")
             return pb.ReadEntryResponse(status=Status.INTERNAL_ERROR, message=str(e))
 
+    @observed
     async def ReadRange(self, request, context):
         self.read_range_requests += 1
         first, last = request.first_entry, request.last_entry
@@ -347,6 +357,7 @@ class BookieService(pb_grpc.BookieServicer):
             status=Status.OK, lac=info.lac, lafr=info.lafr, last_entry=info.last_entry, term=info.term, fenced=info.fenced
         )
 
+    @observed
     async def ReadLac(self, request, context):
         try:
             if request.flags & ~pb.READ_FENCE:
@@ -362,6 +373,7 @@ class BookieService(pb_grpc.BookieServicer):
         await self.storage.wait_lac(request.ledger_id, request.previous_lac, timeout)
         return self._lac_response(request.ledger_id)
 
+    @observed
     async def WriteLac(self, request, context):
         if request.lac < -1 or request.lafr < -1 or request.lafr > request.lac:
             return pb.WriteLacResponse(status=Status.BAD_REQUEST, message="need -1 <= LAFR <= LAC")
@@ -372,6 +384,7 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.WriteLacResponse(status=Status.INTERNAL_ERROR, message=str(e))
         return pb.WriteLacResponse(status=v.status, term=v.term)
 
+    @observed
     async def Prepare(self, request, context):
         if request.first_entry < 0:
             return pb.PrepareResponse(status=Status.BAD_REQUEST, message="bad first entry")
@@ -384,6 +397,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- deletion and info -----------------------------------------------------
 
+    @observed
     async def Delete(self, request, context):
         if request.has_range and (request.first_entry < 0 or request.last_entry < request.first_entry):
             return pb.DeleteResponse(status=Status.BAD_REQUEST, message="bad range")
@@ -479,7 +493,9 @@ class BookieServer:
         service.registration_status = lambda: self.registration.status() if self.registration else None
         self.service = service  # the admin HTTP port reads its Info (bookstream/admin_http.py)
         register(service, self.server)
-        self.port = self.server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        bind, tls = f"{self.config.host}:{self.config.port}", self.config.tls
+        self.port = self.server.add_secure_port(bind, tls.server_credentials()) if tls else \
+            self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
         await self.server.start()
@@ -518,6 +534,7 @@ class BookieServer:
                 if time.monotonic() - last_gc >= self.config.gc_interval_s:
                     last_gc = time.monotonic()
                     done = await self.storage.collect_garbage()
+                    self.service.metrics.gc(done)
                     if done["removed_segments"] or done["compacted_segments"]:
                         log.info("gc: %s", done)
             except Exception:

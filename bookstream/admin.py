@@ -34,6 +34,8 @@ from typing import Any, Callable
 
 import click
 
+from bookstream import security
+
 EXIT_OK = 0
 EXIT_ERROR = 1          # the operation failed (a bookie refused, a write failed, ...)
 EXIT_USAGE = 2          # bad arguments (click's own code)
@@ -230,14 +232,20 @@ class Admin:
         from metadata.store import MetadataStore
         from metadata.layout import KeyLayout
 
+        from metadata.errors import AuthenticationFailed
+
         try:
-            st = MetadataStore(self.etcd.split(","), timeout=self.timeout)
+            st = MetadataStore(self.etcd.split(","), timeout=self.timeout, **security.current().store_options())
+        except AuthenticationFailed:
+            raise
         except ValueError as e:
             raise AdminError(f"bad --etcd {self.etcd!r}: {e}", EXIT_USAGE) from None
         try:
             st.get(KeyLayout(self.cluster).cluster_key())
         except Exception as e:
             st.close()
+            if isinstance(e, AuthenticationFailed):
+                raise
             raise AdminError(f"etcd at {self.etcd} unreachable (--timeout {self.timeout:g} s): "
                              f"{' '.join(str(e).split())}", EXIT_UNAVAILABLE, True, type(e).__name__) from None
         return st
@@ -248,7 +256,7 @@ class Admin:
 
     def _overrides(self) -> dict:
         return {"metadata_timeout": self.timeout, "read_timeout": self.timeout,
-                "add_timeout": max(self.timeout, 10.0)}
+                "add_timeout": max(self.timeout, 10.0), **security.current().client_config()}
 
     def bk(self):
         """A BookKeeperClient (asyncio), once etcd answered; call in a coroutine."""
@@ -316,20 +324,30 @@ def admin_command(group: click.Group | None, name: str, **kw):
     return deco
 
 
-def _quiet_logs() -> None:
-    """Library log lines (INFO and below) would mix with the output."""
-    import logging
+_LOG_FORMAT = {"format": "text"}  # the root's --log-format
 
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    logging.getLogger().setLevel(logging.ERROR)
+
+def _quiet_logs() -> None:
+    """Library log lines (below ERROR) would mix with the output."""
+    from bookstream import logs
+
+    logs.setup("ERROR", _LOG_FORMAT["format"], "cli")
 
 
 # -- the root --------------------------------------------------------------------------------
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-def cli() -> None:
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text", envvar="BOOKSTREAM_LOG_FORMAT",
+              help="the CLI's own log lines (errors) as text or one JSON object a line")
+@security.click_options
+def cli(log_format: str, **tls) -> None:
     """bookstream: run and inspect a replicated log store (BookKeeper protocol)."""
+    _LOG_FORMAT["format"] = log_format
+    try:
+        security.CURRENT["security"] = security.Security.of(tls)
+    except ValueError as e:  # TlsConfigError: a cert without its key, a user without a password
+        raise click.UsageError(str(e)) from None
 
 
 def _passthrough(name: str, help_text: str) -> click.Command:

@@ -61,9 +61,10 @@ def find_bookie(adm: Admin, store, bookie: str) -> tuple[str | None, str, object
 
 
 async def _info(address: str, timeout: float):
+    from bookstream.security import current
     from stream.bookie_client import BookieClient
 
-    c = BookieClient(address)
+    c = BookieClient(address, current().tls)
     try:
         return await c.info(timeout=timeout)
     finally:

@@ -7,7 +7,8 @@
 - `/ready` (for a Kubernetes readiness probe): 200 when the bookie is
   registered in etcd (`held`, or `suspect`: refreshes failing for less than
   a TTL) and writable; 503 with the reason otherwise;
-- `/metrics`: Prometheus text format (``prometheus_client``);
+- `/metrics`: Prometheus text format (``prometheus_client``): the data path's
+  counters and histograms (``bookie/metrics.py``) and the Info figures;
 - `/info`: the Info figures as JSON (the same record `bookstream bookies info` prints).
 
 Every figure comes from one source, the bookie's own Info RPC handler, run on
@@ -66,8 +67,9 @@ def readiness(rec: dict) -> tuple[bool, str]:
 class _Collector:
     """Prometheus families from one Info snapshot per scrape."""
 
-    def __init__(self, snapshot):
+    def __init__(self, snapshot, journal=None):
         self._snapshot = snapshot
+        self._journal = journal
 
     def describe(self):
         return []  # unchecked collector: families are known only at scrape time
@@ -106,6 +108,12 @@ class _Collector:
         yield counter("read_range_requests", "ReadRange RPCs since start", i.read_range_requests)
         yield counter("read_range_entries", "entries sent by ReadRange since start", i.read_range_entries)
         yield gauge("replay_seconds", "time the last start spent replaying the journal", i.replay_seconds)
+        if self._journal is not None:  # plain int reads: a scrape never waits for the event loop for these
+            j = self._journal
+            yield gauge("journal_queue_bytes", "bytes appended to the journal and not yet durable",
+                        getattr(j, "_pending_bytes", 0) + getattr(j, "_inflight_bytes", 0))
+            yield gauge("journal_queue_waiters", "adds and syncs waiting for the journal's next group commit",
+                        len(getattr(j, "_waiters", ())))
         hist = list(i.journal_sync_histogram)
         if hist:
             h = HistogramMetricFamily("bookstream_bookie_journal_sync_seconds",
@@ -135,12 +143,13 @@ class AdminHttp:
     (0: any free port) from a thread of its own."""
 
     def __init__(self, server, loop: asyncio.AbstractEventLoop, host: str = "127.0.0.1", port: int = 0):
-        from prometheus_client import CollectorRegistry, generate_latest
+        from prometheus_client import generate_latest
 
         self._bookie = server
         self._loop = loop
-        self._registry = CollectorRegistry(auto_describe=False)
-        self._registry.register(_Collector(self.snapshot))
+        # the data path's counters and histograms (bookie/metrics.py), and the Info figures read per scrape
+        self._registry = server.service.metrics.registry
+        self._registry.register(_Collector(self.snapshot, server.storage.journal))
         self._generate = generate_latest
         self._httpd = make_server(host, port, self._app, server_class=_Server, handler_class=_Quiet)
         self.port = self._httpd.server_port

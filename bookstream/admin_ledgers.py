@@ -92,9 +92,11 @@ def show(adm: Admin, ledger_id: int) -> Output:
 @click.option("--from", "first", type=click.IntRange(0), default=0, show_default=True, help="first entry id")
 @click.option("--to", "last", type=click.IntRange(0), default=None, help="last entry id (default: the LAC)")
 @click.option("--noops", is_flag=True, help="show a stream's no-op entries too")
+@click.option("--password", envvar="BOOKSTREAM_LEDGER_PASSWORD", default=None,
+              help="the ledger's password, if it was created with one (env BOOKSTREAM_LEDGER_PASSWORD)")
 @payload_options
-def read(adm: Admin, ledger_id: int, first: int, last: int | None, noops: bool, raw: bool, hexed: bool,
-         max_bytes: int) -> Output | None:
+def read(adm: Admin, ledger_id: int, first: int, last: int | None, noops: bool, password: str | None, raw: bool,
+         hexed: bool, max_bytes: int) -> Output | None:
     """Entries --from..--to (up to the LAC; never fences the writer)."""
     from metadata.ledgers import LedgerMode
     from stream.ledger import LedgerHandle, read_lac_covering
@@ -103,7 +105,7 @@ def read(adm: Admin, ledger_id: int, first: int, last: int | None, noops: bool, 
         async with adm.bk() as bk:
             meta, rev = await _read_meta(bk, ledger_id, "last")
             if meta.mode is LedgerMode.CLASSIC:
-                h = await bk.open_ledger(ledger_id, recovery=False)
+                h = await bk.open_ledger(ledger_id, recovery=False, password=password)
             else:
                 h = LedgerHandle(bk, meta, rev, writable=False, lac=await read_lac_covering(bk, meta))
             top = h.last_add_confirmed if last is None else min(last, h.last_add_confirmed)

@@ -30,12 +30,10 @@ LEASE_FILE = "registration.lease"  # in the data dir: the lease id of the curren
 DEFAULT_CLUSTER = "default"
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+def _setup_logging(level: str, fmt: str = "text", component: str = "bookie"):
+    from bookstream import logs
+
+    return logs.setup(level, fmt, component)
 
 
 # -- bookie ------------------------------------------------------------------------
@@ -90,6 +88,11 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
+    from bookstream import security
+
+    security.add_arguments(p)  # --tls-cert/--tls-key [--tls-ca]: gRPC over TLS; --etcd-*: TLS and auth to etcd
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one JSON object a line (time, level, component, bookie_id, ledger, message)")
 
 
 def bookie_config(args: argparse.Namespace) -> BookieConfig:
@@ -112,7 +115,14 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
+        tls=_security(args).tls,
     )
+
+
+def _security(args: argparse.Namespace):
+    from bookstream.security import Security
+
+    return Security.of(vars(args))
 
 
 def _registration_factory(args: argparse.Namespace):
@@ -139,7 +149,7 @@ def _registration_factory(args: argparse.Namespace):
                 delay = min(2.0, delay * 2)
 
     def register_once(server: BookieServer):
-        store = MetadataStore(args.etcd.split(","))
+        store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
         registry = BookieRegistry(store, args.cluster)
         used, free, total = server.storage.disk_usage()
         reg = mpb.BookieRegistration(
@@ -176,8 +186,10 @@ def _registration_factory(args: argparse.Namespace):
     return register
 
 
-async def run_bookie(args: argparse.Namespace) -> None:
+async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     config = bookie_config(args)
+    if hasattr(formatter, "bookie_id"):  # JSON logs name the bookie from here on
+        formatter.bookie_id = config.bookie_id
     server = BookieServer(config, _registration_factory(args))
     await server.start()
     stop = asyncio.Event()
@@ -202,8 +214,15 @@ async def run_bookie(args: argparse.Namespace) -> None:
 
 
 def cmd_bookie(args: argparse.Namespace) -> int:
-    _setup_logging(args.log_level)
-    run_loop(run_bookie(args))
+    formatter = _setup_logging(args.log_level, args.log_format)
+    from metadata.tls import TlsConfigError
+
+    try:
+        _security(args)
+    except TlsConfigError as e:  # a cert without its key, a user without a password: one line
+        log.error("%s", e)
+        return 2
+    run_loop(run_bookie(args, formatter))
     return 0
 
 

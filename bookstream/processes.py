@@ -39,6 +39,7 @@ class ServedProcess:
     start_error = ProcessStartError
     log_name = "process.log"
     merge_stderr = False
+    env: dict | None = None  # more environment variables of the child (BOOKSTREAM_TLS_*: bookstream/security.py)
 
     def __init__(self, data_dir: str | os.PathLike):
         self.data_dir = Path(data_dir)
@@ -59,6 +60,7 @@ class ServedProcess:
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT if self.merge_stderr else logf,
                                      stdin=subprocess.DEVNULL,
+                                     env=None if self.env is None else {**os.environ, **self.env},
                                      # its own process group: a Ctrl-C at the terminal reaches the
                                      # parent only, which stops its children in order (standalone)
                                      process_group=0)

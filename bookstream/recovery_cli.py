@@ -44,9 +44,17 @@ def _common(f):
     return f
 
 
+def _store_options() -> dict:
+    from bookstream.security import current
+
+    return current().store_options()
+
+
 def _client(etcd: str, cluster: str):
     from stream.client import BookKeeperClient
-    return BookKeeperClient(etcd.split(","), cluster)
+    from bookstream.security import current
+
+    return BookKeeperClient(etcd.split(","), cluster, **current().client_config())
 
 
 def _emit(fmt: str, data, text: str) -> None:
@@ -205,7 +213,7 @@ def decommission(bookie, etcd, cluster, fmt):
     read-only."""
     from metadata.registration import BookieRegistry
     from metadata.store import MetadataStore
-    store = MetadataStore(etcd.split(","))
+    store = MetadataStore(etcd.split(","), **_store_options())
     try:
         writable = {r.bookie_id for r in BookieRegistry(store, cluster).list_bookies(True)}
         if bookie in writable:
@@ -247,7 +255,7 @@ def autorecovery() -> None:
 
 def _keys(etcd: str, cluster: str):
     from metadata.store import MetadataStore
-    store = MetadataStore(etcd.split(","))
+    store = MetadataStore(etcd.split(","), **_store_options())
     return store, AutorecoveryKeys(store, cluster)
 
 
@@ -301,11 +309,27 @@ def disable(etcd, cluster, fmt):
 @click.option("--no-worker", is_flag=True, help="run only an auditor candidate")
 @click.option("--check-interval", type=float, default=None, help="the periodic check's period (s; default off)")
 @click.option("--log-level", default="info")
+@click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+              help="json: one JSON object a line (bookstream/logs.py)")
+@click.option("--metrics-port", type=int, default=None,
+              help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port "
+                   "of 127.0.0.1 (0: any free port, logged)")
 @_common
-def run(delay, grace, no_auditor, no_worker, check_interval, log_level, etcd, cluster, fmt):
+def run(delay, grace, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port, etcd, cluster,
+        fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
-    logging.basicConfig(level=getattr(logging, log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from bookstream import logs
+
+    logs.setup(log_level, log_format, "autorecovery")
+    if metrics_port is not None:
+        import prometheus_client
+
+        from stream.metrics import AutorecoveryMetrics
+
+        AutorecoveryMetrics.default()  # its families exported (at 0) from the start
+        httpd, _ = prometheus_client.start_http_server(metrics_port, addr="127.0.0.1")
+        logging.getLogger("bookstream.autorecovery").info("metrics on http://127.0.0.1:%d/metrics",
+                                                          httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
                            check_interval=check_interval))
 

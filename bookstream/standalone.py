@@ -65,6 +65,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recovery-delay", type=float, default=30.0,
                    help="lost_bookie_recovery_delay of the autorecovery (seconds)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--log-format", choices=["text", "json"], default="text",
+                   help="json: one JSON object a line, here and in the bookies and autorecovery it runs")
+    p.add_argument("--tls", action="store_true",
+                   help="TLS everywhere: a throw-away CA in DATA_DIR/pki signs one certificate that etcd and the "
+                        "bookies serve with (mutual TLS: clients present it too); prints the variables to export")
 
 
 def _free(port: int) -> bool:
@@ -104,7 +109,7 @@ class Standalone:
     def __init__(self, data_dir: Path, bookies: int = DEFAULT_BOOKIES, etcd: str | None = None,
                  cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO",
                  bookie_args: list[str] | None = None, etcd_port: int = 0,
-                 autorecovery_args: list[str] | None = None):
+                 autorecovery_args: list[str] | None = None, tls: bool = False):
         if bookies < 1:
             raise StandaloneError("need at least one bookie")
         if not 0 <= etcd_port < 65536:
@@ -122,6 +127,8 @@ class Standalone:
         self.etcd = None
         self.bookies = []
         self.autorecovery = None
+        self.tls = tls
+        self.tls_env: dict[str, str] = {}  # with tls: what clients export (BOOKSTREAM_TLS_CA ...)
 
     @property
     def etcd_endpoint(self) -> str:
@@ -133,19 +140,32 @@ class Standalone:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         state_path = self.data_dir / "standalone.json"
         state = json.loads(state_path.read_text()) if state_path.exists() else {}
+        etcd_tls = client_tls = None
+        if self.tls:
+            from bookstream.certs import DemoCa
+            from metadata.tls import TlsFiles
+
+            node = DemoCa(self.data_dir / "pki").issue("node", client=True)  # server and client use
+            self.tls_env = {"BOOKSTREAM_TLS_CA": node.ca, "BOOKSTREAM_TLS_CERT": node.cert,
+                            "BOOKSTREAM_TLS_KEY": node.key}
+            if not self.external_etcd:
+                self.tls_env["BOOKSTREAM_ETCD_CA"] = node.ca
+                etcd_tls, client_tls = TlsFiles(None, node.cert, node.key), TlsFiles(node.ca)
         if not self.external_etcd:
             from metadata.etcd_server import ManagedEtcd
 
             if self.etcd_port and not _free(self.etcd_port):
                 raise StandaloneError(f"port {self.etcd_port} is in use (another etcd or standalone?): "
                                       f"pass --etcd-port PORT, or --etcd HOST:PORT to use that etcd")
-            self.etcd = ManagedEtcd(self.data_dir / "etcd", client_port=self.etcd_port)
+            self.etcd = ManagedEtcd(self.data_dir / "etcd", client_port=self.etcd_port, tls=etcd_tls,
+                                    client_tls=client_tls)
             self.etcd.start()
         ports = _ports(state, self.n, self.base_port)
         try:
             for i, port in enumerate(ports):
                 b = BookieProcess(self.data_dir / f"bookie-{i}", port=port, etcd=self.etcd_endpoint,
                                   cluster=self.cluster, log_level=self.log_level, extra_args=self.bookie_args)
+                b.env = self.tls_env or None
                 b.start()
                 self.bookies.append(b)
             if self.autorecovery_args is not None:
@@ -154,6 +174,7 @@ class Standalone:
                 self.autorecovery = AutorecoveryProcess(self.data_dir / "autorecovery", etcd=self.etcd_endpoint,
                                                         cluster=self.cluster, log_level=self.log_level,
                                                         extra_args=self.autorecovery_args)
+                self.autorecovery.env = self.tls_env or None
                 self.autorecovery.start()
         except BaseException:
             self.stop()
@@ -171,13 +192,17 @@ class Standalone:
         if self.autorecovery is not None:
             lines.append(f"autorecovery: auditor candidate + worker, pid={self.autorecovery.pid}  "
                          f"log={self.autorecovery.log_path}")
+        if self.tls_env:
+            lines.append("TLS on (mutual); for the CLI and clients (Security.from_env()):")
+            lines += [f"  export {k}={shlex.quote(v)}" for k, v in self.tls_env.items()]
         return "\n".join(lines)
 
     def restart_command(self, b) -> str:
         """The command that starts bookie ``b`` again by hand, as this cluster ran it."""
         cmd = ["bookstream", "bookie", "--data-dir", str(b.data_dir), "--port", str(b.port),
                "--etcd", self.etcd_endpoint, "--cluster", self.cluster, *self.bookie_args]
-        return shlex.join(cmd)
+        env = [f"{k}={v}" for k, v in self.tls_env.items()]
+        return shlex.join(["env", *env, *cmd] if env else cmd)
 
     def stop(self, out=None, bookie_timeout: float = 20.0) -> None:
         """Autorecovery first (stopping bookies must not look like lost ones),
@@ -296,14 +321,17 @@ class Supervisor:
 
 
 def cmd_standalone(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    bookie_args = ["--admin-port", "0"]  # each bookie's /health /ready /metrics /info
+    from bookstream import logs
+
+    logs.setup(args.log_level, args.log_format, "standalone")
+    bookie_args = ["--admin-port", "0", "--log-format", args.log_format]  # admin: /health /ready /metrics /info
     if args.registration_ttl is not None:
         bookie_args += ["--registration-ttl", str(args.registration_ttl)]
-    autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay)]
+    autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay), "--log-format",
+                                                           args.log_format]
     cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
-                         bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args)
+                         bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args,
+                         tls=args.tls)
     sup = Supervisor(cluster, args.restart_bookies)
     stop_signals = []
 

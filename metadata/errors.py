@@ -34,6 +34,11 @@ class MetadataUnavailable(MetadataError):
     retriable = True
 
 
+class AuthenticationFailed(MetadataError):
+    """etcd refused the credentials: none given where auth is on, a wrong
+    user or password, or a user without permission. Retrying cannot help."""
+
+
 class Compacted(MetadataError):
     """A read or watch asked for a revision that etcd has compacted away."""
 

@@ -29,7 +29,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from metadata.errors import MetadataError
+from metadata.errors import AuthenticationFailed, MetadataError
 
 ETCD_BINARY_ENV = "BOOKSTREAM_ETCD"
 
@@ -84,7 +84,7 @@ class ManagedEtcd:
 
     def __init__(self, data_dir: str | os.PathLike, host: str = "127.0.0.1", client_port: int = 0,
                  peer_port: int = 0, name: str = "bookstream", start_timeout: float = 30.0,
-                 binary: str | None = None) -> None:
+                 binary: str | None = None, tls=None, client_tls=None) -> None:
         assert isinstance(host, str) and host, "host must be a non-empty str"
         assert isinstance(client_port, int) and 0 <= client_port < 65536, "bad client_port"
         assert isinstance(peer_port, int) and 0 <= peer_port < 65536, "bad peer_port"
@@ -102,6 +102,9 @@ class ManagedEtcd:
         self._proc: subprocess.Popen | None = None
         self._log_file = None
         self._log_offset = 0
+        # TLS (metadata/tls.TlsFiles): the server's cert and key (with a ca: client certificates required),
+        # and what the readiness probe connects with (its ca verifies the server)
+        self.tls, self.client_tls = tls, client_tls
 
     # -- paths --------------------------------------------------------------
 
@@ -155,8 +158,10 @@ class ManagedEtcd:
         return client, peer, fresh
 
     def _command(self, client: int, peer: int) -> list[str]:
-        curl = f"http://{self.host}:{client}"
+        curl = f"{'https' if self.tls else 'http'}://{self.host}:{client}"
         purl = f"http://{self.host}:{peer}"
+        secure = [] if not self.tls else ["--cert-file", self.tls.cert, "--key-file", self.tls.key] + (
+            ["--trusted-ca-file", self.tls.ca, "--client-cert-auth"] if self.tls.ca else [])
         return [
             self.binary,
             "--name", self.name,
@@ -172,7 +177,7 @@ class ManagedEtcd:
             "--auto-compaction-retention", "1h",
             "--logger", "zap",
             "--log-outputs", "stderr",
-        ]
+        ] + secure
 
     def log_tail(self, lines: int = 30) -> str:
         """The last lines of etcd's log (for error messages)."""
@@ -245,8 +250,11 @@ class ManagedEtcd:
                 ready_logged = self._logged_since_launch(b"ready to serve client requests")
             if ready_logged and _port_open(self.host, client):
                 try:
-                    with MetadataStore(f"{self.host}:{client}", timeout=1.0) as probe:
+                    with MetadataStore(f"{self.host}:{client}", timeout=1.0, tls=self.client_tls) as probe:
                         probe.get("/bookstream-health-probe")
+                    if self._proc.poll() is None:
+                        return
+                except AuthenticationFailed:  # auth is on: etcd answered
                     if self._proc.poll() is None:
                         return
                 except MetadataError as err:

@@ -42,9 +42,11 @@ import etcd3
 import etcd3.etcdrpc as rpc
 import etcd3.events as etcd_events
 import etcd3.exceptions as etcd_exc
+from etcd3.client import EtcdTokenCallCredentials  # (the package's `etcd3.client` is a function)
 import grpc
 
 from metadata.errors import (
+    AuthenticationFailed,
     BadVersion,
     Compacted,
     KeyExists,
@@ -53,6 +55,7 @@ from metadata.errors import (
     MetadataUnavailable,
     TxnConflict,
 )
+from metadata.tls import EtcdAuth, TlsFiles
 
 _log = logging.getLogger(__name__)
 
@@ -71,6 +74,9 @@ _GRPC_OPTIONS = [
 # doubling up to the maximum (about gRPC's own reconnect backoff above).
 WATCH_RESUME_BACKOFF = 0.05
 WATCH_RESUME_BACKOFF_MAX = 1.0
+# etcd's answers to a request without valid credentials (auth on): a typed AuthenticationFailed
+_AUTH_REFUSALS = ("user name is empty", "authentication failed", "invalid auth token", "permission denied",
+                  "user name not found")
 _UNAVAILABLE_CODES = {
     grpc.StatusCode.UNAVAILABLE,
     grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -679,7 +685,8 @@ class MetadataStore:
     """
 
     def __init__(self, endpoints: str | Sequence[str], timeout: float = 5.0,
-                 page_size: int = DEFAULT_PAGE_SIZE) -> None:
+                 page_size: int = DEFAULT_PAGE_SIZE, *, tls: TlsFiles | None = None,
+                 auth: EtcdAuth | None = None) -> None:
         if isinstance(endpoints, str):
             endpoints = [e for e in endpoints.split(",") if e.strip()]
         endpoints = list(endpoints)
@@ -689,11 +696,21 @@ class MetadataStore:
         self._timeout = float(timeout)
         self._page_size = page_size
         self._multi = len(endpoints) > 1
-        eps = [etcd3.Endpoint(h, p, secure=False, opts=_GRPC_OPTIONS,
+        # TLS (metadata/tls.py): verify etcd's certificate, present ours where etcd asks for one
+        creds = tls.channel_credentials() if tls is not None else None
+        eps = [etcd3.Endpoint(h, p, secure=tls is not None, creds=creds, opts=_GRPC_OPTIONS,
                               time_retry=(2 * self._timeout if self._multi else 0.0))
                for h, p in map(_parse_endpoint, endpoints)]
         self.endpoints = [ep.netloc for ep in eps]
-        self._client = etcd3.MultiEndpointEtcd3Client(endpoints=eps, timeout=self._timeout, failover=True)
+        self._auth = auth
+        try:  # with a user, the client authenticates here (and again when etcd forgets the token)
+            self._client = etcd3.MultiEndpointEtcd3Client(
+                endpoints=eps, timeout=self._timeout, failover=True,
+                user=auth.user if auth else None, password=auth.password if auth else None)
+        except grpc.RpcError as exc:
+            for ep in eps:
+                ep.close()
+            raise self._translate(exc) from exc
         self._keepalives: set[KeepAlive] = set()
         self._ka_lock = threading.Lock()
         self._watches: set[_Watch] = set()
@@ -707,6 +724,9 @@ class MetadataStore:
             return exc
         if isinstance(exc, grpc.RpcError):
             code, details = exc.code(), exc.details() or ""
+            if any(m in details for m in _AUTH_REFUSALS):
+                hint = "" if self._auth_of() else " (no etcd user given: --etcd-user / ClientConfig.etcd_auth)"
+                return AuthenticationFailed(f"etcd refused the request: {details}{hint}")
             if code in _UNAVAILABLE_CODES:
                 if self._multi and code != grpc.StatusCode.CANCELLED:
                     try:  # let the client fail over to another endpoint
@@ -740,12 +760,34 @@ class MetadataStore:
         except (etcd_exc.NoServerAvailableError, ValueError) as exc:
             raise MetadataUnavailable(f"no etcd endpoint available: {exc}") from exc
 
+    def _auth_of(self) -> "EtcdAuth | None":
+        return getattr(self, "_auth", None)
+
     def _unary(self, stub: str, method: str, request, lease: int = 0):
         fn = getattr(self._stub(stub), method)
         try:
-            return fn(request, self._timeout)
+            try:
+                return fn(request, self._timeout, metadata=self._client.metadata)
+            except grpc.RpcError as exc:
+                if not self._reauthenticated(exc):
+                    raise
+                return fn(request, self._timeout, metadata=self._client.metadata)
         except grpc.RpcError as exc:
             raise self._translate(exc, lease) from exc
+
+    def _reauthenticated(self, exc: grpc.RpcError) -> bool:
+        """A fresh token when etcd forgot ours (tokens expire when idle, and
+        an etcd restart forgets them all); True when the call may be retried."""
+        if self._auth is None or "invalid auth token" not in (exc.details() or ""):
+            return False
+        resp = self._client.authstub.Authenticate(
+            rpc.AuthenticateRequest(name=self._auth.user, password=self._auth.password), self._timeout)
+        self._client.metadata = (("token", resp.token),)
+        self._client.call_credentials = grpc.metadata_call_credentials(EtcdTokenCallCredentials(resp.token))
+        watcher = self._client._stubs.get("watcher")
+        if watcher is not None:  # the watch stream reconnects with the new token
+            watcher._metadata, watcher._credentials = self._client.metadata, self._client.call_credentials
+        return True
 
     # -- reads ------------------------------------------------------------
 
@@ -1077,9 +1119,15 @@ class MetadataStore:
         stub = self._stub("leasestub")
         responses = None
         try:
-            responses = stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), self._timeout)
+            responses = stub.LeaseKeepAlive(iter([rpc.LeaseKeepAliveRequest(ID=lease_id)]), self._timeout,
+                                            metadata=self._client.metadata)
             resp = next(iter(responses), None)
         except grpc.RpcError as exc:
+            try:
+                if self._reauthenticated(exc):  # the keeper refreshes again soon, with the new token
+                    raise MetadataUnavailable("etcd auth token renewed; refresh again") from exc
+            except grpc.RpcError as again:
+                raise self._translate(again, lease_id) from exc
             raise self._translate(exc, lease_id) from exc
         finally:
             if responses is not None:

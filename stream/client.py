@@ -28,12 +28,15 @@ from bookie.storage import StorageConfig
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState, LedgerStore, validate_config
 from metadata.registration import BookieRegistry, MembershipChange
+from metadata import errors as me
 from metadata.store import MetadataStore
 from stream import errors as err
 from stream.bookie_client import BookieClient, BookieUnavailable
 from stream.mutations import NONE as NO_MUTATIONS
 from stream.mutations import Mutations
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
+from stream import password as ledger_password
+from stream.metrics import ClientMetrics
 from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
 
 log = logging.getLogger(__name__)
@@ -66,6 +69,10 @@ class ClientConfig:
     placement: str = "random"
     mutations: Mutations = NO_MUTATIONS    # broken protocol rules, tests only (stream/mutations.py)
     watch_registrations: bool = True       # a writer changes its ensemble when a bookie's registration goes
+    metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
+    tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
+    etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
+    etcd_auth: Any = None                  # metadata.tls.EtcdAuth: etcd user and password
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
@@ -106,7 +113,11 @@ class BookKeeperClient:
             raise err.InvalidLedgerConfig(f"cluster must be a non-empty name, got {cluster!r}")
         self.cluster = cluster
         self._own_store = store is None
-        self.store = store or MetadataStore(_endpoints(etcd_endpoints), timeout=self.config.metadata_timeout)
+        try:
+            self.store = store or MetadataStore(_endpoints(etcd_endpoints), timeout=self.config.metadata_timeout,
+                                                tls=self.config.etcd_tls, auth=self.config.etcd_auth)
+        except me.MetadataError as e:  # AuthenticationFailed, MetadataUnavailable: the stream.errors type
+            raise err.translate(e) from None
         self.ledgers = LedgerStore(self.store, cluster)
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
@@ -116,6 +127,7 @@ class BookKeeperClient:
         self._tasks: set[asyncio.Future] = set()
         self._bookies: dict[str, BookieClient] = {}
         self.health = BookieHealth(self.config.failure_half_life)
+        self.metrics = self.config.metrics or ClientMetrics.default()  # stream/metrics.py
         # the smallest max entry size the registrations published (see entry_size_limit)
         self._entry_limit: int | None = None
         self._closed = False
@@ -334,7 +346,7 @@ class BookKeeperClient:
             addr = self._addresses.get(bookie_id)
             if addr is None:
                 return None
-            bc = self._bookies[bookie_id] = BookieClient(addr)
+            bc = self._bookies[bookie_id] = BookieClient(addr, self.config.tls)
         return bc
 
     async def bookie(self, bookie_id: str) -> BookieClient | None:
@@ -363,9 +375,12 @@ class BookKeeperClient:
 
     async def create_ledger(self, ensemble_size: int = 3, write_quorum: int = 2, ack_quorum: int = 2, *,
                             placement: PlacementPolicy | str | None = None,
-                            custom: dict[str, str] | None = None) -> LedgerHandle:
+                            custom: dict[str, str] | None = None, password: bytes | str | None = None
+                            ) -> LedgerHandle:
         """A new OPEN ledger on E distinct writable bookies; its writer handle.
-        Raises InvalidLedgerConfig unless E >= Qw >= Qa >= 1, NotEnoughBookies."""
+        Raises InvalidLedgerConfig unless E >= Qw >= Qa >= 1, NotEnoughBookies.
+        With ``password``, opening it needs the password (stream/password.py)."""
+        custom = ledger_password.custom_with_password(custom, password)
         try:
             validate_config(ensemble_size, write_quorum, ack_quorum)
         except Exception as e:
@@ -380,12 +395,15 @@ class BookKeeperClient:
                  write_quorum, ack_quorum)
         return LedgerHandle(self, meta, rev, writable=True, placement=pol)
 
-    async def open_ledger(self, ledger_id: int, recovery: bool = True) -> LedgerHandle:
+    async def open_ledger(self, ledger_id: int, recovery: bool = True, *,
+                          password: bytes | str | None = None) -> LedgerHandle:
         """A read handle.  ``recovery=True`` fences the ledger and closes it
         at its last entry (the old writer's adds then fail with
         LedgerFenced); ``recovery=False`` never fences: it reads the LAC from
-        a covering quorum and can tail the ledger while it is written."""
+        a covering quorum and can tail the ledger while it is written.
+        UnauthorizedAccess when it was created with a password and this is not it."""
         meta, rev = await self.meta_call(self.ledgers.read, ledger_id)
+        ledger_password.check(ledger_id, meta.custom, password)  # before any fencing
         if meta.mode is not LedgerMode.CLASSIC:
             raise err.InvalidLedgerConfig(f"ledger {ledger_id} is not a classic ledger")
         if recovery:
@@ -660,8 +678,8 @@ class SyncBookKeeperClient:
         return SyncLedgerHandle(self, self._run(self.client.create_ledger(ensemble_size, write_quorum,
                                                                            ack_quorum, **kw)))
 
-    def open_ledger(self, ledger_id: int, recovery: bool = True) -> SyncLedgerHandle:
-        return SyncLedgerHandle(self, self._run(self.client.open_ledger(ledger_id, recovery)))
+    def open_ledger(self, ledger_id: int, recovery: bool = True, **kw) -> SyncLedgerHandle:
+        return SyncLedgerHandle(self, self._run(self.client.open_ledger(ledger_id, recovery, **kw)))
 
     def delete_ledger(self, ledger_id: int) -> None:
         self._run(self.client.delete_ledger(ledger_id))

@@ -171,6 +171,19 @@ class MetadataUnavailable(BookKeeperError):
     retriable = True
 
 
+class AuthenticationFailed(BookKeeperError):
+    """etcd refused the client's credentials (none given where auth is on,
+    a wrong user or password, no permission): ClientConfig.etcd_auth."""
+
+    retriable = False
+
+
+class UnauthorizedAccess(BookKeeperError):
+    """The ledger was created with a password, and none or another was given."""
+
+    retriable = False
+
+
 class MetadataConflict(BookKeeperError):
     """A metadata compare-and-swap kept failing."""
 
@@ -218,6 +231,8 @@ def translate(exc: BaseException) -> BaseException:
         out = InvalidLedgerConfig(str(exc))
     elif isinstance(exc, me.InvalidName):
         out = InvalidLedgerConfig(str(exc))
+    elif isinstance(exc, me.AuthenticationFailed):
+        out = AuthenticationFailed(str(exc))
     elif isinstance(exc, (me.MetadataUnavailable, me.Compacted)):
         out = MetadataUnavailable(str(exc))
     elif isinstance(exc, me.ConditionFailed):
@@ -247,6 +262,6 @@ __all__ = [
     "LedgerClosed", "LedgerInRecovery", "CloseMismatch", "NotWriter", "WriterFenced", "NotLeader",
     "TooManyPendingAdds",
     "AddFailed", "QuorumTimeout", "LedgerRecoveryFailed", "ReadBeyondLac", "BadChecksum", "ReadFailed",
-    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "ClientClosed", "NoSuchStream",
+    "EntryMissing", "MetadataUnavailable", "MetadataConflict", "AuthenticationFailed", "UnauthorizedAccess", "ClientClosed", "NoSuchStream",
     "PositionTrimmed", "translate",
 ]

@@ -124,7 +124,7 @@ class LedgerHandle(ReadPath):
         """Queues an add; the future resolves to its entry id once it (and
         every lower entry) reached Qa bookies.  Raises TooManyPendingAdds
         when the window is full, LedgerClosed/LedgerFenced after the end."""
-        return self._writable().add(payload)
+        return self.client.metrics.track_add(self._writable().add(payload))
 
     def _writable(self) -> LedgerWriter:
         if self._writer is None:
@@ -143,7 +143,7 @@ class LedgerHandle(ReadPath):
         if len(payloads) > w.core.max_pending:
             raise ValueError(f"{len(payloads)} entries in one batch: more than the window "
                              f"({w.core.max_pending} pending adds)")
-        return w.add_many(payloads)
+        return self.client.metrics.track_add(w.add_many(payloads), len(payloads))
 
     async def add_entries(self, payloads: Sequence[bytes]):
         """Adds a batch and waits for its ack; waits for room in the window."""

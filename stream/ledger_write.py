@@ -478,6 +478,7 @@ class LedgerWriter:
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
                     self.clock.changed()
+                    self.client.metrics.ensemble_changes.inc()
                     self.core.on_ensemble_changed(prop.first_entry, new)
                 return
         if self._live(prop):

@@ -52,6 +52,7 @@ from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
 from stream import lifecycle as lc
 from stream.ledger_recovery import RecoveryDriver
 from stream.lifecycle import FinishTakeOver, Moot, TakeOver, run_ledger_cas
+from stream.metrics import timed_takeover
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
 
@@ -104,6 +105,7 @@ class StreamConfig:
 
 # -- take-over ------------------------------------------------------------------------------
 
+@timed_takeover
 async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadata, int, int]:
     """Makes this client the ledger's writer in a new term.  Returns the
     OPEN metadata, its revision, and the first entry id to append at.

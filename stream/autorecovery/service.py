@@ -30,6 +30,7 @@ from bookie.core import Status
 from metadata.ledgers import LedgerMode
 from stream import errors as err
 from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
+from stream.metrics import AutorecoveryMetrics
 
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
@@ -257,6 +258,7 @@ class ReplicationWorker:
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              keep_going=lambda: not lease.lost)
         self.outcomes.append(out)
+        AutorecoveryMetrics.default().task(out)  # stream/metrics.py
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
                  len(out.replaced), out.entries, out.note)
         if out.step is Step.DONE:
