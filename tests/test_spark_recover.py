@@ -41,14 +41,16 @@ async def _write(env, name: str) -> tuple[int, int]:
 
 
 async def _victim(env, slid: int, clid: int) -> tuple[str, dict]:
-    """A bookie of the classic ledger named by the most stream fragments;
-    and every fragment's ensemble before the loss."""
+    """A bookie of the classic ledger and of the stream's open fragment,
+    named by the most stream fragments; and every fragment's ensemble
+    before the loss."""
     bk = BookKeeperClient(env.endpoint, env.cluster)
     smeta, _ = await bk.meta_call(bk.ledgers.read, slid)
     cmeta, _ = await bk.meta_call(bk.ledgers.read, clid)
     await bk.close()
     assert smeta.fragment_count >= 7
-    count = {b: sum(b in f.ensemble for f in smeta.fragments) for b in cmeta.fragments[0].ensemble}
+    both = set(cmeta.fragments[0].ensemble) & set(smeta.last_fragment.ensemble)  # 3 + 3 of 5: never empty
+    count = {b: sum(b in f.ensemble for f in smeta.fragments) for b in both}
     victim = max(sorted(count), key=count.get)
     assert count[victim] >= 2, count
     before = {(lid, f.first_entry): f.ensemble for m, lid in ((smeta, slid), (cmeta, clid)) for f in m.fragments}
