@@ -226,3 +226,38 @@ def test_spark_submit_entry_point(own, tmp_path):
         assert await check_every_replica(bk, lid, 49, set(by_id) - {victim}) == 150
         await bk.close()
     run(check())
+
+
+def test_a_job_whose_tasks_keep_dying_reports_every_fragment_failed(spark, own, monkeypatch):  # noqa: F811
+    """Every attempt of the task kills its Python worker (spark.task.maxFailures
+    reached): the job's summary says each fragment failed (a re-run plans
+    again), instead of a traceback; nothing was replaced."""
+    import stream.spark.recover as rec
+
+    procs = own.start(4)
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        await lh.add_entries([b"d%d" % i for i in range(20)])
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ens = run(write())
+    next(p for p in procs if p.bookie_id == ens[1]).kill()
+
+    def dies(task):
+        os._exit(1)
+
+    monkeypatch.setattr(rec, "recover_fragment", dies)
+    s = rec.recover_on_spark(spark, own.endpoint, own.cluster, ens[1])
+    assert s["fragments_failed"] == 1 and s["fragments_replaced"] == 0 and s["left"], s
+    assert "Spark job failed" in s["fragments"][0]["note"] and "etcd" not in s["fragments"][0]
+
+    async def still():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        named = await names_bookie(bk, ens[1])
+        await bk.close()
+        return named
+    assert run(still()) == [(lid, 0)]

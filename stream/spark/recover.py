@@ -131,7 +131,14 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
     if tasks:
         payload = [dict(t.as_json(), etcd=etcd, cluster=cluster) for t in tasks]
         sc.setJobDescription(f"bookstream recover {bookie}: {len(tasks)} fragment(s)")
-        results = sc.parallelize(payload, len(payload)).map(recover_fragment).collect()
+        try:
+            results = sc.parallelize(payload, len(payload)).map(recover_fragment).collect()
+        except Exception as e:  # the job itself failed (a task's worker died spark.task.maxFailures times)
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+            log.warning("the Spark job failed: %s", why)
+            results = [dict({k: v for k, v in t.items() if k not in ("etcd", "cluster")}, target=None, entries=0, bytes=0, step="failed", status=fragment_status(False, "failed"),
+                            note=f"the Spark job failed (this fragment may be done: run again): {why}",
+                            unrecoverable=[]) for t in payload]
     return summarize(bookie, plans, results, seconds=time.monotonic() - t0, left=left, extra=about)
 
 
