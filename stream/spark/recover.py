@@ -63,8 +63,9 @@ def spark_session(master: str | None = None, app: str = "bookstream-recover"):
 def recover_fragment(task: dict) -> dict:
     """One task (runs on an executor): ``task`` is ``FragmentTask.as_json()``
     plus ``etcd``, ``cluster`` and ``holder`` (the job's lock holder: the
-    task stops before copying or replacing once the lock is not the job's).  Returns the fragment's result; never
-    raises for a failure of the copy or the metadata (reported as failed)."""
+    task stops before copying or replacing once the lock is not the job's).
+    Returns the fragment's result; never raises for a failure of the copy
+    or the metadata (reported as failed)."""
     from stream.autorecovery.keys import AutorecoveryKeys
     from stream.autorecovery.service import recover_ledger_fragments
     from stream.spark.access import Session
