@@ -29,7 +29,7 @@ from pathlib import Path
 CHUNK = 1 << 20
 
 
-def _drop_cache(root: Path) -> None:
+def drop_cache(root: Path) -> None:
     for p in root.rglob("*"):
         if p.is_file():
             try:
@@ -51,7 +51,7 @@ def disk_ceiling(directory: Path, nbytes: int) -> dict:
         for _ in range(nbytes // CHUNK):
             f.write(block)
         os.fdatasync(f.fileno())
-    _drop_cache(directory)
+    drop_cache(directory)
     t0 = time.perf_counter()
     with open(src, "rb", buffering=0) as r, open(dst, "wb", buffering=0) as w:
         while True:
@@ -108,7 +108,7 @@ def run_bench(mb: int = 1024, entry_size: int = 64 << 10, directory: str | None 
                                    extra_args=["--registration-ttl", "3"]).start())
         victim = procs[0]
         victim.kill()
-        _drop_cache(base)
+        drop_cache(base)
         summary = asyncio.run(recover_bookie(etcd.endpoint, cluster, victim.bookie_id, to=None, dry_run=False,
                                              seal_open=False, show_progress=False))
         ceiling = disk_ceiling(base, nbytes)

@@ -1,7 +1,7 @@
 """The recovery commands (issue 15), added to the ``bookstream`` command tree
 by ``bookstream/admin.py`` (``GROUP_MODULES``):
 
-    bookstream recover BOOKIE [--to TARGET] [--dry-run] [--seal-open]
+    bookstream recover BOOKIE [--to TARGET] [--dry-run] [--seal-open] [--spark [--master URL]]
     bookstream decommission BOOKIE
     bookstream autorecovery status|enable|disable|run
     bookstream underreplicated list
@@ -28,9 +28,9 @@ import click
 
 from stream.autorecovery.auditor_core import AuditorConfig
 from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
-from stream.autorecovery.service import (Auditor, ReplicationWorker, WorkerConfig, recover_ledger_fragments,
-                                  scan_pages)
-from stream.autorecovery.worker_core import Step, plan_ledger
+from stream.autorecovery.service import (Auditor, ReplicationWorker, WorkerConfig, plan_bookie,
+                                         recover_ledger_fragments)
+from stream.autorecovery.worker_core import Step
 from metadata.layout import KeyLayout
 
 
@@ -106,17 +106,6 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-async def plan_bookie(client, bookie: str):
-    """(ledger id, plan) for every ledger whose fragments name ``bookie``
-    (ledgers read page by page)."""
-    out = []
-    async for named in scan_pages(client):
-        for lid in sorted(lid for lid, bookies in named.items() if bookie in bookies):
-            meta, _ = await client.meta_call(client.ledgers.read, lid)
-            out.append((lid, plan_ledger(meta, {bookie})))
-    return out
-
-
 async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None, dry_run: bool,
                          seal_open: bool, show_progress: bool) -> dict:
     client = _client(etcd, cluster)
@@ -164,14 +153,25 @@ def _summary_text(s: dict) -> str:
         lines = [f"{s['bookie']}: {s['ledgers']} ledger(s), {s['fragments_planned']} fragment(s) to copy, "
                  f"{s['entries_planned']:,} entries"]
         for p in s["plan"]:
-            for first, last, _, n in p["fragments"]:
-                lines.append(f"  ledger {p['ledger_id']}: fragment {first}..{last} ({n} entries)")
+            if "fragments" in p:
+                for first, last, _, n in p["fragments"]:
+                    lines.append(f"  ledger {p['ledger_id']}: fragment {first}..{last} ({n} entries)")
+            else:  # --spark: one task per fragment
+                lines.append(f"  ledger {p['ledger_id']}: fragment {p['first']}..{p['last']} ({p['entries']} "
+                             f"entries) -> {p['target'] or 'placement'}")
     else:
         lines = [f"{s['bookie']}: {s['fragments_replaced']} fragment(s) replaced in {s['ledgers']} ledger(s), "
                  f"{s['entries_copied']:,} entries, {s['bytes_copied'] / 1e6:,.1f} MB in {s['seconds']} s "
                  f"({s['mb_per_s']} MB/s, {s['entries_per_s']:,} entries/s)"]
+        if "fragments" in s:  # --spark: per fragment
+            lines.append(f"  {s['spark']['tasks']} task(s) on {s['spark']['master']}: {s['fragments_replaced']} "
+                         f"done, {s['fragments_skipped']} skipped, {s['fragments_failed']} failed")
+            lines += [f"  ledger {r['ledger_id']} fragment {r['first']}..{r['last']}: {r['status']}"
+                      + (f" -> {r['target']}" if r["target"] else "") + (f" ({r['note']})" if r["note"] else "")
+                      for r in s["fragments"]]
         for x in s["left"]:
-            lines.append(f"  left: ledger {x['ledger_id']} ({x['step']}) {x['note']}")
+            where = f" fragment {x['first']}" if x.get("first") is not None else ""
+            lines.append(f"  left: ledger {x['ledger_id']}{where} ({x['step']}) {x['note']}")
     for lid, first in s["open_fragments"]:
         lines.append(f"  open: ledger {lid} fragment {first} (its writer owns it; --seal-open to seal)")
     for u in s["unrecoverable"]:
@@ -190,13 +190,22 @@ def _exit_code(s: dict) -> int:
 @click.option("--to", "to", help="copy fragments to this bookie (one that already holds a fragment: chosen by placement, as without --to)")
 @click.option("--dry-run", is_flag=True, help="only say what would be copied")
 @click.option("--seal-open", is_flag=True, help="also seal open fragments naming BOOKIE (fences their writer)")
+@click.option("--spark", is_flag=True, help="run as a Spark job: one task per fragment (stream/spark/recover.py)")
+@click.option("--master", help="with --spark: the Spark master URL (local[2], spark://host:7077, yarn...)")
 @_common
-def recover(bookie, to, dry_run, seal_open, etcd, cluster, fmt):
+def recover(bookie, to, dry_run, seal_open, spark, master, etcd, cluster, fmt):
     """Copy every fragment that names BOOKIE to other bookies."""
     show = fmt != "json" and sys.stderr.isatty()
+    if master and not spark:
+        raise click.UsageError("--master goes with --spark")
     try:
-        s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=to, dry_run=dry_run, seal_open=seal_open,
-                                       show_progress=show))
+        if spark:
+            from stream.spark.recover import recover_on_spark, spark_session
+            s = recover_on_spark(spark_session(master), etcd, cluster, bookie, to=to, dry_run=dry_run,
+                                 seal_open=seal_open)
+        else:
+            s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=to, dry_run=dry_run, seal_open=seal_open,
+                                           show_progress=show))
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every fragment replaced so far is complete; run again to continue", err=True)
         sys.exit(130)

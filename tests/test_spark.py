@@ -348,3 +348,72 @@ def test_stream_sink_appends_in_partition_order(spark, shared):
                 got += [x.payload for x in recs]
     assert got == [b"r%04d" % i for i in range(500)]
     assert not _pending(shared)
+
+
+def test_a_streaming_batch_into_a_stream_is_copied_once_when_its_commit_died_mid_copy(shared, monkeypatch):
+    """The driver dies (an exception here) after part of a streaming batch
+    reached the stream; Spark runs the commit again: the stream holds every
+    record of the batch once, in order (not the part twice), and a further
+    replay of the committed batch appends nothing."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from stream.client import BookKeeperClient
+    from stream.spark import commit as cm
+    from stream.spark.sink import LedgerWritten, StreamingWriter
+    from stream.stream import AsyncStreamWriter
+
+    name = "once-" + uuid.uuid4().hex[:6]
+    _append(shared, name, [b"earlier"])
+    schema = StructType([StructField("payload", BinaryType())])
+    options = _opts(shared, stream=name, checkpointLocation="/tmp/ckpt-" + name)
+
+    def tasks(writer, n_parts=3, per=1500):
+        async def go():
+            bk = BookKeeperClient(shared.endpoint, shared.cluster)
+            out = []
+            for part in range(n_parts):
+                lh = await bk.create_ledger(3, 2, 2)
+                await cm.note_pending(bk, writer.job, lh.ledger_id, partition=part, attempt=0, pid=0, host="")
+                await lh.add_entries([b"b-%d-%d" % (part, i) for i in range(per)])
+                await lh.close()
+                out.append(LedgerWritten(part, lh.ledger_id, per))
+            await bk.close()
+            return out
+        from tests.conftest import run
+        return run(go())
+
+    expected = [b"b-%d-%d" % (p, i) for p in range(3) for i in range(1500)]
+    w1 = StreamingWriter(options, schema, False)
+    calls = {"n": 0}
+    real = AsyncStreamWriter.append_many_async
+
+    def dies_after_two_chunks(self, payloads):
+        calls["n"] += 1
+        if calls["n"] > 2:
+            raise RuntimeError("the driver died")
+        return real(self, payloads)
+
+    monkeypatch.setattr(AsyncStreamWriter, "append_many_async", dies_after_two_chunks)
+    with pytest.raises(RuntimeError, match="driver died"):
+        w1.commit(tasks(w1), 0)
+    monkeypatch.setattr(AsyncStreamWriter, "append_many_async", real)
+
+    def stream_payloads():
+        with StreamClient(shared.endpoint, shared.cluster) as sc:
+            with sc.open_reader(name, Position.EARLIEST) as r:
+                got = []
+                while True:
+                    recs = r.read(5000, timeout=1.0)
+                    if not recs:
+                        return got
+                    got += [x.payload for x in recs]
+
+    part = stream_payloads()
+    assert part == [b"earlier"] + expected[:len(part) - 1] and len(part) > 1  # some of the batch got in
+    w2 = StreamingWriter(options, schema, False)  # Spark makes the writer again for the replay
+    w2.commit(tasks(w2), 0)
+    assert stream_payloads() == [b"earlier"] + expected
+    w3 = StreamingWriter(options, schema, False)
+    w3.commit(tasks(w3), 0)  # replayed once more, after it was recorded: skipped
+    assert stream_payloads() == [b"earlier"] + expected
+    assert not _pending(shared)

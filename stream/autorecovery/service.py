@@ -35,7 +35,8 @@ from stream.metrics import AutorecoveryMetrics
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
-from stream.autorecovery.worker_core import Step, expected_last_entries, judge_check, judge_task, plan_ledger
+from stream.autorecovery.worker_core import (LedgerPlan, Step, expected_last_entries, judge_check, judge_task,
+                                             plan_ledger, restrict_plan)
 
 log = logging.getLogger(__name__)
 
@@ -71,12 +72,14 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    progress: Callable[[str, int, int], None] | None = None,
                                    keep_going: Callable[[], bool] = lambda: True,
                                    known_unrecoverable: Iterable[int] = (),
+                                   only: Iterable[int] | None = None,
                                    max_rounds: int = 1000) -> LedgerOutcome:
     """Brings ledger ``lid`` back to full replication without the ``lost``
     bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
     ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
     ``keep_going()`` is asked before each step (a worker whose lock is gone
-    stops)."""
+    stops).  ``only``: the first entries of the fragments to work on (a
+    Spark task's fragment); the ledger's other fragments are left alone."""
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
     first_seen = now() if first_seen is None else first_seen
@@ -90,6 +93,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             out.step, out.note = Step.DONE, "ledger deleted"
             return out
         plan = plan_ledger(meta, lost - damaged, damaged)
+        if only is not None:
+            plan = restrict_plan(plan, only)
         unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
                  for u in plan.unrecoverable]
         skipped = [j for j in plan.jobs if j.first_entry in known or j.first_entry in absent]
@@ -111,7 +116,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out
         if step is Step.SEAL:
-            await _seal(client, lid, meta.mode)
+            await seal_ledger(client, lid, meta.mode)
             out.sealed = True
             continue
         job = jobs[0]
@@ -158,7 +163,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     return out
 
 
-async def _seal(client, lid: int, mode: LedgerMode) -> None:
+async def seal_ledger(client, lid: int, mode: LedgerMode) -> None:
     """Seals an open last fragment: classic ledgers are fenced and recovered
     (closed); a stream is taken over (term + 1, recovery with the truncate
     no-op; the recovery replaces the lost bookie) and left OPEN with no
@@ -170,6 +175,17 @@ async def _seal(client, lid: int, mode: LedgerMode) -> None:
         from stream.stream import take_over
         await take_over(client, lid)
     log.info("ledger %d: sealed its open fragment (%s)", lid, mode.name)
+
+
+async def plan_bookie(client, bookie: str) -> list[tuple[int, LedgerPlan]]:
+    """(ledger id, plan) for every ledger whose fragments name ``bookie``
+    (ledgers read page by page): what manual recovery of ``bookie`` does."""
+    out = []
+    async for named in scan_pages(client):
+        for lid in sorted(lid for lid, bookies in named.items() if bookie in bookies):
+            meta, _ = await client.meta_call(client.ledgers.read, lid)
+            out.append((lid, plan_ledger(meta, {bookie})))
+    return out
 
 
 # -- the worker ---------------------------------------------------------------------------
@@ -434,5 +450,5 @@ class Auditor:
         return core.on_scan_done(time.monotonic(), completed)
 
 
-__all__ = ["LedgerOutcome", "recover_ledger_fragments", "WorkerConfig", "ReplicationWorker", "Auditor",
-           "scan_pages"]
+__all__ = ["LedgerOutcome", "recover_ledger_fragments", "seal_ledger", "plan_bookie", "WorkerConfig",
+           "ReplicationWorker", "Auditor", "scan_pages"]

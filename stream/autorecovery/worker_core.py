@@ -124,6 +124,17 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode)
 
 
+def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
+    """The part of ``plan`` about the fragments starting at ``firsts`` (a
+    Spark task's one fragment): the others' jobs, unrecoverable reports and
+    open fragment belong to other tasks."""
+    keep = frozenset(firsts)
+    return dataclasses.replace(
+        plan, jobs=tuple(j for j in plan.jobs if j.first_entry in keep),
+        unrecoverable=tuple(u for u in plan.unrecoverable if u.first_entry in keep),
+        open_fragment=plan.open_fragment if plan.open_fragment in keep else None)
+
+
 class Step(enum.Enum):
     COPY = "copy"          # copy plan.jobs[0] and replace it (then plan again)
     SEAL = "seal"          # fence/recover (classic) or take over (stream) the ledger
@@ -184,5 +195,5 @@ def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterabl
     return next((b for b in candidates if b not in skip), None)
 
 
-__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "Step", "judge_task", "choose_target",
+__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "Step", "judge_task", "choose_target",
            "expected_last_entries", "judge_check"]

@@ -11,7 +11,9 @@ Source API), format name ``bookstream``.
 Rooms: ``plan.py`` (offsets, positions, partition planning: pure),
 ``access.py`` (the adapter to bookstream's client), ``source.py`` (batch and
 streaming readers), ``sink.py`` (batch and streaming writers), ``commit.py``
-(the sink's etcd transactions on a log's ledger list).
+(the sink's etcd transactions), ``recovery_plan.py`` (the re-replication
+job's decisions: pure) and ``recover.py`` (``bookstream recover --spark``:
+one task per fragment), ``bench.py``.
 """
 from __future__ import annotations
 

@@ -12,6 +12,11 @@ Keys (under the cluster's root, beside ``logs/<name>``):
                                             names the query (``sinkId``, or its checkpoint location)
 ==========================================  ==========================================================
 
+A stream sink's record may also hold ``pending``: the batch being copied
+into the stream (``batch``), the term of the writer copying it, the entry
+its first copied record went to, and how many of the batch's records
+earlier attempts had copied (``before``).  See ``sink.copy_batch_into_stream``.
+
 :func:`commit_to_log` first deletes the ledgers of failed attempts (pending
 but not committed), then, in one transaction that compares the log key's
 and the sink key's revisions: the log's list gains the committed ledgers in
@@ -99,6 +104,27 @@ async def last_batch(bk: BookKeeperClient, key: str) -> tuple[int, int | None]:
     if v is None:
         return -1, None
     return int(json.loads(v.value)["batch"]), v.mod_revision
+
+
+async def read_sink(bk: BookKeeperClient, key: str) -> tuple[dict, int | None]:
+    """A streaming sink's record (``{"batch": -1}`` when none) and the key's
+    revision (None: absent)."""
+    v = await bk.meta_call(bk.store.get, key)
+    if v is None:
+        return {"batch": -1}, None
+    return json.loads(v.value), v.mod_revision
+
+
+async def cas_sink(bk: BookKeeperClient, key: str, record: dict, revision: int | None) -> int:
+    """Writes the sink's record if the key is still at ``revision``; returns
+    the new revision.  Raises MetadataConflict otherwise (another driver of
+    the same query committed meanwhile)."""
+    try:
+        r = await bk.meta_call(bk.store.txn, [absent(key) if revision is None else mod_revision_is(key, revision)],
+                               [Put(key, json.dumps(record).encode())])
+    except (TxnConflict, err.MetadataConflict) as e:
+        raise err.MetadataConflict(f"sink record {key} changed under this commit") from e
+    return r.revision
 
 
 async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_ids: list[int], *,

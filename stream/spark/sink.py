@@ -13,10 +13,13 @@ closes it and returns its id.  Then, on the driver:
   deletes every ledger of the job (``commit.py``).
 - ``option("stream", name)``: ``commit`` takes the stream over with one
   writer and copies the task ledgers into it in partition order, then
-  deletes them.  At least once: a driver that dies during the copy leaves
-  the records copied so far, and Spark's retry copies the batch again.  A
-  streaming batch whose copy completed is recorded with its id, and a
-  replay of it is skipped.
+  deletes them.  A streaming query: exactly once (``_copy_batch_once``: the
+  batch being copied is recorded, with its writer's term and first entry,
+  before the first append; a replay skips what the dead attempt's writer
+  got into the stream), provided the replayed batch has the same rows in
+  the same order per partition (a deterministic replay, as from bookstream
+  or Kafka through map-like steps).  A batch job: at least once (a job that
+  fails during the copy and is run again copies it again).
 
 Options: ``etcd``, ``cluster``, ``log`` | ``stream``; ``ensembleSize``,
 ``writeQuorum``, ``ackQuorum`` of the task ledgers (3, 2, 2); streaming:
@@ -28,7 +31,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import json
 import logging
 import os
 import socket
@@ -192,19 +194,27 @@ def _ordered(messages) -> list[int]:
     return [m.ledger_id for m in ms if m.ledger_id is not None]
 
 
-async def copy_into_stream(bk, name: str, ledger_ids: list[int], etcd: str, cluster: str) -> int:
+async def copy_into_stream(bk, name: str, ledger_ids: list[int], etcd: str, cluster: str, *,
+                           start=None, done=None) -> int:
     """Appends the ledgers' entries, in order, to stream ``name`` with one
-    writer (taking the stream over; created if missing).  Returns the count."""
+    writer (taking the stream over; created if missing).  ``start(w)``
+    (async), called once the writer holds the stream, returns how many of
+    the records to skip (copied by an earlier attempt); ``done(w)`` (async)
+    runs once every append is acknowledged, before the writer closes.
+    Returns the count appended."""
     from stream.stream import AsyncStreamClient
 
     n = 0
     async with AsyncStreamClient(etcd, cluster) as sc:
         w = await sc.open_writer(name)
         try:
+            skip = 0 if start is None else await start(w)
             pending: collections.deque = collections.deque()
             for lid in ledger_ids:
                 h = await bk.open_ledger(lid, recovery=False)
-                a, last = 0, h.last_add_confirmed
+                last = h.last_add_confirmed
+                a = min(last + 1, skip)  # whole ledgers (and a ledger's head) copied before: skipped
+                skip -= a
                 while a <= last:
                     b = min(last, a + CHUNK_ENTRIES - 1)
                     payloads = [e.payload for e in await h.read_entries(a, b)]
@@ -216,9 +226,32 @@ async def copy_into_stream(bk, name: str, ledger_ids: list[int], etcd: str, clus
                 await h.close()
             while pending:
                 await pending.popleft()
+            if done is not None:
+                await w.flush()
+                await done(w)
         finally:
             await w.close()
     return n
+
+
+async def copied_before(w, pending: dict) -> int:
+    """How many records of the batch ``pending`` describes are in the
+    stream: those earlier attempts counted (``before``) plus the records of
+    the last attempt's writer (its ``term``) from entry ``first`` on that
+    survived its end.  One writer appends in order and a take-over's
+    recovery keeps a prefix of what it appended (no holes: origin terms),
+    so they are the next records of the batch, in order.  ``w`` holds the
+    stream now (its take-over fixed the end)."""
+    from bookie.entry import FLAG_NOOP
+
+    h, first, n = w.handle, pending["first"], 0
+    last = h.last_add_confirmed
+    while first <= last:
+        b = min(last, first + CHUNK_ENTRIES - 1)
+        n += sum(1 for e in await h.read_entries(first, b)
+                 if e.origin == pending["term"] and not e.data_flags & FLAG_NOOP)
+        first = b + 1
+    return pending["before"] + n
 
 
 class _Commit:
@@ -237,18 +270,47 @@ class _Commit:
 
     async def _commit_stream(self, bk, ids: list[int], batch_id: int | None) -> None:
         opts = self.opts
-        key = cm.sink_key(KeyLayout(bk.cluster), "stream", opts.name, opts.sink) if opts.sink is not None else None
         garbage = sorted(set(await cm.pending_ledgers(bk, self.job)) - set(ids))
         await cm.drop_ledgers(bk, self.job, garbage)
-        if key is not None and batch_id <= (await cm.last_batch(bk, key))[0]:
-            log.info("stream %s: batch %s was written before: skipped", opts.name, batch_id)
-        else:
+        if opts.sink is None:  # a batch job: at least once (a failed job re-run copies again)
             n = await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster)
-            log.info("stream %s: appended %d records from ledgers %s", opts.name, n, ids)
-            if key is not None:
-                await bk.meta_call(bk.store.put, key, json.dumps({"batch": batch_id, "stream": opts.name,
-                                                                  "sink": opts.sink}).encode())
+        else:
+            n = await self._copy_batch_once(bk, ids, batch_id)
+        log.info("stream %s: appended %d records from ledgers %s (batch %s)", opts.name, n, ids, batch_id)
         await cm.drop_ledgers(bk, self.job, ids)
+
+    async def _copy_batch_once(self, bk, ids: list[int], batch_id: int) -> int:
+        """A streaming batch into the stream, exactly once.  The sink's
+        record in etcd says which batch was copied last; before its first
+        append, a commit CASes into it the batch it is copying (``pending``:
+        the batch id, its writer's term, the entry of its first append, the
+        records copied by earlier attempts), and once every append is
+        acknowledged, CASes it to "batch copied".  A replay after a driver
+        died in between counts what the dead attempt's writer got into the
+        stream (``copied_before``) and copies only the rest."""
+        opts = self.opts
+        key = cm.sink_key(KeyLayout(bk.cluster), "stream", opts.name, opts.sink)
+        record, rev = await cm.read_sink(bk, key)
+        if batch_id <= record["batch"]:
+            log.info("stream %s: batch %s was written before: skipped", opts.name, batch_id)
+            return 0
+        base = {"batch": record["batch"], "stream": opts.name, "sink": opts.sink}
+
+        async def start(w) -> int:
+            nonlocal rev
+            prior = record.get("pending")
+            skip = await copied_before(w, prior) if prior and prior["batch"] == batch_id else 0
+            first = w.handle.last_add_confirmed + 1
+            rev = await cm.cas_sink(bk, key, dict(base, pending={"batch": batch_id, "term": w.term,
+                                                                 "first": first, "before": skip}), rev)
+            if skip:
+                log.info("stream %s: batch %s: %d records copied by an earlier attempt", opts.name, batch_id, skip)
+            return skip
+
+        async def done(w) -> None:
+            await cm.cas_sink(bk, key, dict(base, batch=batch_id), rev)
+
+        return await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, start=start, done=done)
 
     def _abort(self) -> None:
         with self.opts.session() as s:
