@@ -90,7 +90,7 @@ def test_the_simulator_catches_a_read_core_that_decides_missing_on_one_absent_an
     """A mutant of the shipped core (the simulator's reader runs it): an
     entry is missing as soon as one replica says NO_SUCH_ENTRY.  A
     committed entry on Qa of Qw replicas then reads as missing: the
-    AckedReadable invariant fails.  (First hit when written: seed 68.)"""
+    AckedReadable invariant fails.  (First hit when written: seed 50.)"""
     correct = rc.EntryRead._decide
 
     def hasty(self):
