@@ -28,7 +28,7 @@ import click
 
 from stream.autorecovery.auditor_core import AuditorConfig
 from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
-from stream.autorecovery.service import (Auditor, ReplicationWorker, WorkerConfig, plan_bookie,
+from stream.autorecovery.service import (Auditor, RecoveryLocks, ReplicationWorker, WorkerConfig, plan_bookie,
                                          recover_ledger_fragments)
 from stream.autorecovery.worker_core import Step
 from metadata.layout import KeyLayout
@@ -126,9 +126,22 @@ async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None
             return summary
         bar = _Progress(frags, entries, show_progress)
         summary["unrecoverable"] = []
-        for lid, _ in plans:
-            out = await recover_ledger_fragments(client, lid, {bookie}, target=to, seal=seal_open, grace=0.0,
-                                                 progress=bar)
+        # the workers' per-ledger locks: no worker or other recovery copies the same fragments meanwhile
+        locks = RecoveryLocks(client, cluster)
+        try:
+            outcomes = []
+            for lid, _ in plans:
+                holder = await asyncio.to_thread(locks.take, lid)
+                if holder is not None:
+                    summary["left"].append({"ledger_id": lid, "step": Step.WAIT.value,
+                                            "note": f"being recovered by {holder}", "open_fragment": None})
+                    continue
+                out = await recover_ledger_fragments(client, lid, {bookie}, target=to, seal=seal_open, grace=0.0,
+                                                     progress=bar, keep_going=lambda lid=lid: locks.still_mine(lid))
+                outcomes.append((lid, out))
+        finally:
+            await asyncio.to_thread(locks.release)
+        for lid, out in outcomes:
             summary["fragments_replaced"] += len(out.replaced)
             summary["entries_copied"] += out.entries
             summary["bytes_copied"] += out.bytes

@@ -254,3 +254,42 @@ def test_the_auditor_killed_mid_scan_another_takes_over(own, tmp_path):
         if a.poll() is None:
             a.kill()
             a.wait()
+
+
+def test_recover_leaves_a_ledger_another_recovery_holds(own):
+    """`recover` takes the workers' per-ledger lock first: a ledger another
+    recovery (a worker, a Spark job, another `recover`) holds is left, and
+    said so; once the lock is free, the same command replaces the bookie.
+    Without the lock, two copies to one target could clear entries the
+    first one's CAS had published."""
+    from stream.autorecovery.service import RecoveryLocks
+
+    procs = own.start(4)
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(20):
+            await lh.add_entry(b"%d" % i)
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ensemble = run(write())
+    victim = next(p for p in procs if p.bookie_id == ensemble[0])
+    victim.kill()
+    bk = BookKeeperClient(own.endpoint, own.cluster)
+    other = RecoveryLocks(bk, own.cluster, "another-recovery")
+    try:
+        assert other.take(lid) is None
+        s = json.loads(cli(own, "recover", victim.bookie_id, "--format", "json").stdout)
+        assert s["fragments_replaced"] == 0 and s["entries_copied"] == 0, s
+        assert [(x["ledger_id"], x["step"]) for x in s["left"]] == [(lid, "wait")]
+        assert other.holder in s["left"][0]["note"]
+        assert victim.bookie_id in bk.ledgers.read(lid)[0].fragments[0].ensemble
+    finally:
+        other.release()
+    s = json.loads(cli(own, "recover", victim.bookie_id, "--format", "json").stdout)
+    assert s["fragments_replaced"] == 1 and s["left"] == [], s
+    assert victim.bookie_id not in bk.ledgers.read(lid)[0].fragments[0].ensemble
+    run(bk.close())

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import time
+import uuid
 from typing import Callable, Iterable
 
 from bookie.core import Status
@@ -199,6 +200,42 @@ class WorkerConfig:
 
 def default_id(kind: str) -> str:
     return f"{kind}-{socket.gethostname()}-{os.getpid()}"
+
+
+LOCK_TTL = 10  # s: a manual recovery's lease; a dead one's ledgers are free again after it
+
+
+class RecoveryLocks:
+    """The replication workers' per-ledger locks (``autorecovery/locks/``),
+    held by a manual recovery (``bookstream recover``, with or without
+    ``--spark``) under one lease: a worker, or another recovery, does not
+    copy the same fragments at the same time (a second copy to the same
+    target clears entries the first one's CAS already published).  Steps
+    check the lock is still theirs (:meth:`still_mine`)."""
+
+    def __init__(self, client, cluster: str, kind: str = "recover") -> None:
+        from stream.autorecovery.keys import StoreLeases
+
+        self.keys = AutorecoveryKeys(client.store, cluster)
+        self.lease = StoreLeases(client.store, LOCK_TTL).acquire()
+        self.holder = f"{default_id(kind)}-{uuid.uuid4().hex[:6]}"  # one holder per run
+        self.held: set[int] = set()
+
+    def take(self, lid: int) -> str | None:
+        """None once this recovery holds ``lid``'s lock; else who holds it."""
+        if lid in self.held or self.keys.try_lock(lid, self.holder, self.lease.id):
+            self.held.add(lid)
+            return None
+        return self.keys.lock_holder(lid) or "someone"
+
+    def still_mine(self, lid: int) -> bool:
+        return self.keys.still_mine(lid, self.holder)
+
+    def release(self) -> None:
+        for lid in sorted(self.held):
+            self.keys.unlock(lid, self.holder)
+        self.held.clear()
+        self.lease.close()
 
 
 class ReplicationWorker:

@@ -36,9 +36,13 @@ import logging
 import os
 import sys
 import time
-import uuid
+
+from typing import TYPE_CHECKING
 
 from stream.spark.recovery_plan import FragmentTask, assign_targets, fragment_status, summarize
+
+if TYPE_CHECKING:  # pragma: no cover
+    from stream.autorecovery.service import RecoveryLocks
 
 log = logging.getLogger(__name__)
 
@@ -93,39 +97,7 @@ def recover_fragment(task: dict) -> dict:
 
 # -- the driver side --------------------------------------------------------------------------
 
-LOCK_TTL = 10  # s: the driver's lease; a dead driver's ledgers are free again after it
-
-
-class _Locks:
-    """The replication workers' per-ledger locks (``autorecovery/locks/``),
-    held by the driver for the job under one lease: a worker, or another
-    job, does not copy the same fragments at the same time (a second copy
-    to the same target would clear entries the first one's CAS already
-    published).  Tasks check the lock is still the job's before each step."""
-
-    def __init__(self, bk, cluster: str) -> None:
-        from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
-        from stream.autorecovery.service import default_id
-
-        self.keys = AutorecoveryKeys(bk.store, cluster)
-        self.lease = StoreLeases(bk.store, LOCK_TTL).acquire()
-        self.holder = f"{default_id('spark-recover')}-{uuid.uuid4().hex[:6]}"  # a job of its own, per driver
-        self.held: set[int] = set()
-
-    def take(self, lid: int) -> str | None:
-        """None once the job holds ``lid``'s lock; else who holds it."""
-        if lid in self.held or self.keys.try_lock(lid, self.holder, self.lease.id):
-            self.held.add(lid)
-            return None
-        return self.keys.lock_holder(lid) or "someone"
-
-    def release(self) -> None:
-        for lid in sorted(self.held):
-            self.keys.unlock(lid, self.holder)
-        self.lease.close()
-
-
-async def _plan(bk, bookie: str, *, seal_open: bool, to: str | None, locks: _Locks | None):
+async def _plan(bk, bookie: str, *, seal_open: bool, to: str | None, locks: "RecoveryLocks | None"):
     """(plans, tasks, left): the ledgers naming ``bookie`` as planned (after
     sealing their open fragments with ``seal_open``), one task per fragment
     job, and what is left: open fragments left to their writers, ledgers
@@ -180,7 +152,9 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
     t0 = time.monotonic()
     sc = spark.sparkContext
     with Session(etcd, cluster) as s:
-        locks = None if dry_run else _Locks(s.bk, cluster)
+        from stream.autorecovery.service import RecoveryLocks
+
+        locks = None if dry_run else RecoveryLocks(s.bk, cluster, "spark-recover")
         try:
             plans, tasks, left = s.run(_plan(s.bk, bookie, seal_open=seal_open and not dry_run, to=to, locks=locks))
             about = {"spark": {"master": sc.master, "default_parallelism": sc.defaultParallelism,
