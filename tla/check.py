@@ -209,7 +209,10 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
         for spec in (SPEC, FINER):
             shutil.copy(spec, Path(tmp, spec.name))
         shutil.copy(config.cfg, Path(tmp, config.cfg.name))
-        cmd = [tools.java, "-XX:+UseParallelGC", "-cp", tools.jar, "tlc2.TLC",
+        # a time budget ends through TLC itself (it then prints what it visited;
+        # killing it could come before its first progress report)
+        budget = [f"-Dtlc2.TLC.stopAfter={int(config.budget)}"] if config.budget else []
+        cmd = [tools.java, "-XX:+UseParallelGC", *budget, "-cp", tools.jar, "tlc2.TLC",
                "-workers", str(workers), "-metadir", str(Path(tmp, "meta")),
                "-config", config.cfg.name]
         if not config.deadlock:
@@ -218,7 +221,7 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
             cmd += ["-simulate", "-depth", str(config.depth), "-seed", str(config.seed)]
         cmd.append(f"{config.module}.tla")
         t0 = time.monotonic()
-        limit = config.budget or timeout
+        limit = config.budget + timeout if config.budget else timeout
         killed = False
         try:
             proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=limit)
@@ -229,7 +232,7 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
             killed = True
         seconds = time.monotonic() - t0
     outcome, distinct, generated, left, depth = parse(output)
-    if config.budget and killed and outcome == "incomplete":
+    if config.budget and not killed and outcome == "incomplete":
         outcome = SAMPLED  # the budget ran out with no error found
     return Result(config, outcome, distinct, generated, left, depth, seconds, output)
 
