@@ -46,6 +46,7 @@ from metadata import errors as me
 from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, validate_config
 from stream import errors as err
+from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable
 from stream.client import BookKeeperClient, ClientConfig
 from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
@@ -298,18 +299,19 @@ class AsyncStreamClient:
             except err.MetadataConflict:
                 continue
             if doomed:
-                await self._delete_on_bookies(lid, {b for f in doomed for b in f.ensemble}, keep - 1)
+                await self._delete_on_bookies(lid, {b for f in doomed for b in f.ensemble}, keep - 1,
+                                              ledger_password.master_key(meta.custom))
             log.info("stream %r: trimmed before %s (%d fragments)", name, before, len(doomed))
             return len(doomed)
         raise err.MetadataConflict(f"stream {name!r}: trim CAS kept failing")
 
-    async def _delete_on_bookies(self, lid: int, bookies: set[str], last: int) -> None:
+    async def _delete_on_bookies(self, lid: int, bookies: set[str], last: int, master_key: bytes = b"") -> None:
         async def one(bid: str) -> None:
             bc = await self.bk.bookie(bid)
             if bc is None:
                 return  # a dead bookie: its data goes with it, or with its GC
             try:
-                await bc.delete(lid, (0, last), timeout=self.bk.config.read_timeout)
+                await bc.delete(lid, (0, last), timeout=self.bk.config.read_timeout, master_key=master_key)
             except (BookieUnavailable, asyncio.TimeoutError) as e:
                 log.info("ledger %s: trim on %s failed: %s", lid, bid, e)
 
