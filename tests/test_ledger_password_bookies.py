@@ -206,3 +206,42 @@ def test_autorecovery_copies_a_password_ledger_with_the_key_from_its_metadata(ow
         await bk.close()
 
     run(go())
+
+
+def test_a_stream_with_a_password(own):
+    """StreamConfig(password=): writers and readers need it (a refused
+    writer fences nothing); the bookies refuse the stream's ledger without
+    its key; a take-over with it recovers with the key."""
+    from stream.stream import AsyncStreamClient, Position, StreamConfig
+
+    own.start(3)
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc, \
+                AsyncStreamClient(own.endpoint, own.cluster) as other:
+            cfg = StreamConfig(3, 3, 2, password=SECRET)
+            assert "open sesame" not in repr(cfg)
+            w = await sc.open_writer("pw", cfg)
+            await w.append_many([b"a%d" % i for i in range(5)])
+            for wrong in (None, b"guess"):
+                with pytest.raises(se.UnauthorizedAccess):
+                    await other.open_writer("pw", StreamConfig(3, 3, 2, password=wrong))
+                with pytest.raises(se.UnauthorizedAccess):
+                    await other.open_reader("pw", password=wrong)
+            await w.append(b"a5")                       # not fenced by the refused writers
+            lid = (await sc.stream_info("pw"))["ledger_id"]
+            meta = await sc.bk.ledger_metadata(lid)
+            for bid in meta.last_fragment.ensemble:
+                bc = await sc.bk.bookie(bid)
+                assert await add(bc, [rec(lid, 40, term=meta.term)]) == REFUSED
+                assert (await bc.read_lac(lid, term=meta.term + 1)).status == REFUSED
+            w2 = await other.open_writer("pw", cfg)     # a take-over: recovery with the key
+            await w2.append(b"b0")
+            r = await other.open_reader("pw", Position.EARLIEST, password=SECRET)
+            got = []
+            while not got or got[-1].payload != b"b0":
+                got += await r.read(100, timeout=5)
+            assert [x.payload for x in got if x.payload] == [b"a%d" % i for i in range(6)] + [b"b0"]
+            await w2.close()
+
+    run(go())
