@@ -43,7 +43,7 @@ from typing import Callable
 
 from bookie import entry as entry_codec
 from bookie.core import Status
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, status_of
 
 from stream.autorecovery.worker_core import FragmentJob
 
@@ -86,7 +86,8 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
     except BookieUnavailable as e:
         raise CopyFailed(f"target {target}: {e}") from e
     if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
-        raise CopyFailed(f"target {target}: clearing the fragment's range: status {r.status}")
+        st = status_of(r.status)
+        raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
 
     sender = _Sender(tc, target, timeout, stats, progress, job.master_key)
     # (lo, hi) ranges still to read; a run of ids the current source lacked
