@@ -7,6 +7,10 @@ and the typed error a client gets when a bookie refuses its key."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,3 +249,11 @@ def test_a_stream_with_a_password(own):
             await w2.close()
 
     run(go())
+    cli = [sys.executable, "-m", "bookstream.cli", "streams", "read", "pw", "--etcd", own.endpoint,
+           "--cluster", own.cluster, "--format", "json", "--timeout", "20"]
+    refused = subprocess.run(cli, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and json.loads(refused.stderr)["error"]["type"] == "UnauthorizedAccess"
+    ok = subprocess.run(cli, capture_output=True, text=True, timeout=60,
+                        env=dict(os.environ, BOOKSTREAM_STREAM_PASSWORD=SECRET.decode()))
+    assert ok.returncode == 0, ok.stderr
+    assert [json.loads(line)["payload"] for line in ok.stdout.splitlines()] == ["a0", "a1", "a2", "a3", "a4", "a5", "b0"]
