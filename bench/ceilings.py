@@ -274,7 +274,7 @@ def _empty_servicer(journal_dir: str | None = None):
             async def journal_frames():
                 try:
                     async for message in request_iterator:
-                        frame_id, entries = wire.decode_add_frame(message)
+                        frame_id, entries, _key = wire.decode_add_frame(message)
                         self.journal.append(R_ENTRIES, entries)
                         self.journal.sync().add_done_callback(on_durable(frame_id))
                 finally:

@@ -51,18 +51,35 @@ a record's LAFR and LAC        below its entry id, or BAD_REQUEST for the
                                the LAC frozen when recovery began, rule 7)
 a term above MAX_TERM          BAD_REQUEST, nothing changes (a term must leave
                                room for a successor that fences it)
+master key (ledger password)   the request that creates a ledger's state sets
+                               its verifier (``verifier_of`` its key; none
+                               for an empty key); an add, fencing or
+                               term-carrying read, explicit LAC, prepare or
+                               delete whose key's verifier differs:
+                               UNAUTHORIZED_ACCESS, checked first, nothing
+                               changes.  Normal reads are not checked.
 ============================== ===============================================
+
+The master key is BookKeeper's: the client derives it from the ledger's
+password (stream/password.py) and never sends the password.  The bookie keeps
+a verifier, SHA-256 over a domain tag and the key, not the key itself: its
+disk (journal R_KEY records, checkpoints) holds nothing a request could
+carry.  Adds pay one hash per frame (``Storage.admit_frame``) and one bytes
+compare per run; a ledger without a password compares two empty strings.
 """
 from __future__ import annotations
 
 import enum
+import hashlib
 import struct
 from array import array
 from dataclasses import dataclass, field
 
 from bookie.entry import FLAG_TRUNCATE, REQ_RECOVERY, EntryHeader, EntryRun, parse_header, scan_runs
 from bookie.index import LedgerIndex, Removed
-from bookie.journal import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_RELOCATED, R_STATE, STATE_BODY
+from bookie.journal import (
+    DELETE_BODY, KEY_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_KEY, R_LAC, R_RELOCATED, R_STATE, STATE_BODY,
+)
 
 # The highest term a request may carry.  A ledger at term T can be taken
 # over only at T + 1; a term at the top of its field (u64 on the wire, i64 in
@@ -71,6 +88,17 @@ from bookie.journal import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_
 MAX_TERM = (1 << 63) - 1
 
 _U32 = struct.Struct("<I")
+
+_KEY_DOMAIN = b"bookstream ledger master key\0"
+VERIFIER_SIZE = 32
+
+
+def verifier_of(master_key) -> bytes:
+    """What a bookie keeps of a ledger's master key: SHA-256 over a domain
+    tag and the key (b"" for an empty key: a ledger without a password)."""
+    if not master_key:
+        return b""
+    return hashlib.sha256(_KEY_DOMAIN + bytes(master_key)).digest()
 
 
 class Status(enum.IntEnum):
@@ -87,6 +115,7 @@ class Status(enum.IntEnum):
     TOO_LARGE = 8
     UNKNOWN_ENTRY = 9
     INTERNAL_ERROR = 10
+    UNAUTHORIZED_ACCESS = 11
 
 
 @dataclass(slots=True)
@@ -98,6 +127,7 @@ class BookieLedger:
     lac: int = -1
     lafr: int = -1
     index: LedgerIndex = field(default_factory=LedgerIndex)
+    verifier: bytes = b""   # verifier_of(the ledger's master key); b"": no password
 
     @property
     def last_entry(self) -> int:
@@ -113,6 +143,7 @@ class Verdict:
     status: Status
     term: int = 0
     state_changed: bool = False
+    key_learned: bool = False   # the request created the ledger's state with a verifier: journal it (R_KEY)
 
 
 class Barrier(enum.Enum):
@@ -143,9 +174,12 @@ class BookieCore:
 
     # -- adds ----------------------------------------------------------------
 
-    def admit_add(self, h: EntryHeader | EntryRun) -> Verdict:
-        """Step 1 of an add: the term and fence rules, on receipt."""
+    def admit_add(self, h: EntryHeader | EntryRun, verifier: bytes = b"") -> Verdict:
+        """Step 1 of an add: the master key, term and fence rules, on
+        receipt.  ``verifier``: ``verifier_of`` the frame's master key."""
         st = self.ledgers.get(h.ledger_id)
+        if st is not None and st.verifier != verifier:
+            return Verdict(Status.UNAUTHORIZED_ACCESS)
         if h.term > MAX_TERM:
             return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is not None and h.term < st.term:
@@ -155,11 +189,13 @@ class BookieCore:
                 return Verdict(Status.FENCED, st.term)
             if self.read_only:
                 return Verdict(Status.READ_ONLY, st.term if st else 0)
+        learned = False
         if st is None:
-            st = self.ledgers[h.ledger_id] = BookieLedger()
+            st = self.ledgers[h.ledger_id] = BookieLedger(verifier=verifier)
+            learned = bool(verifier)
         changed = h.term > st.term
         st.term = h.term if changed else st.term
-        return Verdict(Status.OK, st.term, changed)
+        return Verdict(Status.OK, st.term, changed, learned)
 
     @staticmethod
     def check_positions(runs: list[EntryRun], buf) -> str | None:
@@ -235,10 +271,12 @@ class BookieCore:
         st.index.put(entry_id, new_loc, length)
         return True
 
-    def admit_lac(self, ledger_id: int, term: int) -> Verdict:
-        """An explicit LAC from the writer: the same term and fence rules as
-        a normal add (it never creates a ledger: NO_SUCH_LEDGER)."""
+    def admit_lac(self, ledger_id: int, term: int, verifier: bytes = b"") -> Verdict:
+        """An explicit LAC from the writer: the same key, term and fence
+        rules as a normal add (it never creates a ledger: NO_SUCH_LEDGER)."""
         st = self.ledgers.get(ledger_id)
+        if st is not None and st.verifier != verifier:
+            return Verdict(Status.UNAUTHORIZED_ACCESS)
         if term > MAX_TERM:
             return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is None:
@@ -259,33 +297,35 @@ class BookieCore:
 
     # -- term-carrying and fencing requests ----------------------------------
 
-    def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
+    def fence(self, ledger_id: int, term: int, fence: bool, verifier: bytes = b"") -> Verdict:
         """A fencing LAC read or a recovery read (ReadEntry, or ReadRange
         with its sparse read-ahead: the same rule): raise the term and/or set
         the classic fence.  Creates the ledger's state if the bookie has never
         seen it, so that a writer that reaches this bookie later is refused."""
         assert term >= 0
         st = self.ledgers.get(ledger_id)
+        if st is not None and st.verifier != verifier:
+            return Verdict(Status.UNAUTHORIZED_ACCESS)
         if term > MAX_TERM:
             return Verdict(Status.BAD_REQUEST, st.term if st else 0)
         if st is not None and term < st.term:
             return Verdict(Status.INVALID_TERM, st.term)
         created = st is None
         if st is None:
-            st = self.ledgers[ledger_id] = BookieLedger()
+            st = self.ledgers[ledger_id] = BookieLedger(verifier=verifier)
         changed = created or term > st.term or (fence and not st.fenced)
         st.term = max(st.term, term)
         st.fenced = st.fenced or fence
-        return Verdict(Status.OK, st.term, changed)
+        return Verdict(Status.OK, st.term, changed, created and bool(verifier))
 
-    def prepare(self, ledger_id: int, first_entry: int, term: int) -> Verdict:
+    def prepare(self, ledger_id: int, first_entry: int, term: int, verifier: bytes = b"") -> Verdict:
         """A bookie joining a fragment (term mode) that starts at
         ``first_entry``: the term rule of :meth:`fence` (a lower term gets
         INVALID_TERM; the ledger's term is raised).  Once the change is
         journalled, :meth:`apply_prepare` deletes the entries >= first_entry:
         an older term's leftovers, never entries of the new fragment."""
         assert first_entry >= 0
-        return self.fence(ledger_id, term, False)
+        return self.fence(ledger_id, term, False, verifier)
 
     def apply_prepare(self, ledger_id: int, first_entry: int) -> Removed:
         return self.delete(ledger_id, (first_entry, (1 << 63) - 1)) if ledger_id in self.ledgers else []
@@ -296,7 +336,7 @@ class BookieCore:
         st.term = max(st.term, term)
         st.fenced = st.fenced or fenced
 
-    def fence_read(self, ledger_id: int, term: int, fence: bool) -> tuple[Verdict, Barrier]:
+    def fence_read(self, ledger_id: int, term: int, fence: bool, verifier: bytes = b"") -> tuple[Verdict, Barrier]:
         """:meth:`fence`, and what the read must wait for before answering
         (:class:`Barrier`): a change is journalled first (its sync makes every
         add admitted before it durable and applied first); an unchanged state
@@ -305,7 +345,7 @@ class BookieCore:
         for an entry an older writer is about to see acked).  Pending
         *recovery* adds need no wait: a recoverer only writes back entries
         that exist elsewhere."""
-        v = self.fence(ledger_id, term, fence)
+        v = self.fence(ledger_id, term, fence, verifier)
         if v.status is not Status.OK:
             return v, Barrier.NONE
         if v.state_changed:
@@ -316,6 +356,15 @@ class BookieCore:
         """The R_STATE journal record of a ledger's term and fence."""
         st = self.ledgers[ledger_id]
         return STATE_BODY.pack(ledger_id, st.term, int(st.fenced))
+
+    def key_body(self, ledger_id: int) -> bytes:
+        """The R_KEY journal record of a ledger's verifier (written once,
+        when a request creates the ledger's state with one: ``key_learned``)."""
+        return KEY_BODY.pack(ledger_id) + self.ledgers[ledger_id].verifier
+
+    def apply_key(self, ledger_id: int, verifier: bytes) -> None:
+        """Replay of an R_KEY record (it precedes the ledger's other records)."""
+        self.ledgers.setdefault(ledger_id, BookieLedger()).verifier = verifier
 
     # -- pending normal adds (the fence barrier) ------------------------------
 
@@ -401,12 +450,16 @@ class BookieCore:
             self.apply_lac(*LAC_BODY.unpack(body))
         elif rtype == R_RELOCATED:
             self.apply_relocated(body, base, runs)
+        elif rtype == R_KEY:
+            (lid,) = KEY_BODY.unpack_from(body, 0)
+            self.apply_key(lid, bytes(body[KEY_BODY.size:]))
         else:
             raise ValueError(f"unknown journal record type {rtype}")
 
-    def restore(self, ledger_id: int, term: int, fenced: bool, lac: int, lafr: int, index: LedgerIndex) -> None:
+    def restore(self, ledger_id: int, term: int, fenced: bool, lac: int, lafr: int, index: LedgerIndex,
+                verifier: bytes = b"") -> None:
         """A ledger's state as a checkpoint holds it."""
-        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index)
+        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index, verifier)
 
     # -- reads ---------------------------------------------------------------
 
@@ -432,8 +485,11 @@ class BookieCore:
 
     # -- deletion ------------------------------------------------------------
 
-    def admit_delete(self, ledger_id: int) -> Status:
-        return Status.OK if ledger_id in self.ledgers else Status.NO_SUCH_LEDGER
+    def admit_delete(self, ledger_id: int, verifier: bytes = b"") -> Status:
+        st = self.ledgers.get(ledger_id)
+        if st is None:
+            return Status.NO_SUCH_LEDGER
+        return Status.OK if st.verifier == verifier else Status.UNAUTHORIZED_ACCESS
 
     def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None) -> Removed:
         """Deletes a ledger (state included), or the entries of a range."""

@@ -64,10 +64,12 @@ R_STATE = 2       # body: STATE_BODY
 R_DELETE = 3      # body: DELETE_BODY
 R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
 R_LAC = 5         # body: LAC_BODY (an explicit LAC)
+R_KEY = 6         # body: KEY_BODY, then the ledger's verifier (bookie/core.py, master key)
 
 STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
 DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
 LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
+KEY_BODY = struct.Struct("<Q")              # ledger_id
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
 PREPARED_SUFFIX = ".prep"

@@ -165,7 +165,7 @@ class BookieService(pb_grpc.BookieServicer):
                 async for message in request_iterator:
                     # raw bytes (see register): the entries are a view into them
                     try:
-                        frame_id, entries = wire.decode_add_frame(message)
+                        frame_id, entries, master_key = wire.decode_add_frame(message)
                     except wire.MalformedFrame as e:
                         state["malformed"] = f"not an AddFrame: {e}"
                         break  # the stream ends with INVALID_ARGUMENT once its acks are out
@@ -175,7 +175,7 @@ class BookieService(pb_grpc.BookieServicer):
                         acks.put_nowait(pb.AddAck(frame_id=frame_id, status=status, message=msg))
                         continue
                     try:
-                        refused, durable = storage.admit_frame(entries, runs)
+                        refused, durable = storage.admit_frame(entries, runs, master_key)
                     except Exception as e:  # never let a frame kill the stream
                         log.exception("add frame failed")
                         acks.put_nowait(pb.AddAck(frame_id=frame_id, status=Status.INTERNAL_ERROR, message=str(e)))
@@ -247,10 +247,13 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ---------------------------------------------------------------
 
-    async def _fence_if_asked(self, ledger_id: int, term: int, flags: int) -> tuple[Status, int]:
+    async def _fence_if_asked(self, request) -> tuple[Status, int]:
+        """A read carrying a term or READ_FENCE: the core's fence rules, its
+        master key checked (a normal read is neither)."""
+        term, flags = request.term, request.flags
         if term == 0 and not flags & pb.READ_FENCE:
             return Status.OK, 0
-        v = await self.storage.fence(ledger_id, term, bool(flags & pb.READ_FENCE))
+        v = await self.storage.fence(request.ledger_id, term, bool(flags & pb.READ_FENCE), request.master_key)
         return v.status, v.term
 
     @observed
@@ -259,7 +262,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             if request.entry_id < 0 or request.flags & ~pb.READ_FENCE:
                 return pb.ReadEntryResponse(status=Status.BAD_REQUEST, message="bad entry id or flags")
-            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            status, term = await self._fence_if_asked(request)
             if status is not Status.OK:
                 return pb.ReadEntryResponse(status=status, term=term)
             status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
@@ -283,7 +286,7 @@ class BookieService(pb_grpc.BookieServicer):
             yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range, flags or stripe")
             return
         try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
-            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            status, term = await self._fence_if_asked(request)
         except Exception as e:
             log.exception("range read failed")
             yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -362,7 +365,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             if request.flags & ~pb.READ_FENCE:
                 return pb.ReadLacResponse(status=Status.BAD_REQUEST, message="unknown flags")
-            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            status, term = await self._fence_if_asked(request)
             return self._lac_response(request.ledger_id, status, term)
         except Exception as e:
             log.exception("LAC read failed")
@@ -378,7 +381,8 @@ class BookieService(pb_grpc.BookieServicer):
         if request.lac < -1 or request.lafr < -1 or request.lafr > request.lac:
             return pb.WriteLacResponse(status=Status.BAD_REQUEST, message="need -1 <= LAFR <= LAC")
         try:
-            v = await self.storage.write_lac(request.ledger_id, request.lac, request.lafr, request.term)
+            v = await self.storage.write_lac(request.ledger_id, request.lac, request.lafr, request.term,
+                                             request.master_key)
         except Exception as e:
             log.exception("LAC write failed")
             return pb.WriteLacResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -389,7 +393,8 @@ class BookieService(pb_grpc.BookieServicer):
         if request.first_entry < 0:
             return pb.PrepareResponse(status=Status.BAD_REQUEST, message="bad first entry")
         try:
-            v, n = await self.storage.prepare(request.ledger_id, request.first_entry, request.term)
+            v, n = await self.storage.prepare(request.ledger_id, request.first_entry, request.term,
+                                              request.master_key)
         except Exception as e:
             log.exception("prepare failed")
             return pb.PrepareResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -403,7 +408,7 @@ class BookieService(pb_grpc.BookieServicer):
             return pb.DeleteResponse(status=Status.BAD_REQUEST, message="bad range")
         rng = (request.first_entry, request.last_entry) if request.has_range else None
         try:
-            status, n = await self.storage.delete(request.ledger_id, rng)
+            status, n = await self.storage.delete(request.ledger_id, rng, request.master_key)
         except Exception as e:
             log.exception("delete failed")
             return pb.DeleteResponse(status=Status.INTERNAL_ERROR, message=str(e))

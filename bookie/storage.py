@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bookie.crc import crc32
-from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict
+from bookie.core import VERIFIER_SIZE, Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
 from bookie.index import OFFSET_BITS, LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
@@ -36,6 +36,7 @@ from bookie.journal import (
     R_LAC,
     R_DELETE,
     R_ENTRIES,
+    R_KEY,
     R_RELOCATED,
     R_STATE,
     Journal,
@@ -174,24 +175,29 @@ class Storage:
         return Status.OK, "", runs
 
     def admit_frame(
-        self, entries: bytes, runs: list[E.EntryRun]
+        self, entries: bytes, runs: list[E.EntryRun], master_key=b""
     ) -> tuple[list[tuple[int, Verdict]], asyncio.Future | None]:
         """Admits the entries of a validated frame and journals the accepted
         ones.  Returns the refused entries as (index in the frame, verdict),
         and a future done once the accepted ones are durable (None if none
-        was)."""
+        was).  ``master_key``: the frame's (AddFrame.master_key), hashed
+        once for the frame; a ledger whose state the frame creates learns
+        it, journalled (R_KEY) ahead of the entries."""
         if self.config.max_storage_bytes and not self.core.read_only:
             self.update_read_only()  # the limit is checked on every frame: cheap, counted bytes
         admit = self.core.admit_add
+        verifier = verifier_of(master_key)
         refused = []
         accepted = []
         # The entries of a run share ledger, term and kind, so they get the
         # same verdict (an admitted add only raises the term to its own): the
         # rules run once per run, not once per entry.
         for run in runs:
-            v = admit(run)
+            v = admit(run, verifier)
             if v.status is Status.OK:
                 accepted.append(run)
+                if v.key_learned:
+                    self._append(R_KEY, self.core.key_body(run.ledger_id), None)
             else:
                 refused.extend((run.index + k, v) for k in range(run.count))
         if not accepted:
@@ -240,21 +246,23 @@ class Storage:
 
     # -- state changes -------------------------------------------------------------
 
-    async def fence(self, ledger_id: int, term: int, fence: bool) -> Verdict:
+    async def fence(self, ledger_id: int, term: int, fence: bool, master_key=b"") -> Verdict:
         """A term-carrying or fencing request: the term and fence change at
         once (later requests of an older writer are refused at once); the
         answer waits for the core's barrier (``BookieCore.fence_read``)."""
-        v, barrier = self.core.fence_read(ledger_id, term, fence)
+        v, barrier = self.core.fence_read(ledger_id, term, fence, verifier_of(master_key))
+        if v.key_learned:
+            self._append(R_KEY, self.core.key_body(ledger_id), None)
         if barrier is Barrier.JOURNAL_STATE:
             await self._append(R_STATE, self.core.state_body(ledger_id), None)
         elif barrier is Barrier.SYNC:
             await self.journal.sync()
         return v
 
-    async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int) -> Verdict:
+    async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int, master_key=b"") -> Verdict:
         """An explicit LAC: journalled (a bookie's LAC never goes down, not
         even across a restart), then applied and long-pollers woken."""
-        v = self.core.admit_lac(ledger_id, term)
+        v = self.core.admit_lac(ledger_id, term, verifier_of(master_key))
         if v.status is Status.OK:
             def apply(_b, _s, _o):
                 self.core.apply_lac(ledger_id, lac, lafr)
@@ -262,25 +270,28 @@ class Storage:
             await self._append(R_LAC, LAC_BODY.pack(ledger_id, lac, lafr), apply)
         return v
 
-    async def prepare(self, ledger_id: int, first_entry: int, term: int) -> tuple[Verdict, int]:
+    async def prepare(self, ledger_id: int, first_entry: int, term: int, master_key=b"") -> tuple[Verdict, int]:
         """Prepares this bookie to join a fragment starting at `first_entry`
         (bookie/core.py `prepare`): the term is raised and journalled, then
         the entries >= first_entry are deleted, in journal order after every
         add admitted before (so an older writer's pending add is deleted too).
         Returns the verdict and how many entries went."""
-        v = self.core.prepare(ledger_id, first_entry, term)
+        v = self.core.prepare(ledger_id, first_entry, term, verifier_of(master_key))
         if v.status is not Status.OK:
             return v, 0
+        if v.key_learned:
+            self._append(R_KEY, self.core.key_body(ledger_id), None)
         if v.state_changed:
             self._append(R_STATE, self.core.state_body(ledger_id), None)
         return v, await self._journal_delete(ledger_id, (first_entry, (1 << 63) - 1),
                                              lambda: self.core.apply_prepare(ledger_id, first_entry))
 
-    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None) -> tuple[Status, int]:
+    async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None, master_key=b"") -> tuple[Status, int]:
         """Deletes a ledger or a range of its entries, once the deletion is
         durable and in journal order with the adds around it.  Returns the
-        status (NO_SUCH_LEDGER: nothing journalled) and how many entries went."""
-        status = self.core.admit_delete(ledger_id)
+        status (NO_SUCH_LEDGER, UNAUTHORIZED_ACCESS: nothing journalled) and
+        how many entries went."""
+        status = self.core.admit_delete(ledger_id, verifier_of(master_key))
         if status is not Status.OK:
             return status, 0
         return status, await self._journal_delete(ledger_id, entry_range,
@@ -521,6 +532,12 @@ class Storage:
                 parts.append(_CKP_RUN.pack(start, len(lens) // 4))
                 parts.append(locs)
                 parts.append(lens)
+        # Then the verifiers of the ledgers that have one (a section an
+        # earlier bookie's loader, which stops after the ledgers, ignores).
+        keyed = [(lid, st.verifier) for lid, st in self.core.ledgers.items() if st.verifier]
+        parts.append(struct.pack("<Q", len(keyed)))
+        for lid, v in keyed:
+            parts.append(struct.pack("<Q", lid) + v)
         data = b"".join(parts)
         return data + struct.pack("<I", crc32(data))
 
@@ -588,6 +605,13 @@ class Storage:
                 p += 4 * count
                 runs.append((start, locs, lens))
             self.core.restore(lid, term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
+        if p + 8 <= len(data) - 4:  # the verifiers (absent from an earlier bookie's checkpoint)
+            (nkeys,) = struct.unpack_from("<Q", data, p)
+            p += 8
+            for _ in range(nkeys):
+                (lid,) = struct.unpack_from("<Q", data, p)
+                self.core.ledgers[lid].verifier = data[p + 8:p + 8 + VERIFIER_SIZE]
+                p += 8 + VERIFIER_SIZE
         return JournalPosition(seg, off)
 
     # -- garbage collection ---------------------------------------------------------------------

@@ -14,6 +14,10 @@ and ``decode_add_frame`` reads any valid encoding of it (fields in any order,
 unknown fields skipped), a test checks both against the generated class.  A
 writer encodes a frame once and sends the same bytes to every bookie of the
 write set; a bookie reads the entries as a memoryview into the message.
+
+A frame of a ledger with a password carries its master key (field 3, after
+the entries, as protobuf orders it): a frame without one is byte for byte
+what it was before the field existed.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ import itertools
 # field numbers and wire types of AddFrame
 _FRAME_ID_TAG = b"\x08"   # field 1, varint
 _ENTRIES_TAG = b"\x12"    # field 2, length-delimited
+_KEY_TAG = b"\x1a"        # field 3 (master_key), length-delimited
 _VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
 
 # Frame ids are drawn from one counter per process, so one encoded frame can
@@ -44,11 +49,14 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-def encode_add_frame(frame_id: int, records: list[bytes] | tuple[bytes, ...]) -> bytes:
+def encode_add_frame(frame_id: int, records: list[bytes] | tuple[bytes, ...], master_key: bytes = b"") -> bytes:
     """The AddFrame of ``frame_id`` whose entries are ``records``
-    concatenated: one copy of the records, straight into the message."""
+    concatenated (one copy of the records, straight into the message), and
+    ``master_key`` (the ledger's; empty: none)."""
     size = sum(map(len, records))
     head = (_FRAME_ID_TAG + varint(frame_id) if frame_id else b"") + (_ENTRIES_TAG + varint(size) if size else b"")
+    if master_key:
+        return b"".join((head, *records, _KEY_TAG, varint(len(master_key)), master_key))
     return b"".join((head, *records))
 
 
@@ -93,24 +101,32 @@ def _fields(data):
             raise MalformedFrame(f"unsupported wire type {wtype}")
 
 
-def decode_add_frame(data: bytes) -> tuple[int, memoryview]:
-    """(frame id, entries) of an encoded AddFrame; the entries are a view
-    into ``data``.  Like protobuf, the last occurrence of a field wins and
-    unknown fields are skipped.  Raises MalformedFrame."""
+def decode_add_frame(data: bytes) -> tuple[int, memoryview, bytes]:
+    """(frame id, entries, master key) of an encoded AddFrame; the entries
+    are a view into ``data``.  Like protobuf, the last occurrence of a field
+    wins and unknown fields are skipped.  Raises MalformedFrame."""
     mv = memoryview(data)
-    if data[:1] == _FRAME_ID_TAG:  # the usual layout: id, then entries last
-        fid, pos = _read_varint(data, 1, len(data))
+    n = len(data)
+    if data[:1] == _FRAME_ID_TAG:  # the usual layout: id, entries, then the key if any
+        fid, pos = _read_varint(data, 1, n)
         if data[pos:pos + 1] == _ENTRIES_TAG:
-            size, start = _read_varint(data, pos + 1, len(data))
-            if start + size == len(data):
-                return fid, mv[start:]
-    fid, entries = 0, mv[0:0]
+            size, start = _read_varint(data, pos + 1, n)
+            end = start + size
+            if end == n:
+                return fid, mv[start:], b""
+            if end < n and data[end:end + 1] == _KEY_TAG:
+                klen, kstart = _read_varint(data, end + 1, n)
+                if kstart + klen == n:
+                    return fid, mv[start:end], bytes(mv[kstart:])
+    fid, entries, key = 0, mv[0:0], b""
     for field, wtype, value in _fields(data):
         if field == 1 and wtype == _VARINT:
             fid = value & ((1 << 64) - 1)
         elif field == 2 and wtype == _LEN:
             entries = mv[value[0]:value[1]]
-    return fid, entries
+        elif field == 3 and wtype == _LEN:
+            key = bytes(mv[value[0]:value[1]])
+    return fid, entries, key
 
 
 # -- range-read frames, read without protobuf's copies ----------------------------------

@@ -127,19 +127,26 @@ def payload_options(f):
     return f
 
 
+def password_option(f):
+    return click.option("--password", envvar="BOOKSTREAM_STREAM_PASSWORD", default=None,
+                        help="the stream's password, if it was created with one (env BOOKSTREAM_STREAM_PASSWORD)")(f)
+
+
 @admin_command(streams, "read")
 @click.argument("name")
 @click.option("--from", "start", default="earliest", show_default=True, help="first position (included)")
 @click.option("--count", type=click.IntRange(0), default=100, show_default=True,
               help="at most this many records (0: all up to the LAC)")
 @payload_options
-def read(adm: Admin, name: str, start: str, count: int, raw: bool, hexed: bool, max_bytes: int) -> None:
+@password_option
+def read(adm: Admin, name: str, start: str, count: int, raw: bool, hexed: bool, max_bytes: int,
+         password: str | None) -> None:
     """Records from --from on, up to the LAC (never waits for more)."""
     pos = _position(start)
 
     async def go():
         async with adm.streams() as sc:
-            async with await sc.open_reader(name, pos) as r:
+            async with await sc.open_reader(name, pos, password=password) as r:
                 n = 0
                 while not count or n < count:
                     batch = await r.read(max_records=min(1000, count - n) if count else 1000, timeout=0)
@@ -158,14 +165,16 @@ def read(adm: Admin, name: str, start: str, count: int, raw: bool, hexed: bool, 
               help="first position (default: what comes after now)")
 @click.option("--count", type=click.IntRange(0), default=0, help="stop after this many records (0: never)")
 @payload_options
-def tail(adm: Admin, name: str, start: str, count: int, raw: bool, hexed: bool, max_bytes: int) -> None:
+@password_option
+def tail(adm: Admin, name: str, start: str, count: int, raw: bool, hexed: bool, max_bytes: int,
+         password: str | None) -> None:
     """Follows the stream: prints each record as it is acknowledged, until
     Ctrl-C (or --count records)."""
     pos = _position(start)
 
     async def go():
         async with adm.streams() as sc:
-            async with await sc.open_reader(name, pos) as r:
+            async with await sc.open_reader(name, pos, password=password) as r:
                 n = 0
                 async for rec in r:
                     _emit(adm, rec, raw, hexed, max_bytes)

@@ -20,6 +20,7 @@ class StatusCode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     TOO_LARGE: _ClassVar[StatusCode]
     UNKNOWN_ENTRY: _ClassVar[StatusCode]
     INTERNAL_ERROR: _ClassVar[StatusCode]
+    UNAUTHORIZED_ACCESS: _ClassVar[StatusCode]
 
 class ReadFlag(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,18 +42,21 @@ CHECKSUM_MISMATCH: StatusCode
 TOO_LARGE: StatusCode
 UNKNOWN_ENTRY: StatusCode
 INTERNAL_ERROR: StatusCode
+UNAUTHORIZED_ACCESS: StatusCode
 READ_NONE: ReadFlag
 READ_FENCE: ReadFlag
 WRITABLE: BookieState
 READ_ONLY_STATE: BookieState
 
 class AddFrame(_message.Message):
-    __slots__ = ("frame_id", "entries")
+    __slots__ = ("frame_id", "entries", "master_key")
     FRAME_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     frame_id: int
     entries: bytes
-    def __init__(self, frame_id: _Optional[int] = ..., entries: _Optional[bytes] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, frame_id: _Optional[int] = ..., entries: _Optional[bytes] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class EntryError(_message.Message):
     __slots__ = ("index", "status", "term")
@@ -83,16 +87,18 @@ class AddAcks(_message.Message):
     def __init__(self, acks: _Optional[_Iterable[_Union[AddAck, _Mapping]]] = ...) -> None: ...
 
 class ReadEntryRequest(_message.Message):
-    __slots__ = ("ledger_id", "entry_id", "term", "flags")
+    __slots__ = ("ledger_id", "entry_id", "term", "flags", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRY_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entry_id: int
     term: int
     flags: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., entry_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class ReadEntryResponse(_message.Message):
     __slots__ = ("status", "entry", "term", "message")
@@ -107,7 +113,7 @@ class ReadEntryResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entry: _Optional[bytes] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse", "stripe", "residues")
+    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse", "stripe", "residues", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +123,7 @@ class ReadRangeRequest(_message.Message):
     SPARSE_FIELD_NUMBER: _ClassVar[int]
     STRIPE_FIELD_NUMBER: _ClassVar[int]
     RESIDUES_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry: int
     last_entry: int
@@ -126,7 +133,8 @@ class ReadRangeRequest(_message.Message):
     sparse: bool
     stripe: int
     residues: int
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ..., stripe: _Optional[int] = ..., residues: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ..., stripe: _Optional[int] = ..., residues: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class ReadRangeResponse(_message.Message):
     __slots__ = ("status", "entries", "count", "message", "through", "term")
@@ -145,14 +153,16 @@ class ReadRangeResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entries: _Optional[bytes] = ..., count: _Optional[int] = ..., message: _Optional[str] = ..., through: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
 
 class ReadLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "term", "flags")
+    __slots__ = ("ledger_id", "term", "flags", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
     FLAGS_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     term: int
     flags: int
-    def __init__(self, ledger_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class ReadLacResponse(_message.Message):
     __slots__ = ("status", "lac", "lafr", "last_entry", "term", "fenced", "message")
@@ -183,16 +193,18 @@ class LongPollLacRequest(_message.Message):
     def __init__(self, ledger_id: _Optional[int] = ..., previous_lac: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
 
 class WriteLacRequest(_message.Message):
-    __slots__ = ("ledger_id", "lac", "lafr", "term")
+    __slots__ = ("ledger_id", "lac", "lafr", "term", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     LAC_FIELD_NUMBER: _ClassVar[int]
     LAFR_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     lac: int
     lafr: int
     term: int
-    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., lafr: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., lac: _Optional[int] = ..., lafr: _Optional[int] = ..., term: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class WriteLacResponse(_message.Message):
     __slots__ = ("status", "term", "message")
@@ -205,14 +217,16 @@ class WriteLacResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry", "term")
+    __slots__ = ("ledger_id", "first_entry", "term", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     TERM_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry: int
     term: int
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., term: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., term: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class PrepareResponse(_message.Message):
     __slots__ = ("status", "term", "entries_deleted", "message")
@@ -227,16 +241,18 @@ class PrepareResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., entries_deleted: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry")
+    __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry", "master_key")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     HAS_RANGE_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
+    MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     has_range: bool
     first_entry: int
     last_entry: int
-    def __init__(self, ledger_id: _Optional[int] = ..., has_range: _Optional[bool] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ...) -> None: ...
+    master_key: bytes
+    def __init__(self, ledger_id: _Optional[int] = ..., has_range: _Optional[bool] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ("status", "entries_deleted", "message")

@@ -52,9 +52,10 @@ class StreamClient:
         return w
 
     def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
-                    read_ahead_bytes: int = READ_AHEAD_BYTES) -> "StreamReader":
+                    read_ahead_bytes: int = READ_AHEAD_BYTES, password: bytes | str | None = None) -> "StreamReader":
         return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive,
-                                                                 read_ahead_bytes=read_ahead_bytes)))
+                                                                 read_ahead_bytes=read_ahead_bytes,
+                                                                 password=password)))
 
     def trim(self, name: str, before: Position) -> int:
         return self._run(self.aio.trim(name, before))

@@ -143,10 +143,11 @@ class BookieClient:
         resolves to its AddAck or fails with BookieUnavailable."""
         return self.add_records((entries,))
 
-    def add_records(self, records: list[bytes] | tuple[bytes, ...]) -> asyncio.Future:
-        """``add_frame`` of the records concatenated (one copy, into the message)."""
+    def add_records(self, records: list[bytes] | tuple[bytes, ...], master_key: bytes = b"") -> asyncio.Future:
+        """``add_frame`` of the records concatenated (one copy, into the
+        message), with the ledger's ``master_key`` (stream/password.py)."""
         fid = next(wire.frame_ids)
-        return self.add_encoded(fid, wire.encode_add_frame(fid, records))
+        return self.add_encoded(fid, wire.encode_add_frame(fid, records, master_key))
 
     def add_encoded(self, frame_id: int, message: bytes) -> asyncio.Future:
         """``add_frame`` for a frame already encoded (``wire.encode_add_frame``
@@ -160,8 +161,8 @@ class BookieClient:
         self._send_q.put_nowait(message)
         return fut
 
-    async def add(self, entries: bytes, timeout: float | None = 30.0) -> pb.AddAck:
-        return await asyncio.wait_for(self.add_frame(entries), timeout)
+    async def add(self, entries: bytes, timeout: float | None = 30.0, master_key: bytes = b"") -> pb.AddAck:
+        return await asyncio.wait_for(self.add_records((entries,), master_key), timeout)
 
     # -- reads -----------------------------------------------------------------
 
@@ -172,14 +173,15 @@ class BookieClient:
             raise BookieUnavailable(f"{self.address}: {e.code().name}: {e.details()}") from e
 
     async def read_entry(self, ledger_id: int, entry_id: int, *, term: int = 0, fence: bool = False,
-                         timeout: float | None = 10.0) -> pb.ReadEntryResponse:
+                         timeout: float | None = 10.0, master_key: bytes = b"") -> pb.ReadEntryResponse:
         req = pb.ReadEntryRequest(ledger_id=ledger_id, entry_id=entry_id, term=term,
-                                  flags=pb.READ_FENCE if fence else 0)
+                                  flags=pb.READ_FENCE if fence else 0, master_key=master_key)
         return await self._unary(self.stub.ReadEntry, req, timeout)
 
     async def read_lac(self, ledger_id: int, *, term: int = 0, fence: bool = False,
-                       timeout: float | None = 10.0) -> pb.ReadLacResponse:
-        req = pb.ReadLacRequest(ledger_id=ledger_id, term=term, flags=pb.READ_FENCE if fence else 0)
+                       timeout: float | None = 10.0, master_key: bytes = b"") -> pb.ReadLacResponse:
+        req = pb.ReadLacRequest(ledger_id=ledger_id, term=term, flags=pb.READ_FENCE if fence else 0,
+                                master_key=master_key)
         return await self._unary(self.stub.ReadLac, req, timeout)
 
     async def long_poll_lac(self, ledger_id: int, previous_lac: int, timeout_s: float) -> pb.ReadLacResponse:
@@ -187,19 +189,19 @@ class BookieClient:
         return await self._unary(self.stub.LongPollLac, req, timeout_s + 10.0)
 
     async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int = 0,
-                        timeout: float | None = 10.0) -> pb.WriteLacResponse:
-        req = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, lafr=lafr, term=term)
+                        timeout: float | None = 10.0, master_key: bytes = b"") -> pb.WriteLacResponse:
+        req = pb.WriteLacRequest(ledger_id=ledger_id, lac=lac, lafr=lafr, term=term, master_key=master_key)
         return await self._unary(self.stub.WriteLac, req, timeout)
 
     async def prepare(self, ledger_id: int, first_entry: int, term: int,
-                      timeout: float | None = 10.0) -> pb.PrepareResponse:
-        req = pb.PrepareRequest(ledger_id=ledger_id, first_entry=first_entry, term=term)
+                      timeout: float | None = 10.0, master_key: bytes = b"") -> pb.PrepareResponse:
+        req = pb.PrepareRequest(ledger_id=ledger_id, first_entry=first_entry, term=term, master_key=master_key)
         return await self._unary(self.stub.Prepare, req, timeout)
 
     async def read_range(self, ledger_id: int, first: int, last: int, *, max_frame_bytes: int = 0,
                          term: int = 0, fence: bool = False, sparse: bool = False,
                          frame_timeout: float | None = None, stripe: int = 0, residues: int = 0,
-                         raw: bool = False) -> AsyncIterator[pb.ReadRangeResponse]:
+                         raw: bool = False, master_key: bytes = b"") -> AsyncIterator[pb.ReadRangeResponse]:
         """The frames of a range read (proto/bookie.proto ReadRangeRequest);
         ``frame_timeout``: the longest wait for each frame (then
         asyncio.TimeoutError, and the call is cancelled); ``stripe`` and
@@ -209,7 +211,7 @@ class BookieClient:
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
                                   max_frame_bytes=max_frame_bytes, term=term,
                                   flags=pb.READ_FENCE if fence else 0, sparse=sparse,
-                                  stripe=stripe, residues=residues)
+                                  stripe=stripe, residues=residues, master_key=master_key)
         call = (self._read_range_raw if raw else self.stub.ReadRange)(req)
         try:
             while True:
@@ -224,11 +226,11 @@ class BookieClient:
                 call.cancel()
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None,
-                     timeout: float | None = 30.0) -> pb.DeleteResponse:
+                     timeout: float | None = 30.0, master_key: bytes = b"") -> pb.DeleteResponse:
         if entry_range is None:
-            req = pb.DeleteRequest(ledger_id=ledger_id)
+            req = pb.DeleteRequest(ledger_id=ledger_id, master_key=master_key)
         else:
-            req = pb.DeleteRequest(ledger_id=ledger_id, has_range=True,
+            req = pb.DeleteRequest(ledger_id=ledger_id, has_range=True, master_key=master_key,
                                    first_entry=entry_range[0], last_entry=entry_range[1])
         return await self._unary(self.stub.Delete, req, timeout)
 

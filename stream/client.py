@@ -424,12 +424,13 @@ class BookKeeperClient:
         meta, rev = await self.meta_call(self.ledgers.read, ledger_id)
         await self.meta_call(self.ledgers.delete, ledger_id)
         bookies = {b for f in meta.fragments for b in f.ensemble}
+        key = ledger_password.master_key(meta.custom)
 
         async def one(bid: str) -> None:
             bc = await self.bookie(bid)
             if bc is not None:
                 try:
-                    await bc.delete(ledger_id, timeout=self.config.read_timeout)
+                    await bc.delete(ledger_id, timeout=self.config.read_timeout, master_key=key)
                 except (BookieUnavailable, asyncio.TimeoutError) as e:
                     log.info("ledger %s: delete on %s failed: %s (its GC has the last word)", ledger_id, bid, e)
 

@@ -179,7 +179,9 @@ class AuthenticationFailed(BookKeeperError):
 
 
 class UnauthorizedAccess(BookKeeperError):
-    """The ledger was created with a password, and none or another was given."""
+    """The ledger was created with a password, and none or another was
+    given (at open), or a bookie refused the request's master key
+    (UNAUTHORIZED_ACCESS: stream/password.py)."""
 
     retriable = False
 
@@ -245,6 +247,8 @@ def translate(exc: BaseException) -> BaseException:
         out = WriterFenced(str(exc), exc.term) if exc.term else LedgerFenced(str(exc))
     elif isinstance(exc, wc.WriterClosed):
         out = LedgerClosed(str(exc))
+    elif isinstance(exc, wc.WriterUnauthorized):
+        out = UnauthorizedAccess(str(exc))
     elif isinstance(exc, wc.WindowFull):
         out = TooManyPendingAdds(str(exc))
     elif isinstance(exc, wc.WriterFailed):

@@ -69,8 +69,9 @@ class FramePipeline:
     back.  ``forget`` drops a bookie's backlog (replaced, or stopped)."""
 
     def __init__(self, frame_bytes: int = FRAME_BYTES, max_inflight: int = MAX_INFLIGHT_FRAMES,
-                 pipeline_bytes: int = PIPELINE_BYTES):
+                 pipeline_bytes: int = PIPELINE_BYTES, master_key: bytes = b""):
         self.frame_bytes, self.max_inflight, self.pipeline_bytes = frame_bytes, max_inflight, pipeline_bytes
+        self.master_key = master_key                 # the ledger's, in every frame (stream/password.py)
         self.inflight: dict[str, int] = {}          # bookie id -> frames awaiting their ack
         self._backlog: dict[str, list] = {}          # bookie id -> [index, ids, records, bytes]
         # the last runs encoded: (first, last) -> [frame id, message, bookies sent to]
@@ -138,7 +139,7 @@ class FramePipeline:
             c[2].add(bookie_id)
             return c[0], c[1]
         fid = next(wire.frame_ids)
-        msg = wire.encode_add_frame(fid, records)
+        msg = wire.encode_add_frame(fid, records, self.master_key)
         if shared:
             self._recent[key] = [fid, msg, {bookie_id}]
             self._recent.move_to_end(key)

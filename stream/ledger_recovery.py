@@ -20,6 +20,7 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode
 from stream import errors as err
+from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable, decode_ack
 from stream.frames import FramePipeline
 from stream.timers import RecoveryClock
@@ -60,7 +61,10 @@ class RecoveryDriver:
         self._tasks: set[asyncio.Task] = set()
         self._scheduled = False
         self._replace_lock = asyncio.Lock()
-        self.pipeline = FramePipeline()         # write-backs: a run encoded once for its bookies
+        # the ledger's master key (stream/password.py), with every fencing read, read and write-back
+        self.master_key = ledger_password.master_key(meta.custom)
+        self.refused: str | None = None         # a bookie refused the master key: recovery ends
+        self.pipeline = FramePipeline(master_key=self.master_key)  # write-backs: a run encoded once for its bookies
         self.range_reads: dict[str, int] = {}   # bookie id -> range reads sent (stats)
         self.clock = RecoveryClock(self.core, self.cfg.speculative_read_timeout)  # speculative reads
         self._timer: asyncio.TimerHandle | None = None
@@ -81,12 +85,25 @@ class RecoveryDriver:
         st = self.core.state
         if st is RecoveryState.DONE:
             return self.core.result
+        if self.refused is not None:
+            raise err.UnauthorizedAccess(f"ledger {self.lid}: recovery refused: {self.refused}")
         if st is RecoveryState.FENCED_OUT:
             raise err.LedgerFenced(f"ledger {self.lid}: recovery fenced out: {self.core.reason}")
         missing = "; ".join(f"{b}: {why}" for b, why in sorted(self.missing.items()))
         raise err.LedgerRecoveryFailed(f"ledger {self.lid}: recovery aborted: {self.core.reason}"
                                        + (f" (missing bookies: {missing})" if missing else ""),
                                        missing=sorted(self.missing))
+
+    def _unauthorized(self, bookie_id: str, status) -> bool:
+        """A bookie answered UNAUTHORIZED_ACCESS: every bookie of the ledger
+        learned the same key, so no retry or other bookie would do; the
+        recovery ends (UnauthorizedAccess)."""
+        if status != Status.UNAUTHORIZED_ACCESS:
+            return False
+        if self.refused is None:
+            self.refused = f"bookie {bookie_id} answered UNAUTHORIZED_ACCESS (not the ledger's master key)"
+            self.core.abort(self.refused)
+        return True
 
     def _missing(self, bookie_id: str, why: str) -> None:
         self.missing[bookie_id] = why
@@ -152,8 +169,11 @@ class RecoveryDriver:
         try:
             if bc is None:
                 raise BookieUnavailable(f"{f.bookie_id}: no address")
-            resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout)
+            resp = await bc.read_lac(f.ledger_id, term=f.term, fence=f.fence, timeout=self.cfg.read_timeout,
+                                     master_key=self.master_key)
             self.client.mark_healthy(f.bookie_id)
+            if self._unauthorized(f.bookie_id, resp.status):
+                return self._schedule()
             self.core.on_lac_response(f.bookie_index, status_of(resp.status), resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(f.bookie_id, f"fencing read failed: {why(e)}")
@@ -188,8 +208,10 @@ class RecoveryDriver:
                 raise BookieUnavailable(f"{bookie_id}: no address")
             async for resp in bc.read_range(self.lid, ids[0], ids[-1], max_frame_bytes=RECOVERY_FRAME_BYTES,
                                             term=term, fence=fence, sparse=True,
-                                            frame_timeout=self.cfg.read_timeout):
+                                            frame_timeout=self.cfg.read_timeout, master_key=self.master_key):
                 st = status_of(resp.status)
+                if self._unauthorized(bookie_id, st):
+                    break
                 if st is not Status.OK:
                     if st is Status.INVALID_TERM:
                         if k < len(ids):
@@ -232,6 +254,8 @@ class RecoveryDriver:
                     self.core.on_write_acks(f.entry_ids, index, bookie_id=bookie_id)
                     continue
                 for eid, (st, _term) in zip(f.entry_ids, statuses):
+                    if self._unauthorized(bookie_id, st):
+                        break
                     self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(bookie_id, f"recovery write failed: {why(e)}")
@@ -251,7 +275,8 @@ class RecoveryDriver:
                 self.missing.setdefault(rp.bookie_id, "failed")
                 self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
             else:
-                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new])
+                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new],
+                                                self.master_key)
                 if verdict > 0:
                     self.core.abort(f"term {verdict} took over while replacing {rp.bookie_id}")
                 elif verdict == PREPARE_FAILED:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Callable
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
+from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable, decode_ack
 from stream.bookie_client import status_of  # noqa: F401  (re-exported: ledger_read imports it from here)
 from stream.frames import Frame, FramePipeline
@@ -55,7 +56,7 @@ def why(e: BaseException) -> str:
 # -- the writer ---------------------------------------------------------------------
 
 async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entry: int, term: int,
-                          bookies: list[str]) -> int:
+                          bookies: list[str], master_key: bytes = b"") -> int:
     """Prepares bookies joining a fragment that starts at ``first_entry`` of a
     term-based ledger (bookie/core.py ``prepare``: the term is raised, and
     whatever an older term left at ``first_entry`` and above is deleted).
@@ -72,7 +73,8 @@ async def prepare_bookies(client: "BookKeeperClient", ledger_id: int, first_entr
         if bc is None:
             return PREPARE_FAILED
         try:
-            r = await bc.prepare(ledger_id, first_entry, term, timeout=client.config.add_timeout)
+            r = await bc.prepare(ledger_id, first_entry, term, timeout=client.config.add_timeout,
+                                 master_key=master_key)
         except (BookieUnavailable, asyncio.TimeoutError):
             return PREPARE_FAILED
         client.mark_healthy(bid)  # it answered
@@ -128,7 +130,8 @@ class LedgerWriter:
         self._frame_seq = 0
         self._lac_told_to: list[str] = list(self.core.ensemble)  # the ensemble the last WriteLacs went to
         self._lac_round: asyncio.Task | None = None  # the explicit LAC's WriteLacs on their way
-        self.pipeline = FramePipeline()        # frames in flight and backlog per bookie
+        self.master_key = ledger_password.master_key(meta.custom)  # in every frame, WriteLac, prepare
+        self.pipeline = FramePipeline(master_key=self.master_key)  # frames in flight and backlog per bookie
         self.loop = asyncio.get_running_loop()
         self._queued: list = []                # payloads added since the last drain
         self._queued_n = 0
@@ -377,7 +380,7 @@ class LedgerWriter:
             return
         try:
             resp = await bc.write_lac(self.core.ledger_id, lac, lafr, self.core.term,
-                                      timeout=timeout or self.cfg.add_timeout)
+                                      timeout=timeout or self.cfg.add_timeout, master_key=self.master_key)
         except (BookieUnavailable, asyncio.TimeoutError):
             return  # advisory: the next entry carries the LAC anyway
         if resp.status == Status.INVALID_TERM:
@@ -452,7 +455,8 @@ class LedgerWriter:
                 for i, b in zip(prop.replace, picks):
                     new[i] = b
                 joining = [b for b in new if b not in prop.ensemble]
-                verdict = await prepare_bookies(client, lid, prop.first_entry, self.core.term, joining)
+                verdict = await prepare_bookies(client, lid, prop.first_entry, self.core.term, joining,
+                                                self.master_key)
                 if verdict > 0:  # INVALID_TERM: a newer term took over
                     if self._live(prop):
                         self.core.on_invalid_term(verdict)

@@ -46,6 +46,7 @@ from metadata import errors as me
 from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, validate_config
 from stream import errors as err
+from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable
 from stream.client import BookKeeperClient, ClientConfig
 from stream.ledger import LedgerHandle, WriterOptions, read_lac_covering
@@ -85,6 +86,10 @@ class StreamConfig:
     placement: str = "random"
     linger: float = 0.001                  # blocking API: gather appends this long
     max_batch_bytes: int = 1 << 20         # ... or until this many bytes
+    # A password (stream/password.py): set when the stream is created, then
+    # needed by every writer and reader (UnauthorizedAccess); the bookies
+    # check the key derived from it.
+    password: bytes | str | None = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         """Validated here, not when a writer opens: InvalidLedgerConfig."""
@@ -101,6 +106,7 @@ class StreamConfig:
         if isinstance(self.linger, bool) or not isinstance(self.linger, (int, float)) or not 0 <= self.linger <= 60:
             raise err.InvalidLedgerConfig(f"StreamConfig.linger must be seconds in [0, 60], got {self.linger!r}")
         get_policy(self.placement)  # InvalidLedgerConfig for an unknown one
+        ledger_password.custom_with_password(None, self.password)  # InvalidLedgerConfig for a bad one
 
 
 # -- take-over ------------------------------------------------------------------------------
@@ -203,7 +209,7 @@ class AsyncStreamClient:
                                 mode=LedgerMode.UNBOUNDED,
                                 fragment_size_bytes=config.fragment_size_bytes,
                                 fragment_size_entries=config.fragment_size_entries,
-                                custom={"stream": name})
+                                custom=ledger_password.custom_with_password({"stream": name}, config.password))
         meta, _ = await bk.meta_call(bk.ledgers.create, header, ensemble)
         rec = mpb.StreamRecord(name=name, ledger_id=meta.ledger_id)
         try:
@@ -238,7 +244,8 @@ class AsyncStreamClient:
         if lid is None:
             if not create:
                 raise err.NoSuchStream(name)
-            lid = await self._create(name, config)
+            lid = await self._create(name, config)  # (or the ledger of whoever named it first)
+        await self._check_password(lid, config.password)  # before the take-over: a refused writer fences nothing
         meta, rev, next_entry = await take_over(self.bk, lid)
         await self.bk.entry_size_limit()
         opts = WriterOptions(
@@ -250,16 +257,23 @@ class AsyncStreamClient:
                               writer_options=opts, lac=next_entry - 1)
         return AsyncStreamWriter(self, name, handle)
 
+    async def _check_password(self, lid: int, pw) -> None:
+        meta, _ = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
+        ledger_password.check(lid, meta.custom, pw)
+
     async def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
-                          read_ahead_bytes: int = READ_AHEAD_BYTES) -> "AsyncStreamReader":
+                          read_ahead_bytes: int = READ_AHEAD_BYTES,
+                          password: bytes | str | None = None) -> "AsyncStreamReader":
         """A reader from ``start`` (EARLIEST, LATEST, or a position, itself
         included or not).  Never fences the writer.  LATEST is the entry
         after the LAC read at the open (or after what a writer of this
         client had acknowledged, if higher).  ``read_ahead_bytes`` bounds
-        what it reads ahead (0: nothing)."""
+        what it reads ahead (0: nothing).  ``password``: the stream's, if
+        it was created with one (UnauthorizedAccess)."""
         _check_read_ahead(read_ahead_bytes)
         lid = await self._ledger_of(name)
         meta, rev = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
+        ledger_password.check(lid, meta.custom, password)
         lac = await read_lac_covering(self.bk, meta)
         handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
         reader = AsyncStreamReader(self, name, handle, read_ahead_bytes=read_ahead_bytes)
@@ -298,18 +312,19 @@ class AsyncStreamClient:
             except err.MetadataConflict:
                 continue
             if doomed:
-                await self._delete_on_bookies(lid, {b for f in doomed for b in f.ensemble}, keep - 1)
+                await self._delete_on_bookies(lid, {b for f in doomed for b in f.ensemble}, keep - 1,
+                                              ledger_password.master_key(meta.custom))
             log.info("stream %r: trimmed before %s (%d fragments)", name, before, len(doomed))
             return len(doomed)
         raise err.MetadataConflict(f"stream {name!r}: trim CAS kept failing")
 
-    async def _delete_on_bookies(self, lid: int, bookies: set[str], last: int) -> None:
+    async def _delete_on_bookies(self, lid: int, bookies: set[str], last: int, master_key: bytes = b"") -> None:
         async def one(bid: str) -> None:
             bc = await self.bk.bookie(bid)
             if bc is None:
                 return  # a dead bookie: its data goes with it, or with its GC
             try:
-                await bc.delete(lid, (0, last), timeout=self.bk.config.read_timeout)
+                await bc.delete(lid, (0, last), timeout=self.bk.config.read_timeout, master_key=master_key)
             except (BookieUnavailable, asyncio.TimeoutError) as e:
                 log.info("ledger %s: trim on %s failed: %s", lid, bid, e)
 

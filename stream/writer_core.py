@@ -139,6 +139,11 @@ class WriterFailed(WriterError):
     """The writer gave up (fatal bookie answer, or the adapter failed it)."""
 
 
+class WriterUnauthorized(WriterFailed):
+    """A bookie refused the ledger's master key (UNAUTHORIZED_ACCESS): no
+    other bookie would take it either."""
+
+
 class WriterClosed(WriterError):
     """The writer was closed."""
 
@@ -312,8 +317,9 @@ class WriterCore:
             self._fence(f"bookie {self.ensemble[bookie_index]} answered {status.name} for entry {entry_id}",
                         WriterEvent.INVALID_TERM, term)
             return
-        if status in (Status.BAD_REQUEST, Status.TOO_LARGE):
-            self.fail(f"bookie {self.ensemble[bookie_index]} answered {status.name} for entry {entry_id}")
+        if status in (Status.BAD_REQUEST, Status.TOO_LARGE, Status.UNAUTHORIZED_ACCESS):
+            self.fail(f"bookie {self.ensemble[bookie_index]} answered {status.name} for entry {entry_id}",
+                      WriterUnauthorized if status is Status.UNAUTHORIZED_ACCESS else WriterFailed)
             return
         if status is not Status.OK:  # READ_ONLY, INTERNAL_ERROR, CHECKSUM_MISMATCH, ...
             self.on_bookie_failed(bookie_index)
@@ -462,12 +468,12 @@ class WriterCore:
             return
         self._fence(f"a newer term ({term}) took the ledger over", WriterEvent.INVALID_TERM, term)
 
-    def fail(self, reason: str) -> None:
-        """Gives up: fails every add not yet acknowledged."""
+    def fail(self, reason: str, error: type[WriterFailed] = WriterFailed) -> None:
+        """Gives up: fails every add not yet acknowledged (with ``error``)."""
         if self.state in TERMINAL:
             return
         self._step(WriterEvent.FAIL)
-        self._fail_pending(WriterFailed(reason, self.state))
+        self._fail_pending(error(reason, self.state))
 
     @property
     def may_tell_lac(self) -> bool:

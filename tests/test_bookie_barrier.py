@@ -52,8 +52,8 @@ def test_a_term_carrying_read_waits_for_pending_normal_adds(tmp_path):
 def test_the_barrier_test_catches_a_core_that_does_not_wait(tmp_path, monkeypatch):
     correct = bc.BookieCore.fence_read
 
-    def hasty(self, lid, term, fence):
-        v, barrier = correct(self, lid, term, fence)
+    def hasty(self, lid, term, fence, verifier=b""):
+        v, barrier = correct(self, lid, term, fence, verifier)
         return v, Barrier.NONE if barrier is Barrier.SYNC else barrier
 
     monkeypatch.setattr(bc.BookieCore, "fence_read", hasty)

@@ -55,33 +55,40 @@ from bookie import wire  # noqa: E402
 
 FRAME_IDS = st.integers(0, (1 << 64) - 1)
 RECORDS = st.lists(st.binary(max_size=300), max_size=6)
+KEYS = st.one_of(st.just(b""), st.binary(min_size=1, max_size=40))
 
 
-@hypothesis.given(FRAME_IDS, RECORDS)
-def test_an_encoded_frame_is_the_protobuf_encoding_of_add_frame(fid, records):
-    raw = wire.encode_add_frame(fid, records)
-    assert raw == pb.AddFrame(frame_id=fid, entries=b"".join(records)).SerializeToString()
-    got_id, entries = wire.decode_add_frame(raw)
-    assert (got_id, bytes(entries)) == (fid, b"".join(records))
+@hypothesis.given(FRAME_IDS, RECORDS, KEYS)
+def test_an_encoded_frame_is_the_protobuf_encoding_of_add_frame(fid, records, key):
+    raw = wire.encode_add_frame(fid, records, key)
+    assert raw == pb.AddFrame(frame_id=fid, entries=b"".join(records), master_key=key).SerializeToString()
+    got_id, entries, got_key = wire.decode_add_frame(raw)
+    assert (got_id, bytes(entries), got_key) == (fid, b"".join(records), key)
+
+
+def test_a_frame_without_a_key_is_unchanged_by_the_field():
+    """A ledger without a password sends the bytes it sent before master_key."""
+    assert wire.encode_add_frame(7, [b"abc"]) == b"\x08\x07\x12\x03abc"
 
 
 def _field(number: int, wtype: int, body: bytes) -> bytes:
     return wire.varint(number << 3 | wtype) + body
 
 
-@hypothesis.given(FRAME_IDS, st.binary(max_size=200), st.permutations(range(4)),
-                  st.integers(3, 1000), st.binary(max_size=20))
-def test_decoding_reads_any_valid_encoding_as_protobuf_does(fid, entries, order, unknown, blob):
+@hypothesis.given(FRAME_IDS, st.binary(max_size=200), st.permutations(range(5)),
+                  st.integers(4, 1000), st.binary(max_size=20), KEYS)
+def test_decoding_reads_any_valid_encoding_as_protobuf_does(fid, entries, order, unknown, blob, key):
     """Fields in any order, unknown fields of every wire type between them:
     the decoder agrees with the generated class."""
     parts = [_field(1, 0, wire.varint(fid)), _field(2, 2, wire.varint(len(entries)) + entries),
              _field(unknown, 2, wire.varint(len(blob)) + blob),
              _field(unknown + 1, 0, wire.varint(len(blob))) + _field(unknown + 2, 1, bytes(8))
-             + _field(unknown + 3, 5, bytes(4))]
+             + _field(unknown + 3, 5, bytes(4)),
+             _field(3, 2, wire.varint(len(key)) + key)]
     raw = b"".join(parts[i] for i in order)
     want = pb.AddFrame.FromString(raw)
-    got_id, got_entries = wire.decode_add_frame(raw)
-    assert (got_id, bytes(got_entries)) == (want.frame_id, want.entries)
+    got_id, got_entries, got_key = wire.decode_add_frame(raw)
+    assert (got_id, bytes(got_entries), got_key) == (want.frame_id, want.entries, want.master_key)
 
 
 @hypothesis.given(st.binary(max_size=60))
@@ -91,7 +98,7 @@ def test_decoding_junk_either_agrees_with_protobuf_or_is_refused(junk):
     except wire.MalformedFrame:
         return
     want = pb.AddFrame.FromString(junk)  # what we accept, protobuf reads the same way
-    assert (got[0], bytes(got[1])) == (want.frame_id, want.entries)
+    assert (got[0], bytes(got[1]), got[2]) == (want.frame_id, want.entries, want.master_key)
 
 
 @hypothesis.given(st.sampled_from([0, 1, 2, 5, 8]), st.binary(max_size=300), st.integers(0, (1 << 32) - 1),

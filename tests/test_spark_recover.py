@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("pyspark")
 
+from bookie.core import Status  # noqa: E402
 from stream.client import BookKeeperClient  # noqa: E402
 from stream.stream import AsyncStreamClient, Position, StreamConfig  # noqa: E402
 from tests.conftest import run  # noqa: E402
@@ -22,18 +23,19 @@ from tests.test_autorecovery import check_every_replica, names_bookie  # noqa: E
 from tests.test_spark import spark  # noqa: E402,F401  (the session's SparkSession)
 
 N_STREAM, N_CLASSIC = 300, 200
+PW = b"spark-pw"  # the first test's stream and ledger have a password: the copies carry the key (bookie-checked)
 
 
 async def _write(env, name: str) -> tuple[int, int]:
     """A stream of several fragments (E3 Qw2: a lost position holds a part
     of each range) whose writer is gone, and a closed classic ledger."""
     async with AsyncStreamClient(env.endpoint, env.cluster) as sc:
-        w = await sc.open_writer(name, StreamConfig(3, 2, 2, fragment_size_entries=40))
+        w = await sc.open_writer(name, StreamConfig(3, 2, 2, fragment_size_entries=40, password=PW))
         await w.append_many([b"s-%d" % i for i in range(N_STREAM)])
         await w.close()  # no live writer: its last fragment stays open
         slid = (await sc.stream_info(name))["ledger_id"]
     bk = BookKeeperClient(env.endpoint, env.cluster)
-    lh = await bk.create_ledger(3, 3, 2)
+    lh = await bk.create_ledger(3, 3, 2, password=PW)
     await lh.add_entries([b"c-%d" % i for i in range(N_CLASSIC)])
     await lh.close()
     await bk.close()
@@ -69,17 +71,20 @@ async def _check(env, name: str, slid: int, clid: int, victim: str, live: set[st
         for f in meta.fragments:
             assert set(f.ensemble) <= live and len(set(f.ensemble)) == len(f.ensemble), (lid, f)
             after[(lid, f.first_entry)] = f.ensemble
+            for b in f.ensemble:  # every replica, the copies' targets included, refuses a request without the key
+                bc = await bk.bookie(b)
+                assert (await bc.delete(lid, (1 << 40, 1 << 40))).status == Status.UNAUTHORIZED_ACCESS, (lid, b)
     assert await check_every_replica(bk, clid, N_CLASSIC - 1, live) == N_CLASSIC * 3
     # the stream up to the no-op the seal's take-over wrote (entry N_STREAM)
     assert await check_every_replica(bk, slid, N_STREAM, live) == (N_STREAM + 1) * 2
-    lh = await bk.open_ledger(clid, recovery=False)
+    lh = await bk.open_ledger(clid, recovery=False, password=PW)
     assert [e.payload for e in await lh.read_entries(0, N_CLASSIC - 1)] == [b"c-%d" % i for i in range(N_CLASSIC)]
     await lh.close()
     await bk.close()
     async with AsyncStreamClient(env.endpoint, env.cluster) as sc:  # a new writer takes over, a reader reads all
-        w = await sc.open_writer(name)
+        w = await sc.open_writer(name, StreamConfig(3, 2, 2, password=PW))
         p = await w.append(b"after")
-        r = await sc.open_reader(name, Position.EARLIEST)
+        r = await sc.open_reader(name, Position.EARLIEST, password=PW)
         got = []
         while not got or got[-1].payload != b"after":
             got += await r.read(1000, timeout=5)

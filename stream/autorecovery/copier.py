@@ -19,6 +19,15 @@ legitimately holds; its purpose (dropping an older term's leftovers above
 it) is served instead by deleting the fragment's range on the target
 before the copy.
 
+A ledger with a password: the target checks the master key of the
+clearing and of every frame (bookie/core.py).  The copier does not know the
+password; it sends the key the ledger's metadata holds
+(``FragmentJob.master_key``, stream/password.py ``master_key``): the
+metadata in etcd is the copy credential, as BookKeeper's autorecovery uses
+the password its metadata keeps.  A target that learned another key
+refuses the copy (UNAUTHORIZED_ACCESS): CopyFailed.  Reads from the
+sources are normal reads, which bookies do not check.
+
 Term-based ledgers: a bookie joining a *sealed* fragment is not sent the
 bookie's Prepare, which deletes every entry from the fragment's first
 entry on (later fragments' included); the range delete plus copies carrying
@@ -34,7 +43,7 @@ from typing import Callable
 
 from bookie import entry as entry_codec
 from bookie.core import Status
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, status_of
 
 from stream.autorecovery.worker_core import FragmentJob
 
@@ -72,13 +81,15 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
     if tc is None:
         raise CopyFailed(f"target {target} is not registered")
     try:
-        r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout)
+        r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout,
+                            master_key=job.master_key)
     except BookieUnavailable as e:
         raise CopyFailed(f"target {target}: {e}") from e
     if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
-        raise CopyFailed(f"target {target}: clearing the fragment's range: status {r.status}")
+        st = status_of(r.status)
+        raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
 
-    sender = _Sender(tc, target, timeout, stats, progress)
+    sender = _Sender(tc, target, timeout, stats, progress, job.master_key)
     # (lo, hi) ranges still to read; a run of ids the current source lacked
     todo: list[tuple[int, int]] = [(job.first_entry, job.last_entry)]
     for src in job.sources:
@@ -159,8 +170,9 @@ def _resend(rec: memoryview, h: entry_codec.EntryHeader, term: int) -> bytes:
 class _Sender:
     """Frames of up to FRAME_BYTES to the target, MAX_INFLIGHT in flight."""
 
-    def __init__(self, tc, target: str, timeout: float, stats: CopyStats, progress) -> None:
+    def __init__(self, tc, target: str, timeout: float, stats: CopyStats, progress, master_key: bytes = b"") -> None:
         self.tc, self.target, self.timeout, self.stats, self.progress = tc, target, timeout, stats, progress
+        self.master_key = master_key
         self.buf: list[bytes] = []
         self.size = 0
         self.inflight: list[asyncio.Task] = []
@@ -181,7 +193,7 @@ class _Sender:
 
     async def _one(self, recs: list[bytes]) -> None:
         try:
-            ack = await asyncio.wait_for(self.tc.add_records(recs), self.timeout)
+            ack = await asyncio.wait_for(self.tc.add_records(recs, self.master_key), self.timeout)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             raise CopyFailed(f"target {self.target}: {e!r}") from e
         if ack.status != Status.OK or ack.errors:

@@ -28,6 +28,7 @@ import enum
 from typing import Iterable
 
 from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState
+from stream import password as ledger_password
 from stream.lifecycle import fragment_end
 from stream.quorum import write_set
 
@@ -45,6 +46,9 @@ class FragmentJob:
     write_quorum: int
     term: int                       # the ledger's term (0: classic)
     mode: LedgerMode
+    # the ledger's master key from its metadata (stream/password.py: the copy
+    # credential; b"": no password), sent with the target's clearing and copies
+    master_key: bytes = dataclasses.field(default=b"", repr=False)
 
     @property
     def entries(self) -> int:
@@ -120,7 +124,8 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
         for i in gone:
             src = sorted({j for ws in sets if i in ws for j in ws if j not in gone})
             jobs.append(FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, frag.ensemble[i],
-                                    tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode))
+                                    tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode,
+                                    ledger_password.master_key(meta.custom)))
     return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode)
 
 
