@@ -69,6 +69,7 @@ class ClientConfig:
     placement: str = "random"
     mutations: Mutations = NO_MUTATIONS    # broken protocol rules, tests only (stream/mutations.py)
     watch_registrations: bool = True       # a writer changes its ensemble when a bookie's registration goes
+    writer_lease_ttl: int = 10             # a stream writer's lease-bound registration (stream/writer_lease.py)
     metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
     tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
     etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
@@ -86,6 +87,9 @@ class ClientConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise err.InvalidLedgerConfig(f"ClientConfig.{name} must be an int >= 1, got {v!r}")
+        v = self.writer_lease_ttl
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise err.InvalidLedgerConfig(f"ClientConfig.writer_lease_ttl must be an int >= 1 (seconds), got {v!r}")
         get_policy(self.placement)  # InvalidLedgerConfig for an unknown one
 
 
