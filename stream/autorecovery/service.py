@@ -332,7 +332,14 @@ class ReplicationWorker:
         AutorecoveryMetrics.default().task(out)  # stream/metrics.py
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
                  len(out.replaced), out.entries, out.note)
-        if out.step is Step.DONE:
+        # A target lost between its copy and the replacement's CAS, after the
+        # auditor's scan for it read this ledger, is found by nobody else:
+        # the task stays, naming it too (its registration went before the CAS).
+        gone: set[str] = set()
+        if out.replaced:
+            now_regs = await asyncio.to_thread(self.client.registry.list_bookies, False)
+            gone = {t for _, _, t in out.replaced} - {r.bookie_id for r in now_regs}
+        if out.step is Step.DONE and not gone:
             if await asyncio.to_thread(self.keys.delete_task, task):
                 self.first_seen.pop(lid, None)
                 return
@@ -342,6 +349,10 @@ class ReplicationWorker:
             changes["unrecoverable"] = tuple(task.unrecoverable) + tuple(new)
         if back and out.step is Step.REPORT:
             changes["lost"] = lost
+        if gone:
+            changes["lost"] = frozenset(changes.get("lost", task.lost)) | gone
+            log.warning("worker %s: ledger %d: target(s) %s gone since their copy: kept in the task", self.id,
+                        lid, sorted(gone))
         if changes:  # one CAS; lost to a concurrent change, it is redone next round
             await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, **changes))
         self.not_before[lid] = time.monotonic() + (self.cfg.retry if out.step is not Step.WAIT or
