@@ -119,8 +119,8 @@ def test_a_live_writers_open_fragment_is_left_to_it_past_the_grace(own):
     """Three bookies, E = Qw = 3: the writer cannot replace the one killed
     until a fourth starts, so its open fragment names a lost bookie for
     longer than the grace.  The worker waits (the writer's key says it is
-    live at the stream's term); once a bookie joins, the writer changes its
-    ensemble itself, and the worker copies the fragment it sealed."""
+    live at the stream's term); once a bookie joins, the writer, idle,
+    changes its ensemble itself, and the worker copies the fragment it sealed."""
     procs = own.start(3)
     by_id = {p.bookie_id: p for p in procs}
     name = sname()
@@ -151,14 +151,12 @@ def test_a_live_writers_open_fragment_is_left_to_it_past_the_grace(own):
                 assert meta.term == term and meta.state is LedgerState.OPEN   # not taken over
                 assert victim in meta.last_fragment.ensemble                   # the writer had nowhere to go
 
-                # a bookie to replace the lost one: the writer changes its ensemble
-                # itself, at its next append (its change was deferred for want of one)
+                # a bookie to replace the lost one: the writer, idle, changes its
+                # ensemble itself (its watch: a registration added)
                 own.start(1)
-                after = [b"b-%d" % i for i in range(5)]
-                await w.append_many(after)
                 writer, loop = w.handle._writer, asyncio.get_running_loop()
                 deadline = loop.time() + TIMEOUT
-                while writer.ensemble_changes == 0:   # (acknowledged at Qa: the change may come after)
+                while writer.ensemble_changes == 0:
                     await asyncio.wait_for(writer.progress(), max(0.01, deadline - loop.time()))
                 assert w.term == term
                 assert victim not in w.handle.metadata.last_fragment.ensemble
@@ -168,6 +166,8 @@ def test_a_live_writers_open_fragment_is_left_to_it_past_the_grace(own):
                     return not tasks and not await names_bookie(sc.bk, victim)
                 await until(clean, TIMEOUT, what="the fragment the writer sealed copied")
                 assert not any(o.sealed for o in worker.outcomes)
+            after = [b"b-%d" % i for i in range(5)]
+            await w.append_many(after)
             meta, _ = await sc.bk.meta_call(sc.bk.ledgers.read, lid)
             assert meta.term == term and meta.fragment_count >= 2   # the same writer, never fenced
             live = {p.bookie_id for p in own.bookies} - {victim}
