@@ -66,6 +66,24 @@ FRAGMENT_COLUMNS = [
 ]
 
 
+async def _writer(bk, layout, lid: int, term: int) -> dict:
+    """The stream's writer as its lease-bound key says (stream/writer_lease.py):
+    live at the stream's term, stale (a fenced writer's key, until its lease
+    goes), or none; with its lease and the seconds the lease has left."""
+    import datetime
+
+    from stream.writer_lease import judge_writer, lease_remaining, read_writer
+
+    rec, lease = await bk.meta_call(read_writer, bk.store, layout, lid)
+    out: dict = {"state": judge_writer(rec, term).value}
+    if rec is not None:
+        started = datetime.datetime.fromtimestamp(rec.started_ms / 1000, datetime.timezone.utc)
+        out.update(id=rec.writer_id, host=rec.host, pid=rec.pid, term=rec.term,
+                   started=started.isoformat(timespec="seconds"), lease=f"{lease:#x}" if lease else None,
+                   lease_ttl=await bk.meta_call(lease_remaining, bk.store, lease) if lease else None)
+    return out
+
+
 async def _show(adm: Admin, sc, name: str) -> Output:
     from metadata.ledgers import LedgerState
     from stream.ledger import read_lac_covering
@@ -73,6 +91,7 @@ async def _show(adm: Admin, sc, name: str) -> Output:
     bk = sc.bk
     lid = await sc._ledger_of(name)
     meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+    writer = await _writer(bk, sc.layout, lid, meta.term)
     lac = meta.last_entry if meta.state is LedgerState.CLOSED else await read_lac_covering(bk, meta)
     frags = list(meta.fragments)
     rows = []
@@ -81,7 +100,7 @@ async def _show(adm: Admin, sc, name: str) -> Output:
         rows.append({"first_entry": f.first_entry, "last_entry": end if end >= f.first_entry else None,
                      "ensemble": list(f.ensemble)})
     rec = {"name": name, "ledger_id": lid, "term": meta.term, "state": meta.state.name,
-           "writer": f"term {meta.term}" if meta.term else None,
+           "writer": writer,
            "E": meta.ensemble_size, "Qw": meta.write_quorum, "Qa": meta.ack_quorum,
            "lac": lac, "trimmed_before": meta.trimmed_before, "fragment_count": meta.fragment_count,
            "fragment_size_bytes": meta.fragment_size_bytes, "fragment_size_entries": meta.fragment_size_entries,
@@ -92,7 +111,8 @@ async def _show(adm: Admin, sc, name: str) -> Output:
 @admin_command(streams, "show")
 @click.argument("name")
 def show(adm: Admin, name: str) -> Output:
-    """Term, state, the LAC, and every fragment with its ensemble and entry range."""
+    """Term, state, the writer and its lease, the LAC, and every fragment
+    with its ensemble and entry range."""
     async def go():
         async with adm.streams() as sc:
             return await _show(adm, sc, name)

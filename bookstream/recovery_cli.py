@@ -327,6 +327,8 @@ def disable(etcd, cluster, fmt):
 @click.option("--delay", type=float, default=30.0, show_default=True, help="lost_bookie_recovery_delay (s)")
 @click.option("--grace", type=float, default=30.0, show_default=True,
               help="an open fragment's writer has this long to change its ensemble (s)")
+@click.option("--writer-bound", type=float, default=600.0, show_default=True,
+              help="... and a stream writer whose lease-bound registration says it is live this long (s)")
 @click.option("--no-auditor", is_flag=True, help="run only a replication worker")
 @click.option("--no-worker", is_flag=True, help="run only an auditor candidate")
 @click.option("--check-interval", type=float, default=None, help="the periodic check's period (s; default off)")
@@ -337,7 +339,7 @@ def disable(etcd, cluster, fmt):
               help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port "
                    "of 127.0.0.1 (0: any free port, logged)")
 @_common
-def run(delay, grace, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port, etcd, cluster,
+def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port, etcd, cluster,
         fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
     from bookstream import logs
@@ -353,11 +355,12 @@ def run(delay, grace, no_auditor, no_worker, check_interval, log_level, log_form
         logging.getLogger("bookstream.autorecovery").info("metrics on http://127.0.0.1:%d/metrics",
                                                           httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
-                           check_interval=check_interval))
+                           check_interval=check_interval, writer_bound=writer_bound))
 
 
 async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, auditor: bool = True,
-                     worker: bool = True, check_interval: float | None = None) -> None:
+                     worker: bool = True, check_interval: float | None = None,
+                     writer_bound: float = 600.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -366,7 +369,7 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
     runs = []
     if worker:
         runs.append(ReplicationWorker(wc, AutorecoveryKeys(wc.store, cluster), StoreLeases(wc.store),
-                                      WorkerConfig(grace=grace)).run(stop))
+                                      WorkerConfig(grace=grace, writer_bound=writer_bound)).run(stop))
     if auditor:
         runs.append(Auditor(ac, AutorecoveryKeys(ac.store, cluster), StoreLeases(ac.store),
                             AuditorConfig(delay, check_interval)).run(stop))

@@ -15,6 +15,8 @@ key                                        value               notes
 ``ledgers/<lid>/header``                   LedgerHeader        CAS'd by every metadata change
 ``ledgers/<lid>/fragments/<entry>``        Fragment            ``<entry>`` = the fragment's first
                                                                entry; fragments sort by it
+``ledgers/<lid>/writer``                   JSON (id, host,     a stream writer's registration, under
+                                           pid, term, start)   its lease (stream/writer_lease.py)
 ``idgen/last``                             (empty)             ledger id allocation (see below)
 ``streams/<name>``                         StreamRecord
 ``logs/<name>``                            LogRecord
@@ -159,14 +161,18 @@ class KeyLayout:
     def fragment_key(self, ledger_id: int, first_entry: int) -> str:
         return self.fragments_prefix(ledger_id) + format_id(first_entry, "first entry", MAX_ENTRY_ID)
 
+    def writer_key(self, ledger_id: int) -> str:
+        """A stream writer's lease-bound registration (deleted with the ledger)."""
+        return self.ledger_prefix(ledger_id) + "writer"
+
     def parse_ledger_key(self, key: str) -> tuple[int, str, int | None]:
         """``(ledger_id, kind, first_entry)`` of a ledger key; ``kind`` is
-        ``"header"`` (first_entry None) or ``"fragment"``."""
+        ``"header"`` or ``"writer"`` (first_entry None) or ``"fragment"``."""
         rest = self._strip(key, self.ledgers_prefix())
         parts = rest.split("/")
         ledger_id = parse_id(parts[0], "ledger id")
-        if len(parts) == 2 and parts[1] == "header":
-            return ledger_id, "header", None
+        if len(parts) == 2 and parts[1] in ("header", "writer"):
+            return ledger_id, parts[1], None
         if len(parts) == 3 and parts[1] == "fragments":
             return ledger_id, "fragment", parse_id(parts[2], "first entry", MAX_ENTRY_ID)
         raise InvalidKey(f"not a ledger key: {key!r}")

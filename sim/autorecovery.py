@@ -11,6 +11,18 @@ CASes what it planned), the auditor
 crashing mid-scan (a new one is elected with a fresh core), several workers
 interleaving their reads, copies and CASes.
 
+Streams (issue 15): some ledgers are open streams with a writer that
+appends, holds a lease-bound registration (its key names its term, lives
+``TTL`` past its last refresh), and changes its ensemble itself, sooner or
+later, when a bookie of its open fragment loses its registration.  Writer
+faults: crashed (its key expires with the lease), cut off from etcd for a
+while (its key expires; back, it creates it again only while its term is
+the stream's: ``writer_lease.judge_register``), wedged (its keeper keeps
+the key alive, the writer does nothing).  The worker's plan carries what
+the key says (``writer_lease.judge_writer``); its SEAL is a take-over (term
++ 1, the lost bookie replaced from LAFR + 1 = the last entry written); a
+writer learns it was fenced at its next append and drops its key.
+
 Invariants, checked after every step:
 
 - *no fragment names a live bookie lacking its entries*: a fragment's
@@ -18,14 +30,17 @@ Invariants, checked after every step:
 - *no acknowledged entry is lost while a replica survives*: an entry with
   no replica left is reported (the task says unrecoverable);
 - *a task deleted as done leaves its ledger clean* at that moment;
+- *a writer registered at the stream's term since before its task was first
+  seen is not fenced by a seal before* ``BOUND``;
 - at the end (faults stopped, time run on), every task is gone or reports
   only unrecoverable fragments, and every fragment's bookies hold their
   entries (liveness).
 
 ``python -m sim.autorecovery --seed 0 --runs 500`` sweeps seeds;
 ``--mutant replace-before-copy`` (or ``replace-despite-absent``: a fragment
-"recovered" without the entries no replica holds) breaks a rule, which the
-invariants must catch.  Only this file is simulated: the metadata,
+"recovered" without the entries no replica holds; ``ignore-writer``: the
+plan without the writer's registration; ``no-bound``: a live writer waited
+for without end) breaks a rule, which the invariants must catch.  Only this file is simulated: the metadata,
 bookies and network here are models; the decisions are the shipped cores.
 """
 from __future__ import annotations
@@ -37,12 +52,14 @@ import sys
 
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
 from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
-from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
+from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream.lifecycle import Apply, Done, ReplaceBookie
 from stream.quorum import write_set
+from stream.writer_lease import Liveness, Register, WriterRecord, judge_register, judge_writer
 
-MUTANTS = ("replace-before-copy", "replace-despite-absent")
-DELAY, TTL, GRACE = 5.0, 3.0, 0.0
+MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound")
+DELAY, TTL, GRACE, BOUND = 5.0, 3.0, 1.0, 20.0
+STREAMS = 2   # the last ledgers are open streams with a writer
 
 
 class Violation(AssertionError):
@@ -56,6 +73,18 @@ class SimBookie:
     dead: bool = False          # lost for good (data gone)
     back_at: float | None = None
     data: set = dataclasses.field(default_factory=set)   # (lid, eid)
+
+
+@dataclasses.dataclass
+class SimWriter:
+    lid: int
+    term: int
+    alive: bool = True                 # the process runs
+    wedged: bool = False               # ... and keeps its key, but neither appends nor changes its ensemble
+    cut_until: float = -1.0            # cut off from etcd until then (no refresh, no metadata change)
+    fenced: bool = False               # it learnt a later term took over: it stopped
+    registered_since: float | None = None   # its current key was created then (None: it has none)
+    react: float = 0.5                 # per step, the chance it reacts to a lost bookie (a slow one: low)
 
 
 @dataclasses.dataclass
@@ -77,6 +106,9 @@ class World:
         self.replaced = 0
         self.faults_on = True
         self.lost_cas = 0
+        self.seals = 0             # streams taken over by a worker
+        self.writer_waits = 0      # decisions past the grace left to a live writer
+        self.writer_changes = 0    # ensemble changes writers made themselves
         self.log: list[str] = []
         ids = sorted(self.bookies)
         for lid in range(1, ledgers + 1):
@@ -97,7 +129,19 @@ class World:
                 f = m.fragment_at(eid)
                 for i in write_set(eid, e, qw):
                     self.bookies[f.ensemble[i]].data.add((lid, eid))
-        self.acked = {(lid, eid) for lid, (m, _) in self.meta.items() for eid in range(m.last_entry + 1)}
+        self.top: dict[int, int] = {}                 # an open stream's last entry written
+        self.writers: dict[int, SimWriter] = {}
+        self.wkeys: dict[int, tuple[int, float]] = {}  # lid -> (the term its writer key names, lease expiry)
+        self.first_seen: dict[int, float] = {}         # lid -> when a worker first saw its task
+        for lid in range(ledgers - STREAMS + 1, ledgers + 1):
+            m, _ = self.meta[lid]
+            self.top[lid] = m.last_entry
+            self.meta[lid] = (m.with_(state=LedgerState.OPEN, last_entry=-1, mode=LedgerMode.UNBOUNDED, term=1),
+                              self._bump())
+            self.writers[lid] = SimWriter(lid, 1, registered_since=0.0, react=self.rng.choice((0.5, 0.05)))
+            self.wkeys[lid] = (1, self.now + TTL)
+        self.acked = {(lid, eid) for lid, (m, _) in self.meta.items()
+                      for eid in range(self.top.get(lid, m.last_entry) + 1)}
         self.auditor = AuditorCore(AuditorConfig(DELAY), self.now)
         self.scan: list | None = None       # ledgers left to scan (pages)
         self.workers = {f"w{i}": None for i in range(3)}   # worker -> its running generator
@@ -116,7 +160,8 @@ class World:
     # -- invariants ------------------------------------------------------------------------
 
     def holds_position(self, b: str, m: LedgerMetadata, frag: Fragment, i: int) -> bool:
-        end = m.last_entry if frag is m.fragments[-1] else m.fragments[m.fragments.index(frag) + 1].first_entry - 1
+        end = (self.top.get(m.ledger_id, m.last_entry) if frag is m.fragments[-1]
+               else m.fragments[m.fragments.index(frag) + 1].first_entry - 1)
         return all((m.ledger_id, e) in self.bookies[b].data for e in range(frag.first_entry, end + 1)
                    if i in write_set(e, m.ensemble_size, m.write_quorum))
 
@@ -171,10 +216,24 @@ class World:
                 w = self.rng.choice(running)
                 self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
                 self.note(f"worker {w} paused")
-        elif r < 0.9:
+        elif r < 0.85:
             self.auditor = AuditorCore(AuditorConfig(DELAY), self.now)
             self.scan = None
             self.note("auditor crashed; a new one elected")
+        else:
+            ws = [w for w in self.writers.values() if w.alive and not w.wedged and not w.fenced]
+            if ws:
+                w = self.rng.choice(ws)
+                k = self.rng.random()
+                if k < 0.4:
+                    w.alive = False
+                    self.note(f"writer of {w.lid} crashed")
+                elif k < 0.7:
+                    w.cut_until = self.now + TTL + self.rng.choice((1.0, 6.0))
+                    self.note(f"writer of {w.lid} cut off from etcd until {w.cut_until}")
+                else:
+                    w.wedged = True
+                    self.note(f"writer of {w.lid} wedged (its key kept alive)")
 
     # -- the auditor -----------------------------------------------------------------------
 
@@ -204,6 +263,99 @@ class World:
                 t.lost.discard(e.bookie)
                 if not t.lost and not t.unrecoverable:
                     del self.tasks[lid]
+                    self.first_seen.pop(lid, None)
+
+    # -- stream writers --------------------------------------------------------------------
+
+    def key_record(self, lid: int) -> WriterRecord | None:
+        k = self.wkeys.get(lid)
+        return None if k is None else WriterRecord(f"writer-{lid}", "sim", 0, k[0], 0)
+
+    def writer_step(self, w: SimWriter) -> None:
+        lid = w.lid
+        k = self.wkeys.get(lid)
+        if k is not None and k[1] <= self.now:  # its lease expired: etcd deletes the key
+            del self.wkeys[lid]
+            if k[0] == w.term:
+                w.registered_since = None
+            self.note(f"writer key of {lid} (term {k[0]}) expired")
+        if not w.alive or w.fenced:
+            return
+        m, _ = self.meta[lid]
+        online = self.now >= w.cut_until
+        if online:  # its keeper: refresh the key, or create it again while its term is the stream's
+            k = self.wkeys.get(lid)
+            if k is not None and k[0] == w.term:
+                self.wkeys[lid] = (w.term, self.now + TTL)
+            elif judge_register(w.term, m.term, self.key_record(lid)) is Register.CREATE:
+                self.wkeys[lid] = (w.term, self.now + TTL)
+                w.registered_since = self.now
+                self.note(f"writer of {lid} registered again (term {w.term})")
+        if w.wedged:
+            return
+        last = m.fragments[-1]
+        if any(not self.bookies[b].alive for b in last.ensemble):
+            if online and self.rng.random() < w.react:  # its registration watch: it changes its ensemble
+                if m.term > w.term:
+                    self._fenced(w)
+                elif self.change_ensemble(lid):
+                    self.writer_changes += 1
+                    self.note(f"writer of {lid}: new ensemble {self.meta[lid][0].fragments[-1]}")
+            return
+        if self.rng.random() < 0.3:  # an append (needs every bookie of its write set here)
+            if m.term > w.term:
+                self._fenced(w)  # INVALID_TERM: a take-over raised the term
+                return
+            eid = self.top[lid] + 1
+            for i in write_set(eid, m.ensemble_size, m.write_quorum):
+                self.bookies[last.ensemble[i]].data.add((lid, eid))
+            self.top[lid] = eid
+            self.acked.add((lid, eid))
+
+    def _fenced(self, w: SimWriter) -> None:
+        """It learnt a later term took over: it stops and drops its key
+        (revokes its lease) if the key is still its own."""
+        w.fenced = True
+        k = self.wkeys.get(w.lid)
+        if k is not None and k[0] == w.term:
+            del self.wkeys[w.lid]
+        w.registered_since = None
+        self.note(f"writer of {w.lid} (term {w.term}) fenced: it stops, its key goes")
+
+    def change_ensemble(self, lid: int) -> bool:
+        """The open fragment's unregistered bookies replaced from the entry
+        after the last written (= LAFR + 1: every entry written reached its
+        whole write set here); an empty last fragment is replaced in place."""
+        m, _ = self.meta[lid]
+        last = m.fragments[-1]
+        gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive]
+        cands = [b for b in sorted(self.registered()) if b not in last.ensemble]
+        if not gone or len(cands) < len(gone):
+            return False
+        new = list(last.ensemble)
+        for i, b in zip(gone, self.rng.sample(cands, len(gone))):
+            new[i] = b
+        first = self.top[lid] + 1
+        frs = tuple(f for f in m.fragments if f.first_entry != first) + (Fragment(first, tuple(new)),)
+        self.meta[lid] = (m.with_(fragments=frs, fragment_count=len(frs), last_fragment_first_entry=first),
+                          self._bump())
+        return True
+
+    def _seal(self, w: str, lid: int) -> None:
+        """The worker's take-over of a stream: term + 1 (its writer is fenced),
+        recovery replacing the lost bookies of the open fragment."""
+        m, _ = self.meta[lid]
+        wr, k = self.writers.get(lid), self.wkeys.get(lid)
+        first = self.first_seen.get(lid, self.now)
+        if (wr is not None and wr.alive and not wr.fenced and k is not None and k[0] == wr.term == m.term
+                and wr.registered_since is not None and wr.registered_since <= first
+                and self.now - first < BOUND):
+            raise Violation(f"{w}: stream {lid} taken over under its live writer (term {m.term}, registered "
+                            f"since {wr.registered_since}, task first seen at {first}) before the bound")
+        self.meta[lid] = (m.with_(term=m.term + 1), self._bump())
+        self.seals += 1
+        self.change_ensemble(lid)
+        self.note(f"{w}: stream {lid} taken over at term {m.term + 1}")
 
     # -- workers ---------------------------------------------------------------------------
 
@@ -216,15 +368,27 @@ class World:
                 return
             lost = t.lost - self.registered()
             m, rev = self.meta[lid]
-            plan = plan_ledger(m, lost)
-            step = judge_task(plan, self.now, 0.0, GRACE)
+            writer = Liveness.UNKNOWN
+            if m.mode is LedgerMode.UNBOUNDED and self.mutant != "ignore-writer":
+                writer = judge_writer(self.key_record(lid), m.term)   # the key, read beside the metadata
+            plan = plan_ledger(m, lost, writer=writer)
+            first = self.first_seen.setdefault(lid, self.now)
+            step = judge_task(plan, self.now, first, GRACE, float("inf") if self.mutant == "no-bound" else BOUND)
             if step is Step.DONE:
                 if not t.unrecoverable and self.tasks.get(lid) is t:
                     if self.dirty_by(lid, lost):
                         raise Violation(f"task {lid} deleted with {self.dirty_by(lid, lost)}")
                     del self.tasks[lid]
+                    self.first_seen.pop(lid, None)
                     self.note(f"{w}: task {lid} done")
                 return
+            if (step is Step.WAIT and plan.open_fragment is not None and writer is Liveness.LIVE
+                    and self.now - first >= GRACE):
+                self.writer_waits += 1
+            if step is Step.SEAL:
+                yield  # between its read and the take-over's CAS, the writer moves on
+                self._seal(w, lid)
+                continue
             if step is Step.REPORT:
                 t.unrecoverable = [(u.first_entry, u.last_entry) for u in plan.unrecoverable]
                 return
@@ -254,7 +418,12 @@ class World:
                 t.unrecoverable.append((job.first_entry, job.last_entry))
                 return
             if self.mutant != "replace-before-copy":
-                yield from self._replace(w, lid, job, target)
+                replaced = yield from self._replace(w, lid, job, target)
+                if replaced and not self.bookies[target].alive:
+                    # lost between its copy and the CAS, after the auditor's
+                    # scan read this ledger: the worker's check after the CAS
+                    t.lost.add(target)
+                    self.note(f"{w}: target {target} of ledger {lid} gone: added to the task")
 
     def _replace(self, w: str, lid: int, job, target: str):
         intent = ReplaceBookie(lid, job.first_entry, job.lost, target, job.ensemble)
@@ -273,15 +442,16 @@ class World:
                 self.meta[lid] = (new, self._bump())
                 self.replaced += 1
                 self.note(f"{w}: ledger {lid} fragment {job.first_entry}: {job.lost} -> {target}")
-                return
+                return True
             if cur_rev != rev:
                 self.lost_cas += 1
             if isinstance(v, Apply):
                 m, rev = cur, cur_rev  # lost CAS: judged again on the fresh metadata
                 continue
             if isinstance(v, Done):
-                return
-            return
+                return False
+            return False
+        return False
 
     def dirty_by(self, lid: int, lost: set) -> list:
         return [(f, b) for f, b in self.dirty(lid) if b in lost or self.bookies[b].alive]
@@ -325,11 +495,13 @@ class World:
                 self.note(f"{b.id} back")
         if faults and self.rng.random() < 0.04:
             self.fault()
-        actors = ["auditor"] + list(self.workers)
+        actors = ["auditor"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
         self.rng.shuffle(actors)
         for a in actors:
             if a == "auditor":
                 self.auditor_step()
+            elif a.startswith("writer-"):
+                self.writer_step(self.writers[int(a[len("writer-"):])])
             else:
                 self.worker_step(a)
         self.check()

@@ -69,6 +69,7 @@ class ClientConfig:
     placement: str = "random"
     mutations: Mutations = NO_MUTATIONS    # broken protocol rules, tests only (stream/mutations.py)
     watch_registrations: bool = True       # a writer changes its ensemble when a bookie's registration goes
+    writer_lease_ttl: int = 10             # a stream writer's lease-bound registration (stream/writer_lease.py)
     metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
     tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
     etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
@@ -86,6 +87,9 @@ class ClientConfig:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise err.InvalidLedgerConfig(f"ClientConfig.{name} must be an int >= 1, got {v!r}")
+        v = self.writer_lease_ttl
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise err.InvalidLedgerConfig(f"ClientConfig.writer_lease_ttl must be an int >= 1 (seconds), got {v!r}")
         get_policy(self.placement)  # InvalidLedgerConfig for an unknown one
 
 
@@ -183,8 +187,11 @@ class BookKeeperClient:
         """``writer`` (a LedgerWriter) is told ``on_bookie_gone(id)`` when a
         bookie's registration disappears, so it changes its ensemble at once
         instead of at its next failed write (autorecovery then finds nothing
-        to do in its open fragment).  The registration watch starts with the
-        first writer and ends with the client."""
+        to do in its open fragment); and again, when a bookie registers,
+        about the bookies of its ensemble still unregistered (a change
+        deferred for want of a spare is made once there is one).  The
+        registration watch starts with the first writer and ends with the
+        client."""
         self._writers.add(writer)
         if self._watch_cancel is None and self.config.watch_registrations and not self._closing:
             self._watch_cancel = lambda: None  # (starting)
@@ -192,11 +199,13 @@ class BookKeeperClient:
 
     async def _start_watch(self, loop: asyncio.AbstractEventLoop) -> None:
         def on_event(ev) -> None:  # a watch thread
-            if ev.change is MembershipChange.REMOVED:
-                try:
+            try:
+                if ev.change is MembershipChange.REMOVED:
                     loop.call_soon_threadsafe(self._on_registration_removed, ev.bookie_id)
-                except RuntimeError:  # the loop is closed
-                    pass
+                else:
+                    loop.call_soon_threadsafe(self._on_registration_added)
+            except RuntimeError:  # the loop is closed
+                pass
 
         def on_error(e) -> None:
             log.info("bookie registration watch ended: %s", e)
@@ -228,6 +237,24 @@ class BookKeeperClient:
         log.info("bookie %s: its registration is gone", bookie_id)
         for w in list(self._writers):
             w.on_bookie_gone(bookie_id)
+
+    def _on_registration_added(self) -> None:
+        if not self._closing and self._writers:
+            self._spawn(self._check_ensembles())
+
+    async def _check_ensembles(self) -> None:
+        """A bookie registered: a writer whose ensemble still names an
+        unregistered bookie (its change was deferred for want of a spare,
+        and an idle writer has nothing to resend that would fail again) is
+        told that bookie is gone again, so it changes its ensemble now."""
+        try:
+            regs = await self._registrations(False)
+        except err.MetadataUnavailable:
+            return
+        registered = {r.bookie_id for r in regs}
+        for w in list(self._writers):
+            for b in sorted(set(w.core.ensemble) - registered):
+                w.on_bookie_gone(b)
 
     def mark_failed(self, bookie_id: str, reason: str = "did not answer") -> None:
         """The bookie failed a request (unreachable, timed out, an error of

@@ -103,6 +103,9 @@ class WriterOptions:
     result: "Callable[[int], object] | None" = None
     # what a batch's future resolves to, from its first and last entry ids
     result_range: "Callable[[int, int], object] | None" = None
+    # called once (on the loop) when the writer learns a later term took over
+    # (a stream writer's registration then goes: stream/writer_lease.py)
+    on_fenced: "Callable[[], None] | None" = None
 
 
 class LedgerWriter:
@@ -143,6 +146,7 @@ class LedgerWriter:
         self._fail_error: BaseException | None = None
         self._tasks: set[asyncio.Task] = set()
         self._stopped = False                  # stop(): nothing more is sent
+        self._told_fenced = False              # options.on_fenced called
         self.frames_sent = 0
         self.ensemble_changes = 0
         self.client.watch_for_writer(self)
@@ -277,6 +281,9 @@ class LedgerWriter:
         if not self._stopped:
             self.clock.after_ready(r, self.loop.time())
             self._arm()
+        if self.core.state is WriterState.FENCED and not self._told_fenced and self.options.on_fenced is not None:
+            self._told_fenced = True
+            self.options.on_fenced()
         waiters, self._waiters = self._waiters, []
         for w in waiters:
             if not w.done():

@@ -37,6 +37,10 @@ import collections
 import collections.abc
 import dataclasses
 import logging
+import os
+import socket
+import time
+import uuid
 import weakref
 from typing import TYPE_CHECKING, AsyncIterator, Sequence
 
@@ -56,6 +60,7 @@ from stream.lifecycle import FinishTakeOver, Moot, TakeOver, run_ledger_cas
 from stream.metrics import timed_takeover
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
+from stream.writer_lease import WriterRecord, WriterRegistration
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.blocking import StreamClient, StreamReader, StreamWriter  # noqa: F401 (see __getattr__)
@@ -187,6 +192,7 @@ class AsyncStreamClient:
         self.bk = BookKeeperClient(etcd_endpoints, cluster, config, **overrides)
         self.layout = KeyLayout(cluster)
         self._readers: weakref.WeakSet[AsyncStreamReader] = weakref.WeakSet()  # closed with the client
+        self._writers: weakref.WeakSet[AsyncStreamWriter] = weakref.WeakSet()  # registrations ended at close
 
     # -- names ---------------------------------------------------------------------------------
 
@@ -248,14 +254,29 @@ class AsyncStreamClient:
         await self._check_password(lid, config.password)  # before the take-over: a refused writer fences nothing
         meta, rev, next_entry = await take_over(self.bk, lid)
         await self.bk.entry_size_limit()
+        reg = self._registration(lid, meta.term)
+        loop = asyncio.get_running_loop()
         opts = WriterOptions(
             term=meta.term, next_entry=next_entry, guaranteed_write_quorum=True,
             fragment_max_entries=meta.fragment_size_entries or None,
             fragment_max_bytes=meta.fragment_size_bytes or None, result=Position,
-            result_range=Positions)
+            result_range=Positions, on_fenced=lambda: loop.run_in_executor(None, reg.fenced))
         handle = LedgerHandle(self.bk, meta, rev, writable=True, placement=get_policy(config.placement),
                               writer_options=opts, lac=next_entry - 1)
-        return AsyncStreamWriter(self, name, handle)
+        writer = AsyncStreamWriter(self, name, handle, reg)
+        self._writers.add(writer)
+        # live as a fact in etcd before the writer is handed out (the key is
+        # kept, and created later, if etcd does not answer now)
+        if not await asyncio.to_thread(lambda: reg.start().wait_settled(self.bk.config.metadata_timeout)):
+            log.warning("stream %r: writer of term %d not registered yet (%s)", name, meta.term,
+                        reg.ended.value if reg.ended else reg.keeper.status()["last_error"])
+        return writer
+
+    def _registration(self, lid: int, term: int) -> WriterRegistration:
+        """The writer's lease-bound key (stream/writer_lease.py), not started."""
+        host, pid = socket.gethostname(), os.getpid()
+        rec = WriterRecord(f"{host}-{pid}-{uuid.uuid4().hex[:8]}", host, pid, term, int(time.time() * 1000))
+        return WriterRegistration(self.bk.store, self.layout, lid, rec, self.bk.config.writer_lease_ttl)
 
     async def _check_password(self, lid: int, pw) -> None:
         meta, _ = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
@@ -354,8 +375,12 @@ class AsyncStreamClient:
         ``add_timeout`` seconds to be acknowledged (one still pending then
         fails with ClientClosed), the ensemble is told the LAC, the stream
         stays OPEN for the next writer, and no bookie is taken for failed.
-        Afterwards the writers' appends raise ClientClosed."""
+        Afterwards the writers' appends raise ClientClosed.  The writers'
+        registrations go once their writes ended (before etcd's connection)."""
         await asyncio.gather(*(r.close() for r in list(self._readers)), return_exceptions=True)
+        timeout = self.bk.config.add_timeout
+        await asyncio.gather(*(w._end(err.ClientClosed(f"stream {w.name!r}: the client closed"), timeout)
+                               for w in list(self._writers)), return_exceptions=True)
         await self.bk.close()
 
     async def __aenter__(self) -> "AsyncStreamClient":
@@ -366,10 +391,15 @@ class AsyncStreamClient:
 
 
 class AsyncStreamWriter:
-    """The stream's writer for one term."""
+    """The stream's writer for one term.  While it writes it holds a
+    lease-bound registration in etcd (``registration``, stream/writer_lease.py),
+    which goes when it closes or learns it was fenced."""
 
-    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle):
+    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle,
+                 registration: WriterRegistration | None = None):
         self.client, self.name, self.handle = client, name, handle
+        self.registration = registration
+        self._ended = False
 
     @property
     def term(self) -> int:
@@ -422,8 +452,19 @@ class AsyncStreamWriter:
     async def close(self) -> None:
         """Flushes and stops writing.  The stream stays OPEN: the next writer
         takes it over with a new term.  Later appends raise LedgerClosed
-        (ClientClosed once the client closed)."""
-        await self.handle.end_writes(err.LedgerClosed(f"stream {self.name!r}: writer closed"))
+        (ClientClosed once the client closed).  The writer's registration
+        goes once its writes ended."""
+        await self._end(err.LedgerClosed(f"stream {self.name!r}: writer closed"))
+
+    async def _end(self, error: BaseException, flush_timeout: float | None = None) -> None:
+        if self._ended:
+            return
+        self._ended = True
+        try:
+            await self.handle.end_writes(error, flush_timeout=flush_timeout)
+        finally:
+            if self.registration is not None:
+                await asyncio.to_thread(self.registration.close)
 
     async def __aenter__(self) -> "AsyncStreamWriter":
         return self

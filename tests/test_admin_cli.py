@@ -105,6 +105,7 @@ def test_streams_list_show_read(env, stream):
 
     show = js(env, "streams", "show", "orders")
     assert show["lac"] == int(stream[-1]) and show["term"] == 1 and show["fragment_count"] >= 3
+    assert show["writer"] == {"state": "none"}   # its writer closed: its registration went
     frags = show["fragments"]
     assert frags[0]["first_entry"] == 0 and frags[-1]["last_entry"] == show["lac"]
     assert all(a["last_entry"] + 1 == b["first_entry"] for a, b in zip(frags, frags[1:]))
@@ -127,6 +128,24 @@ def test_streams_list_show_read(env, stream):
     # tail from a position: prints what is there, then what comes (here: stops at --count)
     tailed = bs(env, "streams", "tail", "orders", "--from", stream[1], "--count", "2", "--format", "json").stdout
     assert [json.loads(x)["position"] for x in tailed.splitlines()] == stream[1:3]
+
+
+def test_streams_show_the_writer_and_its_lease(env, shared):
+    from stream.stream import StreamClient, StreamConfig
+
+    with StreamClient(shared.endpoint, shared.cluster, writer_lease_ttl=7) as sc:
+        with sc.open_writer("leased", StreamConfig(3, 3, 2)) as w:
+            w.append(b"x")
+            lease = w.aio.registration.keeper.lease.id
+            show = js(env, "streams", "show", "leased")
+            wr = show["writer"]
+            assert wr["state"] == "live" and wr["term"] == show["term"] == w.term
+            assert wr["id"] == w.aio.registration.record.writer_id and wr["pid"] > 0 and wr["host"]
+            assert wr["lease"] == f"{lease:#x}" and 0 < wr["lease_ttl"] <= 7 and wr["started"].endswith("+00:00")
+            table = bs(env, "streams", "show", "leased").stdout
+            assert "state=live" in table and f"lease={lease:#x}" in table and "lease_ttl=" in table
+        assert js(env, "streams", "show", "leased")["writer"] == {"state": "none"}
+        assert "state=none" in bs(env, "streams", "show", "leased").stdout
 
 
 def test_streams_tail_follows_new_records(env, shared):

@@ -1,6 +1,9 @@
 """The autorecovery simulation (sim/autorecovery.py): the shipped auditor,
 worker and fragment-replacement cores under bookie losses, outages, worker
-crashes and pauses, auditor failover; each mutant caught."""
+crashes and pauses, auditor failover, and open streams whose writers hold
+lease-bound registrations (crashed, cut off from etcd, wedged); each mutant
+caught (``ignore-writer``: a live writer fenced before the bound;
+``no-bound``: a wedged writer's stream never sealed)."""
 from __future__ import annotations
 
 import pytest
@@ -9,12 +12,17 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 
 def test_seeded_runs_are_clean_and_do_recover():
-    replaced = lost_cas = 0
+    replaced = lost_cas = seals = waits = changes = 0
     for seed in range(40):
         w = run_seed(seed)
         replaced += w.replaced
         lost_cas += w.lost_cas
+        seals, waits, changes = seals + w.seals, waits + w.writer_waits, changes + w.writer_changes
     assert replaced > 50 and lost_cas > 0  # the runs exercise copies and lost CASes
+    # ... and the streams' paths: writers changing their ensembles themselves,
+    # workers leaving an open fragment to its live writer past the grace, and
+    # taking streams with no live writer (or past the bound) over
+    assert changes > 10 and waits > 0 and seals > 0, (changes, waits, seals)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)

@@ -32,6 +32,7 @@ from metadata.ledgers import LedgerMode
 from stream import errors as err
 from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
 from stream.metrics import AutorecoveryMetrics
+from stream.writer_lease import Liveness, judge_writer, read_writer
 
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
@@ -53,12 +54,13 @@ class LedgerOutcome:
     open_fragment: int | None = None
     sealed: bool = False
     note: str = ""
+    writer: str = Liveness.UNKNOWN.value   # the stream's writer as its key said (writer_lease.Liveness)
 
     def as_json(self) -> dict:
         return {"ledger_id": self.ledger_id, "step": self.step.value, "entries": self.entries,
                 "bytes": self.bytes, "replaced": [list(r) for r in self.replaced],
                 "unrecoverable": self.unrecoverable, "open_fragment": self.open_fragment,
-                "sealed": self.sealed, "note": self.note}
+                "sealed": self.sealed, "note": self.note, "writer": self.writer}
 
 
 async def _read_meta(client, lid: int):
@@ -74,13 +76,18 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    keep_going: Callable[[], bool] = lambda: True,
                                    known_unrecoverable: Iterable[int] = (),
                                    only: Iterable[int] | None = None,
+                                   writer_bound: float | None = None,
                                    max_rounds: int = 1000) -> LedgerOutcome:
     """Brings ledger ``lid`` back to full replication without the ``lost``
     bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
     ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
     ``keep_going()`` is asked before each step (a worker whose lock is gone
     stops).  ``only``: the first entries of the fragments to work on (a
-    Spark task's fragment); the ledger's other fragments are left alone."""
+    Spark task's fragment); the ledger's other fragments are left alone.
+    ``writer_bound``: a stream's writer key is read with its metadata, and
+    an open fragment of a writer live at the stream's term is left to it up
+    to this long (``worker_core.judge_task``); None (manual recovery): not
+    asked, sealed after ``grace``."""
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
     first_seen = now() if first_seen is None else first_seen
@@ -93,7 +100,11 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if meta is None:
             out.step, out.note = Step.DONE, "ledger deleted"
             return out
-        plan = plan_ledger(meta, lost - damaged, damaged)
+        writer, record = Liveness.UNKNOWN, None
+        if writer_bound is not None and meta.mode is LedgerMode.UNBOUNDED:
+            record, _lease = await client.meta_call(read_writer, client.store, client.ledgers.layout, lid)
+            writer = judge_writer(record, meta.term)
+        plan = plan_ledger(meta, lost - damaged, damaged, writer)
         if only is not None:
             plan = restrict_plan(plan, only)
         unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
@@ -104,7 +115,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                   for j in skipped if j.first_entry not in absent]
         out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
         jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting]
-        step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace)
+        step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace,
+                          float("inf") if writer_bound is None else writer_bound)
+        out.writer = writer.value
         if step is Step.SEAL and not seal:
             step = Step.WAIT
         if step in (Step.DONE, Step.REPORT) and waiting:
@@ -113,6 +126,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             step = Step.REPORT
         out.step = step
         if dry_run or step in (Step.DONE, Step.WAIT, Step.REPORT) or not keep_going():
+            if step is Step.WAIT and plan.open_fragment is not None and writer is Liveness.LIVE:
+                out.note = (f"open fragment {plan.open_fragment} left to its live writer "
+                            f"{record.writer_id} (term {record.term})")
             if dry_run:
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out
@@ -194,6 +210,7 @@ async def plan_bookie(client, bookie: str) -> list[tuple[int, LedgerPlan]]:
 @dataclasses.dataclass(frozen=True)
 class WorkerConfig:
     grace: float = 30.0        # an open fragment's writer has this long to change its ensemble
+    writer_bound: float = 600.0  # ... and a writer live at the stream's term this long (worker_core)
     poll: float = 2.0          # re-list tasks at least this often
     retry: float = 5.0         # a task released unfinished is not retried by this worker sooner
 
@@ -309,12 +326,20 @@ class ReplicationWorker:
         known = {u.get("first") for u in task.unrecoverable}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
+                                             writer_bound=self.cfg.writer_bound,
                                              keep_going=lambda: not lease.lost)
         self.outcomes.append(out)
         AutorecoveryMetrics.default().task(out)  # stream/metrics.py
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
                  len(out.replaced), out.entries, out.note)
-        if out.step is Step.DONE:
+        # A target lost between its copy and the replacement's CAS, after the
+        # auditor's scan for it read this ledger, is found by nobody else:
+        # the task stays, naming it too (its registration went before the CAS).
+        gone: set[str] = set()
+        if out.replaced:
+            now_regs = await asyncio.to_thread(self.client.registry.list_bookies, False)
+            gone = {t for _, _, t in out.replaced} - {r.bookie_id for r in now_regs}
+        if out.step is Step.DONE and not gone:
             if await asyncio.to_thread(self.keys.delete_task, task):
                 self.first_seen.pop(lid, None)
                 return
@@ -324,6 +349,10 @@ class ReplicationWorker:
             changes["unrecoverable"] = tuple(task.unrecoverable) + tuple(new)
         if back and out.step is Step.REPORT:
             changes["lost"] = lost
+        if gone:
+            changes["lost"] = frozenset(changes.get("lost", task.lost)) | gone
+            log.warning("worker %s: ledger %d: target(s) %s gone since their copy: kept in the task", self.id,
+                        lid, sorted(gone))
         if changes:  # one CAS; lost to a concurrent change, it is redone next round
             await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, **changes))
         self.not_before[lid] = time.monotonic() + (self.cfg.retry if out.step is not Step.WAIT or

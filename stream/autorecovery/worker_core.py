@@ -16,6 +16,32 @@ Given a ledger's metadata (all fragments) and the set of lost bookies,
   (classic: fence and recover; stream: take-over, term + 1, whose recovery
   replaces the lost bookie and seals the fragment).
 
+Who the writer is comes with the plan (``LedgerPlan.writer``, what etcd
+says: ``stream.writer_lease.judge_writer`` of the stream's lease-bound
+writer key, read beside the metadata):
+
+- *A live writer at the stream's current term*: the open fragment is left to
+  it, past the grace too (WAIT): it changes its ensemble itself, as soon as a
+  bookie can replace the lost one (its registration watch), and sealing
+  would fence a working writer.  What bounds the wait is ``writer_bound``
+  (far longer than the grace; default 10 minutes in ``WorkerConfig``): a
+  lease proves the process and its keeper thread run, not that its writer
+  makes progress (a wedged event loop keeps refreshing), so after the bound
+  the fragment is sealed anyway; the writer then sees WriterFenced on its
+  next append, an error it can act on, rather than a fragment left with one
+  replica less for ever.  Not "never" for that reason; not the grace,
+  because a writer that cannot change its ensemble has no spare bookie, and
+  then neither has the worker: sealing early only takes the stream from it.
+- *No live writer* (no key, or a STALE one naming an older term: a fenced
+  writer's, until its lease ends): SEAL after the grace, as without
+  registrations.  Not at once when the key is known gone: a writer registers
+  just after its take-over's final CAS, and creates its key again after an
+  etcd outage longer than its TTL; in both windows it is alive without a key,
+  and the grace (counted from the task's first sight, after the auditor's
+  delay) covers them.  A writer dead for good costs the grace once.
+- *Unknown* (classic ledgers, whose writers do not register; manual
+  recovery): as before, SEAL after the grace.
+
 Sealed fragments come first, in entry order.  :func:`judge_task` turns a
 plan into the one next step of the task (copy, seal, wait, report, done).
 Replacing the bookie in the metadata once the copy is done is the life-cycle
@@ -31,6 +57,7 @@ from metadata.ledgers import LedgerMetadata, LedgerMode, LedgerState
 from stream import password as ledger_password
 from stream.lifecycle import fragment_end
 from stream.quorum import write_set
+from stream.writer_lease import Liveness
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,17 +111,20 @@ class LedgerPlan:
     open_fragment: int | None                     # first entry of an open fragment naming a lost bookie
     state: LedgerState
     mode: LedgerMode
+    writer: Liveness = Liveness.UNKNOWN            # the stream's writer, as its lease-bound key says
 
     @property
     def clean(self) -> bool:
         return not self.jobs and not self.unrecoverable and self.open_fragment is None
 
 
-def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = ()) -> LedgerPlan:
+def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = (),
+                writer: Liveness = Liveness.UNKNOWN) -> LedgerPlan:
     """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
     ``damaged``: registered bookies the periodic check found lacking
     entries; their sealed fragments are copied like a lost bookie's, but an
-    open fragment naming one stays its writer's (the bookie is alive)."""
+    open fragment naming one stays its writer's (the bookie is alive).
+    ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
@@ -126,7 +156,7 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
             jobs.append(FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, frag.ensemble[i],
                                     tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode,
                                     ledger_password.master_key(meta.custom)))
-    return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode)
+    return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode, writer)
 
 
 def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
@@ -148,16 +178,21 @@ class Step(enum.Enum):
     DONE = "done"          # nothing names a lost bookie: delete the task
 
 
-def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float) -> Step:
+def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
+               writer_bound: float = float("inf")) -> Step:
     """The next step for one task.  ``first_seen``: when this worker first
     saw the task with the open fragment; the writer has ``grace`` to change
-    its ensemble itself."""
+    its ensemble itself, and a writer live at the stream's term (``plan.writer``)
+    has until ``writer_bound`` (see the module docstring)."""
     if plan.jobs:
         return Step.COPY
     if plan.open_fragment is not None:
         if plan.state is LedgerState.IN_RECOVERY:
             return Step.WAIT
-        return Step.SEAL if now - first_seen >= grace else Step.WAIT
+        waited = now - first_seen
+        if plan.writer is Liveness.LIVE:
+            return Step.SEAL if waited >= max(grace, writer_bound) else Step.WAIT
+        return Step.SEAL if waited >= grace else Step.WAIT
     if plan.unrecoverable:
         return Step.REPORT
     return Step.DONE
