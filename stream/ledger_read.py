@@ -16,10 +16,10 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
 from stream import errors as err
-from stream.bookie_client import BookieUnavailable
+from stream.bookie_client import BookieUnavailable, status_of
 from stream.read_core import Answer, EntryRead, LacRead, Verdict, answer_of
 from stream.read_plan import RangeRead, plan_missing, plan_reads
-from stream.ledger_write import status_of, why
+from stream.ledger_write import why
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.client import BookKeeperClient

@@ -21,14 +21,14 @@ from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode
 from stream import errors as err
 from stream import password as ledger_password
-from stream.bookie_client import BookieUnavailable, decode_ack
+from stream.bookie_client import BookieUnavailable, decode_ack, status_of
 from stream.frames import FramePipeline
 from stream.timers import RecoveryClock
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
 from stream.lifecycle import ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
-from stream.ledger_write import PREPARE_FAILED, prepare_bookies, status_of, why
+from stream.ledger_write import PREPARE_FAILED, prepare_bookies, why
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.client import BookKeeperClient

@@ -29,13 +29,10 @@ from metadata.ledgers import Fragment, LedgerState
 from stream import errors as err
 from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable, decode_ack
-from stream.bookie_client import status_of  # noqa: F401  (re-exported: ledger_read imports it from here)
 from stream.frames import Frame, FramePipeline
 from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
                               run_ledger_cas)
 from stream.timers import WriterClock
-# re-exported for the benchmark floor (bookstream/ceilings.py FloorWriter)
-from stream.frames import FRAME_BYTES, MAX_INFLIGHT_FRAMES, PIPELINE_BYTES, split_frames  # noqa: F401
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 

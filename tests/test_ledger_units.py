@@ -85,7 +85,6 @@ def test_get_policy():
 
 import asyncio  # noqa: E402
 
-from bookie import entry as E  # noqa: E402
 from bookie.core import Status  # noqa: E402
 from bookstream_pb import bookie_pb2 as bpb  # noqa: E402
 from metadata.ledgers import Fragment, LedgerMetadata  # noqa: E402

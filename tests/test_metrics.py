@@ -3,7 +3,6 @@ parsed with prometheus_client's parser; the client's registry; and the
 Grafana dashboard's expressions against names a real scrape exports."""
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import urllib.request
