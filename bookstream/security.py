@@ -11,7 +11,10 @@ is the server's certificate and key, and ``--tls-ca`` the authority client
 certificates must be signed by (mutual TLS); for a client (the admin CLI,
 autorecovery) ``--tls-ca`` verifies the bookies and ``--tls-cert``/``--tls-key``
 is the client's certificate where bookies ask for one. ``--etcd-*`` are the
-same for the connection to etcd.
+same for the connection to etcd. ``--tls-server-name`` (clients) is the name
+bookies' certificates are checked against when it is not the host of their
+registered address. A bookie takes rotated certificate files up without a
+restart (``metadata/tls.py``).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from metadata.tls import EtcdAuth, TlsFiles
 # option name -> environment variable
 OPTIONS = {
     "tls_ca": "BOOKSTREAM_TLS_CA", "tls_cert": "BOOKSTREAM_TLS_CERT", "tls_key": "BOOKSTREAM_TLS_KEY",
+    "tls_server_name": "BOOKSTREAM_TLS_SERVER_NAME",
     "etcd_ca": "BOOKSTREAM_ETCD_CA", "etcd_cert": "BOOKSTREAM_ETCD_CERT", "etcd_key": "BOOKSTREAM_ETCD_KEY",
     "etcd_user": "BOOKSTREAM_ETCD_USER", "etcd_password": "BOOKSTREAM_ETCD_PASSWORD",
 }
@@ -29,6 +33,7 @@ HELP = {
     "tls_ca": "PEM authority: a client verifies bookies with it; a bookie requires client certificates signed by it",
     "tls_cert": "PEM certificate: a bookie's server certificate, or a client's for mutual TLS",
     "tls_key": "PEM private key of --tls-cert",
+    "tls_server_name": "a client's: the name bookies' certificates carry, when not the host they register",
     "etcd_ca": "PEM authority that signed etcd's certificate (turns TLS to etcd on)",
     "etcd_cert": "client certificate for etcd (when etcd requires one)",
     "etcd_key": "private key of --etcd-cert",
@@ -46,7 +51,7 @@ class Security:
     @staticmethod
     def of(values: dict) -> "Security":
         v = {k: values.get(k) for k in OPTIONS}
-        return Security(TlsFiles.of(v["tls_ca"], v["tls_cert"], v["tls_key"]),
+        return Security(TlsFiles.of(v["tls_ca"], v["tls_cert"], v["tls_key"], v["tls_server_name"]),
                         TlsFiles.of(v["etcd_ca"], v["etcd_cert"], v["etcd_key"]),
                         EtcdAuth.of(v["etcd_user"], v["etcd_password"]))
 

@@ -84,7 +84,8 @@ class BookieClient:
     def __init__(self, address: str, tls=None):
         self.address = address
         self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if tls is None else
-                        grpc.aio.secure_channel(address, tls.channel_credentials(), options=CHANNEL_OPTIONS))
+                        grpc.aio.secure_channel(address, tls.channel_credentials(),
+                                                options=CHANNEL_OPTIONS + tls.channel_options()))
         self.stub = pb_grpc.BookieStub(self.channel)
         self._add_method = self.channel.stream_stream(
             _ADD_PATH, request_serializer=None, response_deserializer=pb.AddAcks.FromString)
