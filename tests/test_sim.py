@@ -184,7 +184,7 @@ def test_invariants_alone_find_the_mutant(mutation):
 # finish 6 / 6.
 LIFECYCLE_FINDS = {
     M.TAKEOVER_KEEPS_TERM: ("unbounded", 20, {"trace:StartTakeover"}, (60, {"NoHole"} | DATA_LOSS)),
-    M.CHANGE_DESPITE_FENCE: ("unbounded", 40, {"trace:EnsembleChange"}, (60, {"assertion"})),
+    M.CHANGE_DESPITE_FENCE: ("unbounded", 40, {"trace:EnsembleChange"}, (60, {"assertion", "LafrFullyReplicated"})),
     M.CLOSE_DESPITE_RECOVERY: ("classic", 80, {"trace:WriterClose"}, None),
     M.FINISH_DESPITE_NEWER_TERM: ("unbounded", 20, {"trace:Finish"}, (20, {"Monotonic"})),
 }
