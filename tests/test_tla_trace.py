@@ -114,6 +114,15 @@ def test_a_classic_writer_may_replace_a_bookie_after_releasing_its_adds(tools):
     assert v.accepted and v.consumed == v.events, v.describe()
 
 
+def test_the_pending_add_window_is_accepted(tools):
+    # sim/scripted.py fence_barrier: two reads wait for a bookie's sync; the
+    # stores it makes durable are stepped first (their snapshot's term, the
+    # reads' already, hidden), then the reads
+    text = trace.simulate_script("fence_barrier")
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+
+
 def test_striping_is_refused_not_misjudged():
     text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
     with pytest.raises(trace.Unsupported):
