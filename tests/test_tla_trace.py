@@ -114,6 +114,19 @@ def test_a_classic_writer_may_replace_a_bookie_after_releasing_its_adds(tools):
     assert v.accepted and v.consumed == v.events, v.describe()
 
 
+def test_an_unheard_duplicate_store_is_not_taken_as_an_ack(tools):
+    # Seed 30 (classic, E = Qw = Qa = 3): b0 stores entries 10 and 11 twice,
+    # its acks never counted; the writer drops b0's acks when it proposes
+    # replacing it, and changes the ensemble from 10.  The mapping took the
+    # second store as heard (the spec's writer then had LAC 11 and could not
+    # change from 10: rejected at event 204); BookstreamTrace's
+    # DuplicateUnheard lets it be a StoreLac.
+    text = trace.simulate(30, **trace.profile_for(30))
+    assert sum('"EnsembleChange"' in x for x in text.splitlines()) >= 5
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+
+
 def test_the_pending_add_window_is_accepted(tools):
     # sim/scripted.py fence_barrier: two reads wait for a bookie's sync; the
     # stores it makes durable are stepped first (their snapshot's term, the
