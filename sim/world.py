@@ -354,7 +354,6 @@ class World:
             return
         term, fence = body["term"], body["fence"]
         n = body.get("entry")
-        t = 0
         if term or fence:  # a fencing/recovery read: Storage.fence, then the answer
             v, barrier = b.fence_request(term, fence)
             if (barrier is not None and LID in b.core.pending) or (self._waiting.get(req.bid)
@@ -376,7 +375,7 @@ class World:
             return
         # a plain read: no spec action
         self.trace.append((self.now, "ReadLac" if req.kind == "lac" else "ReadEntry", (req.bid, n), {}))
-        self._answer(req, 0)
+        self._answer(req)
 
     def _read_step(self, req: Request, v) -> None:
         body = req.body
@@ -391,10 +390,10 @@ class World:
             self._reply(req, (v.status, -1, -1, v.term, -1) if req.kind == "lac" else (v.status, None, v.term))
             self.compare_bookie(req.bid)
             return
-        self._answer(req, 0)
+        self._answer(req)
 
-    def _answer(self, req: Request, t: int) -> None:
-        b, n = self.bookies[req.bid], req.body.get("entry")
+    def _answer(self, req: Request) -> None:
+        b, n, t = self.bookies[req.bid], req.body.get("entry"), 0
         if req.kind == "lac":
             status, lac, lafr, t, last = b.lac_answer()
             if status is Status.OK and self.model is not None:
