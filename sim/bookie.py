@@ -11,7 +11,10 @@ shifted by ``bookie.index.OFFSET_BITS``).  The order of effects:
   (``apply_add``: index, LAC/LAFR, truncation) only once a simulated fsync
   made it durable; its answer goes out after that;
 - a term-carrying or fencing read changes the term/fence at once and waits
-  for the core's barrier (``BookieCore.fence_read``);
+  for the core's barrier (``BookieCore.fence_read``): ``sim/world.py``
+  answers it after the journal's next scheduled sync while normal adds
+  admitted before it are pending (the pending add window), at once
+  otherwise;
 - a plain read (term 0, no fence flag) answers from the applied state;
 - a crash drops the unsynced tail (and with it the in-memory term raises of
   adds admitted but not yet durable); a restart rebuilds a fresh

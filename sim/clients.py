@@ -41,7 +41,7 @@ from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, Cl
 from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
-from stream.timers import WriterClock
+from stream.timers import RecoveryClock, WriterClock
 from stream.writer_core import TERMINAL as W_TERMINAL
 from stream.writer_core import ChangeReason, WindowFull, WriterCore, WriterState
 
@@ -69,6 +69,8 @@ class SimClient:
         self.seq = 0
         self._proposal = None           # the writer's proposal already traced
         self.finishing = False          # the final CAS is scheduled
+        self.rclock: RecoveryClock | None = None  # the recovery's timing rule (stream/timers.py)
+        self._rtick_at = None
         self.closing = False
         self._stale_seen = 0             # the recovery's stale answers counted so far
 
@@ -212,6 +214,8 @@ class SimClient:
                                 fence=not w.unbounded, unbounded=w.unbounded,
                                 max_read_ahead=w.sc.read_ahead, max_inflight_writes=w.sc.rec_writes,
                                 mutations=w.mutations)
+        # speculative recovery reads: the shipped timing rule, in simulated time
+        self.rclock = RecoveryClock(self.rec, w.sc.timeout // 3)
         self.rec.start()
         self.pump_recovery()
         return True
@@ -225,6 +229,9 @@ class SimClient:
             w.step("ClientSendRead", self.name, f.bookie_id, None, f.term, f.fence)
             w.request(self.name, self.inc, f.bookie_id, "lac", {"term": f.term, "fence": f.fence},
                       {"rec": rec, "index": f.bookie_index}, self._on_lac, self._on_lac_timeout, w.sc.timeout)
+        clock = self.rclock if self.rclock is not None and self.rclock.core is rec else None
+        if r.reads and clock is not None:
+            clock.read_activity(w.now)  # (stalled reads are counted from here)
         for x in r.reads:
             w.step("ClientSendRead", self.name, x.bookie_id, x.entry_id, x.term, x.fence)
             w.request(self.name, self.inc, x.bookie_id, "read",
@@ -241,12 +248,28 @@ class SimClient:
                       self._on_rec_add, self._on_rec_add_timeout, w.sc.timeout)
         for rp in r.replacements:
             w.at(w.sc.meta_delay, self._replace, rec, rp)
+        if clock is not None and rec.state not in REC_TERMINAL:
+            clock.after_ready(w.now)
+            at = clock.next_deadline()
+            if at is not None and self._rtick_at != at:
+                self._rtick_at = at
+                w.at(max(0, int(at - w.now)), self._rec_tick, rec, at)
         if rec.state is RecoveryState.DONE and not self.finishing:
             self.finishing = True
             w.at(w.sc.meta_delay, self._finish, rec)
         elif rec.state in (RecoveryState.ABORTED, RecoveryState.FENCED_OUT):
             w.count("recovery_" + rec.state.value)
             self.rec = None
+
+    def _rec_tick(self, rec: RecoveryCore, at) -> None:
+        if rec is not self.rec or self.rclock is None or self.rclock.core is not rec:
+            return
+        if self._rtick_at == at:
+            self._rtick_at = None
+        before, decided = rec.state, len(rec.recovered)
+        if self.rclock.tick(self.w.now):
+            self.w.count("recovery_speculations")
+        self._after_rec_input(rec, before, decided)
 
     def _live_rec(self, req: "Request") -> RecoveryCore | None:
         rec = req.ctx["rec"]
@@ -307,6 +330,8 @@ class SimClient:
             return
         status, record, _term = reply
         n, idx, bid, before = req.body["entry"], req.ctx["index"], req.bid, rec.state
+        if self.rclock is not None and self.rclock.core is rec:
+            self.rclock.read_activity(self.w.now)
         decided = len(rec.recovered)
         if before is RecoveryState.READING:
             if status is Status.INVALID_TERM:
@@ -328,6 +353,8 @@ class SimClient:
         if rec is None:
             return
         before, decided = rec.state, len(rec.recovered)
+        if self.rclock is not None and self.rclock.core is rec:
+            self.rclock.read_activity(self.w.now)
         rec.on_read_response(req.body["entry"], req.ctx["index"], None)
         self._after_rec_input(rec, before, decided)
 

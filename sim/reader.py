@@ -18,7 +18,8 @@ class SimReader:
     """Reads committed entries (at or below a LAC some bookie reported, or an
     acknowledged one) with plain reads, as ``stream.read_core.EntryRead``
     decides (the shipped read core: replica order, the next replica on a
-    failure, "missing" only on Qw - Qa + 1 absent answers); records
+    failure or after ``timeout // 3`` of silence (speculation), "missing"
+    only on Qw - Qa + 1 absent answers); records
     what it read.  This class only routes the core's requests and answers."""
 
     def __init__(self, world: "World", name: str):
@@ -41,13 +42,11 @@ class SimReader:
 
         w = self.w
         ens = frag_of(w.meta.frags, n)[1]
-        # The first replica at random, drawn as the seeded schedules always
-        # drew it (a shuffle of the write set), and no speculative timer: a
-        # reader that changed the message schedule moved every seed's run
-        # (a TLC trace sample hit a spec mismatch on an ensemble change).
-        perm = list(range(w.sc.Qw))
-        w.rng.shuffle(perm)
-        r = EntryRead(n, w.sc.E, w.sc.Qw, w.sc.Qa, rotation=perm[0])
+        # The first replica at random, and speculation as the handle's
+        # (``speculative_read_timeout``): the next replica once the last one
+        # asked stayed silent a third of a request's timeout.
+        r = EntryRead(n, w.sc.E, w.sc.Qw, w.sc.Qa, rotation=w.rng.randrange(w.sc.Qw),
+                      speculate_after=w.sc.timeout // 3)
         self._send(r, ens, bound, r.start(w.now))
 
     def _send(self, r, ens, bound: int, indexes: list[int]) -> None:

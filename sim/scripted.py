@@ -13,6 +13,15 @@ faults; every message takes one tick; links are blocked by hand).
   at p+1 on two bookies, the old writer's p+1..p+3 on the third; the next
   take-over reads p+1 as the no-op and must not recover p+2, p+3 above it
   (log matching on origin terms; without it: NoHole).
+- ``classic_change_after_release``: a classic writer's add reaches Qa and is
+  released; the third bookie's ack is lost, its frame times out, and the
+  writer replaces that bookie with nothing pending (the spec once allowed an
+  ensemble change only for an unreleased add: TLC rejected such traces).
+- ``fence_barrier``: the pending add window.  A take-over's fencing read and
+  then its recovery read reach a bookie while the old writer's add there is
+  admitted but not yet durable: both wait for the journal's sync (the
+  bookie core's barrier); a core that does not make the recovery read wait
+  answers NO_SUCH_ENTRY for an add it then stores with the old term.
 """
 from __future__ import annotations
 
@@ -120,5 +129,63 @@ def recovery_hole(*, check_trace: bool = True, attach=None, mutations: Mutations
     return w
 
 
+def classic_change_after_release(*, check_trace: bool = True, attach=None,
+                                 mutations: Mutations = NO_MUTATIONS) -> World:
+    """Classic, E3 Qw3 Qa2, four bookies.
+    1. c0 writes entry 0; b0 and b1 acknowledge it (Qa: acknowledged and
+       released, classic releases at the LAC); b2 stores it, but its answer
+       is lost.
+    2. The frame to b2 times out: b2 failed, with no add pending; the
+       writer replaces it with b3 from entry 1 (LAC + 1).
+    3. c0 writes entry 1 to the new ensemble; c1 recovers and closes at 1."""
+    w = World(Scenario(seed=0, mode="classic", bookies=4, **SCRIPTED), scripted=True, check_trace=check_trace,
+              mutations=mutations)
+    if attach is not None:
+        attach(w)
+    c0, c1 = w.clients["c0"], w.clients["c1"]
+    w.blocked |= {("b2", "c0", "add")}
+    w.do(c0.add)
+    w.run(until=10)
+    assert set(w.acked) == {0} and 0 in w.bookie_state("b2")[2]
+    assert c0.writer is not None and not c0.writer.pending  # released at Qa
+    w.run(until=100)
+    assert w.meta.last_frag == (1, ("b0", "b1", "b3")), w.meta
+    w.blocked = set()
+    w.do(c0.add)
+    w.run(until=200)
+    assert set(w.acked) == {0, 1}
+    assert w.do(c1.takeover)
+    w.run()
+    assert w.meta.state == "CLOSED" and w.meta.last == 1, w.meta
+    return w
+
+
+def fence_barrier(*, check_trace: bool = True, attach=None, mutations: Mutations = NO_MUTATIONS) -> World:
+    """E3 Qw3 Qa2 on three bookies; every fsync 5 ticks after what it syncs.
+    1. c0 (term 1) writes entry 0 (acknowledged, its LAC told); its entry 1
+       reaches b0 only, at t, synced at t + 5.
+    2. c1 takes over (term 2) at t: its fencing read reaches b0 at t + 1
+       (the term changes: a state record, after the pending add) and its
+       read of entry 1 at t + 3 (the term unchanged, the add still pending:
+       the barrier); both are answered after the sync at t + 5, with entry
+       1.  (b1 and b2 say entry 1 does not exist: the end is 1.)"""
+    w = World(Scenario(seed=0, bookies=3, **{**SCRIPTED, "fsync_min": 5, "fsync_max": 5}), scripted=True,
+              check_trace=check_trace, mutations=mutations)
+    if attach is not None:
+        attach(w)
+    c0, c1 = w.clients["c0"], w.clients["c1"]
+    w.do(c0.add)
+    w.run(until=40)
+    assert set(w.acked) == {0}
+    w.blocked |= {("c0", "b1", "add"), ("c0", "b2", "add")}
+    w.do(c0.add)
+    w.run(until=w.now + 1)
+    assert w.bookies["b0"].unsynced and 1 not in w.bookie_state("b0")[2]
+    assert w.do(c1.takeover)
+    w.run()
+    return w
+
+
 SCRIPTS = {"seed_counterexample": seed_counterexample, "reused_bookie": reused_bookie,
-           "recovery_hole": recovery_hole}
+           "recovery_hole": recovery_hole, "classic_change_after_release": classic_change_after_release,
+           "fence_barrier": fence_barrier}

@@ -151,6 +151,7 @@ class MBookie:
     ents: dict = field(default_factory=dict)
     lac: int = -1
     lafr: int = -1
+    read_term: int = 0   # the highest term a fencing/recovery read brought (not in snapshot)
 
     def snapshot(self) -> tuple:
         return (self.term, self.fenced, dict(self.ents), self.lac, self.lafr)
@@ -410,6 +411,13 @@ class Model:
         k = self.bk[b]
         h = E.parse_header(record)
         n = h.entry_id
+        if not h.is_recovery:
+            # A normal add admitted before a fencing/recovery read is durable
+            # before that read answers (bookie/core.py's barrier); one admitted
+            # after it was refused: none is stored after the read.
+            late = h.term < k.read_term if self.unbounded else k.fenced
+            self._need(not late, "BookieStore", f"{b} stored entry {n} of a normal add (term {h.term}) after a "
+                                                f"read (term {k.read_term}, fenced {k.fenced}) answered")
         if h.is_truncate:
             for i in [i for i in k.ents if i > n]:
                 del k.ents[i]
@@ -479,6 +487,7 @@ class Model:
         if ok:
             if self.unbounded:
                 k.term = max(k.term, term)
+                k.read_term = max(k.read_term, term)
             if fence:
                 k.fenced = True
         return ok

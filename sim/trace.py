@@ -115,6 +115,10 @@ class Tracer:
               "action": action, "args": a}
         if action in BOOKIE_STEPS:
             ev["bk"] = {a["bookie"]: self._bookie(a["bookie"])}
+            if a["bookie"] == getattr(w, "hide_term", None):
+                # a store a read's barrier made durable: the bookie's term is
+                # already the read's, whose step follows (-1: not compared)
+                ev["bk"][a["bookie"]]["term"] = -1
         if action in META_STEPS:
             m = w.meta
             ev["meta"] = {"state": m.state, "term": m.term, "frags": _frags(m.frags), "last": m.last}

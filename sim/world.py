@@ -116,6 +116,12 @@ class World:
         self.cut: dict[tuple[str, str], int] = {}          # (client, bookie) -> partitioned until
         self._stream_last: dict[tuple, int] = {}
         self._fsync_due: set[str] = set()
+        # The pending add window: reads waiting for a bookie's next journal
+        # sync (the core's barrier over pending normal adds), and the adds and
+        # explicit LACs that reached the bookie meanwhile (taken after them).
+        self._waiting: dict[str, list] = {}
+        self._deferred: dict[str, list] = {}
+        self.hide_term: str | None = None   # (sim/trace.py: a barrier's stores)
         self._rid = 0
         self._values: dict[tuple[str, int], tuple] = {}
         self.inv = invariants.State(self)
@@ -317,6 +323,13 @@ class World:
         if not b.up or b.incarnation != req.bid_inc or self._partitioned(req.src, req.bid):
             return  # the stream broke
         body = req.body
+        if self._waiting.get(req.bid) and not (req.kind in ("lac", "read") and (body["term"] or body["fence"])):
+            # A read waits for this bookie's journal sync: what else reaches
+            # the bookie meanwhile is taken after it (a network delay), so no
+            # step of it meets the state change the read made in memory
+            # before the read's own step.
+            self._deferred.setdefault(req.bid, []).append(req)
+            return
         if req.kind == "add":
             records = body["records"]
             admitted = b.add_frame(records, lambda results: self._reply(req, results))
@@ -341,20 +354,46 @@ class World:
             return
         term, fence = body["term"], body["fence"]
         n = body.get("entry")
-        t = 0
         if term or fence:  # a fencing/recovery read: Storage.fence, then the answer
             v, barrier = b.fence_request(term, fence)
-            self.step("BookieRead", req.bid, term, fence, v.status.name, n)
-            if barrier is not None:
-                self._fsync(req.bid, b.incarnation)
-            if barrier == "state":
-                b.journal_state()
-            if v.status is not Status.OK:
-                self._reply(req, (v.status, -1, -1, v.term, -1) if req.kind == "lac" else (v.status, None, v.term))
-                self.compare_bookie(req.bid)
+            if (barrier is not None and LID in b.core.pending) or (self._waiting.get(req.bid)
+                                                                    and v.status is not Status.OK):
+                # The pending add window: normal adds admitted before this
+                # read are not durable yet.  The read waits for the journal's
+                # next sync (already due: the adds scheduled it), as
+                # bookie/storage.py's does; a refusal meanwhile is answered
+                # after it too, in arrival order.
+                self._waiting.setdefault(req.bid, []).append((req, v, barrier))
+                self.count("reads_waiting_for_adds")
                 return
-        else:  # a plain read: no spec action
-            self.trace.append((self.now, "ReadLac" if req.kind == "lac" else "ReadEntry", (req.bid, n), {}))
+            if barrier is not None:  # (nothing normal pending: the journal syncs at once)
+                self._waiting.setdefault(req.bid, []).append((req, v, barrier))
+                self._fsync(req.bid, b.incarnation)
+                return
+            self._read_step(req, v)
+            self._read_reply(req, v, barrier)
+            return
+        # a plain read: no spec action
+        self.trace.append((self.now, "ReadLac" if req.kind == "lac" else "ReadEntry", (req.bid, n), {}))
+        self._answer(req)
+
+    def _read_step(self, req: Request, v) -> None:
+        body = req.body
+        self.step("BookieRead", req.bid, body["term"], body["fence"], v.status.name, body.get("entry"))
+
+    def _read_reply(self, req: Request, v, barrier) -> None:
+        """A term-carrying/fencing read's answer, once its barrier was met
+        (the stores that barrier made durable were stepped before it)."""
+        if barrier == "state":
+            self.bookies[req.bid].journal_state()
+        if v.status is not Status.OK:
+            self._reply(req, (v.status, -1, -1, v.term, -1) if req.kind == "lac" else (v.status, None, v.term))
+            self.compare_bookie(req.bid)
+            return
+        self._answer(req)
+
+    def _answer(self, req: Request) -> None:
+        b, n, t = self.bookies[req.bid], req.body.get("entry"), 0
         if req.kind == "lac":
             status, lac, lafr, t, last = b.lac_answer()
             if status is Status.OK and self.model is not None:
@@ -374,8 +413,24 @@ class World:
         if inc != b.incarnation or not b.up:
             return
         self._fsync_due.discard(bid)
-        if not b.unsynced:
-            return
+        waiting = self._waiting.pop(bid, [])
+        if b.unsynced:
+            # The stores go first: the reads that waited answer after them.
+            # (Their snapshots show the term those reads already raised in
+            # memory: the trace hides it, and the spec is compared after the
+            # reads' steps.)
+            self.hide_term = bid if waiting else None
+            self._apply_synced(bid, compare=not waiting)
+            self.hide_term = None
+        for req, v, _ in waiting:
+            self._read_step(req, v)
+        for req, v, barrier in waiting:
+            self._read_reply(req, v, barrier)
+        for req in self._deferred.pop(bid, []):
+            self._deliver_request(req)
+
+    def _apply_synced(self, bid: str, compare: bool = True) -> None:
+        b = self.bookies[bid]
         truncated = b.truncated
         applied = b.fsync()
         if b.truncated > truncated:
@@ -386,7 +441,8 @@ class World:
             else:
                 self.step("BookieStore", bid, rec)
         self.count("fsyncs")
-        self.compare_bookie(bid)
+        if compare:
+            self.compare_bookie(bid)
         if self.check_invariants:
             self.inv.bookie_changed(bid)
 
@@ -412,6 +468,8 @@ class World:
         b = self.bookies[bid]
         lost = b.crash()
         self._fsync_due.discard(bid)
+        self._waiting.pop(bid, None)  # (their streams broke)
+        self._deferred.pop(bid, None)
         self.count("bookie_crashes")
         self.count("adds_lost_in_crash", lost)
         st = b.core.ledgers.get(LID)

@@ -100,6 +100,42 @@ def test_the_recovery_hole_schedule_is_accepted_with_log_matching_and_rejected_w
     assert bad.stuck_at["actor"] == "c2" and bad.stuck_at["args"]["value"] == [1, "data"], bad.stuck_at
 
 
+def test_a_classic_writer_may_replace_a_bookie_after_releasing_its_adds(tools):
+    # The rejection that the simulator's speculative reads exposed (seed 1,
+    # EnsembleChange): a classic writer releases an add at Qa, the third
+    # bookie's ack is lost, its frame times out, and the writer replaces it
+    # with nothing pending.  Safe (the new fragment starts at LAC + 1), and
+    # the spec's EnsembleChange now allows it; with the old enabling
+    # condition (an unreleased add to b) TLC rejects this trace at event 23.
+    text = trace.simulate_script("classic_change_after_release")
+    changes = [json.loads(x) for x in text.splitlines() if '"EnsembleChange"' in x]
+    assert [c["args"]["replaced"] for c in changes] == [{"b2": "b3"}]
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+
+
+def test_an_unheard_duplicate_store_is_not_taken_as_an_ack(tools):
+    # Seed 30 (classic, E = Qw = Qa = 3): b0 stores entries 10 and 11 twice,
+    # its acks never counted; the writer drops b0's acks when it proposes
+    # replacing it, and changes the ensemble from 10.  The mapping took the
+    # second store as heard (the spec's writer then had LAC 11 and could not
+    # change from 10: rejected at event 204); BookstreamTrace's
+    # DuplicateUnheard lets it be a StoreLac.
+    text = trace.simulate(30, **trace.profile_for(30))
+    assert sum('"EnsembleChange"' in x for x in text.splitlines()) >= 5
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+
+
+def test_the_pending_add_window_is_accepted(tools):
+    # sim/scripted.py fence_barrier: two reads wait for a bookie's sync; the
+    # stores it makes durable are stepped first (their snapshot's term, the
+    # reads' already, hidden), then the reads
+    text = trace.simulate_script("fence_barrier")
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+
+
 def test_striping_is_refused_not_misjudged():
     text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
     with pytest.raises(trace.Unsupported):

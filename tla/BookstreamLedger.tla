@@ -471,7 +471,11 @@ WriterClose(c) ==
 (* an add to it is outstanding and timed out (possibly after b stored it:  *)
 (* a lost ack; the pending adds are all at or above the new fragment's     *)
 (* first entry, so dropping b's acks for them below is exactly what a lost *)
-(* ack would leave).  nb replaces it in a fragment that starts at LAFR + 1 *)
+(* ack would leave).  Classic: the add to b may be one the writer already  *)
+(* released at Qa (an add of the last fragment, up to lap): its late       *)
+(* timeout or error still fails b (the implementation's frame timeout;     *)
+(* BookKeeper's error after the ack quorum).  Unbounded releases at Qw,    *)
+(* after b's ack.  nb replaces it in a fragment that starts at LAFR + 1    *)
 (* (classic: LAC + 1), never below the last fragment's first entry; if it  *)
 (* starts there, it replaces the last fragment.                            *)
 (*                                                                         *)
@@ -506,6 +510,8 @@ EnsembleChange(c, b, nb) ==
     /\ Len(frags2) <= MaxFragments
     /\ \/ b \in crashed
        \/ \E i \in Ids : w.val[i] # NoVal /\ b \in WriteSet(i, w.frags)
+       \/ /\ ~Unbounded /\ w.phase = "open"
+          /\ \E i \in last.first .. w.lap : b \in WriteSet(i, w.frags)
     /\ w.phase = "open" /\ Unbounded =>
            \A i \in (w.lafr + 1) .. w.lac : b \in w.ack[i] => Cardinality(w.ack[i]) >= WQ
     /\ ~prepare \/ bk[nb].term <= w.term

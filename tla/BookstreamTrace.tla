@@ -84,6 +84,21 @@ TraceStaleStore(e) ==
         /\ ~Live(m)
         /\ StoreLate(m)
 
+\* A store whose ack was not counted, of a copy the bookie already holds
+\* (SeenIn below may also take it as heard): all it changes is the bookie's
+\* LAC/LAFR, to values the writer had, BookstreamFiner's StoreLac.  Taken
+\* as heard only, the client's LAC could pass the implementation's: a
+\* writer that dropped that bookie's acks when it proposed replacing it
+\* (the spec's EnsembleChange drops them when it publishes) then changes
+\* the ensemble from a first entry the spec's writer no longer has.
+DuplicateUnheard(e) ==
+    /\ e.h = "no"
+    /\ \E c \in IF e.c = "" THEN Clients ELSE {e.c} :
+          /\ cl[c].phase \in {"open", "reading", "finishing"}
+          /\ Match(cl[c].val[e.n], e.v)
+          /\ bk[e.b].ents[e.n] = cl[c].val[e.n]
+    /\ StoreLac(e.b, e.rl, e.rf)
+
 \* -- events -> spec actions ------------------------------------------------
 \* Whether the answer reached the client: known from the trace ("yes" /
 \* "no": an ack counted, a fencing answer taken) or left to TLC ("open").
@@ -115,6 +130,7 @@ Step(e) ==
                      /\ DeliverWith(c, e.b, e.n, seen, e.rl, e.rf)
                      /\ TruncateFlag(cl[c], e.n) = e.trunc
                \/ TraceStaleStore(e)
+               \/ DuplicateUnheard(e)
             /\ BookieIs(e.b, e.bk, TRUE)
       [] e.a = "BookieRead"     ->
             /\ \/ /\ e.ok
