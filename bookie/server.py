@@ -52,6 +52,7 @@ class BookieConfig:
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
+    trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
 
 class Undecodable:
@@ -247,10 +248,13 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ---------------------------------------------------------------
 
-    async def _fence_if_asked(self, ledger_id: int, term: int, flags: int) -> tuple[Status, int]:
+    async def _fence_if_asked(self, ledger_id: int, term: int, flags: int,
+                              entry: int | None = None) -> tuple[Status, int]:
         if term == 0 and not flags & pb.READ_FENCE:
             return Status.OK, 0
         v = await self.storage.fence(ledger_id, term, bool(flags & pb.READ_FENCE))
+        if self.storage.tracer is not None:  # the read's step, once its barrier let it answer
+            self.storage.tracer.read(ledger_id, term, bool(flags & pb.READ_FENCE), v.status, entry)
         return v.status, v.term
 
     @observed
@@ -259,7 +263,8 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             if request.entry_id < 0 or request.flags & ~pb.READ_FENCE:
                 return pb.ReadEntryResponse(status=Status.BAD_REQUEST, message="bad entry id or flags")
-            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags,
+                                                      request.entry_id)
             if status is not Status.OK:
                 return pb.ReadEntryResponse(status=status, term=term)
             status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
@@ -283,7 +288,8 @@ class BookieService(pb_grpc.BookieServicer):
             yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range, flags or stripe")
             return
         try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
-            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags)
+            status, term = await self._fence_if_asked(request.ledger_id, request.term, request.flags,
+                                                      first)
         except Exception as e:
             log.exception("range read failed")
             yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -487,6 +493,9 @@ class BookieServer:
         t0 = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
         log.info("storage opened in %.2fs", time.monotonic() - t0)
+        if self.config.trace:  # (after the replay: a restart's replay is no step)
+            from bookie.tracelog import BookieTracer
+            self.storage.tracer = BookieTracer(self.config.trace, self.config.bookie_id, self.storage)
         self.storage.update_read_only()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         service = BookieService(self.storage, self.config)

@@ -156,3 +156,60 @@ def merge(paths, header: dict, *, ledger_id: int | None = None) -> str:
         e = dict(e, i=k, t=e["ts"])
         out.append(e)
     return "".join(json.dumps(e, sort_keys=True) + "\n" for e in out)
+
+
+class BookieTracer:
+    """A real bookie's steps (``bookstream bookie --trace FILE``), written
+    where bookie/storage.py applies them: stores once durable (the sim's
+    ``BookieStore`` after its fsync), explicit LACs once durable, term-carrying
+    reads once their barrier let them answer (the stores the barrier waited
+    for come first, as tracecheck's reordering does for the simulator).
+    Each event carries ``lid`` and the ledger's state after it (``bk``)."""
+
+    def __init__(self, path: str | os.PathLike, bookie_id: str, storage):
+        self.log = TraceLog(path, bookie_id)
+        self.bid = bookie_id
+        self.storage = storage
+
+    def _bk(self, lid: int) -> dict:
+        st = self.storage.core.ledgers.get(lid)
+        if st is None:
+            return {self.bid: {"term": 0, "lac": -1, "lafr": -1, "ents": {}}}
+        ents = {}
+        for eid, _loc, _len in st.index.iter_all():
+            status, rec = self.storage.read_record(lid, eid)
+            if status.name == "OK":
+                ents[str(eid)] = record_value(rec)
+        return {self.bid: {"term": st.term, "lac": st.lac, "lafr": st.lafr, "ents": ents}}
+
+    def stores(self, body) -> None:
+        """The records of one durable journal record (one batch: one stamp)."""
+        ts = time.monotonic_ns()
+        recs = _split(body)
+        by_lid: dict[int, list] = {}
+        for h, rec in recs:
+            by_lid.setdefault(h.ledger_id, []).append((h, rec))
+        for lid, rs in by_lid.items():
+            bk = self._bk(lid)
+            for h, rec in rs:
+                # (bk: the state after the batch; tracecheck compares it at the batch's last store only)
+                self.log.emit("BookieStore", (self.bid, rec), {"value": record_value(rec)}, ts=ts, lid=lid, bk=bk)
+
+    def store_lac(self, lid: int, lac: int, lafr: int) -> None:
+        self.log.emit("BookieStoreLac", (self.bid, lac, lafr), lid=lid, bk=self._bk(lid))
+
+    def read(self, lid: int, term: int, fence: bool, status, entry: int | None) -> None:
+        self.log.emit("BookieRead", (self.bid, term, fence, getattr(status, "name", status), entry), lid=lid,
+                      bk=self._bk(lid))
+
+
+def _split(body) -> list:
+    out = []
+    buf = bytes(body)
+    off = 0
+    while off < len(buf):
+        h = E.parse_header(buf, off)
+        end = off + E.HEADER_SIZE + h.payload_len
+        out.append((h, buf[off:end]))
+        off = end
+    return out
