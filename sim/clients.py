@@ -159,7 +159,7 @@ class SimClient:
         first, ens = frags[-1]
         self.writer = WriterCore(7, term, sc.E, sc.Qw, sc.Qa, first, list(ens), next_entry=0,
                                  guaranteed_write_quorum=self.w.unbounded, max_pending=sc.window,
-                                 fragment_max_entries=sc.roll_entries or None)
+                                 fragment_max_entries=sc.roll_entries or None, mutations=self.w.mutations)
         self._start_writing()
 
     def _start_writing(self) -> None:
@@ -409,7 +409,8 @@ class SimClient:
                 self.frags = frags
                 self.writer = WriterCore(7, self.term, w.sc.E, w.sc.Qw, w.sc.Qa, first, list(ens),
                                          next_entry=res.next_entry, guaranteed_write_quorum=True,
-                                         max_pending=w.sc.window, fragment_max_entries=w.sc.roll_entries or None)
+                                         max_pending=w.sc.window, fragment_max_entries=w.sc.roll_entries or None,
+                                         mutations=w.mutations)
                 self._start_writing()
             else:
                 w.step("NoticeTakeover", self.name)

@@ -119,7 +119,7 @@ class LedgerWriter:
                                guaranteed_write_quorum=o.guaranteed_write_quorum,
                                max_pending=self.cfg.max_pending_adds,
                                fragment_max_entries=o.fragment_max_entries,
-                               fragment_max_bytes=o.fragment_max_bytes)
+                               fragment_max_bytes=o.fragment_max_bytes, mutations=self.cfg.mutations)
         # every timing rule (frame timeouts, the explicit LAC, the retry of
         # waiting bookies) is the clock's; one loop timer at its next deadline
         self.clock = WriterClock(self.core, frame_timeout=self.cfg.add_timeout, lac_delay=self.cfg.explicit_lac_delay,

