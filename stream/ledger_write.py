@@ -501,7 +501,9 @@ class LedgerWriter:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
-                    if client.tracer is not None:
+                    if client.tracer is not None and prop.reason is ChangeReason.ROLL:
+                        client.tracer.step("RollFragment", prop.first_entry, tuple(new), lid=lid)
+                    elif client.tracer is not None:
                         client.tracer.step("EnsembleChange", prop.first_entry, tuple(new),
                                            {prop.ensemble[i]: new[i] for i in prop.replace}, lid=lid)
                     self.clock.changed()

@@ -2,9 +2,9 @@
 processes, the real stream client) against the spec, as it does the
 simulator's (tests/test_tla_trace.py).
 
-One short run: writer c1 opens a stream (E3 Qw3 Qa2, no rolls) and appends;
-a bookie of its ensemble is killed, so the writer changes its ensemble while
-appending more; writer c2 takes the stream over (term 2), recovers the
+One short run: writer c1 opens a stream (E3 Qw3 Qa2, a roll every 3
+entries) and appends; a bookie of its ensemble is killed, so the writer
+changes its ensemble while appending more (and rolls); writer c2 takes the stream over (term 2), recovers the
 entries whose LAC/LAFR the bookies had not learnt (the explicit LAC is held
 back) and appends (its explicit LAC on: the reader sees its last
 append); a reader reads everything.  Every bookie runs with
@@ -33,8 +33,9 @@ from stream import mutations
 from stream.stream import AsyncStreamClient, StreamConfig
 from tests.test_tla_trace import check, trace  # noqa: F401  (tla/check.py, tla/tracecheck.py)
 
+# rolls every 3 entries (BookstreamFiner's RollFragment)
 CONFIG = StreamConfig(ensemble_size=3, write_quorum=3, ack_quorum=2, fragment_size_bytes=0,
-                      fragment_size_entries=0)
+                      fragment_size_entries=3)
 FIRST, MORE, SECOND = 4, 3, 2   # appends: c1 before the kill, c1 after it, c2
 
 
@@ -91,7 +92,8 @@ async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> t
         ensemble0 = list(meta.fragments[0].ensemble)
         for i in range(FIRST):
             await w1.append(b"a%d" % i)
-        victim = next(p for p in procs if p.bookie_id == ensemble0[0])
+        current = (await c1.stream_info(name))["ensemble"]
+        victim = next(p for p in procs if p.bookie_id == current[0])
         _crash(victim, harness)
         # one at a time: each is acknowledged at Qa by the two left while the
         # ensemble changes, so the next leaves with LAC > LAFR
@@ -99,7 +101,7 @@ async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> t
             await w1.append(b"a%d" % i)
         # every entry of c1 on Qw bookies of the new ensemble (its LAFR)
         await _until(w1, lambda core: core.lafr >= core.next_entry - 1)
-        assert w1.handle._writer.ensemble_changes == 1
+        assert w1.handle._writer.ensemble_changes >= 1
         w2 = await c2.open_writer(name, CONFIG)
         for i in range(SECOND):
             await w2.append(b"b%d" % i)
@@ -140,7 +142,7 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
     kinds = [e["action"] for e in events]
     for k in ("StartTakeover", "BookieRead", "ClientFenceAnswer", "StartReading", "RecoveryDecide",
               "ClientSendAdd", "BookieStore", "ClientAddAnswer", "Finish", "BookieCrash", "EnsembleChange",
-              "WriterAdd"):
+              "WriterAdd", "RollFragment"):
         assert k in kinds, k
     assert kinds.count("StartTakeover") == 2
     v = trace.validate(text, tools)

@@ -101,6 +101,22 @@ def test_the_recovery_hole_schedule_is_accepted_with_log_matching_and_rejected_w
     assert bad.stuck_at["actor"] == "c2" and bad.stuck_at["args"]["value"] == [1, "data"], bad.stuck_at
 
 
+def test_rolls_by_size_are_validated(tools):
+    # BookstreamFiner's RollFragment: seed 5 (a roll every 2 entries) rolls
+    # twice; TLC accepts its trace, and rejects it once a roll's first entry
+    # is moved down by one (the old fragment's last entry then belongs to
+    # the new one, which never received it)
+    text = trace.simulate(5, Qw=3)
+    events = [json.loads(line) for line in text.splitlines()]
+    rolls = [e for e in events if e["action"] == "RollFragment"]
+    assert len(rolls) == 2
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted, v.describe()
+    rolls[0]["args"]["first"] -= 1
+    bad = trace.validate("".join(json.dumps(e) + "\n" for e in events), tools, timeout=280)
+    assert not bad.accepted and bad.stuck_at["action"] == "RollFragment", bad.describe()
+
+
 def test_striping_is_refused_not_misjudged():
     text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
     with pytest.raises(trace.Unsupported):

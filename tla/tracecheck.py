@@ -212,12 +212,10 @@ def translate(ndjson: str) -> Translated:
     rows = []
     for e in events:
         a, act = e["args"], e["action"]
-        if act == "RollFragment":
-            raise Unsupported("RollFragment: rolls by size are not in the spec")
         if act == "EnsembleChange" and len(a["replaced"]) != 1:
             raise Unsupported("EnsembleChange replacing several bookies at once")
         c, b, n, t, v = a.get("client", ""), a.get("bookie", ""), -1, -1, [0, "none"]
-        ok, trunc, rl, rf, nb, heard = True, False, -1, -1, "", "open"
+        ok, trunc, rl, rf, nb, heard, ens = True, False, -1, -1, "", "open", ()
         if act == "StartTakeover":
             t = a["term"]
             term_client[t] = c
@@ -250,6 +248,9 @@ def translate(ndjson: str) -> Translated:
             n = a["first"]
             nb = list(a["replaced"].values())[0]
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
+        elif act == "RollFragment":  # BookstreamFiner's RollFragment
+            n, ens = a["first"], a["ensemble"]
+            frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
         elif act == "BookieCrash":
             crashes += 1
         bk = e.get("bk", {}).get(b, NOBK)
@@ -261,7 +262,7 @@ def translate(ndjson: str) -> Translated:
         rows.append(
             f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
             f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
-            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, h |-> {_s(heard)}, "
+            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
             f"hasbk |-> {'TRUE' if 'bk' in e and not e.get('_nocheck') else 'FALSE'}, bk |-> {_bk(bk)}, "
             f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
     ens0 = h["frags"][0][1]
