@@ -56,14 +56,18 @@ def _start(tmp_path, endpoint, cluster, n=4) -> list[BookieProcess]:
         return list(ex.map(one, range(n)))
 
 
-def _crash(proc: BookieProcess, log: TraceLog) -> None:
-    """Stops the bookie (SIGSTOP, awaited: it takes no step from here on),
-    records its crash, then kills it: every step it traced precedes the
-    crash's stamp, and no client can see it gone before that stamp."""
+def _stop(proc: BookieProcess, log: TraceLog) -> None:
+    """The bookie's crash: stopped (SIGSTOP, awaited: it takes no step from
+    here on), then the crash is recorded.  Its connections stay open, so no
+    client sees it gone until _kill: every step it traced precedes the
+    crash's stamp, and every step that follows from its absence comes after."""
     os.kill(proc.pid, signal.SIGSTOP)
     _, status = os.waitpid(proc.pid, os.WUNTRACED)
     assert os.WIFSTOPPED(status)
     log.emit("BookieCrash", (proc.bookie_id, 0, False))
+
+
+def _kill(proc: BookieProcess) -> None:
     os.kill(proc.pid, signal.SIGKILL)
     proc.proc.wait()
 
@@ -94,11 +98,15 @@ async def _scenario(tmp_path, endpoint, cluster, procs, mutant: str | None) -> t
             await w1.append(b"a%d" % i)
         current = (await c1.stream_info(name))["ensemble"]
         victim = next(p for p in procs if p.bookie_id == current[0])
-        _crash(victim, harness)
-        # one at a time: each is acknowledged at Qa by the two left while the
-        # ensemble changes, so the next leaves with LAC > LAFR
-        for i in range(FIRST, FIRST + MORE):
+        _stop(victim, harness)
+        # one at a time while the bookie is stopped: each is acknowledged at
+        # Qa by the two left and the next leaves with LAC > LAFR (what
+        # writer_lafr_at_qa gets wrong); then the kill breaks the bookie's
+        # stream and the writer changes its ensemble
+        for i in range(FIRST, FIRST + MORE - 1):
             await w1.append(b"a%d" % i)
+        _kill(victim)
+        await w1.append(b"a%d" % (FIRST + MORE - 1))
         # every entry of c1 on Qw bookies of the new ensemble (its LAFR)
         await _until(w1, lambda core: core.lafr >= core.next_entry - 1)
         assert w1.handle._writer.ensemble_changes >= 1
