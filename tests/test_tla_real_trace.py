@@ -162,3 +162,22 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
         assert v.stuck_at["action"] == FIRST_REJECTED[mutant], v.describe()
         if mutant == mutations.NOOP_WITHOUT_TRUNCATE:
             assert v.stuck_at["args"]["record"]["noop"], v.describe()
+
+
+def test_merge_orders_by_stamp_and_keeps_one_ledger(tmp_path):
+    # two processes' files: the merged trace is in stamp order (a batch's
+    # stores keep their order under one stamp), other ledgers' events go
+    a, b = TraceLog(tmp_path / "a.trace", "b1"), TraceLog(tmp_path / "b.trace", "c1")
+    b.emit("WriterAdd", ("c1", 0), {"value": [1, "data"]}, ts=10, lid=7)
+    a.emit("BookieStoreLac", ("b1", 0, 0), ts=30, lid=7)
+    a.emit("BookieStoreLac", ("b1", 1, 1), ts=30, lid=7)
+    a.emit("BookieStoreLac", ("b1", 5, 5), ts=15, lid=8)   # another ledger
+    b.emit("Finish", ("c1",), ts=20, lid=7)
+    b.emit("BookieCrash", ("b2", 0, False), ts=40)          # no ledger: kept
+    a.close(), b.close()
+    lines = [json.loads(x) for x in merge([tmp_path / "a.trace", tmp_path / "b.trace"], {"mode": "unbounded"},
+                                          ledger_id=7).splitlines()]
+    assert [e["action"] for e in lines] == ["Header", "WriterAdd", "Finish", "BookieStoreLac", "BookieStoreLac",
+                                           "BookieCrash"]
+    assert [e["args"].get("lac") for e in lines[3:5]] == [0, 1]
+    assert [e["i"] for e in lines] == list(range(6)) and lines[1]["t"] == 10
