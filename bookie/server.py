@@ -52,6 +52,7 @@ class BookieConfig:
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
+    trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
 
 class Undecodable:
@@ -247,13 +248,15 @@ class BookieService(pb_grpc.BookieServicer):
 
     # -- reads ---------------------------------------------------------------
 
-    async def _fence_if_asked(self, request) -> tuple[Status, int]:
+    async def _fence_if_asked(self, request, entry: int | None = None) -> tuple[Status, int]:
         """A read carrying a term or READ_FENCE: the core's fence rules, its
         master key checked (a normal read is neither)."""
         term, flags = request.term, request.flags
         if term == 0 and not flags & pb.READ_FENCE:
             return Status.OK, 0
         v = await self.storage.fence(request.ledger_id, term, bool(flags & pb.READ_FENCE), request.master_key)
+        if self.storage.tracer is not None:  # the read's step, once its barrier let it answer
+            self.storage.tracer.read(request.ledger_id, term, bool(flags & pb.READ_FENCE), v.status, entry)
         return v.status, v.term
 
     @observed
@@ -262,7 +265,7 @@ class BookieService(pb_grpc.BookieServicer):
         try:
             if request.entry_id < 0 or request.flags & ~pb.READ_FENCE:
                 return pb.ReadEntryResponse(status=Status.BAD_REQUEST, message="bad entry id or flags")
-            status, term = await self._fence_if_asked(request)
+            status, term = await self._fence_if_asked(request, request.entry_id)
             if status is not Status.OK:
                 return pb.ReadEntryResponse(status=status, term=term)
             status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
@@ -286,7 +289,7 @@ class BookieService(pb_grpc.BookieServicer):
             yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range, flags or stripe")
             return
         try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
-            status, term = await self._fence_if_asked(request)
+            status, term = await self._fence_if_asked(request, first)
         except Exception as e:
             log.exception("range read failed")
             yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -492,6 +495,9 @@ class BookieServer:
         t0 = time.monotonic()
         await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
         log.info("storage opened in %.2fs", time.monotonic() - t0)
+        if self.config.trace:  # (after the replay: a restart's replay is no step)
+            from bookie.tracelog import BookieTracer
+            self.storage.tracer = BookieTracer(self.config.trace, self.config.bookie_id, self.storage)
         self.storage.update_read_only()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         service = BookieService(self.storage, self.config)

@@ -91,6 +91,7 @@ class Storage:
         self.replayed_records = 0
         self.replay_seconds = 0.0
         self.applied_end = JournalPosition(1, 0)
+        self.tracer = None  # bookie/tracelog.py BookieTracer (bookstream bookie --trace FILE)
 
     # -- start-up ------------------------------------------------------------
 
@@ -243,6 +244,8 @@ class Storage:
         for lid in self._apply_entries(body, seg, off, runs):
             if lid in self._lac_waiters:
                 self._wake_lac(lid)
+        if self.tracer is not None:  # (one check per journal record)
+            self.tracer.stores(body)
 
     # -- state changes -------------------------------------------------------------
 
@@ -267,6 +270,8 @@ class Storage:
             def apply(_b, _s, _o):
                 self.core.apply_lac(ledger_id, lac, lafr)
                 self._wake_lac(ledger_id)
+                if self.tracer is not None:
+                    self.tracer.store_lac(ledger_id, lac, lafr)
             await self._append(R_LAC, LAC_BODY.pack(ledger_id, lac, lafr), apply)
         return v
 

@@ -88,6 +88,8 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
     p.add_argument("--log-level", default="INFO")
+    p.add_argument("--trace", default="", metavar="FILE",
+                   help="write the bookie's protocol steps to FILE as NDJSON (TLC trace validation: tla/README.md)")
     from bookstream import security
 
     security.add_arguments(p)  # --tls-cert/--tls-key [--tls-ca]: gRPC over TLS; --etcd-*: TLS and auth to etcd
@@ -116,6 +118,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
         tls=_security(args).tls,
+        trace=getattr(args, "trace", "") or "",
     )
 
 

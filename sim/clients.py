@@ -42,6 +42,7 @@ from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
 from stream.timers import RecoveryClock, WriterClock
+from stream.tracing import recovery_ack_counted, recovery_steps, writer_ack_counted
 from stream.writer_core import TERMINAL as W_TERMINAL
 from stream.writer_core import ChangeReason, WindowFull, WriterCore, WriterState
 
@@ -160,7 +161,7 @@ class SimClient:
         first, ens = frags[-1]
         self.writer = WriterCore(7, term, sc.E, sc.Qw, sc.Qa, first, list(ens), next_entry=0,
                                  guaranteed_write_quorum=self.w.unbounded, max_pending=sc.window,
-                                 fragment_max_entries=sc.roll_entries or None)
+                                 fragment_max_entries=sc.roll_entries or None, mutations=self.w.mutations)
         self._start_writing()
 
     def _start_writing(self) -> None:
@@ -284,20 +285,12 @@ class SimClient:
         if rec.stale_answers > self._stale_seen:  # OK answers below the floor (log matching)
             w.count("stale_answers", rec.stale_answers - self._stale_seen)
             self._stale_seen = rec.stale_answers
-        if rec.state is RecoveryState.READING and before is RecoveryState.FENCING:
-            w.step("StartReading", self.name, rec.start_entry)
-        if before is RecoveryState.READING:
-            # the decisions the input let the frontier take, in entry order
-            for n in rec.recovered[decided:]:
-                w.step("RecoveryDecide", self.name, n, "recovered")
-            if rec.state in (RecoveryState.FINISHING, RecoveryState.DONE):
-                w.step("RecoveryDecide", self.name, rec.frontier, "absent")
-            elif rec.state is RecoveryState.ABORTED and "data loss" in (rec.reason or ""):
-                w.step("RecoveryDecide", self.name, rec.frontier, "data_loss")
+        # the steps the input took (StartReading, the decisions the frontier
+        # took in entry order, Withdraw): stream/tracing.py, as the real client
+        for action, *args in recovery_steps(rec, before, decided):
+            w.step(action, self.name, *args)
+            if args[-1:] == ["data_loss"]:
                 w.count("recovery_data_loss_abort")
-        if rec.state in (RecoveryState.ABORTED, RecoveryState.FENCED_OUT) and before in LIVE_RECOVERY:
-            if rec.state is RecoveryState.ABORTED:
-                w.step("Withdraw", self.name)
         self.pump_recovery()
         self.compare()
 
@@ -368,7 +361,7 @@ class SimClient:
             live = rec.state not in REC_TERMINAL and rec.state is not RecoveryState.INIT
             mine = live and rec.ensemble[idx] == bid
             if res.status is Status.OK:
-                counted = mine and res.entry_id in rec.writes and idx not in rec.replacing
+                counted = recovery_ack_counted(rec, idx, bid, res.entry_id, REC_TERMINAL)
                 self.w.step("ClientAddAnswer", self.name, bid, res.entry_id, counted)
             elif mine and res.status is Status.INVALID_TERM:
                 self.w.step("Rejected", self.name)
@@ -443,7 +436,8 @@ class SimClient:
                 self.frags = frags
                 self.writer = WriterCore(7, self.term, w.sc.E, w.sc.Qw, w.sc.Qa, first, list(ens),
                                          next_entry=res.next_entry, guaranteed_write_quorum=True,
-                                         max_pending=w.sc.window, fragment_max_entries=w.sc.roll_entries or None)
+                                         max_pending=w.sc.window, fragment_max_entries=w.sc.roll_entries or None,
+                                         mutations=w.mutations)
                 self._start_writing()
             else:
                 w.step("NoticeTakeover", self.name)
@@ -564,7 +558,7 @@ class SimClient:
             live = wr.state not in W_TERMINAL
             mine = live and wr.ensemble[idx] == bid
             if res.status is Status.OK:
-                counted = mine and res.entry_id in wr.pending and idx not in wr.failed
+                counted = writer_ack_counted(wr, idx, bid, res.entry_id, W_TERMINAL)
                 self.w.step("ClientAddAnswer", self.name, bid, res.entry_id, counted)
             elif mine and res.status in (Status.INVALID_TERM, Status.FENCED):
                 self.w.step("Rejected", self.name)

@@ -34,10 +34,7 @@ import json
 from pathlib import Path
 
 from bookie import entry as E
-
-BOOKIE_STEPS = {"BookieAdmit", "BookieStore", "BookieRead", "BookiePrepare", "BookieWriteLac",
-                "BookieStoreLac", "BookieCrash", "BookieRestart"}
-META_STEPS = {"StartTakeover", "Finish", "EnsembleChange", "RollFragment", "WriterClose"}
+from bookie.tracelog import BOOKIE_STEPS, META_STEPS, NAMES, encode_args, header_fields, to_json  # noqa: F401
 
 
 class Tracer:
@@ -146,70 +143,8 @@ def _frags(frags) -> list:
     return [[first, list(ens)] for first, ens in frags]
 
 
-def _header(h) -> dict:
-    return {"entry": h.entry_id, "term": h.term, "lac": h.lac, "lafr": h.lafr, "noop": h.is_noop,
-            "truncate": h.is_truncate, "recovery": h.is_recovery}
-
-
-# The names of each step's positional arguments (sim/spec.py's signatures).
-_NAMES = {
-    "StartTakeover": ("client", "term"),
-    "NoticeTakeover": ("client",),
-    "Withdraw": ("client",),
-    "Rejected": ("client",),
-    "Finish": ("client",),
-    "WriterClose": ("client", "last"),
-    "WriterAdd": ("client", "entry", "value", "limit"),
-    "DropAcks": ("client", "bookies", "first", "writer"),
-    "EnsembleChange": ("client", "first", "ensemble", "replaced"),
-    "RollFragment": ("client", "first", "ensemble"),
-    "ClientSendAdd": ("client", "bookie", "entry", "record"),
-    "BookieAdmit": ("bookie", "header", "accepted"),
-    "ClientSendLac": ("client", "bookie", "lac", "lafr", "term"),
-    "BookieWriteLac": ("bookie", "term", "exists", "accepted"),
-    "BookiePrepare": ("bookie", "first", "term", "accepted"),
-    "BookieStoreLac": ("bookie", "lac", "lafr"),
-    "BookieStore": ("bookie", "record"),
-    "ClientAddAnswer": ("client", "bookie", "entry", "counted"),
-    "ClientSendRead": ("client", "bookie", "entry", "term", "fence"),
-    "BookieRead": ("bookie", "term", "fence", "status", "entry"),
-    "ClientFenceAnswer": ("client", "bookie", "lac", "lafr"),
-    "StartReading": ("client", "start"),
-    "ClientReadAnswer": ("client", "bookie", "entry", "value"),
-    "RecoveryDecide": ("client", "entry", "outcome"),
-    "BookieCrash": ("bookie", "durable_term", "durable_fenced"),
-    "BookieRestart": ("bookie",),
-}
-
-
-def _json(v):
-    if isinstance(v, (bytes, bytearray)):
-        try:
-            return _header(E.parse_header(v))
-        except Exception:
-            return bytes(v).hex()
-    if isinstance(v, E.EntryHeader):
-        return _header(v)
-    if isinstance(v, (set, frozenset)):
-        return sorted(_json(x) for x in v)
-    if isinstance(v, dict):
-        return {str(k): _json(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_json(x) for x in v]
-    return v
-
-
-def _args(action: str, args: tuple, kw: dict) -> dict:
-    names = _NAMES.get(action, ())
-    out = {}
-    for i, v in enumerate(args):
-        name = names[i] if i < len(names) else f"arg{i}"
-        if action == "WriterAdd" and name == "value":
-            out[name] = list(v)  # ("data", payload): the payload stays bytes until record() maps it
-            continue
-        if action == "ClientReadAnswer" and name == "value":
-            out[name] = None if v is None else ("noop" if v[0] == "noop" else "data")
-            continue
-        out[name] = _json(v)
-    out.update({k: _json(v) for k, v in kw.items()})
-    return out
+# The encoding is the one the real processes write too (bookie/tracelog.py).
+_header = header_fields
+_json = to_json
+_NAMES = NAMES
+_args = encode_args

@@ -17,6 +17,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import logging
+import os
 import threading
 import time
 import weakref
@@ -74,6 +75,8 @@ class ClientConfig:
     tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
     etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
     etcd_auth: Any = None                  # metadata.tls.EtcdAuth: etcd user and password
+    trace_path: str = ""                   # write the protocol steps here (NDJSON, stream/tracing.py): tests only
+    trace_name: str = ""                   # this client's actor name in the trace (default c<pid>)
 
     def __post_init__(self) -> None:
         for name in ("add_timeout", "read_timeout", "speculative_read_timeout", "explicit_lac_delay",
@@ -132,6 +135,10 @@ class BookKeeperClient:
         self._bookies: dict[str, BookieClient] = {}
         self.health = BookieHealth(self.config.failure_half_life)
         self.metrics = self.config.metrics or ClientMetrics.default()  # stream/metrics.py
+        self.tracer = None  # stream/tracing.py ClientTracer, with ClientConfig.trace_path
+        if self.config.trace_path:
+            from stream.tracing import ClientTracer
+            self.tracer = ClientTracer(self.config.trace_path, self.config.trace_name or f"c{os.getpid()}")
         # the smallest max entry size the registrations published (see entry_size_limit)
         self._entry_limit: int | None = None
         self._closed = False

@@ -24,6 +24,7 @@ from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable, decode_ack, status_of
 from stream.frames import FramePipeline
 from stream.timers import RecoveryClock
+from stream.tracing import recovery_ack_counted, recovery_steps
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
@@ -104,6 +105,15 @@ class RecoveryDriver:
             self.refused = f"bookie {bookie_id} answered UNAUTHORIZED_ACCESS (not the ledger's master key)"
             self.core.abort(self.refused)
         return True
+    def _traced(self, fn, *args, **kw):
+        """A core input; with a trace, the steps it took (stream/tracing.py)."""
+        tr = self.client.tracer
+        if tr is None:
+            return fn(*args, **kw)
+        before, decided = self.core.state, len(self.core.recovered)
+        out = fn(*args, **kw)
+        tr.steps(recovery_steps(self.core, before, decided), lid=self.lid)
+        return out
 
     def _missing(self, bookie_id: str, why: str) -> None:
         self.missing[bookie_id] = why
@@ -139,6 +149,10 @@ class RecoveryDriver:
         batches: dict[tuple[int, str], list] = {}
         for w in r.writes:
             batches.setdefault((w.bookie_index, w.bookie_id), []).append(w)
+        tr = self.client.tracer
+        if tr is not None:
+            for (index, bid), ws in batches.items():
+                tr.sends(self.lid, bid, [w.entry_id for w in ws], [w.record for w in ws])
         for (index, bid), ws in batches.items():
             self._spawn(self._write(index, bid, ws))
         for rp in r.replacements:
@@ -158,7 +172,7 @@ class RecoveryDriver:
     def _tick(self) -> None:
         self._timer = None
         before = self.clock.speculations
-        n = self.clock.tick(self.loop.time())
+        n = self._traced(self.clock.tick, self.loop.time())
         if self.clock.speculations > before:
             log.info("ledger %s: recovery reads stalled for %.0f ms: %d entries asked of the rest of their "
                      "write sets", self.lid, self.cfg.speculative_read_timeout * 1e3, n)
@@ -174,10 +188,16 @@ class RecoveryDriver:
             self.client.mark_healthy(f.bookie_id)
             if self._unauthorized(f.bookie_id, resp.status):
                 return self._schedule()
-            self.core.on_lac_response(f.bookie_index, status_of(resp.status), resp.lac, resp.lafr, resp.last_entry)
+            st, tr = status_of(resp.status), self.client.tracer
+            if tr is not None and self.core.state is RecoveryState.FENCING:
+                if st is Status.INVALID_TERM:
+                    tr.step("Rejected", lid=self.lid)
+                elif st in (Status.OK, Status.NO_SUCH_LEDGER):
+                    tr.step("ClientFenceAnswer", f.bookie_id, resp.lac, resp.lafr, lid=self.lid)
+            self._traced(self.core.on_lac_response, f.bookie_index, st, resp.lac, resp.lafr, resp.last_entry)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(f.bookie_id, f"fencing read failed: {why(e)}")
-            self.core.on_lac_response(f.bookie_index, None)
+            self._traced(self.core.on_lac_response, f.bookie_index, None)
         self._schedule()
 
     async def _read_range(self, index: int, bookie_id: str, ids: list[int], term: int, fence: bool) -> None:
@@ -199,7 +219,11 @@ class RecoveryDriver:
         def hand_over() -> None:
             if answers:
                 self.clock.read_activity(self.loop.time())
-                core.on_read_responses(index, answers)
+                tr = self.client.tracer
+                if (tr is not None and core.state is RecoveryState.READING
+                        and any(st is Status.INVALID_TERM and eid in core.outcomes for eid, st, _ in answers)):
+                    tr.step("Rejected", lid=self.lid)
+                self._traced(core.on_read_responses, index, answers)
                 answers.clear()
 
         bc = self.client.bookie_now(bookie_id)
@@ -250,17 +274,30 @@ class RecoveryDriver:
             for f in self.pipeline.encode(index, bookie_id, [w.entry_id for w in writes], [w.record for w in writes]):
                 ack = await asyncio.wait_for(bc.add_encoded(f.frame_id, f.message), self.cfg.add_timeout)
                 statuses = decode_ack(ack, len(f.entry_ids))
+                tr = self.client.tracer
                 if statuses is None:
-                    self.core.on_write_acks(f.entry_ids, index, bookie_id=bookie_id)
+                    if tr is not None:
+                        tr.add_answers(self.lid, bookie_id, f.entry_ids, None,
+                                       [recovery_ack_counted(self.core, index, bookie_id, eid, RECOVERY_TERMINAL)
+                                        for eid in f.entry_ids])
+                    self._traced(self.core.on_write_acks, f.entry_ids, index, bookie_id=bookie_id)
                     continue
                 for eid, (st, _term) in zip(f.entry_ids, statuses):
                     if self._unauthorized(bookie_id, st):
                         break
-                    self.core.on_write_ack(eid, index, st, bookie_id=bookie_id)
+                    if tr is not None:
+                        mine = (self.core.state not in RECOVERY_TERMINAL and self.core.state is not RecoveryState.INIT
+                                and self.core.ensemble[index] == bookie_id)
+                        if st is Status.OK:
+                            tr.add_answers(self.lid, bookie_id, [eid], None,
+                                           [recovery_ack_counted(self.core, index, bookie_id, eid, RECOVERY_TERMINAL)])
+                        elif mine and st is Status.INVALID_TERM:
+                            tr.step("Rejected", lid=self.lid)
+                    self._traced(self.core.on_write_ack, eid, index, st, bookie_id=bookie_id)
         except (BookieUnavailable, asyncio.TimeoutError) as e:
             self._missing(bookie_id, f"recovery write failed: {why(e)}")
             for w in writes:
-                self.core.on_write_ack(w.entry_id, index, None, bookie_id=bookie_id)
+                self._traced(self.core.on_write_ack, w.entry_id, index, None, bookie_id=bookie_id)
         self._schedule()
 
     async def _replace(self, rp) -> None:
@@ -273,17 +310,22 @@ class RecoveryDriver:
                 (new,) = await self.client.choose_bookies(1, exclude, None)
             except err.BookKeeperError as e:
                 self.missing.setdefault(rp.bookie_id, "failed")
-                self.core.abort(f"no bookie to replace {rp.bookie_id}: {e}")
+                self._traced(self.core.abort, f"no bookie to replace {rp.bookie_id}: {e}")
             else:
                 verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new],
                                                 self.master_key)
                 if verdict > 0:
-                    self.core.abort(f"term {verdict} took over while replacing {rp.bookie_id}")
+                    self._traced(self.core.abort, f"term {verdict} took over while replacing {rp.bookie_id}")
                 elif verdict == PREPARE_FAILED:
-                    self.core.abort(f"replacement {new} for {rp.bookie_id} could not be prepared")
+                    self._traced(self.core.abort, f"replacement {new} for {rp.bookie_id} could not be prepared")
                 elif self.core.state not in RECOVERY_TERMINAL:
                     log.info("ledger %s: recovery replaces %s with %s", self.lid, rp.bookie_id, new)
-                    self.core.on_bookie_replaced(rp.bookie_index, new)
+                    if self.client.tracer is not None:
+                        ens = list(self.core.ensemble)
+                        ens[rp.bookie_index] = new
+                        self.client.tracer.step("EnsembleChange", self.core.start_entry, tuple(ens),
+                                                {rp.bookie_id: new}, lid=self.lid)
+                    self._traced(self.core.on_bookie_replaced, rp.bookie_index, new)
         self._schedule()
 
 

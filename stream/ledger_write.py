@@ -33,6 +33,7 @@ from stream.frames import Frame, FramePipeline
 from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
                               run_ledger_cas)
 from stream.timers import WriterClock
+from stream.tracing import writer_ack_counted
 from stream.writer_core import TERMINAL as WRITER_TERMINAL
 from stream.writer_core import ChangeReason, EnsembleChange, WriterCore, WriterError, WriterFailed, WriterState
 
@@ -120,7 +121,7 @@ class LedgerWriter:
                                guaranteed_write_quorum=o.guaranteed_write_quorum,
                                max_pending=self.cfg.max_pending_adds,
                                fragment_max_entries=o.fragment_max_entries,
-                               fragment_max_bytes=o.fragment_max_bytes)
+                               fragment_max_bytes=o.fragment_max_bytes, mutations=self.cfg.mutations)
         # every timing rule (frame timeouts, the explicit LAC, the retry of
         # waiting bookies) is the clock's; one loop timer at its next deadline
         self.clock = WriterClock(self.core, frame_timeout=self.cfg.add_timeout, lac_delay=self.cfg.explicit_lac_delay,
@@ -194,6 +195,10 @@ class LedgerWriter:
                 if not fut.done():
                     fut.set_exception(e)
             return
+        tr = self.client.tracer
+        if tr is not None:
+            for k in range(len(payloads)):
+                tr.step("WriterAdd", eid + k, lid=self.core.ledger_id, value=[self.core.term, "data"])
         for n, one, fut in queued:
             self.futures.append((eid + n - 1, eid, one, fut))
             eid += n
@@ -271,7 +276,10 @@ class LedgerWriter:
             for f in reversed(doomed):
                 if not f.done():
                     f.set_exception(e)
+        tr = self.client.tracer
         for s in r.sends:
+            if tr is not None:
+                tr.sends(self.core.ledger_id, s.bookie_id, s.entry_ids, s.records)
             self._send(s.bookie_index, s.bookie_id, s.entry_ids, s.records)
         if r.ensemble_change is not None:
             self._spawn(self._change(r.ensemble_change))
@@ -388,6 +396,8 @@ class LedgerWriter:
         except (BookieUnavailable, asyncio.TimeoutError):
             return  # advisory: the next entry carries the LAC anyway
         if resp.status == Status.INVALID_TERM:
+            if self.client.tracer is not None and self.core.state not in WRITER_TERMINAL:
+                self.client.tracer.step("Rejected", lid=self.core.ledger_id)
             self.core.on_invalid_term(resp.term)
             self._schedule()
 
@@ -406,12 +416,24 @@ class LedgerWriter:
         self.client.mark_healthy(bookie_id)  # it answered (a refusal too: it is alive)
         self.clock.answered(bookie_id)
         statuses = decode_ack(ack, len(ids))
+        if self.client.tracer is not None:
+            self._trace_answers(index, bookie_id, ids, statuses)
         if statuses is None:
             self.core.on_acks(ids, index, bookie_id=bookie_id)
         else:
             for eid, (st, term) in zip(ids, statuses):
                 self.core.on_ack(eid, index, st, bookie_id=bookie_id, term=term)
         self._schedule()
+
+    def _trace_answers(self, index: int, bookie_id: str, ids: list[int], statuses) -> None:
+        """The answers' steps (stream/tracing.py), before the core takes them."""
+        core, tr = self.core, self.client.tracer
+        sts = [Status.OK] * len(ids) if statuses is None else [Status(st) for st, _ in statuses]
+        counted = [writer_ack_counted(core, index, bookie_id, eid, WRITER_TERMINAL) for eid in ids]
+        tr.add_answers(core.ledger_id, bookie_id, ids, sts, counted)
+        mine = core.state not in WRITER_TERMINAL and core.ensemble[index] == bookie_id
+        if mine and any(st in (Status.INVALID_TERM, Status.FENCED) for st in sts):
+            tr.step("Rejected", lid=core.ledger_id)
 
     # -- ensemble change ---------------------------------------------------------
 
@@ -477,6 +499,8 @@ class LedgerWriter:
                     if self._live(prop) and res.meta is None:
                         self._fail(err.NoSuchLedger(lid))
                     elif self._live(prop):
+                        if client.tracer is not None:
+                            client.tracer.step("NoticeTakeover", lid=lid)
                         self.core.on_ensemble_change_rejected(res.meta.term)
                     return
                 if not res.applied:
@@ -485,6 +509,11 @@ class LedgerWriter:
                     log.info("ledger %s: new fragment %s (replaced %s)", lid, frag,
                              [prop.ensemble[i] for i in prop.replace])
                     self.ensemble_changes += 1
+                    if client.tracer is not None and prop.reason is ChangeReason.ROLL:
+                        client.tracer.step("RollFragment", prop.first_entry, tuple(new), lid=lid)
+                    elif client.tracer is not None:
+                        client.tracer.step("EnsembleChange", prop.first_entry, tuple(new),
+                                           {prop.ensemble[i]: new[i] for i in prop.replace}, lid=lid)
                     self.clock.changed()
                     self.client.metrics.ensemble_changes.inc()
                     self.core.on_ensemble_changed(prop.first_entry, new)

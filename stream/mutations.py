@@ -31,6 +31,9 @@ CLOSE_DESPITE_RECOVERY       a close CASes CLOSED over a ledger being       (lif
                              recovered (a concurrent recoverer's fence)
 FINISH_DESPITE_NEWER_TERM    a take-over's finish opens the ledger at its   (life-cycle: lifecycle.py)
                              term although a newer term took over
+WRITER_LAFR_AT_QA            the writer's records carry its LAC as their    (the writer's LAFR: TLC trace
+                             LAFR (an entry taken as on every bookie of     validation rejects the store
+                             its write set once Qa acked it)                of a record carrying it)
 ============================ ============================================== ==============================
 
 Hooks (one line each):
@@ -41,6 +44,7 @@ Hooks (one line each):
 - ``RecoveryCore._absent``: ``recovery_noop(noop)``, ``after_end_found(self)``
 - ``RecoveryCore._take_acks``: ``noop_acked(self, wb)``
 - ``RecoveryCore._advance``: ``self.floor = self.mutations.origin_floor(e.origin)``
+- ``WriterCore._pump``: ``lafr=self.mutations.carried_lafr(self.lac, self.lafr)``
 - ``lifecycle.TakeOver.judge``, ``writer_verdict``, ``CloseAt.judge``, ``FinishTakeOver.judge``: ``M in self.mutations``
 """
 from __future__ import annotations
@@ -57,13 +61,16 @@ TAKEOVER_KEEPS_TERM = "takeover_keeps_term"
 CHANGE_DESPITE_FENCE = "change_despite_fence"
 CLOSE_DESPITE_RECOVERY = "close_despite_recovery"
 FINISH_DESPITE_NEWER_TERM = "finish_despite_newer_term"
+WRITER_LAFR_AT_QA = "writer_lafr_at_qa"
 
 # the recovery core's mutations (the TLA+ trace check knows these)
 RECOVERY = (SKIP_TRUNCATE_NOOP, NOOP_WITHOUT_TRUNCATE, TRUNCATE_WITHOUT_GWQ, RECOVERY_READS_WITHOUT_TERM,
             WRITEBACK_KEEPS_TRUNCATE, IGNORE_ORIGIN_TERM)
 # the life-cycle core's (stream/lifecycle.py)
 LIFECYCLE = (TAKEOVER_KEEPS_TERM, CHANGE_DESPITE_FENCE, CLOSE_DESPITE_RECOVERY, FINISH_DESPITE_NEWER_TERM)
-ALL = RECOVERY + LIFECYCLE
+# the writer core's (stream/writer_core.py)
+WRITER = (WRITER_LAFR_AT_QA,)
+ALL = RECOVERY + LIFECYCLE + WRITER
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,6 +138,12 @@ class Mutations:
         core._incomplete.discard(eid)
         core._o_writes[:] = [w for w in core._o_writes if w.entry_id != eid]
         core.end_entry = eid - 1  # RecoveryResult: last_entry = eid - 1, next_entry = eid
+
+    # -- the writer core's hook -------------------------------------------------------------
+
+    def carried_lafr(self, lac: int, lafr: int) -> int:
+        """WRITER_LAFR_AT_QA: the LAFR a new record carries is the writer's LAC."""
+        return lac if WRITER_LAFR_AT_QA in self.names else lafr
 
     def noop_acked(self, core, wb) -> None:
         """TRUNCATE_WITHOUT_GWQ: the no-op counts as written at Qa acks."""

@@ -143,6 +143,8 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
         raise err.LedgerRecoveryFailed(f"ledger {ledger_id}: could not raise the term: {v.why}")
     mine, rev = begun.meta, begun.revision
     assert mine is not None
+    if bk.tracer is not None:
+        bk.tracer.step("StartTakeover", mine.term, lid=ledger_id)
     log.info("ledger %s: taking over at term %d", ledger_id, mine.term)
     failure: BaseException | None = None
     missing: tuple[str, ...] = ()
@@ -168,6 +170,8 @@ async def take_over(bk: BookKeeperClient, ledger_id: int) -> tuple[LedgerMetadat
         done = await run_ledger_cas(bk, FinishTakeOver(ledger_id, mine.term, change, cfg.mutations),
                                     known=(mine, rev))
         v = done.verdict
+        if bk.tracer is not None and (isinstance(v, Moot) or done.applied):
+            bk.tracer.step("NoticeTakeover" if isinstance(v, Moot) else "Finish", lid=ledger_id)
         if isinstance(v, Moot):
             term = done.meta.term if done.meta is not None else mine.term
             raise err.WriterFenced(f"ledger {ledger_id}: {v.why}", term)

@@ -63,6 +63,8 @@ from dataclasses import dataclass, field
 from bookie import entry as entry_codec
 from bookie.core import Status
 from stream.quorum import validate_quorums, write_set
+from stream.mutations import NONE as NO_MUTATIONS
+from stream.mutations import Mutations
 
 DEFAULT_MAX_PENDING = 10_000
 
@@ -228,6 +230,7 @@ class WriterCore:
         max_pending: int = DEFAULT_MAX_PENDING,
         fragment_max_entries: int | None = None,
         fragment_max_bytes: int | None = None,
+        mutations: Mutations = NO_MUTATIONS,
     ):
         validate_quorums(ensemble_size, write_quorum, ack_quorum)
         assert len(ensemble) == ensemble_size and len(set(ensemble)) == ensemble_size, ensemble
@@ -240,6 +243,7 @@ class WriterCore:
         self.E, self.Qw, self.Qa = ensemble_size, write_quorum, ack_quorum
         self.gwq = guaranteed_write_quorum
         self.max_pending = max_pending
+        self.mutations = mutations  # broken rules, tests only (stream/mutations.py)
         self.fragment_max_entries = fragment_max_entries
         self.fragment_max_bytes = fragment_max_bytes
         self.state = WriterState.OPEN
@@ -582,7 +586,8 @@ class WriterCore:
                     eid += 1
             if batch:
                 records = entry_codec.encode_run(self.ledger_id, first, [p.payload for p in batch],
-                                                 lac=self.lac, lafr=self.lafr, term=self.term)
+                                                 lac=self.lac, lafr=self.mutations.carried_lafr(self.lac, self.lafr),
+                                                 term=self.term)
                 self.next_to_send = eid
                 E, Qw, failed = self.E, self.Qw, self.failed
                 if E == Qw:  # every bookie gets every entry

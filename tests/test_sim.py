@@ -135,6 +135,7 @@ TRACE_FINDS = {
     M.RECOVERY_READS_WITHOUT_TERM: (20, {"trace:ClientSendFenceRead"}),
     M.WRITEBACK_KEEPS_TRUNCATE: (20, {"trace:ClientSendAdd"}),
     M.IGNORE_ORIGIN_TERM: (20, {"trace:state"}),             # the spec's floor rises, the core's does not
+    M.WRITER_LAFR_AT_QA: (20, {"trace:ClientSendAdd"}),      # a record's LAFR above the spec writer's
 }
 
 # mutation -> (seeds searched, the invariants that may catch it first), trace checking off.
@@ -150,6 +151,7 @@ INVARIANT_FINDS = {
     # first hit: seed 1735 since the simulated writers run the shipped explicit-LAC
     # rule (stream/timers.py; seed 265 before): searched from 1700, not from 0
     M.IGNORE_ORIGIN_TERM: (range(1700, 1800), {"NoHole"}),
+    M.WRITER_LAFR_AT_QA: (20, {"LafrFullyReplicated"} | DATA_LOSS),  # first hit: seed 8
 }
 # Scenario overrides for the invariant search.  A written-back no-op that keeps
 # its truncate flag deletes the entries above it; with read-ahead the recovery
@@ -160,7 +162,7 @@ INVARIANT_FINDS = {
 INVARIANT_OVERRIDES = {M.WRITEBACK_KEEPS_TRUNCATE: {"read_ahead": 1}}
 
 
-@pytest.mark.parametrize("mutation", M.RECOVERY)
+@pytest.mark.parametrize("mutation", M.RECOVERY + M.WRITER)
 def test_trace_checking_finds_every_mutant(mutation):
     bound, expected = TRACE_FINDS[mutation]
     e = first_violation(mutation, range(bound), check_trace=True)
@@ -168,7 +170,7 @@ def test_trace_checking_finds_every_mutant(mutation):
     assert e.invariant in expected, (mutation, e.invariant, e.detail)
 
 
-@pytest.mark.parametrize("mutation", M.RECOVERY)
+@pytest.mark.parametrize("mutation", M.RECOVERY + M.WRITER)
 def test_invariants_alone_find_the_mutant(mutation):
     bound, expected = INVARIANT_FINDS[mutation]
     seeds = bound if isinstance(bound, range) else range(bound)

@@ -32,15 +32,23 @@ trace = _load("tla_tracecheck", "tracecheck.py")
 
 from stream import mutations  # noqa: E402
 
-# The CI sample: 1: classic, a crash, an ensemble change, a recovery that
-# closes; 16: unbounded, 5 take-overs, 2 crashes and restarts, a partition,
-# 8% message loss, 2 ensemble changes, 10 truncating no-op stores, client
-# crashes; 22: the same kinds, 4 ensemble changes.
-SAMPLE = (1, 16, 22)
-# Every mutant shows in seed 22's run (seed 3 until the simulated writers ran
-# the shipped explicit-LAC rule, stream/timers.py: then WRITEBACK_KEEPS_TRUNCATE
-# no longer showed there; seed 16's run has no Finish since).
-MUTANT_SEED = 22
+# The CI sample (counts as of the simulator that runs speculative recovery
+# reads and the pending-add window): 1: classic, a crash and restart, an
+# ensemble change, a recovery that closes; 16: unbounded, 5 take-overs that
+# a crash or a newer term interrupts, 2 crashes and restarts, an ensemble
+# change, rejected adds, 6 truncating no-op stores; 22: unbounded, 5
+# take-overs, 3 finished, 9 ensemble changes, 12 truncating stores,
+# explicit LACs; 14: Qw = E = 4, 5 take-overs, 14 truncating stores, a
+# crash and restart (the mutants' seed, so its clean trace is known to be
+# accepted).
+SAMPLE = (1, 14, 16, 22)
+# Every mutant's trace differs from the clean one in seed 14's run, and TLC
+# rejects each (seed 3 until the simulated writers ran the shipped
+# explicit-LAC rule; seed 22 until the simulator ran speculative recovery
+# reads and the pending-add window, after which WRITER_LAFR_AT_QA no longer
+# showed there). To choose another: simulate each seed clean and with each
+# mutant, keep one where no mutant's trace equals the clean one, validate.
+MUTANT_SEED = 14
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +89,8 @@ def test_simulated_trace_is_accepted(seed, tools):
 # term's leftover above a newer term's entry, which random runs rarely make
 # (3 of 3,209 take-overs in seeds 0-999): its schedule is scripted below.
 # (The life-cycle mutants are the simulator's to catch: tests/test_sim.py.)
-@pytest.mark.parametrize("mutant", [m for m in mutations.RECOVERY if m != mutations.IGNORE_ORIGIN_TERM])
+@pytest.mark.parametrize("mutant", [m for m in mutations.RECOVERY + mutations.WRITER
+                                    if m != mutations.IGNORE_ORIGIN_TERM])
 def test_mutant_trace_is_rejected(mutant, tools):
     text = trace.simulate(MUTANT_SEED, mutant, **trace.profile_for(MUTANT_SEED))
     v = trace.validate(text, tools, timeout=280)
@@ -134,6 +143,20 @@ def test_the_pending_add_window_is_accepted(tools):
     text = trace.simulate_script("fence_barrier")
     v = trace.validate(text, tools, timeout=280)
     assert v.accepted and v.consumed == v.events, v.describe()
+def test_rolls_by_size_are_validated(tools):
+    # BookstreamFiner's RollFragment: seed 0 (a roll every 2 entries) rolls
+    # twice; TLC accepts its trace, and rejects it once a roll's first entry
+    # is moved down by one (the old fragment's last entry then belongs to
+    # the new one, which never received it)
+    text = trace.simulate(0, Qw=3)
+    events = [json.loads(line) for line in text.splitlines()]
+    rolls = [e for e in events if e["action"] == "RollFragment"]
+    assert len(rolls) == 2
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted, v.describe()
+    rolls[0]["args"]["first"] -= 1
+    bad = trace.validate("".join(json.dumps(e) + "\n" for e in events), tools, timeout=280)
+    assert not bad.accepted and bad.stuck_at["action"] == "RollFragment", bad.describe()
 
 
 def test_striping_is_refused_not_misjudged():

@@ -131,6 +131,39 @@ Restart(b) ==
     /\ crashed' = crashed \ {b}
     /\ UNCHANGED <<bk, meta, cl, acked>>
 
+\* A roll by size (stream/writer_core.py, ChangeReason.ROLL): once every
+\* entry the writer sent is fully replicated (LAFR + 1 is the next id to
+\* send: nothing of it or above went out), the writer opens a new fragment
+\* there on any WQ (= E) bookies that are up, prepares the joining ones as
+\* an ensemble change does, and CASes the fragment in; later adds go to the
+\* new ensemble.  Bounded by MaxFragments (1 in the other configurations:
+\* no roll there).  Mutant roll_early: the roll starts at LAC + 1, leaving
+\* entries of the old fragment below Qw.
+RollFragment(c, ens2) ==
+    LET w     == cl[c]
+        last  == LastFrag(w.frags)
+        first == IF Mutant = "roll_early" THEN w.lac + 1 ELSE w.lafr + 1
+        frag2 == [first |-> first, ens |-> ens2]
+        join  == ens2 \ last.ens
+    IN
+    /\ Unbounded
+    /\ w.phase = "open"
+    /\ first > last.first
+    /\ \A i \in Ids : i >= first => w.ack[i] = {}
+    /\ Len(w.frags) < MaxFragments
+    /\ ens2 \subseteq Bookies \ crashed
+    /\ Cardinality(ens2) = WQ
+    /\ \A nb \in join : bk[nb].term <= w.term
+    /\ meta.state = "OPEN" /\ meta.term = w.term
+    /\ bk' = [b \in Bookies |->
+                IF b \in join
+                THEN [bk[b] EXCEPT !.term = w.term,
+                                   !.ents = [i \in Ids |-> IF i >= first THEN NoVal ELSE bk[b].ents[i]]]
+                ELSE bk[b]]
+    /\ meta' = [meta EXCEPT !.frags = Append(meta.frags, frag2)]
+    /\ cl' = [cl EXCEPT ![c].frags = Append(w.frags, frag2)]
+    /\ UNCHANGED <<crashed, acked>>
+
 \* BookstreamLedger's ClientStep, except that a client delivers directly
 \* (send and store in one step) only what it has no request in the channel for.
 FinerClientStep(c) ==
@@ -146,6 +179,7 @@ FinerClientStep(c) ==
          \/ Rejected(c, b)
          \/ \E n \in Ids, seen \in BOOLEAN : Outstanding(c, b, n) = {} /\ Deliver(c, b, n, seen)
          \/ \E nb \in Bookies : EnsembleChange(c, b, nb)
+    \/ \E ens2 \in SUBSET Bookies : RollFragment(c, ens2)
 
 FinerNext ==
     \/ /\ \/ \E c \in Clients : FinerClientStep(c)
@@ -171,4 +205,5 @@ FinerSpec == FinerInit /\ [][FinerNext]_fvars
 \* behaviours, add none): at most 2 (1) requests delayed at once.
 ChannelBound == Cardinality(msgs) <= 2
 ChannelOne == Cardinality(msgs) <= 1
+ChannelNone == msgs = {}
 =============================================================================

@@ -55,7 +55,8 @@ Mutants == {"none",
             "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
             "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
             "no_origin_floor",        \* (7) recovery takes any OK answer (no origin-term floor)
-            "release_at_qa"}          \* (8) unbounded: a writer releases a pending add at Qa
+            "release_at_qa",          \* (8) unbounded: a writer releases a pending add at Qa
+            "roll_early"}             \* (9) BookstreamFiner: a roll leaves entries below Qw behind
 
 ASSUME Mode \in {"unbounded", "classic"}
 ASSUME Mutant \in Mutants

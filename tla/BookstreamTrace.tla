@@ -34,7 +34,8 @@ tvars == <<vars, l, hist, msgs>>
 \* or -1), t (term), v (value), ok (a read accepted), trunc (the record's
 \* truncate flag), rl, rf (the LAC/LAFR a record carries), h (the answer
 \* heard: "yes", "no", "open"), hasbk, bk ([term, lac, lafr, ents]),
-\* hasmeta, meta ([state, term, frags]), nb (a replacement bookie).
+\* hasmeta, meta ([state, term, frags]), nb (a replacement bookie), ens (a
+\* roll's new ensemble).
 E0 == Trace[l]
 
 \* An observed value: origin term 0 means "not known" (a written-back no-op).
@@ -146,6 +147,10 @@ Step(e) ==
                 /\ EnsembleChange(e.c, b, nb)
                 /\ LastFrag(cl'[e.c].frags).first = e.n
                 /\ e.hasmeta => MetaIs(e.meta)
+      [] e.a = "RollFragment"   ->
+            /\ RollFragment(e.c, e.ens)
+            /\ LastFrag(cl'[e.c].frags).first = e.n
+            /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "BookieCrash"    -> Crash(e.b) /\ BookieIs(e.b, e.bk, TRUE)
       [] e.a = "BookieRestart"  -> Restart(e.b)
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)

@@ -81,6 +81,10 @@ CONFIGS = [
     # The finer spec (message channels, stale stores and reads, explicit LAC,
     # give-ups, restarts); no Terminate there, so no deadlock check.
     Config("finer", OK, deadlock=False, module="BookstreamFiner"),
+    # The finer spec with rolls by size (RollFragment), and its mutant.
+    Config("finer_rolls", OK, deadlock=False, module="BookstreamFiner"),
+    Config("mutant_roll_early", "violation:TailFragmentsReachWriteQuorum", deadlock=False,
+           module="BookstreamFiner"),
     Config("liveness", OK),
     Config("liveness_classic", OK),
     Config("mutant_no_truncate", "violation:NoDivergence"),

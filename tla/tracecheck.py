@@ -161,10 +161,47 @@ def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
     return out
 
 
+def _shift_terms(lines: list[dict], k: int) -> list[dict]:
+    """A real trace's terms as the spec's: real term t >= 1 is the spec's
+    t + k (``term_offset`` in the header).  A real stream ledger is created
+    at term 0 with nobody writing it, and its first writer takes it over
+    (term 1) with a recovery; the spec starts with the creator writing at
+    term 1.  So the header names a creator that never acts (the real term
+    0 is its term, the spec's 1), and every real term moves up by k = 1.
+    Term 0 (a bookie that has no state for the ledger) stays 0."""
+    def t(x: int) -> int:
+        return x + k if x > 0 else x
+
+    def val(v):
+        return [t(v[0]), v[1]] if isinstance(v, list) and len(v) == 2 else v
+
+    out = []
+    for e in lines:
+        e = json.loads(json.dumps(e))
+        a = e["args"]
+        if e["action"] == "Header":
+            a["term"] = t(a["term"]) if a["term"] > 0 else k
+        elif e["action"] in ("StartTakeover", "BookieRead") and isinstance(a.get("term"), int):
+            a["term"] = t(a["term"])
+        if isinstance(a.get("record"), dict):
+            a["record"]["term"] = t(a["record"]["term"])
+        if "value" in a:
+            a["value"] = val(a["value"])
+        for o in e.get("bk", {}).values():
+            o["term"] = t(o["term"])
+            o["ents"] = {n: val(v) for n, v in o.get("ents", {}).items()}
+        if "meta" in e:
+            e["meta"]["term"] = t(e["meta"]["term"])
+        out.append(e)
+    return out
+
+
 def translate(ndjson: str) -> Translated:
     lines = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
     if not lines or lines[0]["action"] != "Header":
         raise ValueError("not a trace: the first line must be the Header event (sim/trace.py)")
+    if lines[0]["args"].get("term_offset"):
+        lines = _shift_terms(lines, lines[0]["args"]["term_offset"])
     h = lines[0]["args"]
     if h["E"] != h["Qw"]:
         raise Unsupported(f"E {h['E']} > Qw {h['Qw']}: striping is not in the spec")
@@ -175,12 +212,10 @@ def translate(ndjson: str) -> Translated:
     rows = []
     for e in events:
         a, act = e["args"], e["action"]
-        if act == "RollFragment":
-            raise Unsupported("RollFragment: rolls by size are not in the spec")
         if act == "EnsembleChange" and len(a["replaced"]) != 1:
             raise Unsupported("EnsembleChange replacing several bookies at once")
         c, b, n, t, v = a.get("client", ""), a.get("bookie", ""), -1, -1, [0, "none"]
-        ok, trunc, rl, rf, nb, heard = True, False, -1, -1, "", "open"
+        ok, trunc, rl, rf, nb, heard, ens = True, False, -1, -1, "", "open", ()
         if act == "StartTakeover":
             t = a["term"]
             term_client[t] = c
@@ -213,6 +248,9 @@ def translate(ndjson: str) -> Translated:
             n = a["first"]
             nb = list(a["replaced"].values())[0]
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
+        elif act == "RollFragment":  # BookstreamFiner's RollFragment
+            n, ens = a["first"], a["ensemble"]
+            frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
         elif act == "BookieCrash":
             crashes += 1
         bk = e.get("bk", {}).get(b, NOBK)
@@ -224,7 +262,7 @@ def translate(ndjson: str) -> Translated:
         rows.append(
             f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
             f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
-            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, h |-> {_s(heard)}, "
+            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
             f"hasbk |-> {'TRUE' if 'bk' in e and not e.get('_nocheck') else 'FALSE'}, bk |-> {_bk(bk)}, "
             f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
     ens0 = h["frags"][0][1]
@@ -276,6 +314,8 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
     tools = tools or check.find_tools()
     tr = translate(ndjson)
     events = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
+    if events[0]["args"].get("term_offset"):
+        events = _shift_terms(events, events[0]["args"]["term_offset"])
     prepared = _prepare(events[1:], events[0]["args"])
     with tempfile.TemporaryDirectory(prefix="tlc-trace-") as tmp:
         for s in SPECS:
