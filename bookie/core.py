@@ -37,9 +37,11 @@ fencing read (READ_FENCE)      sets the fence; creates the ledger if unknown,
                                so that a late writer is fenced too
 fencing or term-carrying read  a changed term/fence is journalled before the
                                answer (barrier JOURNAL_STATE); unchanged, it
-                               waits for the ledger's pending *normal* adds
-                               (barrier SYNC) so that it never answers
-                               NO_SUCH_ENTRY for an entry about to be acked
+                               waits for the ledger's pending *normal* adds,
+                               and for a term/fence not yet durable (barrier
+                               SYNC), so that it never answers NO_SUCH_ENTRY
+                               for an entry about to be acked, nor from a
+                               state a restart would forget
 delete                         unknown ledger: NO_SUCH_LEDGER
 disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
@@ -128,6 +130,12 @@ class BookieLedger:
     lafr: int = -1
     index: LedgerIndex = field(default_factory=LedgerIndex)
     verifier: bytes = b""   # verifier_of(the ledger's master key); b"": no password
+    # The term and fence as far as they are durable (a journalled state
+    # change or a durable add made them so): what a restart would rebuild.
+    # ``term``/``fenced`` above run ahead of them while a change is on its
+    # way to the disk; ``fence_read`` makes a read wait for that.
+    durable_term: int = 0
+    durable_fenced: bool = False
 
     @property
     def last_entry(self) -> int:
@@ -150,7 +158,7 @@ class Barrier(enum.Enum):
     """What a fencing or term-carrying read waits for before it answers."""
 
     NONE = "none"                    # answer at once
-    SYNC = "sync"                    # the ledger's pending normal adds durable (a journal sync)
+    SYNC = "sync"                    # pending normal adds, or the state, durable (a journal sync)
     JOURNAL_STATE = "journal_state"  # its changed term/fence journalled (``state_body``), then answer
 
 
@@ -227,6 +235,8 @@ class BookieCore:
             st = self.ledgers[ledger_id] = BookieLedger()
         if term > st.term:
             st.term = term
+        if term > st.durable_term:
+            st.durable_term = term
         if lac > st.lac:
             st.lac = lac
         if lafr > st.lafr:
@@ -331,26 +341,40 @@ class BookieCore:
         return self.delete(ledger_id, (first_entry, (1 << 63) - 1)) if ledger_id in self.ledgers else []
 
     def apply_state(self, ledger_id: int, term: int, fenced: bool) -> None:
-        """Replay of a journalled state change."""
+        """A journalled state change, once durable (and on replay)."""
         st = self.ledgers.setdefault(ledger_id, BookieLedger())
         st.term = max(st.term, term)
         st.fenced = st.fenced or fenced
+        st.durable_term = max(st.durable_term, term)
+        st.durable_fenced = st.durable_fenced or fenced
 
     def fence_read(self, ledger_id: int, term: int, fence: bool, verifier: bytes = b"") -> tuple[Verdict, Barrier]:
         """:meth:`fence`, and what the read must wait for before answering
         (:class:`Barrier`): a change is journalled first (its sync makes every
-        add admitted before it durable and applied first); an unchanged state
-        waits while *normal* adds of the ledger are pending, so that they are
-        readable when it answers (a recovery read never says NO_SUCH_ENTRY
-        for an entry an older writer is about to see acked).  Pending
-        *recovery* adds need no wait: a recoverer only writes back entries
-        that exist elsewhere."""
+        add admitted before it durable and applied first).  An unchanged state
+        waits for a journal sync (SYNC) while
+
+        - *normal* adds of the ledger are pending, so that they are readable
+          when it answers (a recovery read never says NO_SUCH_ENTRY for an
+          entry an older writer is about to see acked); or
+        - the state itself is not durable yet (an earlier read's change, or a
+          recovery add that raised the term, still on its way to the disk):
+          the answer must not speak for a term a restart would forget, and
+          recovery adds of an older term admitted before that change (an
+          older recoverer's truncate no-op, say) are applied before it.
+
+        Otherwise *recovery* adds pending need no wait: at the ledger's own
+        term they are the reader's own write-backs, of entries that exist
+        elsewhere."""
         v = self.fence(ledger_id, term, fence, verifier)
         if v.status is not Status.OK:
             return v, Barrier.NONE
         if v.state_changed:
             return v, Barrier.JOURNAL_STATE
-        return v, Barrier.SYNC if ledger_id in self.pending else Barrier.NONE
+        st = self.ledgers[ledger_id]
+        if ledger_id in self.pending or st.term != st.durable_term or st.fenced != st.durable_fenced:
+            return v, Barrier.SYNC
+        return v, Barrier.NONE
 
     def state_body(self, ledger_id: int) -> bytes:
         """The R_STATE journal record of a ledger's term and fence."""
@@ -459,7 +483,7 @@ class BookieCore:
     def restore(self, ledger_id: int, term: int, fenced: bool, lac: int, lafr: int, index: LedgerIndex,
                 verifier: bytes = b"") -> None:
         """A ledger's state as a checkpoint holds it."""
-        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index, verifier)
+        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index, verifier, term, fenced)
 
     # -- reads ---------------------------------------------------------------
 

@@ -257,10 +257,16 @@ class Storage:
         if v.key_learned:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
         if barrier is Barrier.JOURNAL_STATE:
-            await self._append(R_STATE, self.core.state_body(ledger_id), None)
+            await self._journal_state(ledger_id)
         elif barrier is Barrier.SYNC:
             await self.journal.sync()
         return v
+
+    def _journal_state(self, ledger_id: int) -> asyncio.Future:
+        """Journals the ledger's term and fence as they are now; once durable
+        the core knows them durable (``BookieCore.fence_read`` waits for that)."""
+        return self._append(R_STATE, self.core.state_body(ledger_id),
+                            lambda body, _seg, _off: self.core.replay(R_STATE, body, 0))
 
     async def write_lac(self, ledger_id: int, lac: int, lafr: int, term: int, master_key=b"") -> Verdict:
         """An explicit LAC: journalled (a bookie's LAC never goes down, not
@@ -287,7 +293,7 @@ class Storage:
         if v.key_learned:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
         if v.state_changed:
-            self._append(R_STATE, self.core.state_body(ledger_id), None)
+            self._journal_state(ledger_id)
         return v, await self._journal_delete(ledger_id, (first_entry, (1 << 63) - 1),
                                              lambda: self.core.apply_prepare(ledger_id, first_entry))
 

@@ -137,16 +137,16 @@ class SimBookie:
         """``Storage.fence`` for a term-carrying or fencing read: the term and
         fence change at once.  Returns (verdict, barrier): "state" when the
         change must be journalled (its sync makes everything before it durable
-        first), "sync" while normal adds of the ledger admitted before it are
-        not yet durable, None otherwise (pending *recovery* adds need no
-        wait).  The caller fsyncs for a barrier, then calls journal_state()
+        first), "sync" while normal adds of the ledger admitted before it, or
+        its term/fence, are not yet durable, None otherwise (the core's
+        ``fence_read``).  The caller fsyncs for a barrier, then calls journal_state()
         for "state", then answers."""
         v, barrier = self.core.fence_read(self.ledger_id, term, fence)
         return v, _BARRIER[barrier]
 
     def journal_state(self) -> None:
         assert not self.unsynced, "the state record goes after the adds before it"
-        self.journal.append((R_STATE, self.core.state_body(self.ledger_id)))
+        self._journal(R_STATE, self.core.state_body(self.ledger_id))
         self.durable_term = max(self.durable_term, self.core.term_of(self.ledger_id))
 
     def _journal(self, rtype: int, body: bytes) -> None:

@@ -5,12 +5,14 @@ wait for pending normal adds) that the barrier test catches."""
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 
 from bookie import core as bc
 from bookie import entry as E
 from bookie.core import Barrier, BookieCore, Status
+from bookie.journal import R_ENTRIES, R_STATE
 from bookie.storage import Storage
 
 
@@ -60,20 +62,105 @@ def test_the_barrier_test_catches_a_core_that_does_not_wait(tmp_path, monkeypatc
     assert asyncio.run(_recovery_read_after_a_pending_add(tmp_path)) is Status.NO_SUCH_ENTRY
 
 
+def _journalled(core: BookieCore, lid: int) -> None:
+    """What Storage does once a JOURNAL_STATE record is durable."""
+    core.replay(R_STATE, core.state_body(lid), 0)
+
+
 def test_the_barrier_is_decided_by_the_core():
     core = BookieCore()
     assert core.fence_read(1, 3, False)[1] is Barrier.JOURNAL_STATE   # created: journalled
+    assert core.fence_read(1, 3, False)[1] is Barrier.SYNC            # ... not durable yet
+    _journalled(core, 1)
     assert core.fence_read(1, 3, False)[1] is Barrier.NONE            # unchanged, nothing pending
     h = E.scan_runs(E.encode(1, 0, b"a", term=3))
     counts = core.adds_pending(h)
     assert core.fence_read(1, 3, False)[1] is Barrier.SYNC
     assert core.fence_read(1, 3, True)[1] is Barrier.JOURNAL_STATE    # the fence changes the state
     core.adds_settled(counts)
+    assert core.fence_read(1, 3, True)[1] is Barrier.SYNC             # the fence not durable yet
+    _journalled(core, 1)
     assert core.fence_read(1, 3, True)[1] is Barrier.NONE
     core.adds_pending(E.scan_runs(E.encode(1, 1, b"b", term=3, req_flags=E.REQ_RECOVERY)))
-    assert core.pending == {} and core.fence_read(1, 3, True)[1] is Barrier.NONE  # recovery adds: no wait
+    assert core.pending == {} and core.fence_read(1, 3, True)[1] is Barrier.NONE  # own write-backs: no wait
     v, barrier = core.fence_read(1, 2, False)
     assert v.status is Status.INVALID_TERM and barrier is Barrier.NONE
+
+
+def test_a_recovery_add_that_raised_the_term_holds_reads_until_durable():
+    core = BookieCore()
+    rec = E.encode(1, 0, b"a", term=4, req_flags=E.REQ_RECOVERY)
+    assert core.admit_add(E.parse_header(rec)).state_changed      # a new ledger, at term 4
+    core.adds_pending(E.scan_runs(rec))
+    assert core.pending == {}                                      # (not a normal add)
+    assert core.fence_read(1, 4, False)[1] is Barrier.SYNC         # term 4 not durable yet
+    core.replay(R_ENTRIES, rec, 0)                                 # the add durable
+    assert core.fence_read(1, 4, False)[1] is Barrier.NONE
+
+
+async def _second_read_behind_a_term_raise(tmp_path) -> tuple[bool, Status]:
+    """An older recoverer's truncate no-op at entry 1 (term 2) is admitted on
+    a bookie holding term 1's entries 1 and 2; its journal write is held.  A
+    newer recoverer's first read raises the term to 3 (its state record
+    queued behind the no-op), and its second read, of entry 2, arrives at
+    term 3: the state unchanged in memory.  Returns whether that read had
+    answered while the write was held, and what entry 2 reads as once it
+    answers."""
+    s = Storage(tmp_path / "b")
+    s.open()
+    gate = threading.Event()
+    write_batch = s.journal._write_batch
+
+    def held(batch):
+        gate.wait(10)
+        return write_batch(batch)
+    try:
+        await _add(s, 9, 1, 1)
+        await _add(s, 9, 2, 1)
+        s.journal._write_batch = held
+        noop = E.encode(9, 1, b"", term=2, req_flags=E.REQ_RECOVERY, data_flags=E.FLAG_NOOP | E.FLAG_TRUNCATE)
+        status, msg, runs = s.validate_frame(noop)
+        assert status is Status.OK, msg
+        refused, durable = s.admit_frame(noop, runs)
+        assert not refused
+        first = asyncio.ensure_future(s.fence(9, 3, False))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not first.done()                                    # its state record is held too
+        second = asyncio.ensure_future(s.fence(9, 3, False))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        answered_early = second.done()
+        entry_2 = s.read_record(9, 2)[0] if answered_early else None
+        gate.set()
+        await asyncio.gather(first, second, durable)
+        assert second.result().status is Status.OK
+        return answered_early, entry_2 if answered_early else s.read_record(9, 2)[0]
+    finally:
+        gate.set()
+        s.close()
+
+
+def test_a_read_at_an_unchanged_term_waits_for_the_term_to_be_durable(tmp_path):
+    # Answering at once, the read would see term 1's entry 2, which the
+    # no-op admitted before the term raise deletes: no behaviour of the spec
+    # has that read (term 3) before the no-op's store (term 2).
+    answered_early, entry_2 = asyncio.run(_second_read_behind_a_term_raise(tmp_path))
+    assert not answered_early and entry_2 is Status.NO_SUCH_ENTRY
+
+
+def test_the_durable_state_test_catches_a_core_that_does_not_wait(tmp_path, monkeypatch):
+    correct = bc.BookieCore.fence_read
+
+    def normal_adds_only(self, lid, term, fence, verifier=b""):
+        v, barrier = correct(self, lid, term, fence, verifier)
+        if barrier is Barrier.SYNC and lid not in self.pending:
+            barrier = Barrier.NONE
+        return v, barrier
+
+    monkeypatch.setattr(bc.BookieCore, "fence_read", normal_adds_only)
+    answered_early, entry_2 = asyncio.run(_second_read_behind_a_term_raise(tmp_path))
+    assert answered_early and entry_2 is Status.OK      # term 1's entry, about to be truncated
 
 
 def test_read_only_transitions_have_a_margin():
