@@ -92,6 +92,11 @@ def classify(e: BaseException) -> AdminError:
         message = f"etcd unavailable: {message}"
     elif isinstance(e, (BookieUnavailable, asyncio.TimeoutError, TimeoutError)):
         code, retriable = EXIT_UNAVAILABLE, True
+    elif isinstance(e, serr.UnauthorizedAccess):  # the library says "pass password="; here it is an option
+        code = EXIT_ERROR
+        message = message.replace("pass password=", "pass --password PW (or its BOOKSTREAM_*_PASSWORD variable)")
+        if message.endswith("wrong password"):
+            message += " (--password)"
     elif isinstance(e, (ValueError, merr.InvalidName)):
         code = EXIT_USAGE
     else:

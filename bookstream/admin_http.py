@@ -16,6 +16,12 @@ the bookie's event loop (so what HTTP reports is a consistent snapshot, read
 where the values change); the HTTP server is a small threaded WSGI server of
 its own, so a scrape never waits behind the data path's event loop for more
 than that one call.
+
+With ``tls`` (``bookstream bookie --admin-tls``: the bookie's own
+``--tls-cert``/``--tls-key``) the port speaks HTTPS only; with a CA
+(``--tls-ca``, mutual TLS) clients must present a certificate it signed. The
+files are looked at again before each connection's handshake, as the gRPC
+port does: rotated certificates are taken up without a restart.
 """
 from __future__ import annotations
 
@@ -23,6 +29,7 @@ import asyncio
 import json
 import logging
 import socketserver
+import ssl
 import threading
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -131,6 +138,54 @@ class _Collector:
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
+    tls_context = None  # a _TlsContext: HTTPS only
+
+    def get_request(self):
+        sock, addr = super().get_request()
+        if self.tls_context is not None:  # the handshake runs in the request's thread (its first read)
+            sock = self.tls_context.get().wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return sock, addr
+
+    def handle_error(self, request, client_address) -> None:
+        # a plain-HTTP client or one without a certificate fails the handshake: not the bookie's error
+        log.debug("admin HTTP: connection from %s failed", client_address, exc_info=True)
+
+
+class _TlsContext:
+    """A server SSLContext of a TlsFiles, built again when its files change
+    (a pair caught half rotated keeps the previous context)."""
+
+    def __init__(self, tls):
+        self.tls = tls
+        self._stamp = tls.stamp()
+        self._ctx = self._build()
+
+    def _build(self) -> ssl.SSLContext:
+        from metadata.tls import TlsConfigError
+
+        if not (self.tls.cert and self.tls.key):
+            raise TlsConfigError("an HTTPS admin port needs the bookie's certificate and key (--tls-cert, --tls-key)")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        try:
+            ctx.load_cert_chain(self.tls.cert, self.tls.key)
+            if self.tls.ca:  # mutual TLS: a client certificate of this CA is required
+                ctx.load_verify_locations(self.tls.ca)
+                ctx.verify_mode = ssl.CERT_REQUIRED
+        except (OSError, ssl.SSLError) as e:
+            raise TlsConfigError(f"admin HTTPS: cannot use {self.tls.cert} / {self.tls.key}: {e}") from None
+        return ctx
+
+    def get(self) -> ssl.SSLContext:
+        stamp = self.tls.stamp()
+        if stamp != self._stamp:
+            self._stamp = stamp
+            try:
+                self._ctx = self._build()
+                log.info("admin HTTPS: new certificate files loaded (%s)", self.tls.cert)
+            except Exception as e:  # noqa: BLE001 - keep serving with the previous pair
+                log.warning("admin HTTPS: TLS files changed but cannot be used yet (%s): keeping the previous ones", e)
+        return self._ctx
 
 
 class _Quiet(WSGIRequestHandler):
@@ -140,9 +195,11 @@ class _Quiet(WSGIRequestHandler):
 
 class AdminHttp:
     """Serves the admin endpoints of a running BookieServer on ``host:port``
-    (0: any free port) from a thread of its own."""
+    (0: any free port) from a thread of its own; over HTTPS with ``tls``
+    (a metadata.tls.TlsFiles: cert and key, and ca for client certificates)."""
 
-    def __init__(self, server, loop: asyncio.AbstractEventLoop, host: str = "127.0.0.1", port: int = 0):
+    def __init__(self, server, loop: asyncio.AbstractEventLoop, host: str = "127.0.0.1", port: int = 0,
+                 tls=None):
         from prometheus_client import generate_latest
 
         self._bookie = server
@@ -151,14 +208,17 @@ class AdminHttp:
         self._registry = server.service.metrics.registry
         self._registry.register(_Collector(self.snapshot, server.storage.journal))
         self._generate = generate_latest
+        context = _TlsContext(tls) if tls is not None else None  # checked before the port is opened
         self._httpd = make_server(host, port, self._app, server_class=_Server, handler_class=_Quiet)
+        self._httpd.tls_context = context
+        self.scheme = "https" if context is not None else "http"
         self.port = self._httpd.server_port
         self.address = f"{host}:{self.port}"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="admin-http", daemon=True)
 
     def start(self) -> "AdminHttp":
         self._thread.start()
-        log.info("admin HTTP on http://%s (/health /ready /metrics /info)", self.address)
+        log.info("admin HTTP on %s://%s (/health /ready /metrics /info)", self.scheme, self.address)
         return self
 
     def stop(self) -> None:

@@ -87,6 +87,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
+    p.add_argument("--admin-tls", action="store_true", default=bool(os.environ.get("BOOKSTREAM_ADMIN_TLS")),
+                   help="serve the admin port over HTTPS only, with --tls-cert/--tls-key; with --tls-ca, "
+                        "clients must present a certificate of that CA (env BOOKSTREAM_ADMIN_TLS=1)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--trace", default="", metavar="FILE",
                    help="write the bookie's protocol steps to FILE as NDJSON (TLC trace validation: tla/README.md)")
@@ -204,8 +207,10 @@ async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     if args.admin_port is not None:
         from bookstream.admin_http import AdminHttp
 
-        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port).start()
+        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port,
+                         tls=_security(args).tls if args.admin_tls else None).start()
         info["admin_address"] = http.address
+        info["admin_scheme"] = http.scheme
     tune_process()  # after start-up (replay, index): bookstream/tuning.py
     print(READY_PREFIX + json.dumps(info), flush=True)
     log.info("bookie %s serving on %s", config.bookie_id, server.address)
@@ -221,7 +226,10 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     from metadata.tls import TlsConfigError
 
     try:
-        _security(args)
+        sec = _security(args)
+        if args.admin_tls and args.admin_port is not None and not (sec.tls and sec.tls.cert):
+            raise TlsConfigError("--admin-tls serves the admin port with the bookie's certificate: "
+                                 "give --tls-cert and --tls-key")
     except TlsConfigError as e:  # a cert without its key, a user without a password: one line
         log.error("%s", e)
         return 2

@@ -164,6 +164,7 @@ class BookieProcess(ServedProcess):
         self.address: str | None = None
         self.bookie_id: str | None = None
         self.admin_address: str | None = None
+        self.admin_scheme = "http"
 
     def command(self) -> list[str]:
         cmd = [sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(self.data_dir),
@@ -181,6 +182,7 @@ class BookieProcess(ServedProcess):
         info = json.loads(line[len(READY_PREFIX):])
         self.address, self.bookie_id = info["address"], info["bookie_id"]
         self.admin_address = info.get("admin_address")  # with --admin-port: /health /ready /metrics /info
+        self.admin_scheme = info.get("admin_scheme", "http")  # https with --admin-tls
         if self.port == 0:  # keep the port across restarts of this process object
             self.port = int(self.address.rsplit(":", 1)[1])
         self.start_draining()

@@ -338,9 +338,12 @@ def disable(etcd, cluster, fmt):
 @click.option("--metrics-port", type=int, default=None,
               help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port "
                    "of 127.0.0.1 (0: any free port, logged)")
+@click.option("--metrics-tls", is_flag=True, envvar="BOOKSTREAM_ADMIN_TLS",
+              help="serve --metrics-port over HTTPS only with --tls-cert/--tls-key (bookstream's root options or "
+                   "$BOOKSTREAM_TLS_*); with --tls-ca, clients must present a certificate of that CA")
 @_common
-def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port, etcd, cluster,
-        fmt):
+def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port,
+        metrics_tls, etcd, cluster, fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
     from bookstream import logs
 
@@ -351,9 +354,18 @@ def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_l
         from stream.metrics import AutorecoveryMetrics
 
         AutorecoveryMetrics.default()  # its families exported (at 0) from the start
-        httpd, _ = prometheus_client.start_http_server(metrics_port, addr="127.0.0.1")
-        logging.getLogger("bookstream.autorecovery").info("metrics on http://127.0.0.1:%d/metrics",
-                                                          httpd.server_port)
+        tls = {}
+        if metrics_tls:
+            from bookstream.security import current
+
+            files = current().tls
+            if not (files and files.cert):
+                raise click.UsageError("--metrics-tls needs --tls-cert and --tls-key ($BOOKSTREAM_TLS_CERT/_KEY)")
+            tls = dict(certfile=files.cert, keyfile=files.key, client_cafile=files.ca,
+                       client_auth_required=bool(files.ca))
+        httpd, _ = prometheus_client.start_http_server(metrics_port, addr="127.0.0.1", **tls)
+        logging.getLogger("bookstream.autorecovery").info("metrics on %s://127.0.0.1:%d/metrics",
+                                                          "https" if tls else "http", httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
                            check_interval=check_interval, writer_bound=writer_bound))
 

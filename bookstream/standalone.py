@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import queue
+import secrets
 import shlex
 import signal
 import socket
@@ -39,6 +40,7 @@ log = logging.getLogger("bookstream.standalone")
 
 DEFAULT_BOOKIE_PORT = 3181
 DEFAULT_ETCD_PORT = 2379
+ETCD_USER = "root"  # --etcd-auth's user
 DEFAULT_BOOKIES = 4   # E3 Qw3 Qa2 streams keep a spare bookie for an ensemble change
 
 
@@ -70,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tls", action="store_true",
                    help="TLS everywhere: a throw-away CA in DATA_DIR/pki signs one certificate that etcd and the "
                         "bookies serve with (mutual TLS: clients present it too); prints the variables to export")
+    p.add_argument("--etcd-auth", action="store_true",
+                   help="turn the local etcd's authentication on: user root with a generated password kept in "
+                        "DATA_DIR/etcd-root-password (0600, reused on restart); the bookies and autorecovery get "
+                        "it, and the printed exports give it to clients")
 
 
 def _free(port: int) -> bool:
@@ -109,9 +115,12 @@ class Standalone:
     def __init__(self, data_dir: Path, bookies: int = DEFAULT_BOOKIES, etcd: str | None = None,
                  cluster: str = "default", base_port: int = DEFAULT_BOOKIE_PORT, log_level: str = "INFO",
                  bookie_args: list[str] | None = None, etcd_port: int = 0,
-                 autorecovery_args: list[str] | None = None, tls: bool = False):
+                 autorecovery_args: list[str] | None = None, tls: bool = False, etcd_auth: bool = False):
         if bookies < 1:
             raise StandaloneError("need at least one bookie")
+        if etcd_auth and etcd:
+            raise StandaloneError("--etcd-auth turns auth on in the standalone's own etcd, not in --etcd's: "
+                                  "give the bookies that etcd's credentials (--etcd-user, $BOOKSTREAM_ETCD_PASSWORD)")
         if not 0 <= etcd_port < 65536:
             raise StandaloneError(f"bad etcd port {etcd_port}")
         self.data_dir = Path(data_dir).resolve()
@@ -128,7 +137,9 @@ class Standalone:
         self.bookies = []
         self.autorecovery = None
         self.tls = tls
-        self.tls_env: dict[str, str] = {}  # with tls: what clients export (BOOKSTREAM_TLS_CA ...)
+        self.etcd_auth = etcd_auth
+        # what the children get and clients export (BOOKSTREAM_TLS_CA ..., BOOKSTREAM_ETCD_USER/_PASSWORD)
+        self.tls_env: dict[str, str] = {}
 
     @property
     def etcd_endpoint(self) -> str:
@@ -160,6 +171,20 @@ class Standalone:
             self.etcd = ManagedEtcd(self.data_dir / "etcd", client_port=self.etcd_port, tls=etcd_tls,
                                     client_tls=client_tls)
             self.etcd.start()
+            if self.etcd_auth:
+                from metadata.errors import AuthenticationFailed
+
+                try:
+                    self.etcd.enable_auth(ETCD_USER, self.etcd_password())
+                except AuthenticationFailed as e:
+                    self.etcd.stop()
+                    raise StandaloneError(f"etcd's auth is on and refuses user {ETCD_USER} with the password in "
+                                          f"{self.password_path} ({e})") from e
+                except BaseException:
+                    self.etcd.stop()
+                    raise
+                self.tls_env.update({"BOOKSTREAM_ETCD_USER": ETCD_USER,
+                                     "BOOKSTREAM_ETCD_PASSWORD": self.etcd_password()})
         ports = _ports(state, self.n, self.base_port)
         try:
             for i, port in enumerate(ports):
@@ -183,26 +208,50 @@ class Standalone:
         state_path.write_text(json.dumps(state, indent=2) + "\n")
         return self
 
+    @property
+    def password_path(self) -> Path:
+        return self.data_dir / "etcd-root-password"
+
+    def etcd_password(self) -> str:
+        """The etcd root password of --etcd-auth: made once (0600), then read."""
+        try:
+            fd = os.open(self.password_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pw = self.password_path.read_text().strip()
+            if not pw:
+                raise StandaloneError(f"{self.password_path} is empty: delete it (and etcd's data) or restore it")
+            return pw
+        pw = secrets.token_urlsafe(24)
+        with os.fdopen(fd, "w") as f:
+            f.write(pw + "\n")
+        return pw
+
+    def shell_env(self) -> list[str]:
+        """``NAME=value`` words for a shell: the password read from its file,
+        so it never shows on the console or in logs."""
+        return [f'{k}="$(cat {shlex.quote(str(self.password_path))})"' if k == "BOOKSTREAM_ETCD_PASSWORD"
+                else f"{k}={shlex.quote(v)}" for k, v in self.tls_env.items()]
+
     def describe(self) -> str:
         lines = [f"etcd:    {self.etcd_endpoint}" + ("" if self.external_etcd else f"  (data in {self.etcd.data_dir})"),
                  f"cluster: {self.cluster}"]
         for b in self.bookies:
-            admin = f"  admin=http://{b.admin_address}" if b.admin_address else ""
+            admin = f"  admin={b.admin_scheme}://{b.admin_address}" if b.admin_address else ""
             lines.append(f"bookie:  {b.address}  id={b.bookie_id}  pid={b.pid}  data={b.data_dir}{admin}")
         if self.autorecovery is not None:
             lines.append(f"autorecovery: auditor candidate + worker, pid={self.autorecovery.pid}  "
                          f"log={self.autorecovery.log_path}")
         if self.tls_env:
-            lines.append("TLS on (mutual); for the CLI and clients (Security.from_env()):")
-            lines += [f"  export {k}={shlex.quote(v)}" for k, v in self.tls_env.items()]
+            on = " and ".join(w for w, x in (("TLS (mutual)", self.tls), ("etcd auth (user root)", self.etcd_auth)) if x)
+            lines.append(f"{on} on; for the CLI and clients (Security.from_env()):")
+            lines += [f"  export {w}" for w in self.shell_env()]
         return "\n".join(lines)
 
     def restart_command(self, b) -> str:
         """The command that starts bookie ``b`` again by hand, as this cluster ran it."""
         cmd = ["bookstream", "bookie", "--data-dir", str(b.data_dir), "--port", str(b.port),
                "--etcd", self.etcd_endpoint, "--cluster", self.cluster, *self.bookie_args]
-        env = [f"{k}={v}" for k, v in self.tls_env.items()]
-        return shlex.join(["env", *env, *cmd] if env else cmd)
+        return " ".join(["env", *self.shell_env(), shlex.join(cmd)] if self.tls_env else [shlex.join(cmd)])
 
     def stop(self, out=None, bookie_timeout: float = 20.0) -> None:
         """Autorecovery first (stopping bookies must not look like lost ones),
@@ -327,11 +376,17 @@ def cmd_standalone(args: argparse.Namespace) -> int:
     bookie_args = ["--admin-port", "0", "--log-format", args.log_format]  # admin: /health /ready /metrics /info
     if args.registration_ttl is not None:
         bookie_args += ["--registration-ttl", str(args.registration_ttl)]
+    if args.tls:
+        bookie_args += ["--admin-tls"]  # HTTPS with the bookie's certificate; mutual: a client certificate too
     autorecovery_args = None if args.no_autorecovery else ["--delay", str(args.recovery_delay), "--log-format",
                                                            args.log_format]
-    cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
-                         bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args,
-                         tls=args.tls)
+    try:
+        cluster = Standalone(args.data_dir, args.bookies, args.etcd, args.cluster, args.base_port, args.log_level,
+                             bookie_args=bookie_args, etcd_port=args.etcd_port, autorecovery_args=autorecovery_args,
+                             tls=args.tls, etcd_auth=args.etcd_auth)
+    except StandaloneError as e:
+        print(f"bookstream standalone: {e}", file=sys.stderr, flush=True)
+        return 2
     sup = Supervisor(cluster, args.restart_bookies)
     stop_signals = []
 

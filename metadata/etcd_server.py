@@ -261,6 +261,41 @@ class ManagedEtcd:
                     last_err = err
             time.sleep(0.05)
 
+    def enable_auth(self, user: str, password: str) -> None:
+        """Turn etcd's authentication on with ``user`` (granted the root role)
+        and ``password``; at once if auth is off, and nothing to do if it is
+        on and these credentials work (a restart). ``AuthenticationFailed``
+        when auth is on and they do not (another password set the user)."""
+        import etcd3.etcdrpc as rpc
+        import grpc
+
+        from metadata.store import MetadataStore
+        from metadata.tls import EtcdAuth
+
+        try:
+            with MetadataStore(self.endpoint, timeout=5.0, tls=self.client_tls, auth=EtcdAuth(user, password)) as s:
+                s.get("/bookstream-auth-probe")
+            return  # auth already on, and these credentials are the user's
+        except AuthenticationFailed:
+            raise
+        except MetadataError as err:
+            if "authentication is not enabled" not in str(err):
+                raise
+        with MetadataStore(self.endpoint, timeout=5.0, tls=self.client_tls) as s:
+            auth = s._stub("authstub")
+            try:
+                auth.UserAdd(rpc.AuthUserAddRequest(name=user, password=password), s._timeout)
+            except grpc.RpcError as exc:
+                if "user name already exists" not in (exc.details() or ""):
+                    raise s._translate(exc) from exc
+                auth.UserChangePassword(rpc.AuthUserChangePasswordRequest(name=user, password=password),
+                                        s._timeout)
+            try:
+                auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user=user, role="root"), s._timeout)
+                auth.AuthEnable(rpc.AuthEnableRequest(), s._timeout)
+            except grpc.RpcError as exc:
+                raise s._translate(exc) from exc
+
     def _logged_since_launch(self, needle: bytes) -> bool:
         try:
             with open(self.log_path, "rb") as f:

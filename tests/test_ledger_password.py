@@ -59,6 +59,12 @@ def test_reads_and_recovery_need_the_password(shared):
            "--cluster", shared.cluster, "--format", "json", "--timeout", "20"]
     refused = subprocess.run(cli, capture_output=True, text=True, timeout=60)
     assert refused.returncode != 0 and json.loads(refused.stderr)["error"]["type"] == "UnauthorizedAccess"
+    # the CLI's user passes an option, not a keyword argument
+    message = json.loads(refused.stderr)["error"]["message"]
+    assert "--password" in message and "password=" not in message, message
+    text = subprocess.run(cli[:-4] + ["--password", "guess"], capture_output=True, text=True, timeout=60)
+    assert text.returncode != 0 and text.stderr.count("\n") == 1 and "wrong password (--password)" in text.stderr, \
+        text.stderr
     ok = subprocess.run(cli + ["--password", SECRET.decode()], capture_output=True, text=True, timeout=60,
                         env=dict(os.environ))
     assert ok.returncode == 0, ok.stderr

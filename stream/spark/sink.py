@@ -24,7 +24,9 @@ closes it and returns its id.  Then, on the driver:
 Options: ``etcd``, ``cluster``, ``log`` | ``stream``; ``ensembleSize``,
 ``writeQuorum``, ``ackQuorum`` of the task ledgers (3, 2, 2); streaming:
 ``sinkId`` (what names the query for exactly-once; default: its
-``checkpointLocation``).  Column ``payload`` (binary or string) is required.
+``checkpointLocation``); ``password`` of a stream created with one (the
+commit's writer opens it with it; a missing stream is created with it).
+Column ``payload`` (binary or string) is required.
 """
 from __future__ import annotations
 
@@ -94,6 +96,9 @@ class _Options:
         if len(given) != 1:
             raise PlanError(f'the sink needs exactly one of the options "log", "stream", got {given}')
         self.kind, self.name = given[0], options.get(given[0])
+        self.password = options.get("password") or None  # of a password stream (its writer needs it)
+        if self.password is not None and self.kind != "stream":
+            raise PlanError('option "password" is for a stream sink (option "stream"): logs have none')
         self.config = (_int(options, "ensembleSize", 3), _int(options, "writeQuorum", 2),
                        _int(options, "ackQuorum", 2))
         check_payload(schema)
@@ -195,18 +200,19 @@ def _ordered(messages) -> list[int]:
 
 
 async def copy_into_stream(bk, name: str, ledger_ids: list[int], etcd: str, cluster: str, *,
-                           start=None, done=None) -> int:
+                           start=None, done=None, password: str | None = None) -> int:
     """Appends the ledgers' entries, in order, to stream ``name`` with one
     writer (taking the stream over; created if missing).  ``start(w)``
     (async), called once the writer holds the stream, returns how many of
     the records to skip (copied by an earlier attempt); ``done(w)`` (async)
     runs once every append is acknowledged, before the writer closes.
+    ``password``: the stream's (UnauthorizedAccess without it when it has one).
     Returns the count appended."""
-    from stream.stream import AsyncStreamClient
+    from stream.stream import AsyncStreamClient, StreamConfig
 
     n = 0
     async with AsyncStreamClient(etcd, cluster) as sc:
-        w = await sc.open_writer(name)
+        w = await sc.open_writer(name, StreamConfig(password=password) if password is not None else None)
         try:
             skip = 0 if start is None else await start(w)
             pending: collections.deque = collections.deque()
@@ -273,7 +279,7 @@ class _Commit:
         garbage = sorted(set(await cm.pending_ledgers(bk, self.job)) - set(ids))
         await cm.drop_ledgers(bk, self.job, garbage)
         if opts.sink is None:  # a batch job: at least once (a failed job re-run copies again)
-            n = await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster)
+            n = await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, password=opts.password)
         else:
             n = await self._copy_batch_once(bk, ids, batch_id)
         log.info("stream %s: appended %d records from ledgers %s (batch %s)", opts.name, n, ids, batch_id)
@@ -310,7 +316,8 @@ class _Commit:
         async def done(w) -> None:
             await cm.cas_sink(bk, key, dict(base, batch=batch_id), rev)
 
-        return await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, start=start, done=done)
+        return await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, start=start, done=done,
+                                      password=opts.password)
 
     def _abort(self) -> None:
         with self.opts.session() as s:
