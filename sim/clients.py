@@ -37,7 +37,7 @@ from metadata.ledgers import Fragment
 from sim.metadata import LID, as_ledger_metadata, with_fragment
 from sim.spec import SpecViolation, value_of
 from stream.lifecycle import (PREPARED, Apply, BeginRecovery, ChangeEnsemble, CloseAt, CloseRecovered, Done,
-                              FinishTakeOver, TakeOver, prepare_answer, prepare_verdict, writer_verdict)
+                              FinishTakeOver, TakeOver, prepare_answer, prepare_verdict, to_prepare, writer_verdict)
 from stream.quorum import ABSENT_STATUSES, ReadOutcome
 from stream.recovery_core import TERMINAL as REC_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryState
@@ -394,7 +394,7 @@ class SimClient:
             rec.abort(f"no bookie to replace {rp.bookie_id}")
         else:
             nb = w.rng.choice(spare)
-            if w.unbounded and not self._prepare([nb], rec.start_entry, rec.term):
+            if w.unbounded and not self._prepare(to_prepare(rec.ensemble, [nb], w.mutations), rec.start_entry, rec.term):
                 rec.abort(f"replacement {nb} refused its preparation: a newer term")
                 self._after_rec_input(rec, before, decided)
                 return
@@ -611,7 +611,7 @@ class SimClient:
         new = list(prop.ensemble)
         for i, b in zip(prop.replace, picks):
             new[i] = b
-        joining = [b for b in new if b not in prop.ensemble]
+        joining = to_prepare(prop.ensemble, new, w.mutations)
         if w.unbounded and not self._prepare(joining, prop.first_entry, wr.term):
             wr.on_invalid_term(w.meta.term)
             self.pump_writer()

@@ -34,7 +34,7 @@ SCRIPTED = dict(p_loss=0.0, p_slow=0.0, delay_min=1, delay_max=1, fsync_min=0, f
                 client_crashes=0, partitions=0, reads=0, timeout=30, E=3, Qw=3, Qa=2, clients=2)
 
 
-def seed_counterexample(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIONS) -> World:
+def seed_counterexample(*, check_trace: bool = True, attach=None, mutations: Mutations = NO_MUTATIONS) -> World:
     """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1 and 2 reach b0 only.
     2. c1 takes over with term 2; b0 does not answer its reads, but takes its
        writes: b1 and b2 say entry 1 does not exist: a truncate no-op at 1.
@@ -42,6 +42,8 @@ def seed_counterexample(*, check_trace: bool = True, mutations: Mutations = NO_M
     Without the truncate flag, b0 keeps c0's entry 2: divergence at 2."""
     w = World(Scenario(seed=0, bookies=3, **SCRIPTED), scripted=True, check_trace=check_trace,
               mutations=mutations)
+    if attach is not None:
+        attach(w)
     c0, c1 = w.clients["c0"], w.clients["c1"]
     w.do(c0.add)
     w.run(until=10)
@@ -60,7 +62,7 @@ def seed_counterexample(*, check_trace: bool = True, mutations: Mutations = NO_M
     return w
 
 
-def reused_bookie(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIONS) -> World:
+def reused_bookie(*, check_trace: bool = True, attach=None, mutations: Mutations = NO_MUTATIONS) -> World:
     """1. c0 (term 1) writes entry 0 to b0, b1, b2; entries 1..3 reach b0 only.
     2. c1 takes over with term 2; b0 is unreachable: the recovery replaces it
        with b3 and truncates at 1 on b3, b1, b2; b0 keeps c0's 1..3.
@@ -68,6 +70,8 @@ def reused_bookie(*, check_trace: bool = True, mutations: Mutations = NO_MUTATIO
        which still holds c0's entry 2 (and 3) while c1's entry 2 is committed."""
     w = World(Scenario(seed=0, bookies=4, **SCRIPTED), scripted=True, check_trace=check_trace,
               mutations=mutations)
+    if attach is not None:
+        attach(w)
     c0, c1 = w.clients["c0"], w.clients["c1"]
     w.do(c0.add)
     w.run(until=10)

@@ -152,6 +152,7 @@ class MBookie:
     lac: int = -1
     lafr: int = -1
     read_term: int = 0   # the highest term a fencing/recovery read brought (not in snapshot)
+    prepared: tuple = ()  # (first, term) of its last accepted BookiePrepare (not in snapshot)
 
     def snapshot(self) -> tuple:
         return (self.term, self.fenced, dict(self.ents), self.lac, self.lafr)
@@ -313,6 +314,7 @@ class Model:
             self._need(nb not in last[1] and nb not in self.crashed, a, f"replacement {nb} in {last} or crashed")
         self._need(tuple(replaced.get(b, b) for b in last[1]) == tuple(ens), a, f"ensemble {ens} from {last}")
         frags2 = with_fragment(w.frags, first, ens)
+        self._joined(a, w, first, set(ens) - set(last[1]))
         if w.phase == "open":
             self._need(first == w.proposed, a, f"first {first}, proposed {w.proposed}")
             if self.unbounded:  # DEVIATIONS["change_first"]
@@ -340,8 +342,18 @@ class Model:
         self._need(w.phase == "open" and first == self.released(w) + 1, a, f"first {first}")
         self._need(all(not w.ack.get(n) for n in w.val), a, "sent entries not released")
         self._need(m.state == OPEN and m.term == w.term, a, f"metadata {m.state} term {m.term}")
+        self._joined(a, w, first, set(ens) - set(w.frags[-1][1]))
         w.frags = with_fragment(w.frags, first, ens)
         self.meta = m.with_(frags=w.frags)
+
+    def _joined(self, a: str, w: MClient, first: int, joining: set) -> None:
+        """The spec's EnsembleChange (and the finer spec's RollFragment) prepares
+        each joining bookie: here its BookiePrepare at (first, the client's term)
+        must have preceded the change."""
+        if self.unbounded:
+            for nb in sorted(joining):
+                self._need(self.bk[nb].prepared == (first, w.term), a, f"{nb} joins from {first} at term "
+                                                                      f"{w.term} unprepared ({self.bk[nb].prepared})")
 
     # -- adds ------------------------------------------------------------------------------
 
@@ -399,7 +411,7 @@ class Model:
         self._need((term >= k.term) == accepted, a, f"{b} (term {k.term}) "
                                                     f"{'accepted' if accepted else 'refused'} term {term}")
         if accepted:
-            k.term = term
+            k.term, k.prepared = term, (first, term)
             for i in [i for i in k.ents if i >= first]:
                 del k.ents[i]
 

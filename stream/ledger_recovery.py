@@ -28,7 +28,8 @@ from stream.tracing import recovery_ack_counted, recovery_steps
 from stream.quorum import write_set
 from stream.recovery_core import TERMINAL as RECOVERY_TERMINAL
 from stream.recovery_core import RecoveryCore, RecoveryResult, RecoveryState
-from stream.lifecycle import ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas
+from stream.lifecycle import (ALREADY_CLOSED, GONE, BeginRecovery, CloseRecovered, Done, Moot, run_ledger_cas,
+                              to_prepare)
 from stream.ledger_write import PREPARE_FAILED, prepare_bookies, why
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -312,7 +313,8 @@ class RecoveryDriver:
                 self.missing.setdefault(rp.bookie_id, "failed")
                 self._traced(self.core.abort, f"no bookie to replace {rp.bookie_id}: {e}")
             else:
-                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, [new],
+                joining = to_prepare(self.core.ensemble, [new], self.core.mutations)
+                verdict = await prepare_bookies(self.client, self.lid, self.core.start_entry, self.core.term, joining,
                                                 self.master_key)
                 if verdict > 0:
                     self._traced(self.core.abort, f"term {verdict} took over while replacing {rp.bookie_id}")

@@ -30,7 +30,7 @@ from stream import errors as err
 from stream import password as ledger_password
 from stream.bookie_client import BookieUnavailable, decode_ack
 from stream.frames import Frame, FramePipeline
-from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict,
+from stream.lifecycle import (PREPARE_FAILED, PREPARED, ChangeEnsemble, Moot, prepare_answer, prepare_verdict, to_prepare,
                               run_ledger_cas)
 from stream.timers import WriterClock
 from stream.tracing import writer_ack_counted
@@ -480,7 +480,7 @@ class LedgerWriter:
                 new = list(prop.ensemble)
                 for i, b in zip(prop.replace, picks):
                     new[i] = b
-                joining = [b for b in new if b not in prop.ensemble]
+                joining = to_prepare(prop.ensemble, new, self.cfg.mutations)
                 verdict = await prepare_bookies(client, lid, prop.first_entry, self.core.term, joining,
                                                 self.master_key)
                 if verdict > 0:  # INVALID_TERM: a newer term took over

@@ -253,6 +253,16 @@ class ChangeEnsemble:
 PREPARED, PREPARE_FAILED = 0, -1
 
 
+def to_prepare(ensemble, new, mutations: Mutations = NO_MUTATIONS) -> list[str]:
+    """The bookies a new fragment (ensemble ``new`` after ``ensemble``: a
+    writer's change or roll, a recovery's replacement) must prepare before it
+    is published: those joining it.  (Classic ledgers prepare none:
+    ``stream.ledger_write.prepare_bookies`` returns at term 0.)"""
+    if M.JOIN_UNPREPARED in mutations:  # tests only
+        return []
+    return [b for b in new if b not in ensemble]
+
+
 def prepare_answer(ok: bool, invalid_term: int | None) -> int:
     """One joining bookie's answer to Prepare: PREPARED; the newer term
     (> 0) when it refused with INVALID_TERM (``invalid_term``: the term it
@@ -498,6 +508,6 @@ async def run_ledger_cas(client, intent: Intent, *, known: tuple[LedgerMetadata,
 __all__ = [
     "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "GONE", "FENCED", "CLOSED_ELSEWHERE", "WRONG_MODE",
     "CHANGED", "ALREADY_CLOSED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
-    "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
+    "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "to_prepare", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
     "CasLost", "CasUnknown", "run_cas", "ledger_store_io", "run_ledger_cas",
 ]

@@ -34,6 +34,13 @@ FINISH_DESPITE_NEWER_TERM    a take-over's finish opens the ledger at its   (lif
 WRITER_LAFR_AT_QA            the writer's records carry its LAC as their    (the writer's LAFR: TLC trace
                              LAFR (an entry taken as on every bookie of     validation rejects the store
                              its write set once Qa acked it)                of a record carrying it)
+ABSENT_BELOW_COVERAGE        recovery reads an entry as absent on Qw - Qa   (quorum coverage: the spec's
+                             NO_SUCH answers (at least 1), one fewer than   RecoveryRead needs Coverage
+                             the coverage rule's Qw - Qa + 1                of NoSuchEntry)
+JOIN_UNPREPARED              an ensemble change or roll (the writer's or    ensemble_no_prepare
+                             a recovery's) publishes a fragment without
+                             preparing its joining bookies (their term is
+                             not raised, older entries stay)
 ============================ ============================================== ==============================
 
 Hooks (one line each):
@@ -43,9 +50,11 @@ Hooks (one line each):
 - ``RecoveryCore._recovered``: ``flags = self.mutations.writeback_flags(flags, e.data_flags)``
 - ``RecoveryCore._absent``: ``recovery_noop(noop)``, ``after_end_found(self)``
 - ``RecoveryCore._take_acks``: ``noop_acked(self, wb)``
+- ``RecoveryCore._fill_window``: ``EntryReadOutcome(..., absent=self.mutations.absent_quorum(Qw, Qa))``
 - ``RecoveryCore._advance``: ``self.floor = self.mutations.origin_floor(e.origin)``
 - ``WriterCore._pump``: ``lafr=self.mutations.carried_lafr(self.lac, self.lafr)``
 - ``lifecycle.TakeOver.judge``, ``writer_verdict``, ``CloseAt.judge``, ``FinishTakeOver.judge``: ``M in self.mutations``
+- ``lifecycle.to_prepare`` (the bookies a new fragment must prepare): ``JOIN_UNPREPARED in mutations``
 """
 from __future__ import annotations
 
@@ -62,12 +71,15 @@ CHANGE_DESPITE_FENCE = "change_despite_fence"
 CLOSE_DESPITE_RECOVERY = "close_despite_recovery"
 FINISH_DESPITE_NEWER_TERM = "finish_despite_newer_term"
 WRITER_LAFR_AT_QA = "writer_lafr_at_qa"
+ABSENT_BELOW_COVERAGE = "absent_below_coverage"
+JOIN_UNPREPARED = "join_unprepared"
 
 # the recovery core's mutations (the TLA+ trace check knows these)
 RECOVERY = (SKIP_TRUNCATE_NOOP, NOOP_WITHOUT_TRUNCATE, TRUNCATE_WITHOUT_GWQ, RECOVERY_READS_WITHOUT_TERM,
-            WRITEBACK_KEEPS_TRUNCATE, IGNORE_ORIGIN_TERM)
+            WRITEBACK_KEEPS_TRUNCATE, IGNORE_ORIGIN_TERM, ABSENT_BELOW_COVERAGE)
 # the life-cycle core's (stream/lifecycle.py)
-LIFECYCLE = (TAKEOVER_KEEPS_TERM, CHANGE_DESPITE_FENCE, CLOSE_DESPITE_RECOVERY, FINISH_DESPITE_NEWER_TERM)
+LIFECYCLE = (TAKEOVER_KEEPS_TERM, CHANGE_DESPITE_FENCE, CLOSE_DESPITE_RECOVERY, FINISH_DESPITE_NEWER_TERM,
+             JOIN_UNPREPARED)
 # the writer core's (stream/writer_core.py)
 WRITER = (WRITER_LAFR_AT_QA,)
 ALL = RECOVERY + LIFECYCLE + WRITER
@@ -115,6 +127,15 @@ class Mutations:
         """IGNORE_ORIGIN_TERM: the recovery's floor never rises (no answer is
         ever stale)."""
         return 0 if IGNORE_ORIGIN_TERM in self.names else floor
+
+    def absent_quorum(self, write_quorum: int, ack_quorum: int) -> int:
+        """How many NO_SUCH answers read an entry as absent (stream.quorum.absent_quorum);
+        ABSENT_BELOW_COVERAGE: one fewer (at least 1), so that Qa bookies of the
+        write set may hold an entry read as absent."""
+        from stream.quorum import absent_quorum
+
+        n = absent_quorum(write_quorum, ack_quorum)
+        return max(1, n - 1) if ABSENT_BELOW_COVERAGE in self.names else n
 
     def recovery_noop(self, record: bytes) -> bytes:
         """NOOP_WITHOUT_TRUNCATE: the final no-op loses its truncate flag."""

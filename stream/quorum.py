@@ -149,10 +149,14 @@ class EntryReadOutcome:
     out).  The outcome is final once it leaves PENDING; later answers are
     ignored."""
 
-    def __init__(self, write_quorum: int, ack_quorum: int, members: tuple[int, ...] | None = None):
+    def __init__(self, write_quorum: int, ack_quorum: int, members: tuple[int, ...] | None = None,
+                 absent: int | None = None):
         assert write_quorum >= ack_quorum >= 1
         assert members is None or len(members) == write_quorum
         self.Qw, self.Qa = write_quorum, ack_quorum
+        # NO_SUCH answers that read ABSENT: absent_quorum's (the recovery core passes
+        # its mutations' count: stream/mutations.py ABSENT_BELOW_COVERAGE, tests only)
+        self.absent = absent_quorum(write_quorum, ack_quorum) if absent is None else absent
         self.members = members
         self.answered: dict[int, Status | None] = {}
         self.no_such = 0
@@ -177,7 +181,7 @@ class EntryReadOutcome:
 
     def _settle(self) -> None:
         if self.outcome is ReadOutcome.PENDING:
-            if self.no_such >= absent_quorum(self.Qw, self.Qa):
+            if self.no_such >= self.absent:
                 self.outcome = ReadOutcome.ABSENT
             elif len(self.answered) == self.Qw:
                 self.outcome = ReadOutcome.UNKNOWN

@@ -484,7 +484,8 @@ class RecoveryCore:
         while self.read_top < top and (self.read_top == self.frontier or self.held_bytes < self.max_read_ahead_bytes):
             eid = self.read_top
             ws = write_set(eid, self.E, self.Qw)
-            self.outcomes[eid] = EntryReadOutcome(self.Qw, self.Qa, ws)
+            self.outcomes[eid] = EntryReadOutcome(self.Qw, self.Qa, ws,
+                                                  self.mutations.absent_quorum(self.Qw, self.Qa))  # tests only
             first = self._first_reader(eid, ws)
             if first is None:
                 self._ask(eid, ws)

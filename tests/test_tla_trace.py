@@ -88,9 +88,11 @@ def test_simulated_trace_is_accepted(seed, tools):
 # IGNORE_ORIGIN_TERM changes nothing unless a recovery meets an older
 # term's leftover above a newer term's entry, which random runs rarely make
 # (3 of 3,209 take-overs in seeds 0-999): its schedule is scripted below.
-# (The life-cycle mutants are the simulator's to catch: tests/test_sim.py.)
+# ABSENT_BELOW_COVERAGE changes seed 14's run, but TLC accepts it there: see
+# its own test below.  (The life-cycle mutants are the simulator's to catch,
+# tests/test_sim.py; JOIN_UNPREPARED is TLC's too, below.)
 @pytest.mark.parametrize("mutant", [m for m in mutations.RECOVERY + mutations.WRITER
-                                    if m != mutations.IGNORE_ORIGIN_TERM])
+                                    if m not in (mutations.IGNORE_ORIGIN_TERM, mutations.ABSENT_BELOW_COVERAGE)])
 def test_mutant_trace_is_rejected(mutant, tools):
     text = trace.simulate(MUTANT_SEED, mutant, **trace.profile_for(MUTANT_SEED))
     v = trace.validate(text, tools, timeout=280)
@@ -163,3 +165,54 @@ def test_striping_is_refused_not_misjudged():
     text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
     with pytest.raises(trace.Unsupported):
         trace.translate(text)
+
+
+def test_an_entry_read_absent_below_coverage_is_rejected_where_a_replica_held_it(tools):
+    # ABSENT_BELOW_COVERAGE (recovery reads an entry as absent on Qw - Qa
+    # NO_SUCH answers).  TLC resolves which recovery answers were heard
+    # (ReadAtDecision), so a premature "absent" that every bookie's state
+    # bears out has a behaviour (seed 14's run differs, and is accepted);
+    # at seed 10 (E = Qw = 3, Qa = 2) two bookies the core did not wait
+    # for hold c0's entry 2 and c1 writes its no-op there: no behaviour of
+    # the spec sends that no-op.  The clean run of seed 10 is accepted.
+    clean = trace.simulate(10, **trace.profile_for(10))
+    bad = trace.simulate(10, mutations.ABSENT_BELOW_COVERAGE, **trace.profile_for(10))
+    assert bad != clean
+    v = trace.validate(clean, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events, v.describe()
+    v = trace.validate(bad, tools, timeout=280)
+    assert not v.accepted and v.stuck_at is not None, v.describe()
+    assert v.stuck_at["action"] == "ClientSendAdd" and v.stuck_at["args"]["value"][1] == "noop", v.stuck_at
+
+
+def _joining(text: str) -> set[str]:
+    events = [json.loads(x) for x in text.splitlines()]
+    joined = set()
+    for e in events:
+        if e["action"] == "EnsembleChange":
+            joined |= set(e["args"]["replaced"].values())
+    return joined
+
+
+@pytest.mark.parametrize("run", ["reused_bookie", 22])
+def test_an_unprepared_joining_bookie_is_rejected(run, tools):
+    # JOIN_UNPREPARED: changes publish fragments without preparing the
+    # bookies that join them.  The trace spec's EnsembleChange prepares them
+    # (its term raised, entries from the fragment's first deleted) and the
+    # bookie's next store shows the entries it kept: sim/scripted.py
+    # reused_bookie (b0 joins from 2 holding c0's 2 and 3), and seed 22
+    # (whose clean run is in SAMPLE).  A joining bookie with nothing at or
+    # above the fragment's first entry looks prepared once it stores (seed
+    # 14's mutant run is accepted: README, implementation mutants).
+    if isinstance(run, str):
+        clean = trace.simulate_script(run)
+        v = trace.validate(clean, tools, timeout=280)
+        assert v.accepted and v.consumed == v.events, v.describe()
+        bad = trace.simulate_script(run, mutations.JOIN_UNPREPARED)
+    else:
+        clean = trace.simulate(run, **trace.profile_for(run))
+        bad = trace.simulate(run, mutations.JOIN_UNPREPARED, **trace.profile_for(run))
+    assert '"BookiePrepare"' in clean and '"BookiePrepare"' not in bad
+    v = trace.validate(bad, tools, timeout=280)
+    assert not v.accepted and v.stuck_at is not None, v.describe()
+    assert v.stuck_at["action"] == "BookieStore" and v.stuck_at["actor"] in _joining(bad), v.stuck_at

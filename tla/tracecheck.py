@@ -376,9 +376,13 @@ def simulate_script(name: str, mutant: str | None = None) -> str:
     from stream import mutations
 
     tracers: list = []
+
+    def attach(w) -> None:
+        tracers.append(Tracer.attach(w))
+        w.check_invariants = mutant is None  # a mutant's run goes on past its damage
+
     try:
-        scripted.SCRIPTS[name](check_trace=mutant is None, attach=lambda w: tracers.append(Tracer.attach(w)),
-                               mutations=mutations.Mutations.of(mutant))
+        scripted.SCRIPTS[name](check_trace=mutant is None, attach=attach, mutations=mutations.Mutations.of(mutant))
     except Violation:
         if mutant is None:
             raise
