@@ -213,9 +213,10 @@ def recover(bookie, to, dry_run, seal_open, spark, master, etcd, cluster, fmt):
         raise click.UsageError("--master goes with --spark")
     try:
         if spark:
+            from bookstream.security import current
             from stream.spark.recover import recover_on_spark, spark_session
             s = recover_on_spark(spark_session(master), etcd, cluster, bookie, to=to, dry_run=dry_run,
-                                 seal_open=seal_open)
+                                 seal_open=seal_open, security=current().client_config())
         else:
             s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=to, dry_run=dry_run, seal_open=seal_open,
                                            show_progress=show))

@@ -27,6 +27,42 @@ from stream.spark.plan import LedgerView, Range
 
 log = logging.getLogger(__name__)
 
+# The options for a cluster with TLS or etcd authentication, each falling
+# back to the BOOKSTREAM_* variable the command line reads (what
+# `bookstream standalone --tls --etcd-auth` prints to export).
+SECURITY_OPTIONS = {
+    "tlsCa": "BOOKSTREAM_TLS_CA", "tlsCert": "BOOKSTREAM_TLS_CERT", "tlsKey": "BOOKSTREAM_TLS_KEY",
+    "tlsServerName": "BOOKSTREAM_TLS_SERVER_NAME",
+    "etcdCa": "BOOKSTREAM_ETCD_CA", "etcdCert": "BOOKSTREAM_ETCD_CERT", "etcdKey": "BOOKSTREAM_ETCD_KEY",
+    "etcdUser": "BOOKSTREAM_ETCD_USER", "etcdPassword": "BOOKSTREAM_ETCD_PASSWORD",
+}
+
+
+def security_overrides(options) -> dict:
+    """``ClientConfig`` overrides (``tls``, ``etcd_tls``, ``etcd_auth``) from a
+    source's or sink's options, resolved on the driver: the planned tasks
+    carry them (picklable), so executors need no environment of their own.
+    Spark's options are case-insensitive; a bad combination (a server name
+    without TLS, a user without a password) is a one-line error."""
+    import os
+
+    from metadata.tls import EtcdAuth, TlsConfigError, TlsFiles
+
+    v = {}
+    for name, env in SECURITY_OPTIONS.items():
+        given = options.get(name)
+        if given is None:
+            given = options.get(name.lower())
+        v[name] = given if given not in (None, "") else os.environ.get(env)
+    try:
+        return {"tls": TlsFiles.of(v["tlsCa"], v["tlsCert"], v["tlsKey"], v["tlsServerName"]),
+                "etcd_tls": TlsFiles.of(v["etcdCa"], v["etcdCert"], v["etcdKey"]),
+                "etcd_auth": EtcdAuth.of(v["etcdUser"], v["etcdPassword"])}
+    except TlsConfigError as e:
+        from stream.spark.plan import PlanError
+
+        raise PlanError(f"TLS or etcd options: {e}") from None
+
 
 class Session:
     """A BookKeeperClient on a background event loop (one per process that

@@ -80,7 +80,7 @@ def recover_fragment(task: dict) -> dict:
            "host": os.uname().nodename, "pid": os.getpid()}
     t0 = time.monotonic()
     try:
-        with Session(task["etcd"], task["cluster"]) as s:
+        with Session(task["etcd"], task["cluster"], **(task.get("security") or {})) as s:
             keys = AutorecoveryKeys(s.bk.store, task["cluster"])
             out = s.run(recover_ledger_fragments(
                 s.bk, lid, {task["lost"]}, target=task["target"], seal=False, grace=0.0, only={first},
@@ -142,16 +142,17 @@ async def _plan(bk, bookie: str, *, seal_open: bool, to: str | None, locks: "Rec
 
 
 def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | None = None,
-                     dry_run: bool = False, seal_open: bool = False) -> dict:
+                     dry_run: bool = False, seal_open: bool = False, security: dict | None = None) -> dict:
     """Runs the recovery of ``bookie`` as a Spark job on ``spark``'s
     cluster; returns the summary (``bookstream recover``'s keys, plus
     ``fragments`` and ``spark``).  Safe to interrupt and re-run.  A dry run
-    changes nothing (no seal, no lock)."""
+    changes nothing (no seal, no lock).  ``security``: ``ClientConfig``
+    overrides for a cluster with TLS or etcd auth (the tasks carry them)."""
     from stream.spark.access import Session
 
     t0 = time.monotonic()
     sc = spark.sparkContext
-    with Session(etcd, cluster) as s:
+    with Session(etcd, cluster, **(security or {})) as s:
         from stream.autorecovery.service import RecoveryLocks
 
         locks = None if dry_run else RecoveryLocks(s.bk, cluster, "spark-recover")
@@ -164,15 +165,16 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
                 out["dry_run"] = True
                 out["plan"] = [t.as_json() for t in tasks]
                 return out
-            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks.holder) if tasks else []
+            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks.holder, security) if tasks else []
         finally:
             if locks is not None:
                 locks.release()
     return summarize(bookie, plans, results, seconds=time.monotonic() - t0, left=left, extra=about)
 
 
-def _run_tasks(sc, tasks: list[FragmentTask], etcd: str, cluster: str, bookie: str, holder: str) -> list[dict]:
-    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=holder) for t in tasks]
+def _run_tasks(sc, tasks: list[FragmentTask], etcd: str, cluster: str, bookie: str, holder: str,
+               security: dict | None = None) -> list[dict]:
+    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=holder, security=security) for t in tasks]
     sc.setJobDescription(f"bookstream recover {bookie}: {len(tasks)} fragment(s)")
     try:
         return sc.parallelize(payload, len(payload)).map(recover_fragment).collect()

@@ -21,7 +21,8 @@ closes it and returns its id.  Then, on the driver:
   or Kafka through map-like steps).  A batch job: at least once (a job that
   fails during the copy and is run again copies it again).
 
-Options: ``etcd``, ``cluster``, ``log`` | ``stream``; ``ensembleSize``,
+Options: ``etcd``, ``cluster``, the source's TLS and etcd authentication
+options (``tlsCa`` ... ``etcdPassword``), ``log`` | ``stream``; ``ensembleSize``,
 ``writeQuorum``, ``ackQuorum`` of the task ledgers (3, 2, 2); streaming:
 ``sinkId`` (what names the query for exactly-once; default: its
 ``checkpointLocation``); ``password`` of a stream created with one (the
@@ -43,7 +44,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 from metadata.layout import KeyLayout
 from stream import errors as err
 from stream.spark import commit as cm
-from stream.spark.access import Session
+from stream.spark.access import Session, security_overrides
 from stream.spark.plan import PlanError
 
 log = logging.getLogger(__name__)
@@ -92,6 +93,7 @@ class _Options:
         if not self.etcd:
             raise PlanError('option "etcd" is required (host:port of the cluster\'s etcd)')
         self.cluster = options.get("cluster") or "default"
+        self.security = security_overrides(options)
         given = [k for k in ("log", "stream") if options.get(k)]
         if len(given) != 1:
             raise PlanError(f'the sink needs exactly one of the options "log", "stream", got {given}')
@@ -111,7 +113,7 @@ class _Options:
                                 '(it names the query, so a replayed batch is written once)')
 
     def session(self) -> Session:
-        return Session(self.etcd, self.cluster)
+        return Session(self.etcd, self.cluster, **self.security)
 
 
 def _payloads(batch, column: str) -> list:
@@ -200,18 +202,19 @@ def _ordered(messages) -> list[int]:
 
 
 async def copy_into_stream(bk, name: str, ledger_ids: list[int], etcd: str, cluster: str, *,
-                           start=None, done=None, password: str | None = None) -> int:
+                           start=None, done=None, password: str | None = None, security: dict | None = None) -> int:
     """Appends the ledgers' entries, in order, to stream ``name`` with one
     writer (taking the stream over; created if missing).  ``start(w)``
     (async), called once the writer holds the stream, returns how many of
     the records to skip (copied by an earlier attempt); ``done(w)`` (async)
     runs once every append is acknowledged, before the writer closes.
-    ``password``: the stream's (UnauthorizedAccess without it when it has one).
+    ``password``: the stream's (UnauthorizedAccess without it when it has one);
+    ``security``: ``ClientConfig`` overrides (``access.security_overrides``).
     Returns the count appended."""
     from stream.stream import AsyncStreamClient, StreamConfig
 
     n = 0
-    async with AsyncStreamClient(etcd, cluster) as sc:
+    async with AsyncStreamClient(etcd, cluster, **(security or {})) as sc:
         w = await sc.open_writer(name, StreamConfig(password=password) if password is not None else None)
         try:
             skip = 0 if start is None else await start(w)
@@ -279,7 +282,8 @@ class _Commit:
         garbage = sorted(set(await cm.pending_ledgers(bk, self.job)) - set(ids))
         await cm.drop_ledgers(bk, self.job, garbage)
         if opts.sink is None:  # a batch job: at least once (a failed job re-run copies again)
-            n = await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, password=opts.password)
+            n = await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, password=opts.password,
+                                           security=opts.security)
         else:
             n = await self._copy_batch_once(bk, ids, batch_id)
         log.info("stream %s: appended %d records from ledgers %s (batch %s)", opts.name, n, ids, batch_id)
@@ -317,7 +321,7 @@ class _Commit:
             await cm.cas_sink(bk, key, dict(base, batch=batch_id), rev)
 
         return await copy_into_stream(bk, opts.name, ids, opts.etcd, opts.cluster, start=start, done=done,
-                                      password=opts.password)
+                                      password=opts.password, security=opts.security)
 
     def _abort(self) -> None:
         with self.opts.session() as s:

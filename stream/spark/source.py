@@ -4,6 +4,10 @@
 Options (names as Spark's Kafka source has them where it has one):
 
 - ``etcd`` (required), ``cluster`` (``default``);
+- for a cluster with TLS or etcd authentication: ``tlsCa``, ``tlsCert``,
+  ``tlsKey``, ``tlsServerName``, ``etcdCa``, ``etcdCert``, ``etcdKey``,
+  ``etcdUser``, ``etcdPassword`` (each defaults to its ``BOOKSTREAM_*``
+  variable in the driver's environment: ``stream/spark/access.py``);
 - exactly one of ``stream``, ``log``, ``ledger`` (a classic ledger id);
 - ``startingPositions``: ``earliest`` (batch default), ``latest``
   (streaming default), the hex of a ``position`` value (that entry
@@ -36,7 +40,7 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSourceReader, DataSourceStreamReader, InputPartition
 
 from stream.spark import plan
-from stream.spark.access import Session, chain_views, entry_bytes, fragment_starts, read_range
+from stream.spark.access import Session, chain_views, entry_bytes, fragment_starts, read_range, security_overrides
 
 try:  # Spark 4.2+
     from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
@@ -84,6 +88,7 @@ class SourceOptions:
         if not self.etcd:
             raise plan.PlanError('option "etcd" is required (host:port of the cluster\'s etcd)')
         self.cluster = options.get("cluster") or "default"
+        self.security = security_overrides(options)
         given = [k for k in plan.KINDS if options.get(k) not in (None, "")]
         if len(given) != 1:
             raise plan.PlanError(f'exactly one of the options "stream", "log", "ledger" is needed, got {given}')
@@ -111,7 +116,7 @@ class SourceOptions:
         self.arrow = _bool(options, "arrowBatches", True)
 
     def session(self) -> Session:
-        return Session(self.etcd, self.cluster)
+        return Session(self.etcd, self.cluster, **self.security)
 
     def label(self) -> str:
         return self.name
@@ -306,7 +311,7 @@ class StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.opts
 
         async def trim():
-            async with AsyncStreamClient(opts.etcd, opts.cluster) as sc:
+            async with AsyncStreamClient(opts.etcd, opts.cluster, **opts.security) as sc:
                 return await sc.trim(opts.name, Position(end["entry"]))
         n = self._s().run(trim())
         log.info("stream %r: trimmed %d fragments below %s", opts.name, n, end)
