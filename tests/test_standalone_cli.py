@@ -76,10 +76,38 @@ def _ctrl_c(proc, out: Output, tmp_path) -> str:
     return out.text[start:]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc: each child of the standalone
+    runs in a process group of its own, so killing its group leaves them)."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(d))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
 def _stop(proc):
+    """After a test (a failed one too): the standalone and everything it
+    started are gone."""
+    below = _descendants(proc.pid)
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def test_ctrl_c_stops_bookies_first_so_their_registrations_are_gone(tmp_path):
