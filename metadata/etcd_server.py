@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import signal
 import socket
@@ -32,6 +33,8 @@ from pathlib import Path
 from metadata.errors import AuthenticationFailed, MetadataError
 
 ETCD_BINARY_ENV = "BOOKSTREAM_ETCD"
+
+log = logging.getLogger(__name__)
 
 
 class EtcdServerError(MetadataError):
@@ -265,7 +268,21 @@ class ManagedEtcd:
         """Turn etcd's authentication on with ``user`` (granted the root role)
         and ``password``; at once if auth is off, and nothing to do if it is
         on and these credentials work (a restart). ``AuthenticationFailed``
-        when auth is on and they do not (another password set the user)."""
+        when auth is on and they do not (another password set the user).
+        An etcd that does not answer in time (a loaded machine: the TLS
+        handshake alone can take seconds) is asked again, with a fresh
+        connection, until ``start_timeout``; every step can be repeated."""
+        deadline = time.monotonic() + self.start_timeout
+        while True:
+            try:
+                return self._enable_auth_once(user, password)
+            except MetadataError as err:
+                if not err.retriable or time.monotonic() > deadline:
+                    raise
+                log.info("etcd did not answer the auth set-up in time (%s): again", err)
+                time.sleep(0.2)
+
+    def _enable_auth_once(self, user: str, password: str) -> None:
         import etcd3.etcdrpc as rpc
         import grpc
 

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from metadata.errors import (
+    AuthenticationFailed,
     BadVersion,
     Compacted,
     InvalidKey,
@@ -460,3 +461,35 @@ def test_valid_names():
         KeyLayout("c").bookie_key("", False)
     with pytest.raises(InvalidName):
         KeyLayout("c").stream_key("a\nb")
+
+
+def test_enable_auth_waits_out_an_etcd_that_does_not_answer_in_time(tmp_path):
+    """`standalone --etcd-auth` on a loaded machine: etcd is up but does not
+    answer the auth set-up within a request's timeout (paused here for
+    longer than that timeout: SIGSTOP); enable_auth asks again until etcd
+    answers, then auth is on (a client without credentials is refused)."""
+    import os
+    import signal
+
+    from metadata.tls import EtcdAuth
+
+    server = ManagedEtcd(tmp_path / "etcd").start()
+    try:
+        os.kill(server.pid, signal.SIGSTOP)
+        resume = threading.Timer(7.0, os.kill, (server.pid, signal.SIGCONT))  # the fault's length, > 5 s
+        resume.start()
+        try:
+            server.enable_auth("root", "pw-1")
+        finally:
+            resume.join()
+        with MetadataStore(server.endpoint, timeout=5.0, auth=EtcdAuth("root", "pw-1")) as s:
+            s.put("/auth-on", b"1")
+        with pytest.raises(MetadataError, match="(?i)user name is empty|auth|permission"):
+            with MetadataStore(server.endpoint, timeout=5.0) as s:
+                s.get("/auth-on")
+        with pytest.raises(AuthenticationFailed):
+            with MetadataStore(server.endpoint, timeout=5.0, auth=EtcdAuth("root", "wrong")) as s:
+                s.get("/auth-on")
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+        server.stop()
