@@ -20,7 +20,6 @@ from bookie import wire
 from bookie.core import Status
 from bookie.journal import JournalWriteError
 from bookie.metrics import BookieMetrics, observed
-from bookie.read_gate import ReadGate
 from bookie.storage import Storage, StorageConfig
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -50,9 +49,6 @@ class BookieConfig:
     # bookie stops reading it (back-pressure).
     stream_inflight_bytes: int = 64 << 20
     read_frame_bytes: int = 4 << 20
-    # Range-read frames in flight on the bookie at once (bookie/read_gate.py:
-    # range reads yield to adds); 0: no bound.
-    range_read_frames: int = 0
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
@@ -149,7 +145,6 @@ class BookieService(pb_grpc.BookieServicer):
         self.read_entry_requests = 0
         self.read_range_requests = 0
         self.read_range_entries = 0
-        self.read_gate = ReadGate(config.range_read_frames)
         self.registration_status = lambda: None  # set by BookieServer: the etcd registration's status()
         self.metrics = BookieMetrics()  # bookie/metrics.py; served by bookstream/admin_http.py
         storage.journal.on_commit = self.metrics.commit
@@ -307,26 +302,21 @@ class BookieService(pb_grpc.BookieServicer):
             async for resp in self._read_sparse(request.ledger_id, first, last, frame_bytes, stripe, residues):
                 yield resp
             return
-        nxt, gate = first, self.read_gate
+        nxt = first
         while nxt <= last:
-            held = await gate.acquire()
             try:
-                try:
-                    status, recs, after = self.storage.read_range(request.ledger_id, nxt, last, frame_bytes)
-                    data = b"".join(recs)
-                    E.verify_all(data)  # never serve a record that rotted on disk
-                except E.ChecksumMismatch as e:
-                    yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
-                    return
-                except Exception as e:
-                    log.exception("range read failed")
-                    yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
-                    return
-                self.read_range_entries += after - nxt
-                yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
-            finally:
-                if held:
-                    gate.release()
+                status, recs, after = self.storage.read_range(request.ledger_id, nxt, last, frame_bytes)
+                data = b"".join(recs)
+                E.verify_all(data)  # never serve a record that rotted on disk
+            except E.ChecksumMismatch as e:
+                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
+                return
+            except Exception as e:
+                log.exception("range read failed")
+                yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
+                return
+            self.read_range_entries += after - nxt
+            yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
             if status is not Status.OK:
                 return
             nxt = after
@@ -338,33 +328,27 @@ class BookieService(pb_grpc.BookieServicer):
         earlier frames did not return (with a stripe filter: of the ids it
         selects).  An entry failing its checksum ends
         the stream with CHECKSUM_MISMATCH after the good entries below it."""
-        nxt, gate = first, self.read_gate
+        nxt = first
         while True:
-            held = await gate.acquire()
             try:
-                try:
-                    status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes, stripe,
-                                                                     residues)
-                    data = b"".join(recs)
-                    count, good_end, bad = E.verified_prefix(data)
-                except Exception as e:
-                    log.exception("range read failed")
-                    yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
-                    return
-                term = self.storage.term_of(ledger_id)
-                if bad is not None:
-                    log.error("stored entry failed its checksum: %s", bad)
-                    if count:
-                        self.read_range_entries += count
-                        yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
-                                                   through=bad.entry_id - 1, term=term)
-                    yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
-                    return
-                self.read_range_entries += count
-                yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
-            finally:
-                if held:
-                    gate.release()
+                status, recs, through = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes, stripe, residues)
+                data = b"".join(recs)
+                count, good_end, bad = E.verified_prefix(data)
+            except Exception as e:
+                log.exception("range read failed")
+                yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
+                return
+            term = self.storage.term_of(ledger_id)
+            if bad is not None:
+                log.error("stored entry failed its checksum: %s", bad)
+                if count:
+                    self.read_range_entries += count
+                    yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
+                                               through=bad.entry_id - 1, term=term)
+                yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
+                return
+            self.read_range_entries += count
+            yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
             if status is not Status.OK or through >= last:
                 return
             nxt = through + 1

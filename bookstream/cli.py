@@ -82,9 +82,6 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compaction-threshold", type=float, default=StorageConfig.compaction_threshold,
                    help="compact journal segments whose live fraction is below this")
     p.add_argument("--disk-check-interval", type=float, default=1.0)
-    p.add_argument("--range-read-frames", type=int, default=BookieConfig.range_read_frames,
-                   help="range-read frames in flight on the bookie at once, range reads yielding to adds "
-                        "(bookie/read_gate.py); 0: no bound")
     p.add_argument("--gc-interval", type=float, default=30.0)
     p.add_argument("--admin-port", type=int, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
@@ -123,7 +120,6 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
-        range_read_frames=args.range_read_frames,
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )
