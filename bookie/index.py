@@ -50,7 +50,7 @@ Removed = list[tuple[int, int]]
 class LedgerIndex:
     """The index of one ledger."""
 
-    __slots__ = ("_runs", "_count", "_last", "_version", "_views", "_asked")
+    __slots__ = ("_runs", "_count", "_last", "_version", "_views", "_asked", "__weakref__")
 
     def __init__(self) -> None:
         self._runs: SortedDict = SortedDict()
@@ -68,6 +68,10 @@ class LedgerIndex:
             if view.version == v0:
                 view.extend(first, locs, lens)
                 view.version = self._version
+
+    def drop_view(self, stripe: int, residues: int, view) -> None:
+        if self._views.get((stripe, residues)) is view:
+            del self._views[(stripe, residues)]
 
     def stripe_view(self, stripe: int, residues: int):
         """The current StripeView of a filter (bookie/striped_read.py), or

@@ -81,6 +81,7 @@ class Storage:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config or StorageConfig()
+        self.stripe_views = striped_read.ViewBudget()  # the stripe views' ids, bounded bookie-wide
         self.core = BookieCore()
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
@@ -386,6 +387,7 @@ class Storage:
         if stripe:  # bookie/striped_read.py
             view = st.index.stripe_view(stripe, residues)
             if view is not None:
+                self.stripe_views.used(st.index, view)
                 out, nxt, full = striped_read.read_view(view, first, last, max_bytes, self._read_at, STRIPE_GAP_BYTES)
             else:
                 out, nxt, full = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes,

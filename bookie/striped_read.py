@@ -19,8 +19,10 @@ Both walks read the wanted records close together on disk in one pread
 """
 from __future__ import annotations
 
+import weakref
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 
 from bookie.index import OFFSET_BITS
 
@@ -44,6 +46,32 @@ class StripeView:
                 ids.append(e)
                 vl.append(locs[k])
                 vn.append(lens[k])
+
+
+class ViewBudget:
+    """Bounds the ids held in stripe views across a bookie's ledgers (20
+    bytes each): the views used least recently are dropped from their
+    indexes past `max_ids` (never the one just used).  Indexes are held
+    weakly: a deleted ledger's views go with it."""
+
+    def __init__(self, max_ids: int = 1 << 21):
+        self.max_ids = max_ids
+        self.held = 0
+        self._lru: OrderedDict = OrderedDict()  # (id(index), key) -> (weakref to index, view, ids counted)
+
+    def used(self, index, view: StripeView) -> None:
+        k = (id(index), view.stripe, view.residues)
+        old = self._lru.pop(k, None)
+        if old is not None:
+            self.held -= old[2]
+        self._lru[k] = (weakref.ref(index), view, len(view.ids))
+        self.held += len(view.ids)
+        while self.held > self.max_ids and len(self._lru) > 1:
+            _, (ref, v, counted) = self._lru.popitem(last=False)
+            self.held -= counted
+            idx = ref()
+            if idx is not None:
+                idx.drop_view(v.stripe, v.residues, v)
 
 
 def _spans_out(spans, read_at) -> list[bytes]:

@@ -133,3 +133,24 @@ def test_a_ledger_changing_between_reads_keeps_the_run_walk(tmp_path):
         assert not idx._views
     finally:
         s.close()
+
+
+def test_the_views_of_a_bookie_stay_within_their_budget(tmp_path):
+    s = Storage(tmp_path / "b")
+    s.open()
+    try:
+        held = [e for e in range(2000) if held_by(e, 2, 4)]   # 1,000 ids: 500 in each residue 0, 1
+        asyncio.run(add(s, held))
+        idx = s.core.ledgers[LID].index
+        s.stripe_views.max_ids = 1200                        # two views of 500 ids, not three
+        for residues in (0b0001, 0b0010, 0b0011):
+            want = [e for e in held if residues >> (e % 4) & 1]
+            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+            assert (4, residues) in idx._views                # the one just used is kept
+            assert s.stripe_views.held <= 1200 or len(idx._views) == 1
+        assert (4, 0b0001) not in idx._views                  # the least recently used went
+        assert sum(len(v.ids) for v in idx._views.values()) == s.stripe_views.held
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
+    finally:
+        s.close()
