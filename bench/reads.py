@@ -53,6 +53,8 @@ def add_parsers(bsub) -> None:
     r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
     r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
     r.add_argument("--seconds", type=float, default=3.0, help="open loop length")
+    r.add_argument("--reader-nice", type=int, default=0,
+                   help="run the catch-up reader beside the open loop under `nice -n N` (0: as the writer)")
     add_data_args(r)
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_reads)
@@ -142,20 +144,20 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
     return rows
 
 
-def start_reader(etcd: str, cluster: str, name: str, seconds: float) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
+def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
                              "--cluster", cluster, "--stream", name, "--seconds", str(seconds)],
                             stdout=subprocess.PIPE, text=True)
 
 
 async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
-                                  rate: float, say=print) -> dict:
+                                  rate: float, say=print, reader_nice: int = 0) -> dict:
     """Step 2 of the module doc."""
     from bench import single
 
     alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
     say(f"alone: {single.open_loop_line(alone)}")
-    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30)
+    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice)
     try:
         line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
         if not line.startswith("started"):
@@ -190,7 +192,8 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
                 ref = [r for r in results["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
                 results["open_loop"] = await open_loop_beside_reader(
-                    sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, args.seconds, args.open_loop_rate)
+                    sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, args.seconds, args.open_loop_rate,
+                    reader_nice=args.reader_nice)
 
     with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())

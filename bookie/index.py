@@ -50,12 +50,50 @@ Removed = list[tuple[int, int]]
 class LedgerIndex:
     """The index of one ledger."""
 
-    __slots__ = ("_runs", "_count", "_last")
+    __slots__ = ("_runs", "_count", "_last", "_version", "_views", "_asked", "__weakref__")
 
     def __init__(self) -> None:
         self._runs: SortedDict = SortedDict()
         self._count = 0
         self._last: Run | None = None  # the run with the highest start: the append fast path
+        self._version = 0   # bumped by every change (the stripe views' validity)
+        self._views: dict = {}  # (stripe, residues) -> bookie.striped_read.StripeView
+        self._asked = None  # the last view asked for and not built: (stripe, residues, version)
+
+    def _appended(self, first: int, locs, lens) -> None:
+        """Appends at the end keep the current stripe views current."""
+        v0 = self._version
+        self._version += 1
+        for view in self._views.values():
+            if view.version == v0:
+                view.extend(first, locs, lens)
+                view.version = self._version
+
+    def drop_view(self, stripe: int, residues: int, view) -> None:
+        if self._views.get((stripe, residues)) is view:
+            del self._views[(stripe, residues)]
+
+    def stripe_view(self, stripe: int, residues: int):
+        """The current StripeView of a filter (bookie/striped_read.py), or
+        None: built when asked a second time with no change in between."""
+        key = (stripe, residues)
+        view = self._views.get(key)
+        if view is not None and view.version == self._version:
+            return view
+        if self._asked != (stripe, residues, self._version):
+            self._asked = (stripe, residues, self._version)
+            return None
+        from bookie.striped_read import StripeView
+
+        view = StripeView(stripe, residues)
+        for run in self._runs.values():
+            view.extend(run.start, run.locs, run.lens)
+        view.version = self._version
+        self._views = {k: v for k, v in self._views.items() if v.version == self._version}
+        if len(self._views) >= 8:
+            self._views.clear()
+        self._views[key] = view
+        return view
 
     def __len__(self) -> int:
         return self._count
@@ -75,8 +113,17 @@ class LedgerIndex:
             last.locs.append(loc)
             last.lens.append(length)
             self._count += 1
+            self._appended(entry_id, (loc,), (length,))
             return None
         runs = self._runs
+        if last is None or entry_id > last.end:  # a new run past the end (a striped bookie's appends)
+            run = self._last = runs[entry_id] = Run(entry_id)
+            run.locs.append(loc)
+            run.lens.append(length)
+            self._count += 1
+            self._appended(entry_id, (loc,), (length,))
+            return None
+        self._version += 1
         i = runs.bisect_right(entry_id) - 1
         run = runs.peekitem(i)[1] if i >= 0 else None
         if run is not None and entry_id < run.end:
@@ -113,6 +160,7 @@ class LedgerIndex:
             last.locs.extend(locs)
             last.lens.extend(lens)
             self._count += len(locs)
+            self._appended(first, locs, lens)
             return []
         dead = []
         for k in range(len(locs)):
@@ -186,6 +234,7 @@ class LedgerIndex:
         removed: Removed = []
         if first > last or not self._runs:
             return removed
+        self._version += 1
         runs = self._runs
         i = max(runs.bisect_right(first) - 1, 0)
         affected = [r for r in runs.values()[i:] if r.start <= last and r.end > first]

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bookie import entry as E
+from bookie import striped_read
 from bookie.crc import crc32
 from bookie.core import VERIFIER_SIZE, Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
-from bookie.index import OFFSET_BITS, LedgerIndex, Removed, pack_location, unpack_location
+from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
     LAC_BODY,
@@ -80,6 +81,7 @@ class Storage:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config or StorageConfig()
+        self.stripe_views = striped_read.ViewBudget()  # the stripe views' ids, bounded bookie-wide
         self.core = BookieCore()
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
@@ -382,11 +384,16 @@ class Storage:
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last
-        runs = st.index.runs_from(first, last, skip_gaps=True)
-        if stripe:
-            out, nxt, full = self._read_striped(runs, max_bytes, stripe, residues)
+        if stripe:  # bookie/striped_read.py
+            view = st.index.stripe_view(stripe, residues)
+            if view is not None:
+                self.stripe_views.used(st.index, view)
+                out, nxt, full = striped_read.read_view(view, first, last, max_bytes, self._read_at, STRIPE_GAP_BYTES)
+            else:
+                out, nxt, full = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes,
+                                                        stripe, residues, self._read_at, STRIPE_GAP_BYTES)
         else:
-            out, nxt, full = self._read_runs(runs, max_bytes)
+            out, nxt, full = self._read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes)
         return Status.OK, out, nxt - 1 if full else last
 
     def _read_runs(self, runs, max_bytes: int) -> tuple[list[bytes], int | None, bool]:
@@ -414,46 +421,6 @@ class Storage:
         if run_len:
             out.append(self._read_at(run_loc, run_len))
         return out, nxt, False
-
-    def _read_striped(self, runs, max_bytes: int, stripe: int,
-                      residues: int) -> tuple[list[bytes], int | None, bool]:
-        """``_read_runs`` of the ids with bit (id mod stripe) set in
-        `residues` only.  The records a striped reader skips sit between the
-        ones it wants in the journal (a writer's frame to this bookie holds
-        every id of its write sets): a span of wanted records with gaps of
-        at most STRIPE_GAP_BYTES is read in one pread and sliced."""
-        want = [bool(residues >> r & 1) for r in range(stripe)]
-        spans: list[tuple[int, int, list[tuple[int, int]]]] = []  # (seg loc, end, [(loc, len)])
-        size, nxt = 0, None
-        full = False
-        for start, locs, lens in runs:
-            nxt = start
-            eid = start
-            for loc, ln in zip(locs, lens):
-                if want[eid % stripe]:
-                    if size and size + ln > max_bytes:
-                        full = True
-                        break
-                    if spans and spans[-1][0] >> OFFSET_BITS == loc >> OFFSET_BITS and 0 <= loc - spans[-1][1] <= STRIPE_GAP_BYTES:
-                        s0, _, pieces = spans[-1]
-                        pieces.append((loc, ln))
-                        spans[-1] = (s0, loc + ln, pieces)
-                    else:
-                        spans.append((loc, loc + ln, [(loc, ln)]))
-                    size += ln
-                eid += 1
-            nxt = eid
-            if full:
-                break
-        out = []
-        for s0, end, pieces in spans:
-            data = self._read_at(s0, end - s0)
-            if len(pieces) == 1 or sum(ln for _, ln in pieces) == end - s0:
-                out.append(data)
-            else:
-                mv = memoryview(data)
-                out.append(b"".join([mv[loc - s0:loc - s0 + ln] for loc, ln in pieces]))
-        return out, nxt, full
 
     # -- LAC long poll ------------------------------------------------------------------
 

@@ -1,0 +1,156 @@
+"""A striped bookie's range read from its stripe view (bookie/striped_read.py)
+on the real Storage (a journal on disk): the records and the `through` are
+the run walk's, frame by frame, for every filter and frame size; the view is
+used once the index holds still, follows appends at the end, and is dropped
+when the index changes otherwise (a gap filled, a range deleted)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from bookie import entry as E
+from bookie import striped_read
+from bookie.core import Status
+from bookie.storage import STRIPE_GAP_BYTES, Storage
+
+LID = 7
+
+
+def payload(e: int) -> bytes:
+    return b"e%d-" % e + b"x" * (e * 37 % 1500)
+
+
+async def add(s: Storage, ids: list[int]) -> None:
+    futs = []
+    for k in range(0, len(ids), 64):
+        recs = b"".join(E.encode(LID, e, payload(e), term=1) for e in ids[k:k + 64])
+        status, msg, runs = s.validate_frame(recs)
+        assert status is Status.OK, msg
+        refused, durable = s.admit_frame(recs, runs)
+        assert not refused
+        futs.append(durable)
+    await asyncio.gather(*futs)
+
+
+def ids_of(recs: list[bytes]) -> list[int]:
+    out = []
+    for run in E.scan_runs(b"".join(recs)):
+        out.extend(range(run.first_entry, run.first_entry + len(run.offsets)))
+    return out
+
+
+def by_run_walk(s: Storage, first: int, last: int, max_bytes: int, stripe: int, residues: int):
+    """What read_sparse answered before the view: the run walk."""
+    st = s.core.ledgers[LID]
+    out, nxt, full = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes, stripe,
+                                            residues, s._read_at, STRIPE_GAP_BYTES)
+    return out, nxt - 1 if full else last
+
+
+def read_all(s: Storage, first: int, last: int, max_bytes: int, stripe: int, residues: int) -> list[int]:
+    """Frame by frame as the server does; each frame checked against the run walk."""
+    got, nxt = [], first
+    while True:
+        status, recs, through = s.read_sparse(LID, nxt, last, max_bytes, stripe, residues)
+        assert status is Status.OK
+        ref_recs, ref_through = by_run_walk(s, nxt, last, max_bytes, stripe, residues)
+        assert (b"".join(recs), through) == (b"".join(ref_recs), ref_through)
+        got.extend(ids_of(recs))
+        if through >= last:
+            return got
+        nxt = through + 1
+
+
+def held_by(e: int, qw: int, n: int, bookie: int = 0) -> bool:
+    return (e - bookie) % n < qw
+
+
+@pytest.mark.parametrize("n,qw", [(4, 2), (5, 3), (3, 1)])
+def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw):
+    s = Storage(tmp_path / "b")
+    s.open()
+    try:
+        held = [e for e in range(3000) if held_by(e, qw, n)]
+        asyncio.run(add(s, held))
+        for residues in range(1, 1 << n):
+            for first, last, max_bytes in [(0, 2999, 1 << 20), (0, 2999, 20_000), (17, 2411, 5_000),
+                                           (1000, 1003, 1), (2990, 5000, 1 << 16)]:
+                want = [e for e in held if first <= e <= last and residues >> (e % n) & 1]
+                st = s.core.ledgers[LID]
+                st.index._views.clear()
+                assert read_all(s, first, last, max_bytes, n, residues) == want
+                assert read_all(s, first, last, max_bytes, n, residues) == want
+                assert (n, residues) in st.index._views  # asked twice, index unchanged: the view served
+    finally:
+        s.close()
+
+
+def test_the_view_follows_appends_and_is_dropped_on_other_changes(tmp_path):
+    s = Storage(tmp_path / "b")
+    s.open()
+    try:
+        held = [e for e in range(2000) if held_by(e, 2, 4)]
+        asyncio.run(add(s, held))
+        idx = s.core.ledgers[LID].index
+        wanted = lambda ids, a, b: [e for e in ids if a <= e <= b and e % 4 == 0]  # noqa: E731
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+        view = idx._views[(4, 0b0001)]
+        # appends at the end: the same view, kept current
+        more = [e for e in range(2000, 2400) if held_by(e, 2, 4)]
+        asyncio.run(add(s, more))
+        assert idx.stripe_view(4, 0b0001) is view
+        held += more
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+        # an id below the end (a gap filled, as a re-replication would): the view is dropped
+        asyncio.run(add(s, [2]))
+        held = sorted(held + [2])
+        assert 2 in read_all(s, 0, 9999, 1 << 20, 4, 0b0101)
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+        assert idx.stripe_view(4, 0b0001) is not view
+        # a range deleted: nothing of it comes back
+        status, _ = asyncio.run(s.delete(LID, (100, 799)))
+        assert status is Status.OK
+        held = [e for e in held if not 100 <= e <= 799]
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    finally:
+        s.close()
+
+
+def test_a_ledger_changing_between_reads_keeps_the_run_walk(tmp_path):
+    """A tail reader of a ledger being written: never a build per frame."""
+    s = Storage(tmp_path / "b")
+    s.open()
+    try:
+        held = [e for e in range(400) if held_by(e, 2, 4)]
+        asyncio.run(add(s, held))
+        idx = s.core.ledgers[LID].index
+        for k in range(400, 2000, 100):
+            assert s.read_sparse(LID, 0, 9999, 1 << 20, 4, 0b0001)[0] is Status.OK
+            asyncio.run(add(s, [e for e in range(k, k + 100) if held_by(e, 2, 4)]))
+        assert not idx._views
+    finally:
+        s.close()
+
+
+def test_the_views_of_a_bookie_stay_within_their_budget(tmp_path):
+    s = Storage(tmp_path / "b")
+    s.open()
+    try:
+        held = [e for e in range(2000) if held_by(e, 2, 4)]   # 1,000 ids: 500 in each residue 0, 1
+        asyncio.run(add(s, held))
+        idx = s.core.ledgers[LID].index
+        s.stripe_views.max_ids = 1200                        # two views of 500 ids, not three
+        for residues in (0b0001, 0b0010, 0b0011):
+            want = [e for e in held if residues >> (e % 4) & 1]
+            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+            assert (4, residues) in idx._views                # the one just used is kept
+            assert s.stripe_views.held <= 1200 or len(idx._views) == 1
+        assert (4, 0b0001) not in idx._views                  # the least recently used went
+        assert sum(len(v.ids) for v in idx._views.values()) == s.stripe_views.held
+        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
+    finally:
+        s.close()
