@@ -136,6 +136,27 @@ def test_rolls_by_size_are_validated(tools):
     assert not bad.accepted and bad.stuck_at["action"] == "RollFragment", bad.describe()
 
 
+def test_several_bookies_replaced_at_once_are_validated(tools):
+    # Seed 88 (validated profile: E = Qw = 4, Qa = 2, 6 bookies) has a
+    # writer's change replacing two bookies at once (the first such seed
+    # of 0-149); TLC takes it as BookstreamFiner's EnsembleChangeSet, and
+    # rejects the trace once one replacement is reported as a bookie of
+    # the old ensemble (a change the spec's writer cannot make)
+    text = trace.simulate(88, **trace.profile_for(88))
+    events = [json.loads(line) for line in text.splitlines()]
+    multi = [e for e in events if e["action"] == "EnsembleChange" and len(e["args"]["replaced"]) > 1]
+    assert len(multi) == 1
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted, v.describe()
+    rep = multi[0]["args"]["replaced"]
+    old, new = list(rep)[0], list(rep.values())[0]
+    kept = next(b for b in multi[0]["args"]["ensemble"] if b not in rep.values())
+    rep[old] = kept  # a bookie of the ensemble "joins" it again
+    bad = trace.validate("".join(json.dumps(e) + "\n" for e in events), tools, timeout=280)
+    assert not bad.accepted and bad.stuck_at["action"] == "EnsembleChange", bad.describe()
+    assert new != kept
+
+
 def test_striping_is_refused_not_misjudged():
     text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
     with pytest.raises(trace.Unsupported):

@@ -34,8 +34,9 @@ tvars == <<vars, l, hist, msgs>>
 \* or -1), t (term), v (value), ok (a read accepted), trunc (the record's
 \* truncate flag), rl, rf (the LAC/LAFR a record carries), h (the answer
 \* heard: "yes", "no", "open"), hasbk, bk ([term, lac, lafr, ents]),
-\* hasmeta, meta ([state, term, frags]), nb (a replacement bookie), ens (a
-\* roll's new ensemble).
+\* hasmeta, meta ([state, term, frags]), out and nb (the bookies an ensemble
+\* change replaces and those replacing them: one or several), ens (a roll's
+\* new ensemble).
 E0 == Trace[l]
 
 \* An observed value: origin term 0 means "not known" (a written-back no-op).
@@ -141,11 +142,9 @@ Step(e) ==
                      \/ StaleRead(e.b, e.t)
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
-      [] e.a = "EnsembleChange" ->
-            \E b, nb \in Bookies :
-                /\ e.nb = nb
-                /\ EnsembleChange(e.c, b, nb)
-                /\ LastFrag(cl'[e.c].frags).first = e.n
+      [] e.a = "EnsembleChange" ->   \* one bookie or several replaced (out -> nb)
+            /\ EnsembleChangeSet(e.c, e.out, e.nb)
+            /\ LastFrag(cl'[e.c].frags).first = e.n
                 /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
             /\ RollFragment(e.c, e.ens)

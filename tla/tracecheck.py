@@ -212,10 +212,8 @@ def translate(ndjson: str) -> Translated:
     rows = []
     for e in events:
         a, act = e["args"], e["action"]
-        if act == "EnsembleChange" and len(a["replaced"]) != 1:
-            raise Unsupported("EnsembleChange replacing several bookies at once")
         c, b, n, t, v = a.get("client", ""), a.get("bookie", ""), -1, -1, [0, "none"]
-        ok, trunc, rl, rf, nb, heard, ens = True, False, -1, -1, "", "open", ()
+        ok, trunc, rl, rf, nb, out, heard, ens = True, False, -1, -1, (), (), "open", ()
         if act == "StartTakeover":
             t = a["term"]
             term_client[t] = c
@@ -246,7 +244,7 @@ def translate(ndjson: str) -> Translated:
                 heard = "yes" if e["_heard"] else "no"
         elif act == "EnsembleChange":
             n = a["first"]
-            nb = list(a["replaced"].values())[0]
+            out, nb = tuple(a["replaced"]), tuple(a["replaced"].values())  # one or several
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
         elif act == "RollFragment":  # BookstreamFiner's RollFragment
             n, ens = a["first"], a["ensemble"]
@@ -262,7 +260,7 @@ def translate(ndjson: str) -> Translated:
         rows.append(
             f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
             f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
-            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
+            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_set(nb)}, out |-> {_set(out)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
             f"hasbk |-> {'TRUE' if 'bk' in e and not e.get('_nocheck') else 'FALSE'}, bk |-> {_bk(bk)}, "
             f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
     ens0 = h["frags"][0][1]
