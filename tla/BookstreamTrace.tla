@@ -23,10 +23,11 @@ EXTENDS BookstreamFiner, TraceData
 \* ...>>, records with the fields below, and the constants' values.
 
 VARIABLES
-    l            \* the index of the next event to consume
+    l,           \* the index of the next event to consume
+    prep         \* each bookie's last accepted BookiePrepare: <<first, term>>
 \* (msgs: every add request sent; hist: the highest LAC/LAFR a writer had)
 
-tvars == <<vars, l, hist, msgs>>
+tvars == <<vars, l, hist, msgs, prep>>
 
 
 
@@ -112,6 +113,16 @@ HeardIn(e) == CASE e.h = "yes" -> {TRUE} [] e.h = "no" -> {FALSE} [] OTHER -> BO
 SeenIn(e, c) ==
     IF e.h = "no" /\ bk[e.b].ents[e.n] = cl[c].val[e.n] THEN {TRUE} ELSE HeardIn(e)
 
+\* The spec's change or roll prepares its joining bookies in its own step; the
+\* implementation prepares each before (a BookiePrepare event, a stutter
+\* here but remembered in prep).  Where the trace has those events (the
+\* simulator's: PreparesTraced), each joining bookie's last accepted one must
+\* be at (the new fragment's first entry, the client's term): an unprepared
+\* bookie is rejected at the change, whatever it holds (issue 14,
+\* join_unprepared).
+Prepared(c, first, joining) ==
+    ~(Unbounded /\ PreparesTraced) \/ \A nb \in joining : prep[nb] = <<first, cl[c].term>>
+
 Step(e) ==
     CASE e.a = "StartTakeover"  -> StartTakeover(e.c) /\ meta'.term = e.t
       [] e.a = "NoticeTakeover" -> NoticeTakeover(e.c)
@@ -143,10 +154,12 @@ Step(e) ==
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
       [] e.a = "EnsembleChange" ->   \* one bookie or several replaced (out -> nb)
+            /\ Prepared(e.c, e.n, e.nb)
             /\ EnsembleChangeSet(e.c, e.out, e.nb)
             /\ LastFrag(cl'[e.c].frags).first = e.n
                 /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
+            /\ Prepared(e.c, e.n, e.ens \ LastFrag(cl[e.c].frags).ens)
             /\ RollFragment(e.c, e.ens)
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
@@ -155,7 +168,7 @@ Step(e) ==
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 
-TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
+TraceInit == Init /\ l = 1 /\ prep = [b \in Bookies |-> <<-1, 0>>] /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
 
 \* Reports how far some behaviour got (tracecheck.py reads the last line;
 \* TLC's depth overcounts with ReadAtDecision steps; one worker).
@@ -174,13 +187,15 @@ ReadAtDecision ==
     /\ cl[e.c].phase = "reading"
     /\ cl[e.c].next <= e.n
     /\ \E b \in Bookies : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk
-    /\ UNCHANGED <<l, msgs, hist>>
+    /\ UNCHANGED <<l, msgs, hist, prep>>
 
 TraceNext ==
     \/ /\ l <= Len(Trace)
        /\ Step(Trace[l])
        /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
        /\ l' = l + 1
+       /\ prep' = IF Trace[l].a = "BookiePrepare" /\ Trace[l].ok
+                  THEN [prep EXCEPT ![Trace[l].b] = <<Trace[l].n, Trace[l].t>>] ELSE prep
        /\ HistNext
        /\ Progressed
     \/ l <= Len(Trace) /\ ReadAtDecision

@@ -181,7 +181,7 @@ def _shift_terms(lines: list[dict], k: int) -> list[dict]:
         a = e["args"]
         if e["action"] == "Header":
             a["term"] = t(a["term"]) if a["term"] > 0 else k
-        elif e["action"] in ("StartTakeover", "BookieRead") and isinstance(a.get("term"), int):
+        elif e["action"] in ("StartTakeover", "BookieRead", "BookiePrepare") and isinstance(a.get("term"), int):
             a["term"] = t(a["term"])
         if isinstance(a.get("record"), dict):
             a["record"]["term"] = t(a["record"]["term"])
@@ -249,6 +249,8 @@ def translate(ndjson: str) -> Translated:
         elif act == "RollFragment":  # BookstreamFiner's RollFragment
             n, ens = a["first"], a["ensemble"]
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
+        elif act == "BookiePrepare":  # checked at the change or roll it prepares for
+            n, t, ok = a["first"], a["term"], a["accepted"]
         elif act == "BookieCrash":
             crashes += 1
         bk = e.get("bk", {}).get(b, NOBK)
@@ -272,6 +274,7 @@ def translate(ndjson: str) -> Translated:
         f"Ensemble0V == {_set(ens0)}",
         f"ClientsV == {_set(h['clients'])}",
         f"CreatorV == {_s(h['creator'])}",
+        f"PreparesTraced == {'TRUE' if h.get('prepares') else 'FALSE'}",
         "Trace == <<\n  " + ",\n  ".join(rows) + "\n>>",
         "====", ""])
     cfg = "\n".join([
