@@ -149,7 +149,9 @@ Step(e) ==
             /\ \/ /\ e.ok
                   /\ \/ \E c \in IF e.c = "" THEN Clients ELSE {e.c} : \E heard \in HeardIn(e) :
                            /\ ~Unbounded \/ cl[c].term = e.t
-                           /\ IF e.n < 0 THEN FenceReadH(c, e.b, heard) ELSE RecoveryReadH(c, e.b, heard)
+                           /\ IF e.n < 0 THEN FenceReadH(c, e.b, heard)
+                              ELSE /\ e.n = cl[c].next   \* (a read-ahead read is not a read of next: tla8)
+                                   /\ RecoveryReadH(c, e.b, heard)
                      \/ StaleRead(e.b, e.t)
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
@@ -186,7 +188,7 @@ ReadAtDecision ==
     /\ e.a = "RecoveryDecide"
     /\ cl[e.c].phase = "reading"
     /\ cl[e.c].next <= e.n
-    /\ \E b \in Bookies : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk
+    /\ \E b \in e.ens : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk   \* (ens: the answers c recorded)
     /\ UNCHANGED <<l, msgs, hist, prep>>
 
 TraceNext ==

@@ -158,7 +158,41 @@ def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
                     heard = True
                     break
             e["_heard"] = heard
+    if header is not None and header.get("read_answers"):
+        _pin_read_answers(out)
     return out
+
+
+def _pin_read_answers(out: list[dict]) -> None:
+    """The recovery answers a decision used (tla8): each RecoveryDecide(c, n)
+    gets the bookies whose ClientReadAnswer for n c recorded since its
+    StartReading (``_answered``: BookstreamTrace's ReadAtDecision reads only
+    those), and each recovery read whose decision follows is heard iff its
+    bookie is one of them.  Only for traces that export the answers (the
+    simulator's: the header's ``read_answers``)."""
+    start: dict[str, int] = {}
+    for k, e in enumerate(out):
+        a = e["args"]
+        if e["action"] in ("StartReading", "StartTakeover"):
+            start[a["client"]] = k
+        elif e["action"] == "RecoveryDecide":
+            c, n = a["client"], a["entry"]
+            e["_answered"] = sorted({f["args"]["bookie"] for f in out[start.get(c, 0):k]
+                                     if f["action"] == "ClientReadAnswer" and f["args"]["client"] == c
+                                     and f["args"]["entry"] == n})
+    terms: dict[int, str] = {}
+    for k, e in enumerate(out):
+        a = e["args"]
+        if e["action"] == "StartTakeover":
+            terms[a["term"]] = a["client"]
+        elif e["action"] == "BookieRead" and a["entry"] is not None and a["term"] in terms:
+            c = terms[a["term"]]
+            for f in out[k + 1:]:
+                if f["action"] == "StartTakeover" and f["args"]["client"] == c:
+                    break
+                if f["action"] == "RecoveryDecide" and f["args"]["client"] == c and f["args"]["entry"] == a["entry"]:
+                    e["_heard"] = a["bookie"] in f["_answered"]
+                    break
 
 
 def _shift_terms(lines: list[dict], k: int) -> list[dict]:
@@ -223,8 +257,8 @@ def translate(ndjson: str) -> Translated:
             max_data = max(max_data, n)
         elif act == "StartReading":
             n = a["start"]
-        elif act == "RecoveryDecide":
-            n = a["entry"]
+        elif act == "RecoveryDecide":  # ens: the bookies whose answers it may use
+            n, ens = a["entry"], tuple(e.get("_answered", h["bookies"]))
         elif act == "ClientSendAdd":
             r = a["record"]
             n, v, trunc, rl, rf, t = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"], r["term"]
@@ -240,7 +274,7 @@ def translate(ndjson: str) -> Translated:
             n = -1 if a["entry"] is None else a["entry"]
             ok = a["status"] in ("OK", "NO_SUCH_ENTRY")
             c = term_client.get(t, "") if h["mode"] == "unbounded" else ""
-            if a["entry"] is None and ok:
+            if ok and (a["entry"] is None or "_heard" in e):  # (recovery reads: pinned, tla8)
                 heard = "yes" if e["_heard"] else "no"
         elif act == "EnsembleChange":
             n = a["first"]
