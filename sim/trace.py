@@ -53,7 +53,8 @@ class Tracer:
             "i": 0, "t": 0, "actor": "world", "action": "Header",
             "args": {"mode": world.sc.mode, "bookies": list(world.bookie_ids), "clients": list(world.client_ids),
                      "creator": creator, "E": m.E, "Qw": m.Qw, "Qa": m.Qa, "window": world.sc.window,
-                     "seed": world.sc.seed, "frags": _frags(m.frags), "term": m.term},
+                     "seed": world.sc.seed, "frags": _frags(m.frags), "term": m.term,
+                     "prepares": True, "read_answers": True},  # exported here, not by the real processes
         })
 
     @classmethod

@@ -15,7 +15,9 @@
 (*     writer had, possibly after the writer is gone);                     *)
 (*   client give-ups (Withdraw: aborted recovery, client crash);           *)
 (*   bookie restarts (Restart: a crashed bookie answers again, with what   *)
-(*     it had: it fsyncs before acking and before answering a read).       *)
+(*     it had: it fsyncs before acking and before answering a read);       *)
+(*   several bookies replaced at once (EnsembleChangeSet: a writer's       *)
+(*     change or a recovery's replacement, each joining bookie prepared).  *)
 (*                                                                         *)
 (* Every BookstreamLedger step is a step here (msgs and hist aside), so    *)
 (* every invariant and property of the protocol spec is checked on the     *)
@@ -178,7 +180,7 @@ FinerClientStep(c) ==
          \/ \E heard \in Heard : RecoveryReadH(c, b, heard)
          \/ Rejected(c, b)
          \/ \E n \in Ids, seen \in BOOLEAN : Outstanding(c, b, n) = {} /\ Deliver(c, b, n, seen)
-         \/ \E nb \in Bookies : EnsembleChange(c, b, nb)
+    \/ \E out, ins \in SUBSET Bookies : EnsembleChangeSet(c, out, ins)   \* one or several
     \/ \E ens2 \in SUBSET Bookies : RollFragment(c, ens2)
 
 FinerNext ==
@@ -201,9 +203,27 @@ FinerInit == Init /\ msgs = {} /\ hist = [lac |-> -1, lafr |-> -1]
 
 FinerSpec == FinerInit /\ [][FinerNext]_fvars
 
+\* The protocol spec's steps with the generalised ensemble change (several
+\* bookies at once) and no channel: the configuration finer_multi, small
+\* enough to exhaust (the channel's steps are FinerNext's, in finer).
+MultiNext ==
+    /\ \/ \E c \in Clients : \/ ClientStep(c)
+                             \/ \E out, ins \in SUBSET Bookies : EnsembleChangeSet(c, out, ins)
+       \/ \E b \in Bookies : Crash(b)
+       \/ Terminate
+    /\ UNCHANGED <<msgs, hist>>
+
+MultiSpec == FinerInit /\ [][MultiNext]_fvars
+
 \* Bound the channel for model checking (state constraints: they prune
 \* behaviours, add none): at most 2 (1) requests delayed at once.
 ChannelBound == Cardinality(msgs) <= 2
 ChannelOne == Cardinality(msgs) <= 1
 ChannelNone == msgs = {}
+\* Only changes that replace the whole first ensemble (E = 2: both bookies at
+\* once; one at a time is the other configurations'): every fragment, the
+\* metadata's and the clients', is Ensemble0 or disjoint from it.
+WholeChangesOnly ==
+    \A fs \in {meta.frags} \cup {cl[c].frags : c \in Clients} :
+        \A i \in DOMAIN fs : fs[i].ens = Ensemble0 \/ fs[i].ens \cap Ensemble0 = {}
 =============================================================================

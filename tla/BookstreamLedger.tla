@@ -56,7 +56,8 @@ Mutants == {"none",
             "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
             "no_origin_floor",        \* (7) recovery takes any OK answer (no origin-term floor)
             "release_at_qa",          \* (8) unbounded: a writer releases a pending add at Qa
-            "roll_early"}             \* (9) BookstreamFiner: a roll leaves entries below Qw behind
+            "roll_early",             \* (9) BookstreamFiner: a roll leaves entries below Qw behind
+            "multi_no_rule3"}        \* (10) BookstreamFiner: a change replacing several skips rule 3
 
 ASSUME Mode \in {"unbounded", "classic"}
 ASSUME Mutant \in Mutants
@@ -493,32 +494,40 @@ WriterClose(c) ==
 (* hold entries of an older term there (README: ensemble_no_prepare).      *)
 (* The deletion is safe because nb is in no published write set at or      *)
 (* above that entry: not in the last ensemble, nor (recovery) in rens.     *)
+(* EnsembleChangeSet replaces a set out of failed bookies by a set ins,    *)
+(* each prepared, rule 3 for each of out; this spec replaces one at a      *)
+(* time, BookstreamFiner several at once (mutant multi_no_rule3).         *)
 (***************************************************************************)
-EnsembleChange(c, b, nb) ==
+EnsembleChangeSet(c, out, ins) ==   \* (BookstreamFiner: several at once)
     LET w     == cl[c]
         last  == LastFrag(w.frags)
         first == Max2(IF Unbounded THEN w.lafr + 1 ELSE w.lac + 1, last.first)
-        ens2  == (last.ens \ {b}) \cup {nb}
+        ens2  == (last.ens \ out) \cup ins
         frag2 == [first |-> first, ens |-> ens2]
         frags2 == IF first = last.first
                   THEN [w.frags EXCEPT ![Len(w.frags)] = frag2]
                   ELSE Append(w.frags, frag2)
         prepare == Unbounded /\ Mutant # "ensemble_no_prepare"
+        rule3 == IF Mutant = "multi_no_rule3" /\ Cardinality(out) > 1 THEN {} ELSE out
     IN
     /\ w.phase \in {"open", "reading", "finishing"}
-    /\ b \in last.ens
-    /\ nb \notin last.ens \cup w.rens \cup crashed
+    /\ out # {} /\ out \subseteq last.ens /\ Cardinality(ins) = Cardinality(out)
+    /\ ins \cap (last.ens \cup w.rens \cup crashed) = {}
     /\ Len(frags2) <= MaxFragments
-    /\ \/ b \in crashed
+    /\ \A b \in out :
+       \/ b \in crashed
        \/ \E i \in Ids : w.val[i] # NoVal /\ b \in WriteSet(i, w.frags)
        \/ /\ ~Unbounded /\ w.phase = "open"
           /\ \E i \in last.first .. w.lap : b \in WriteSet(i, w.frags)
     /\ w.phase = "open" /\ Unbounded =>
-           \A i \in (w.lafr + 1) .. w.lac : b \in w.ack[i] => Cardinality(w.ack[i]) >= WQ
-    /\ ~prepare \/ bk[nb].term <= w.term
+           \A b \in rule3 : \A i \in (w.lafr + 1) .. w.lac : b \in w.ack[i] => Cardinality(w.ack[i]) >= WQ
+    /\ ~prepare \/ \A nb \in ins : bk[nb].term <= w.term
     /\ bk' = IF prepare
-             THEN [bk EXCEPT ![nb].term = w.term,
-                             ![nb].ents = [i \in Ids |-> IF i >= first THEN NoVal ELSE bk[nb].ents[i]]]
+             THEN [b \in Bookies |->
+                     IF b \in ins
+                     THEN [bk[b] EXCEPT !.term = w.term,
+                                        !.ents = [i \in Ids |-> IF i >= first THEN NoVal ELSE bk[b].ents[i]]]
+                     ELSE bk[b]]
              ELSE bk
     /\ IF w.phase = "open"
        THEN /\ meta.state = "OPEN"
@@ -526,9 +535,11 @@ EnsembleChange(c, b, nb) ==
             /\ meta' = [meta EXCEPT !.frags = frags2]
        ELSE UNCHANGED meta
     /\ cl' = [cl EXCEPT ![c].frags = frags2,
-                        ![c].ack   = [i \in Ids |-> IF i >= first THEN w.ack[i] \ {b}
+                        ![c].ack   = [i \in Ids |-> IF i >= first THEN w.ack[i] \ out
                                                     ELSE w.ack[i]]]
     /\ UNCHANGED <<crashed, acked>>
+
+EnsembleChange(c, b, nb) == EnsembleChangeSet(c, {b}, {nb})
 
 (***************************************************************************)
 (* A bookie crashes: it stops answering.  It fsyncs before acking, so it   *)

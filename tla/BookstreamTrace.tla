@@ -8,8 +8,10 @@
 (* mapped to the spec action it implements (or to a stutter, for the      *)
 (* implementation's finer steps), with the variables the event reports    *)
 (* checked after the step.  What the trace leaves open (which client a     *)
-(* bookie step serves, whether an ack or a read answer was heard, the      *)
-(* origin term of a written-back no-op) TLC resolves: the trace is valid   *)
+(* bookie step serves, whether an ack or a read answer was heard where the *)
+(* trace does not say, the origin term of a written-back no-op) TLC        *)
+(* resolves (tla8: the simulator's traces pin the recovery answers each    *)
+(* decision used and each joining bookie's prepare): the trace is valid   *)
 (* iff some behaviour consumes it whole, i.e. TLC finds a state violating  *)
 (* the invariant Unconsumed.                                               *)
 (*                                                                         *)
@@ -23,10 +25,11 @@ EXTENDS BookstreamFiner, TraceData
 \* ...>>, records with the fields below, and the constants' values.
 
 VARIABLES
-    l            \* the index of the next event to consume
+    l,           \* the index of the next event to consume
+    prep         \* each bookie's last accepted BookiePrepare: <<first, term>>
 \* (msgs: every add request sent; hist: the highest LAC/LAFR a writer had)
 
-tvars == <<vars, l, hist, msgs>>
+tvars == <<vars, l, hist, msgs, prep>>
 
 
 
@@ -34,8 +37,9 @@ tvars == <<vars, l, hist, msgs>>
 \* or -1), t (term), v (value), ok (a read accepted), trunc (the record's
 \* truncate flag), rl, rf (the LAC/LAFR a record carries), h (the answer
 \* heard: "yes", "no", "open"), hasbk, bk ([term, lac, lafr, ents]),
-\* hasmeta, meta ([state, term, frags]), nb (a replacement bookie), ens (a
-\* roll's new ensemble).
+\* hasmeta, meta ([state, term, frags]), out and nb (the bookies an ensemble
+\* change replaces and those replacing them: one or several), ens (a roll's
+\* new ensemble).
 E0 == Trace[l]
 
 \* An observed value: origin term 0 means "not known" (a written-back no-op).
@@ -111,6 +115,16 @@ HeardIn(e) == CASE e.h = "yes" -> {TRUE} [] e.h = "no" -> {FALSE} [] OTHER -> BO
 SeenIn(e, c) ==
     IF e.h = "no" /\ bk[e.b].ents[e.n] = cl[c].val[e.n] THEN {TRUE} ELSE HeardIn(e)
 
+\* The spec's change or roll prepares its joining bookies in its own step; the
+\* implementation prepares each before (a BookiePrepare event, a stutter
+\* here but remembered in prep).  Where the trace has those events (the
+\* simulator's: PreparesTraced), each joining bookie's last accepted one must
+\* be at (the new fragment's first entry, the client's term): an unprepared
+\* bookie is rejected at the change, whatever it holds (issue 14,
+\* join_unprepared).
+Prepared(c, first, joining) ==
+    ~(Unbounded /\ PreparesTraced) \/ \A nb \in joining : prep[nb] = <<first, cl[c].term>>
+
 Step(e) ==
     CASE e.a = "StartTakeover"  -> StartTakeover(e.c) /\ meta'.term = e.t
       [] e.a = "NoticeTakeover" -> NoticeTakeover(e.c)
@@ -137,17 +151,19 @@ Step(e) ==
             /\ \/ /\ e.ok
                   /\ \/ \E c \in IF e.c = "" THEN Clients ELSE {e.c} : \E heard \in HeardIn(e) :
                            /\ ~Unbounded \/ cl[c].term = e.t
-                           /\ IF e.n < 0 THEN FenceReadH(c, e.b, heard) ELSE RecoveryReadH(c, e.b, heard)
+                           /\ IF e.n < 0 THEN FenceReadH(c, e.b, heard)
+                              ELSE /\ e.n = cl[c].next   \* (a read-ahead read is not a read of next: tla8)
+                                   /\ RecoveryReadH(c, e.b, heard)
                      \/ StaleRead(e.b, e.t)
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
-      [] e.a = "EnsembleChange" ->
-            \E b, nb \in Bookies :
-                /\ e.nb = nb
-                /\ EnsembleChange(e.c, b, nb)
-                /\ LastFrag(cl'[e.c].frags).first = e.n
+      [] e.a = "EnsembleChange" ->   \* one bookie or several replaced (out -> nb)
+            /\ Prepared(e.c, e.n, e.nb)
+            /\ EnsembleChangeSet(e.c, e.out, e.nb)
+            /\ LastFrag(cl'[e.c].frags).first = e.n
                 /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
+            /\ Prepared(e.c, e.n, e.ens \ LastFrag(cl[e.c].frags).ens)
             /\ RollFragment(e.c, e.ens)
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
@@ -156,7 +172,7 @@ Step(e) ==
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 
-TraceInit == Init /\ l = 1 /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
+TraceInit == Init /\ l = 1 /\ prep = [b \in Bookies |-> <<-1, 0>>] /\ hist = [lac |-> -1, lafr |-> -1] /\ msgs = {} /\ TLCSet(1, 1)
 
 \* Reports how far some behaviour got (tracecheck.py reads the last line;
 \* TLC's depth overcounts with ReadAtDecision steps; one worker).
@@ -174,14 +190,16 @@ ReadAtDecision ==
     /\ e.a = "RecoveryDecide"
     /\ cl[e.c].phase = "reading"
     /\ cl[e.c].next <= e.n
-    /\ \E b \in Bookies : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk
-    /\ UNCHANGED <<l, msgs, hist>>
+    /\ \E b \in e.ens : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk   \* (ens: the answers c recorded)
+    /\ UNCHANGED <<l, msgs, hist, prep>>
 
 TraceNext ==
     \/ /\ l <= Len(Trace)
        /\ Step(Trace[l])
        /\ Trace[l].a # "ClientSendAdd" => UNCHANGED msgs
        /\ l' = l + 1
+       /\ prep' = IF Trace[l].a = "BookiePrepare" /\ Trace[l].ok
+                  THEN [prep EXCEPT ![Trace[l].b] = <<Trace[l].n, Trace[l].t>>] ELSE prep
        /\ HistNext
        /\ Progressed
     \/ l <= Len(Trace) /\ ReadAtDecision

@@ -85,6 +85,9 @@ CONFIGS = [
     Config("finer_rolls", OK, deadlock=False, module="BookstreamFiner"),
     Config("mutant_roll_early", "violation:TailFragmentsReachWriteQuorum", deadlock=False,
            module="BookstreamFiner"),
+    # The finer spec with several bookies replaced at once, and its mutant.
+    Config("finer_multi", OK, module="BookstreamFiner"),
+    Config("mutant_multi_no_rule3", "violation:NoDivergence", deadlock=False, module="BookstreamFiner"),
     Config("liveness", OK),
     Config("liveness_classic", OK),
     Config("mutant_no_truncate", "violation:NoDivergence"),

@@ -158,7 +158,41 @@ def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
                     heard = True
                     break
             e["_heard"] = heard
+    if header is not None and header.get("read_answers"):
+        _pin_read_answers(out)
     return out
+
+
+def _pin_read_answers(out: list[dict]) -> None:
+    """The recovery answers a decision used (tla8): each RecoveryDecide(c, n)
+    gets the bookies whose ClientReadAnswer for n c recorded since its
+    StartReading (``_answered``: BookstreamTrace's ReadAtDecision reads only
+    those), and each recovery read whose decision follows is heard iff its
+    bookie is one of them.  Only for traces that export the answers (the
+    simulator's: the header's ``read_answers``)."""
+    start: dict[str, int] = {}
+    for k, e in enumerate(out):
+        a = e["args"]
+        if e["action"] in ("StartReading", "StartTakeover"):
+            start[a["client"]] = k
+        elif e["action"] == "RecoveryDecide":
+            c, n = a["client"], a["entry"]
+            e["_answered"] = sorted({f["args"]["bookie"] for f in out[start.get(c, 0):k]
+                                     if f["action"] == "ClientReadAnswer" and f["args"]["client"] == c
+                                     and f["args"]["entry"] == n})
+    terms: dict[int, str] = {}
+    for k, e in enumerate(out):
+        a = e["args"]
+        if e["action"] == "StartTakeover":
+            terms[a["term"]] = a["client"]
+        elif e["action"] == "BookieRead" and a["entry"] is not None and a["term"] in terms:
+            c = terms[a["term"]]
+            for f in out[k + 1:]:
+                if f["action"] == "StartTakeover" and f["args"]["client"] == c:
+                    break
+                if f["action"] == "RecoveryDecide" and f["args"]["client"] == c and f["args"]["entry"] == a["entry"]:
+                    e["_heard"] = a["bookie"] in f["_answered"]
+                    break
 
 
 def _shift_terms(lines: list[dict], k: int) -> list[dict]:
@@ -181,7 +215,7 @@ def _shift_terms(lines: list[dict], k: int) -> list[dict]:
         a = e["args"]
         if e["action"] == "Header":
             a["term"] = t(a["term"]) if a["term"] > 0 else k
-        elif e["action"] in ("StartTakeover", "BookieRead") and isinstance(a.get("term"), int):
+        elif e["action"] in ("StartTakeover", "BookieRead", "BookiePrepare") and isinstance(a.get("term"), int):
             a["term"] = t(a["term"])
         if isinstance(a.get("record"), dict):
             a["record"]["term"] = t(a["record"]["term"])
@@ -212,10 +246,8 @@ def translate(ndjson: str) -> Translated:
     rows = []
     for e in events:
         a, act = e["args"], e["action"]
-        if act == "EnsembleChange" and len(a["replaced"]) != 1:
-            raise Unsupported("EnsembleChange replacing several bookies at once")
         c, b, n, t, v = a.get("client", ""), a.get("bookie", ""), -1, -1, [0, "none"]
-        ok, trunc, rl, rf, nb, heard, ens = True, False, -1, -1, "", "open", ()
+        ok, trunc, rl, rf, nb, out, heard, ens = True, False, -1, -1, (), (), "open", ()
         if act == "StartTakeover":
             t = a["term"]
             term_client[t] = c
@@ -225,8 +257,8 @@ def translate(ndjson: str) -> Translated:
             max_data = max(max_data, n)
         elif act == "StartReading":
             n = a["start"]
-        elif act == "RecoveryDecide":
-            n = a["entry"]
+        elif act == "RecoveryDecide":  # ens: the bookies whose answers it may use
+            n, ens = a["entry"], tuple(e.get("_answered", h["bookies"]))
         elif act == "ClientSendAdd":
             r = a["record"]
             n, v, trunc, rl, rf, t = r["entry"], a["value"], r["truncate"], r["lac"], r["lafr"], r["term"]
@@ -242,15 +274,17 @@ def translate(ndjson: str) -> Translated:
             n = -1 if a["entry"] is None else a["entry"]
             ok = a["status"] in ("OK", "NO_SUCH_ENTRY")
             c = term_client.get(t, "") if h["mode"] == "unbounded" else ""
-            if a["entry"] is None and ok:
+            if ok and (a["entry"] is None or "_heard" in e):  # (recovery reads: pinned, tla8)
                 heard = "yes" if e["_heard"] else "no"
         elif act == "EnsembleChange":
             n = a["first"]
-            nb = list(a["replaced"].values())[0]
+            out, nb = tuple(a["replaced"]), tuple(a["replaced"].values())  # one or several
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
         elif act == "RollFragment":  # BookstreamFiner's RollFragment
             n, ens = a["first"], a["ensemble"]
             frags = max(frags, len(e["meta"]["frags"]) if "meta" in e else frags)
+        elif act == "BookiePrepare":  # checked at the change or roll it prepares for
+            n, t, ok = a["first"], a["term"], a["accepted"]
         elif act == "BookieCrash":
             crashes += 1
         bk = e.get("bk", {}).get(b, NOBK)
@@ -262,7 +296,7 @@ def translate(ndjson: str) -> Translated:
         rows.append(
             f"[a |-> {_s(act)}, c |-> {_s(c)}, b |-> {_s(b)}, n |-> {n}, t |-> {t}, v |-> {_val(v)}, "
             f"ok |-> {'TRUE' if ok else 'FALSE'}, trunc |-> {'TRUE' if trunc else 'FALSE'}, "
-            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_s(nb)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
+            f"rl |-> {rl}, rf |-> {rf}, nb |-> {_set(nb)}, out |-> {_set(out)}, ens |-> {_set(ens)}, h |-> {_s(heard)}, "
             f"hasbk |-> {'TRUE' if 'bk' in e and not e.get('_nocheck') else 'FALSE'}, bk |-> {_bk(bk)}, "
             f"hasmeta |-> {'TRUE' if 'meta' in e else 'FALSE'}, meta |-> {_meta(meta)}]")
     ens0 = h["frags"][0][1]
@@ -274,6 +308,7 @@ def translate(ndjson: str) -> Translated:
         f"Ensemble0V == {_set(ens0)}",
         f"ClientsV == {_set(h['clients'])}",
         f"CreatorV == {_s(h['creator'])}",
+        f"PreparesTraced == {'TRUE' if h.get('prepares') else 'FALSE'}",
         "Trace == <<\n  " + ",\n  ".join(rows) + "\n>>",
         "====", ""])
     cfg = "\n".join([
