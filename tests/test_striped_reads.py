@@ -6,7 +6,6 @@ killed bookie; no entry is read one request at a time while every bookie
 answers, and each is served once."""
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
