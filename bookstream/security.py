@@ -20,15 +20,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from metadata.tls import EtcdAuth, TlsFiles
+from metadata.tls import CLIENT_SETTINGS, EtcdAuth, TlsFiles, client_security
 
 # option name -> environment variable
-OPTIONS = {
-    "tls_ca": "BOOKSTREAM_TLS_CA", "tls_cert": "BOOKSTREAM_TLS_CERT", "tls_key": "BOOKSTREAM_TLS_KEY",
-    "tls_server_name": "BOOKSTREAM_TLS_SERVER_NAME",
-    "etcd_ca": "BOOKSTREAM_ETCD_CA", "etcd_cert": "BOOKSTREAM_ETCD_CERT", "etcd_key": "BOOKSTREAM_ETCD_KEY",
-    "etcd_user": "BOOKSTREAM_ETCD_USER", "etcd_password": "BOOKSTREAM_ETCD_PASSWORD",
-}
+OPTIONS = CLIENT_SETTINGS
 HELP = {
     "tls_ca": "PEM authority: a client verifies bookies with it; a bookie requires client certificates signed by it",
     "tls_cert": "PEM certificate: a bookie's server certificate, or a client's for mutual TLS",
@@ -50,10 +45,7 @@ class Security:
 
     @staticmethod
     def of(values: dict) -> "Security":
-        v = {k: values.get(k) for k in OPTIONS}
-        return Security(TlsFiles.of(v["tls_ca"], v["tls_cert"], v["tls_key"], v["tls_server_name"]),
-                        TlsFiles.of(v["etcd_ca"], v["etcd_cert"], v["etcd_key"]),
-                        EtcdAuth.of(v["etcd_user"], v["etcd_password"]))
+        return Security(**client_security(values))
 
     @staticmethod
     def from_env() -> "Security":

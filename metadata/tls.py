@@ -146,6 +146,27 @@ class EtcdAuth:
         return EtcdAuth(user, password)
 
 
+# A client's TLS and etcd credentials: setting -> the environment variable
+# each defaults to (the command line's options, bookstream/security.py, and
+# the Spark options, stream/spark/access.py, are named after these).
+CLIENT_SETTINGS = {
+    "tls_ca": "BOOKSTREAM_TLS_CA", "tls_cert": "BOOKSTREAM_TLS_CERT", "tls_key": "BOOKSTREAM_TLS_KEY",
+    "tls_server_name": "BOOKSTREAM_TLS_SERVER_NAME",
+    "etcd_ca": "BOOKSTREAM_ETCD_CA", "etcd_cert": "BOOKSTREAM_ETCD_CERT", "etcd_key": "BOOKSTREAM_ETCD_KEY",
+    "etcd_user": "BOOKSTREAM_ETCD_USER", "etcd_password": "BOOKSTREAM_ETCD_PASSWORD",
+}
+
+
+def client_security(values: dict) -> dict:
+    """``stream.client.ClientConfig``'s ``tls``, ``etcd_tls`` and ``etcd_auth``
+    from ``CLIENT_SETTINGS``' values (missing ones: none).  Raises
+    TlsConfigError for a combination that cannot work."""
+    v = {k: values.get(k) for k in CLIENT_SETTINGS}
+    return {"tls": TlsFiles.of(v["tls_ca"], v["tls_cert"], v["tls_key"], v["tls_server_name"]),
+            "etcd_tls": TlsFiles.of(v["etcd_ca"], v["etcd_cert"], v["etcd_key"]),
+            "etcd_auth": EtcdAuth.of(v["etcd_user"], v["etcd_password"])}
+
+
 def _check_pair(cert: bytes, key: bytes) -> None:
     """The certificate (the first of its chain) is of this private key."""
     from cryptography import x509

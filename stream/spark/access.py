@@ -19,23 +19,26 @@ from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMode, LedgerState
+from metadata.tls import CLIENT_SETTINGS, TlsConfigError, client_security
 from stream import errors as err
 from stream.client import BackgroundLoop, BookKeeperClient
 from stream.ledger import LedgerHandle, read_lac_covering
 from stream.log import read_ledger_list
-from stream.spark.plan import LedgerView, Range
+from stream.spark.plan import LedgerView, PlanError, Range
 
 log = logging.getLogger(__name__)
 
-# The options for a cluster with TLS or etcd authentication, each falling
-# back to the BOOKSTREAM_* variable the command line reads (what
-# `bookstream standalone --tls --etcd-auth` prints to export).
-SECURITY_OPTIONS = {
-    "tlsCa": "BOOKSTREAM_TLS_CA", "tlsCert": "BOOKSTREAM_TLS_CERT", "tlsKey": "BOOKSTREAM_TLS_KEY",
-    "tlsServerName": "BOOKSTREAM_TLS_SERVER_NAME",
-    "etcdCa": "BOOKSTREAM_ETCD_CA", "etcdCert": "BOOKSTREAM_ETCD_CERT", "etcdKey": "BOOKSTREAM_ETCD_KEY",
-    "etcdUser": "BOOKSTREAM_ETCD_USER", "etcdPassword": "BOOKSTREAM_ETCD_PASSWORD",
-}
+
+def _camel(setting: str) -> str:
+    head, *rest = setting.split("_")
+    return head + "".join(w.capitalize() for w in rest)
+
+
+# The options for a cluster with TLS or etcd authentication (metadata/tls.py
+# CLIENT_SETTINGS, camel-cased as Spark's options are), each falling back to
+# the BOOKSTREAM_* variable the command line reads (what `bookstream
+# standalone --tls --etcd-auth` prints to export): option -> variable.
+SECURITY_OPTIONS = {_camel(k): env for k, env in CLIENT_SETTINGS.items()}
 
 
 def security_overrides(options) -> dict:
@@ -46,21 +49,16 @@ def security_overrides(options) -> dict:
     without TLS, a user without a password) is a one-line error."""
     import os
 
-    from metadata.tls import EtcdAuth, TlsConfigError, TlsFiles
-
     v = {}
-    for name, env in SECURITY_OPTIONS.items():
+    for setting, env in CLIENT_SETTINGS.items():
+        name = _camel(setting)
         given = options.get(name)
         if given is None:
             given = options.get(name.lower())
-        v[name] = given if given not in (None, "") else os.environ.get(env)
+        v[setting] = given if given not in (None, "") else os.environ.get(env)
     try:
-        return {"tls": TlsFiles.of(v["tlsCa"], v["tlsCert"], v["tlsKey"], v["tlsServerName"]),
-                "etcd_tls": TlsFiles.of(v["etcdCa"], v["etcdCert"], v["etcdKey"]),
-                "etcd_auth": EtcdAuth.of(v["etcdUser"], v["etcdPassword"])}
+        return client_security(v)
     except TlsConfigError as e:
-        from stream.spark.plan import PlanError
-
         raise PlanError(f"TLS or etcd options: {e}") from None
 
 
