@@ -27,12 +27,17 @@ from collections import OrderedDict
 from bookie.index import OFFSET_BITS
 
 
+def wanted(stripe: int, residues: int) -> list[bool]:
+    """For each residue mod `stripe`, whether the filter asks for it."""
+    return [bool(residues >> r & 1) for r in range(stripe)]
+
+
 class StripeView:
     __slots__ = ("stripe", "residues", "want", "version", "ids", "locs", "lens")
 
     def __init__(self, stripe: int, residues: int):
         self.stripe, self.residues = stripe, residues
-        self.want = [bool(residues >> r & 1) for r in range(stripe)]
+        self.want = wanted(stripe, residues)
         self.version = -1
         self.ids, self.locs, self.lens = array("q"), array("Q"), array("I")
 
@@ -101,7 +106,7 @@ def read_runs(runs, max_bytes: int, stripe: int, residues: int, read_at,
     stripe) set in `residues`, in order, at most `max_bytes` but at least
     one record.  Returns (records, the id after the last one walked or None,
     whether `max_bytes` stopped it)."""
-    want = [bool(residues >> r & 1) for r in range(stripe)]
+    want = wanted(stripe, residues)
     spans: list = []  # (seg loc, end, [(loc, len)])
     size, nxt = 0, None
     full = False

@@ -55,6 +55,18 @@ def _read(spark, shared, **kw):
     return spark.read.format("bookstream").options(**_opts(shared, **kw)).load()
 
 
+def _stream_payloads(shared, name: str, password=None) -> list[bytes]:
+    """Every payload of stream ``name``, from its start, in order."""
+    with StreamClient(shared.endpoint, shared.cluster) as sc:
+        with sc.open_reader(name, Position.EARLIEST, password=password) as r:
+            got = []
+            while True:
+                recs = r.read(5000, timeout=1.0)
+                if not recs:
+                    return got
+                got += [x.payload for x in recs]
+
+
 def _append(shared, name: str, payloads, cfg: StreamConfig | None = None) -> list[int]:
     with StreamClient(shared.endpoint, shared.cluster) as sc:
         with sc.open_writer(name, cfg) as w:
@@ -398,22 +410,12 @@ def test_a_streaming_batch_into_a_stream_is_copied_once_when_its_commit_died_mid
         w1.commit(tasks(w1), 0)
     monkeypatch.setattr(AsyncStreamWriter, "append_many_async", real)
 
-    def stream_payloads():
-        with StreamClient(shared.endpoint, shared.cluster) as sc:
-            with sc.open_reader(name, Position.EARLIEST) as r:
-                got = []
-                while True:
-                    recs = r.read(5000, timeout=1.0)
-                    if not recs:
-                        return got
-                    got += [x.payload for x in recs]
-
-    part = stream_payloads()
+    part = _stream_payloads(shared, name)
     assert part == [b"earlier"] + expected[:len(part) - 1] and len(part) > 1  # some of the batch got in
     w2 = StreamingWriter(options, schema, False)  # Spark makes the writer again for the replay
     w2.commit(tasks(w2), 0)
-    assert stream_payloads() == [b"earlier"] + expected
+    assert _stream_payloads(shared, name) == [b"earlier"] + expected
     w3 = StreamingWriter(options, schema, False)
     w3.commit(tasks(w3), 0)  # replayed once more, after it was recorded: skipped
-    assert stream_payloads() == [b"earlier"] + expected
+    assert _stream_payloads(shared, name) == [b"earlier"] + expected
     assert not _pending(shared)

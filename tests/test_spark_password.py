@@ -9,21 +9,10 @@ import pytest
 
 pytest.importorskip("pyspark")
 
-from stream.stream import StreamClient, StreamConfig  # noqa: E402
-from tests.test_spark import _append, _opts, _pending, spark  # noqa: E402,F401  (spark: the session fixture)
+from stream.stream import StreamConfig  # noqa: E402
+from tests.test_spark import _append, _opts, _pending, _stream_payloads, spark  # noqa: E402,F401  (spark: the session fixture)
 
 PW = "spark-sink-pw"
-
-
-def _records(shared, name: str, password) -> list[bytes]:
-    with StreamClient(shared.endpoint, shared.cluster) as sc:
-        with sc.open_reader(name, password=password) as r:
-            got = []
-            while True:
-                recs = r.read(1000, timeout=1.0)
-                if not recs:
-                    return got
-                got += [x.payload for x in recs]
 
 
 def test_stream_sink_into_a_password_stream(spark, shared):
@@ -37,11 +26,11 @@ def test_stream_sink_into_a_password_stream(spark, shared):
     assert "UnauthorizedAccess" in str(refused.value) or "password" in str(refused.value), str(refused.value)[:2000]
     with pytest.raises(Exception):
         df.write.format("bookstream").options(**_opts(shared, stream=name, password="wrong")).mode("append").save()
-    assert _records(shared, name, PW) == [b"first"]  # refused commits appended nothing
+    assert _stream_payloads(shared, name, PW) == [b"first"]  # refused commits appended nothing
     assert not _pending(shared)  # and their task ledgers are gone (abort)
 
     df.write.format("bookstream").options(**_opts(shared, stream=name, password=PW)).mode("append").save()
-    assert _records(shared, name, PW) == [b"first"] + [b"r%03d" % i for i in range(200)]
+    assert _stream_payloads(shared, name, PW) == [b"first"] + [b"r%03d" % i for i in range(200)]
     assert not _pending(shared)
 
     with pytest.raises(Exception, match="password"):  # a log sink has no password to take

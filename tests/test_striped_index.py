@@ -62,95 +62,84 @@ def read_all(s: Storage, first: int, last: int, max_bytes: int, stripe: int, res
         nxt = through + 1
 
 
+@pytest.fixture
+def s(tmp_path):
+    """A real Storage in the test's directory."""
+    storage = Storage(tmp_path / "b")
+    storage.open()
+    yield storage
+    storage.close()
+
+
 def held_by(e: int, qw: int, n: int, bookie: int = 0) -> bool:
     return (e - bookie) % n < qw
 
 
 @pytest.mark.parametrize("n,qw", [(4, 2), (5, 3), (3, 1)])
-def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw):
-    s = Storage(tmp_path / "b")
-    s.open()
-    try:
-        held = [e for e in range(3000) if held_by(e, qw, n)]
-        asyncio.run(add(s, held))
-        for residues in range(1, 1 << n):
-            for first, last, max_bytes in [(0, 2999, 1 << 20), (0, 2999, 20_000), (17, 2411, 5_000),
-                                           (1000, 1003, 1), (2990, 5000, 1 << 16)]:
-                want = [e for e in held if first <= e <= last and residues >> (e % n) & 1]
-                st = s.core.ledgers[LID]
-                st.index._views.clear()
-                assert read_all(s, first, last, max_bytes, n, residues) == want
-                assert read_all(s, first, last, max_bytes, n, residues) == want
-                assert (n, residues) in st.index._views  # asked twice, index unchanged: the view served
-    finally:
-        s.close()
+def test_the_view_answers_as_the_run_walk_for_every_filter(s, n, qw):
+    held = [e for e in range(3000) if held_by(e, qw, n)]
+    asyncio.run(add(s, held))
+    for residues in range(1, 1 << n):
+        for first, last, max_bytes in [(0, 2999, 1 << 20), (0, 2999, 20_000), (17, 2411, 5_000),
+                                       (1000, 1003, 1), (2990, 5000, 1 << 16)]:
+            want = [e for e in held if first <= e <= last and residues >> (e % n) & 1]
+            st = s.core.ledgers[LID]
+            st.index._views.clear()
+            assert read_all(s, first, last, max_bytes, n, residues) == want
+            assert read_all(s, first, last, max_bytes, n, residues) == want
+            assert (n, residues) in st.index._views  # asked twice, index unchanged: the view served
 
 
-def test_the_view_follows_appends_and_is_dropped_on_other_changes(tmp_path):
-    s = Storage(tmp_path / "b")
-    s.open()
-    try:
-        held = [e for e in range(2000) if held_by(e, 2, 4)]
-        asyncio.run(add(s, held))
-        idx = s.core.ledgers[LID].index
-        wanted = lambda ids, a, b: [e for e in ids if a <= e <= b and e % 4 == 0]  # noqa: E731
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-        view = idx._views[(4, 0b0001)]
-        # appends at the end: the same view, kept current
-        more = [e for e in range(2000, 2400) if held_by(e, 2, 4)]
-        asyncio.run(add(s, more))
-        assert idx.stripe_view(4, 0b0001) is view
-        held += more
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-        # an id below the end (a gap filled, as a re-replication would): the view is dropped
-        asyncio.run(add(s, [2]))
-        held = sorted(held + [2])
-        assert 2 in read_all(s, 0, 9999, 1 << 20, 4, 0b0101)
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-        assert idx.stripe_view(4, 0b0001) is not view
-        # a range deleted: nothing of it comes back
-        status, _ = asyncio.run(s.delete(LID, (100, 799)))
-        assert status is Status.OK
-        held = [e for e in held if not 100 <= e <= 799]
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-    finally:
-        s.close()
+def test_the_view_follows_appends_and_is_dropped_on_other_changes(s):
+    held = [e for e in range(2000) if held_by(e, 2, 4)]
+    asyncio.run(add(s, held))
+    idx = s.core.ledgers[LID].index
+    wanted = lambda ids, a, b: [e for e in ids if a <= e <= b and e % 4 == 0]  # noqa: E731
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    view = idx._views[(4, 0b0001)]
+    # appends at the end: the same view, kept current
+    more = [e for e in range(2000, 2400) if held_by(e, 2, 4)]
+    asyncio.run(add(s, more))
+    assert idx.stripe_view(4, 0b0001) is view
+    held += more
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    # an id below the end (a gap filled, as a re-replication would): the view is dropped
+    asyncio.run(add(s, [2]))
+    held = sorted(held + [2])
+    assert 2 in read_all(s, 0, 9999, 1 << 20, 4, 0b0101)
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    assert idx.stripe_view(4, 0b0001) is not view
+    # a range deleted: nothing of it comes back
+    status, _ = asyncio.run(s.delete(LID, (100, 799)))
+    assert status is Status.OK
+    held = [e for e in held if not 100 <= e <= 799]
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
 
 
-def test_a_ledger_changing_between_reads_keeps_the_run_walk(tmp_path):
+def test_a_ledger_changing_between_reads_keeps_the_run_walk(s):
     """A tail reader of a ledger being written: never a build per frame."""
-    s = Storage(tmp_path / "b")
-    s.open()
-    try:
-        held = [e for e in range(400) if held_by(e, 2, 4)]
-        asyncio.run(add(s, held))
-        idx = s.core.ledgers[LID].index
-        for k in range(400, 2000, 100):
-            assert s.read_sparse(LID, 0, 9999, 1 << 20, 4, 0b0001)[0] is Status.OK
-            asyncio.run(add(s, [e for e in range(k, k + 100) if held_by(e, 2, 4)]))
-        assert not idx._views
-    finally:
-        s.close()
+    held = [e for e in range(400) if held_by(e, 2, 4)]
+    asyncio.run(add(s, held))
+    idx = s.core.ledgers[LID].index
+    for k in range(400, 2000, 100):
+        assert s.read_sparse(LID, 0, 9999, 1 << 20, 4, 0b0001)[0] is Status.OK
+        asyncio.run(add(s, [e for e in range(k, k + 100) if held_by(e, 2, 4)]))
+    assert not idx._views
 
 
-def test_the_views_of_a_bookie_stay_within_their_budget(tmp_path):
-    s = Storage(tmp_path / "b")
-    s.open()
-    try:
-        held = [e for e in range(2000) if held_by(e, 2, 4)]   # 1,000 ids: 500 in each residue 0, 1
-        asyncio.run(add(s, held))
-        idx = s.core.ledgers[LID].index
-        s.stripe_views.max_ids = 1200                        # two views of 500 ids, not three
-        for residues in (0b0001, 0b0010, 0b0011):
-            want = [e for e in held if residues >> (e % 4) & 1]
-            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
-            assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
-            assert (4, residues) in idx._views                # the one just used is kept
-            assert s.stripe_views.held <= 1200 or len(idx._views) == 1
-        assert (4, 0b0001) not in idx._views                  # the least recently used went
-        assert sum(len(v.ids) for v in idx._views.values()) == s.stripe_views.held
-        assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
-    finally:
-        s.close()
+def test_the_views_of_a_bookie_stay_within_their_budget(s):
+    held = [e for e in range(2000) if held_by(e, 2, 4)]   # 1,000 ids: 500 in each residue 0, 1
+    asyncio.run(add(s, held))
+    idx = s.core.ledgers[LID].index
+    s.stripe_views.max_ids = 1200                        # two views of 500 ids, not three
+    for residues in (0b0001, 0b0010, 0b0011):
+        want = [e for e in held if residues >> (e % 4) & 1]
+        assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+        assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
+        assert (4, residues) in idx._views                # the one just used is kept
+        assert s.stripe_views.held <= 1200 or len(idx._views) == 1
+    assert (4, 0b0001) not in idx._views                  # the least recently used went
+    assert sum(len(v.ids) for v in idx._views.values()) == s.stripe_views.held
+    assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
