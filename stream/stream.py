@@ -75,6 +75,7 @@ READ_AHEAD_BYTES = 32 << 20
 READ_AHEAD_CHUNKS = 4
 MAX_CHUNK_ENTRIES = 32_768
 READ_NEXT_BATCH = 1000       # records ``next`` asks for at once
+PROBE_ENTRIES = 16           # a reader's first fetch, before it knows the entry size
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -561,26 +562,37 @@ class AsyncStreamReader:
         No-op entries are never returned.  While the reader is behind the
         LAC, the next chunks are read ahead in the background, up to
         ``read_ahead_bytes`` beyond the batch asked for; a batch takes what
-        read-aheads have brought, never waiting on one once it has records."""
+        read-aheads have brought, never waiting on one once it has records.
+        With a read-ahead, a read that fetches itself fetches at most
+        ``read_ahead_bytes`` (at the last mean entry size; a first read
+        probes PROBE_ENTRIES, then fetches that much): a batch of large
+        records is bounded in bytes too, not only by ``max_records``."""
         out = self._take(max_records)
         if not out and self._latest:
             self._resolve_latest(await self.handle.read_last_add_confirmed())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
+        probed = False  # the last fetch was a first read's probe: the size is known now
         while len(out) < max_records:
             if out:
                 aheads = self._aheads
-                if not (aheads and aheads[0][0] == self._next and aheads[0][2].done()
-                        and not aheads[0][2].cancelled() and aheads[0][2].exception() is None):
+                if aheads and aheads[0][0] == self._next and aheads[0][2].done() \
+                        and not aheads[0][2].cancelled() and aheads[0][2].exception() is None:
+                    entries = aheads.popleft()[2].result()
+                elif probed and self._next <= self._covered:
+                    probed = False
+                    entries = await self._fetch(min(self._covered, self._next + self._fetch_entries(max_records - len(out)) - 1))
+                else:
                     break
-                entries = aheads.popleft()[2].result()
             else:
                 lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
                 if lac < self._next:
                     if loop.time() >= deadline:
                         break
                     continue
-                entries = await self._fetch(min(lac, self._next + max_records - 1))
+                n = self._fetch_entries(max_records)
+                probed = n < max_records and not self._entry_bytes
+                entries = await self._fetch(min(lac, self._next + n - 1))
             self._keep(entries)
             out += self._take(max_records - len(out))
         self._read_ahead()
@@ -590,10 +602,19 @@ class AsyncStreamReader:
         """A chunk read: its records (no-ops left out) become the buffer."""
         new, of = tuple.__new__, Position._of
         self._next = entries[-1].entry_id + 1
-        self._entry_bytes = max(1, sum(len(e[2]) for e in entries) // len(entries))
         # (Record and Position made without their Python-level constructors: the hot path)
-        self._buf = [new(Record, (of(e[1]), e[2])) for e in entries if not e[5] & FLAG_NOOP]
+        self._buf = buf = [new(Record, (of(e[1]), e[2])) for e in entries if not e[5] & FLAG_NOOP]
         self._pos = 0
+        if buf:  # (no-ops say nothing of the records' size: a take-over's no-op alone is no estimate)
+            self._entry_bytes = max(1, sum(len(r[1]) for r in buf) // len(buf))
+
+    def _fetch_entries(self, want: int) -> int:
+        """How many of ``want`` entries a read fetches itself (see ``read``)."""
+        if not self.read_ahead_bytes:
+            return want
+        if not self._entry_bytes:
+            return min(want, PROBE_ENTRIES)
+        return max(1, min(want, self.read_ahead_bytes // self._entry_bytes))
 
     def _chunk_entries(self) -> int:
         """Entries per read-ahead chunk: a READ_AHEAD_CHUNKS-th of the

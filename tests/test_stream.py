@@ -803,6 +803,45 @@ def test_a_reader_s_read_ahead_stays_within_its_bytes(shared):
     run(go())
 
 
+def test_a_large_batch_is_bounded_by_the_read_ahead_bytes(shared):
+    """A read of many large records fetches at most read_ahead_bytes itself
+    (a first read probes PROBE_ENTRIES to learn the entry size): a
+    catch-up of 64 KiB entries read 5,000 at a time held 330 MB in one
+    batch. Without a read-ahead the batch is the caller's bound."""
+    from bookie.entry import FLAG_NOOP, Entry
+    from stream.stream import PROBE_ENTRIES
+
+    name = sname()
+    payloads = [bytes([i % 251]) * 1000 for i in range(200)]
+
+    async def go():
+        async with aclient(shared) as sc:
+            w = await sc.open_writer(name)
+            await w.append_many(payloads)
+            await w.flush()
+            r = await sc.open_reader(name, read_ahead_bytes=4000)
+            # (internal: a chunk of no-ops alone, as a take-over's, says nothing of the size)
+            r._keep([Entry(r.handle.ledger_id, 0, b"", -1, -1, FLAG_NOOP, 0)])
+            assert r._entry_bytes == 0 and r._fetch_entries(200) == PROBE_ENTRIES
+            r.seek(Position.EARLIEST)
+            batches = []
+            while sum(map(len, batches)) < 200:
+                batches.append(await r.read(200, timeout=10))
+            assert 4 < len(batches[0]) <= PROBE_ENTRIES + 4   # the probe, then 4,000 bytes
+            assert max(sum(len(x.payload) for x in b) for b in batches[1:]) <= 2 * 4000
+            assert [x.payload for b in batches for x in b] == payloads
+            await r.close()
+            r = await sc.open_reader(name, read_ahead_bytes=0)
+            got = await r.read(200, timeout=10)
+            assert len(got) > 100
+            while len(got) < 200:   # (the LAC reaches the bookies a moment after the ack)
+                got += await r.read(200, timeout=10)
+            assert [x.payload for x in got] == payloads
+            await r.close()
+            await w.close()
+    run(go())
+
+
 def test_a_reader_reading_ahead_serves_every_record_once_in_order_across_seeks(shared):
     name = sname()
 
