@@ -421,6 +421,29 @@ async def add_rates(clients, size: int, batches: list[int], seconds: float, wind
     return rows
 
 
+async def range_read_rate(client, size: int, seconds: float, say=lambda msg: None) -> dict:
+    """The gRPC range-read ceiling: range reads of ``size``-byte entries from
+    one empty server (its prebuilt frames) in the reader's 1 MiB frames, for
+    ``seconds``: entries/s and MB/s."""
+    from stream.ledger_read import RANGE_FRAME_BYTES
+
+    want = max(1, int(256 << 20) // (size + E.HEADER_SIZE))  # per call; repeated for `seconds`
+    n = calls = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds and calls < 100:
+        async for resp in client.read_range(size, 0, want - 1, max_frame_bytes=RANGE_FRAME_BYTES):
+            n += resp.count
+            if time.perf_counter() - t0 >= seconds:
+                break
+        calls += 1
+    el = time.perf_counter() - t0
+    row = {"entry_bytes": size, "frame_bytes": RANGE_FRAME_BYTES, "entries_per_s": n / el,
+           "mb_per_s": n * size / el / 1e6}
+    say(f"ceiling gRPC range read, {size} B entries: {row['entries_per_s']:,.0f} entries/s, "
+        f"{row['mb_per_s']:.1f} MB/s")
+    return row
+
+
 async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
                        window: int = 8, ack_quorum: int = 2, progress=None,
                        open_loop: dict | None = None) -> dict:
@@ -436,7 +459,6 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
       latency gRPC alone gives the open loop's load.
     """
     from stream.bookie_client import BookieClient
-    from stream.ledger_read import RANGE_FRAME_BYTES
 
     say = progress or (lambda msg: None)
     clients = [BookieClient(a) for a in addresses]
@@ -474,21 +496,7 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
 
         for size in sizes:
             out["add"].extend(await add_rates(clients, size, batches, seconds, window, say))
-            want = max(1, int(256 << 20) // (size + E.HEADER_SIZE))  # per call; repeated for `seconds`
-            n = calls = 0
-            t0 = time.perf_counter()
-            while time.perf_counter() - t0 < seconds and calls < 100:
-                async for resp in c0.read_range(size, 0, want - 1, max_frame_bytes=RANGE_FRAME_BYTES):
-                    n += resp.count
-                    if time.perf_counter() - t0 >= seconds:
-                        break
-                calls += 1
-            el = time.perf_counter() - t0
-            row = {"entry_bytes": size, "frame_bytes": RANGE_FRAME_BYTES, "entries_per_s": n / el,
-                   "mb_per_s": n * size / el / 1e6}
-            out["read"].append(row)
-            say(f"ceiling gRPC range read, {size} B entries: {row['entries_per_s']:,.0f} entries/s, "
-                f"{row['mb_per_s']:.1f} MB/s")
+            out["read"].append(await range_read_rate(c0, size, seconds, say))
     finally:
         for c in clients:
             await c.close()

@@ -10,7 +10,9 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    written, then read from the start to its end `--reads` times by one
    reader (`single.stream_read_all`): entries/s and MB/s.  Striped ensembles
    (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
-   the same run;
+   the same run, and every read with the gRPC range-read ceiling of its
+   entry size measured in the same run (`ceilings.range_read_rate`: one
+   empty server streaming prebuilt frames; issue 18's target is 0.5 of it);
 2. with `--open-loop-rate`: the open loop (`single._open_loop`, 1 KiB) alone,
    then the same with a catch-up reader in another process reading the
    largest E = Qw stream over and over (`bench catchup-reader`): the p99 with
@@ -51,6 +53,8 @@ def add_parsers(bsub) -> None:
     r.add_argument("--ensembles", default="3/3,4/2,5/3", help="E/Qw per stream (Qa 2); the first is the reference")
     r.add_argument("--bookies", type=int, default=5)
     r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
+    r.add_argument("--ceiling-seconds", type=float, default=1.0,
+                   help="the gRPC range-read ceiling per entry size, measured first (0: not measured)")
     r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
     r.add_argument("--seconds", type=float, default=3.0, help="open loop length")
     r.add_argument("--reader-nice", type=int, default=0,
@@ -145,6 +149,34 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
     return rows
 
 
+def range_read_ceilings(base: Path, sizes: list[int], seconds: float, say=print) -> dict[int, dict]:
+    """The gRPC range-read ceiling per entry size (`ceilings.range_read_rate`),
+    from one empty server started and stopped here."""
+    from bench.ceilings import range_read_rate, start_empty_servers
+    from stream.bookie_client import BookieClient
+
+    server = start_empty_servers(base, 1)[0]
+
+    async def go() -> dict[int, dict]:
+        client = BookieClient(server.address)
+        try:
+            return {size: await range_read_rate(client, size, seconds, say) for size in sizes}
+        finally:
+            await client.close()
+
+    try:
+        return asyncio.run(go())
+    finally:
+        server.stop()
+
+
+def versus_ceilings(rows: list[dict], ceilings: dict[int, dict]) -> None:
+    """Each catch-up row's MB/s ÷ the ceiling of its entry size (``vs_ceiling``)."""
+    for row in rows:
+        c = ceilings.get(row["entry_bytes"])
+        row["vs_ceiling"] = row["mb_per_s"] / c["mb_per_s"] if c and c["mb_per_s"] else None
+
+
 def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0) -> subprocess.Popen:
     return subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
                              "--cluster", cluster, "--stream", name, "--seconds", str(seconds)],
@@ -184,11 +216,21 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
         raise SystemExit(f"--bookies {args.bookies}: the ensembles need {need}")
     results: dict = {}
     tag = os.getpid()
+    if args.ceiling_seconds:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="bookstream-ceiling-") as d:
+            results["ceilings"] = range_read_ceilings(Path(d), sizes, args.ceiling_seconds)
 
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             results["catchup"] = await catchup_figures(sc, tag, sizes, shapes, args.mb, args.reads,
                                                        bookie_pids=[b.proc.pid for b in cluster.bookies])
+            if results.get("ceilings"):
+                versus_ceilings(results["catchup"], results["ceilings"])
+                for row in results["catchup"]:
+                    print(f"catch-up read E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: "
+                          f"{row['vs_ceiling']:.2f} of the gRPC range-read ceiling")
             if args.open_loop_rate:
                 ref = [r for r in results["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])

@@ -413,3 +413,24 @@ def test_the_open_loop_warms_up_before_it_records():
     r = asyncio.run(single._open_loop(append_async, 10, 0.3, 1000))
     assert r["warmup_s"] == pytest.approx(0.1) and r["warmup_appends"] == 100
     assert r["completed"] == 300 and r["failed"] == 0 and len(calls) == 400
+
+
+def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_path):
+    """`bench reads` measures the gRPC range-read ceiling of each entry size
+    in the same run and gives every catch-up read as a fraction of it."""
+    out = tmp_path / "reads.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bookstream.cli", "bench", "reads", "--ensembles", "3/3,4/2", "--sizes", "1024,65536",
+         "--mb", "1", "--reads", "1", "--bookies", "4", "--open-loop-rate", "0", "--ceiling-seconds", "0.2",
+         "--dir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    res = json.loads(out.read_text())["results"]
+    assert sorted(int(k) for k in res["ceilings"]) == [1024, 65536]
+    assert all(_positive(c["mb_per_s"]) and c["entry_bytes"] == int(k) for k, c in res["ceilings"].items())
+    rows = res["catchup"]
+    assert {(r["ensemble"], r["entry_bytes"]) for r in rows} == {(3, 1024), (3, 65536), (4, 1024), (4, 65536)}
+    for r in rows:
+        assert r["entries"] == r["written"] and _positive(r["vs_ceiling"])
+        assert r["vs_ceiling"] == pytest.approx(r["mb_per_s"] / res["ceilings"][str(r["entry_bytes"])]["mb_per_s"])
+    assert "of the gRPC range-read ceiling" in proc.stdout
