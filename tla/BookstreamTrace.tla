@@ -168,7 +168,7 @@ Step(e) ==
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "BookieCrash"    -> Crash(e.b) /\ BookieIs(e.b, e.bk, TRUE)
-      [] e.a = "BookieRestart"  -> Restart(e.b)
+      [] e.a = "BookieRestart"  -> Restart(e.b) /\ BookieIs(e.b, e.bk, TRUE)   \* (what it replayed: rtrace9)
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 
