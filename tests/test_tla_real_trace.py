@@ -112,8 +112,9 @@ async def _scenario(tmp_path, endpoint, cluster, procs, m1: mutations.Mutations,
             await w1.append(b"a%d" % i)
         _kill(victim)
         await w1.append(b"a%d" % (FIRST + MORE - 1))
-        # every entry of c1 on Qw bookies of the new ensemble (its LAFR)
-        await _until(w1, lambda core: core.lafr >= core.next_entry - 1)
+        # every entry of c1 on Qw bookies of the new ensemble (its LAFR), and
+        # the roll that may then fall due published (no change under way)
+        await _until(w1, lambda core: core.lafr >= core.next_entry - 1 and core.proposal is None)
         assert w1.handle._writer.ensemble_changes >= 1
         # a bookie of the last ensemble restarts (c1 is idle: nothing of it
         # in flight): stopped and stamped as a crash, killed, started again
@@ -291,7 +292,8 @@ def test_real_classic_ledger_trace_validated_by_tlc(etcd_server, tmp_path, tools
     StartTakeover and Finish) is accepted.  With the answers for the
     entry read absent cut down to the first one (what
     ``absent_below_coverage`` leaves: a decision on one NO_SUCH answer, Qw -
-    Qa + 1 = 2 needed) it is rejected at that decision."""
+    Qa + 1 = 2 needed) it is rejected at that decision; with the ensemble
+    change's first entry one lower, at the change."""
     cluster = f"rt-{uuid.uuid4().hex[:8]}"
     procs = _start(tmp_path, etcd_server.endpoint, cluster)
     try:
@@ -316,6 +318,14 @@ def test_real_classic_ledger_trace_validated_by_tlc(etcd_server, tmp_path, tools
     cut = [e for j, e in enumerate(events) if j not in answers[1:]]
     v = _check(tools, cut, "classic, one answer before the absent decision")
     assert not v.accepted and v.stuck_at["action"] == "RecoveryDecide", v.describe()
+    # The change's first entry is checked at the change (rtrace9 found the
+    # check vacuous in traces without metadata: an indentation made it the
+    # antecedent of `hasmeta => MetaIs`): one entry lower, rejected there.
+    moved = json.loads(json.dumps(events))
+    ch = next(e for e in moved if e["action"] == "EnsembleChange")
+    ch["args"]["first"] -= 1
+    v = _check(tools, moved, "classic, the change's first entry one lower")
+    assert not v.accepted and v.stuck_at["action"] == "EnsembleChange", v.describe()
 
 
 def test_merge_orders_by_stamp_and_keeps_one_ledger(tmp_path):

@@ -161,7 +161,7 @@ Step(e) ==
             /\ Prepared(e.c, e.n, e.nb)
             /\ EnsembleChangeSet(e.c, e.out, e.nb)
             /\ LastFrag(cl'[e.c].frags).first = e.n
-                /\ e.hasmeta => MetaIs(e.meta)
+            /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
             /\ Prepared(e.c, e.n, e.ens \ LastFrag(cl[e.c].frags).ens)
             /\ RollFragment(e.c, e.ens)
