@@ -7,8 +7,9 @@ entries) and appends; a bookie of its ensemble is killed, so the writer
 changes its ensemble while appending more (and rolls); writer c2 takes the stream over (term 2), recovers the
 entries whose LAC/LAFR the bookies had not learnt (the explicit LAC is held
 back) and appends (its explicit LAC on: the reader sees its last
-append); a reader reads everything.  Before c2's take-over a bookie of
-the last ensemble is stopped, killed and started again on its data dir
+append); a reader reads everything.  After c1's last roll it appends one
+more entry (above the bookies' LAFR: c2 recovers it and writes it back).
+Before c2's take-over a bookie of the last ensemble is stopped, killed and started again on its data dir
 (rtrace9: its replay is a ``BookieRestart`` step carrying the state it
 replayed, compared by TLC; c2's fencing reads, recovery reads and
 write-backs then reach it).  Every bookie runs with ``--trace FILE``
@@ -50,6 +51,7 @@ from tests.tla_support import tools, trace  # noqa: F401  (tools: a fixture)
 CONFIG = StreamConfig(ensemble_size=3, write_quorum=3, ack_quorum=2, fragment_size_bytes=0,
                       fragment_size_entries=3)
 FIRST, MORE, SECOND = 4, 3, 2   # appends: c1 before the kill, c1 after it, c2
+TAIL = 1   # c1's appends after its last roll: above the bookies' LAFR, c2 recovers them
 
 
 def _start(tmp_path, endpoint, cluster, n=4) -> list[BookieProcess]:
@@ -114,8 +116,15 @@ async def _scenario(tmp_path, endpoint, cluster, procs, m1: mutations.Mutations,
         await w1.append(b"a%d" % (FIRST + MORE - 1))
         # every entry of c1 on Qw bookies of the new ensemble (its LAFR), and
         # the roll that may then fall due published (no change under way)
-        await _until(w1, lambda core: core.lafr >= core.next_entry - 1 and core.proposal is None)
+        idle = lambda core: core.lafr >= core.next_entry - 1 and core.proposal is None  # noqa: E731
+        await _until(w1, idle)
         assert w1.handle._writer.ensemble_changes >= 1
+        # one more in the last fragment: on every bookie of it, but the
+        # bookies' LAFR (carried by the records, the explicit LAC held back)
+        # stays below it, so c2 reads it, recovers it and writes it back
+        for i in range(FIRST + MORE, FIRST + MORE + TAIL):
+            await w1.append(b"a%d" % i)
+        await _until(w1, idle)
         # a bookie of the last ensemble restarts (c1 is idle: nothing of it
         # in flight): stopped and stamped as a crash, killed, started again
         # on its data dir, where it replays its journal and traces
@@ -157,7 +166,7 @@ def _run(etcd_server, tmp_path, m1=mutations.NONE, m2=mutations.NONE) -> list[di
         for p in procs:
             p.kill()
     (tmp_path / "merged.ndjson").write_text(text)
-    assert payloads == [b"a%d" % i for i in range(FIRST + MORE)] + [b"b%d" % i for i in range(SECOND)]
+    assert payloads == [b"a%d" % i for i in range(FIRST + MORE + TAIL)] + [b"b%d" % i for i in range(SECOND)]
     events = [json.loads(x) for x in text.splitlines()]
     kinds = [e["action"] for e in events]
     for k in ("StartTakeover", "BookieRead", "ClientFenceAnswer", "StartReading", "RecoveryDecide",
@@ -199,6 +208,9 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
         k, rs = next((k, e) for k, e in enumerate(events) if e["action"] == "BookieRestart")
         (b, st), = rs["bk"].items()
         assert st["ents"], f"{b} replayed nothing of the ledger"
+        # c2's recovery wrote an entry back to it (its reads and stores compared)
+        assert any(e["action"] == "BookieStore" and e["args"]["bookie"] == b and e["args"]["record"]["recovery"]
+                   and not e["args"]["record"]["noop"] for e in events[k:]), "no write-back to the restarted bookie"
         lost = json.loads(json.dumps(events))
         ents = lost[k]["bk"][b]["ents"]
         del ents[max(ents, key=int)]
