@@ -401,6 +401,8 @@ class BookieService(pb_grpc.BookieServicer):
         except Exception as e:
             log.exception("prepare failed")
             return pb.PrepareResponse(status=Status.INTERNAL_ERROR, message=str(e))
+        if self.storage.tracer is not None:  # the prepare's step, once durable (or refused)
+            self.storage.tracer.prepare(request.ledger_id, request.first_entry, request.term, v.status is Status.OK)
         return pb.PrepareResponse(status=v.status, term=v.term, entries_deleted=n)
 
     # -- deletion and info -----------------------------------------------------
@@ -493,11 +495,14 @@ class BookieServer:
 
     async def start(self) -> None:
         t0 = time.monotonic()
+        restarted = self.config.trace and self.storage.has_history()  # (tests only: the trace's restart)
         await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
         log.info("storage opened in %.2fs", time.monotonic() - t0)
-        if self.config.trace:  # (after the replay: a restart's replay is no step)
+        if self.config.trace:  # (after the replay: a restart's replay is one step, with what it replayed)
             from bookie.tracelog import BookieTracer
             self.storage.tracer = BookieTracer(self.config.trace, self.config.bookie_id, self.storage)
+            if restarted:
+                self.storage.tracer.restart()
         self.storage.update_read_only()
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         service = BookieService(self.storage, self.config)

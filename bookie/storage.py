@@ -532,6 +532,11 @@ class Storage:
         finally:
             os.close(fd)
 
+    def has_history(self) -> bool:
+        """Whether this data dir was served before (a journal or checkpoint
+        is there): opening it is a restart."""
+        return bool(self.journal.segments()) or (self.dir / "checkpoint").exists()
+
     def _check_format(self) -> None:
         """Refuses a data dir written with another entry record layout
         (``E.RECORD_FORMAT``): replayed, its first entry record would fail

@@ -133,6 +133,9 @@ class TraceLog:
             self._fd = -1
 
 
+NO_STATE = {"term": 0, "lac": -1, "lafr": -1, "ents": {}}  # a bookie holding nothing of the ledger
+
+
 def merge(paths, header: dict, *, ledger_id: int | None = None) -> str:
     """The traces of several processes as one NDJSON trace (tla/tracecheck.py's
     input): ``header`` (the Header event's args) first, then every event of
@@ -150,6 +153,11 @@ def merge(paths, header: dict, *, ledger_id: int | None = None) -> str:
                 if ledger_id is not None and e.get("lid", ledger_id) != ledger_id:
                     continue
                 evs.append(e)
+    for e in evs:
+        if "bks" in e:  # a bookie's restart: its replayed state for each ledger it holds
+            bks = e.pop("bks")
+            b = e["args"]["bookie"]
+            e["bk"] = {b: bks.get(str(ledger_id), NO_STATE) if ledger_id is not None else NO_STATE}
     evs.sort(key=lambda e: (e["ts"], e["proc"], e["seq"]))
     out = [{"i": 0, "t": 0, "actor": "world", "action": "Header", "args": header}]
     for k, e in enumerate(evs, 1):
@@ -163,24 +171,30 @@ class BookieTracer:
     where bookie/storage.py applies them: stores once durable (the sim's
     ``BookieStore`` after its fsync), explicit LACs once durable, term-carrying
     reads once their barrier let them answer (the stores the barrier waited
-    for come first, as tracecheck's reordering does for the simulator).
-    Each event carries ``lid`` and the ledger's state after it (``bk``)."""
+    for come first, as tracecheck's reordering does for the simulator),
+    prepares once durable or refused (bookie/server.py, rtrace9), and a
+    restart once replayed (``BookieServer.start``, rtrace9).  Each event
+    carries ``lid`` and the ledger's state after it (``bk``; a restart:
+    ``bks``, every ledger's)."""
 
     def __init__(self, path: str | os.PathLike, bookie_id: str, storage):
         self.log = TraceLog(path, bookie_id)
         self.bid = bookie_id
         self.storage = storage
 
-    def _bk(self, lid: int) -> dict:
+    def _state(self, lid: int) -> dict:
         st = self.storage.core.ledgers.get(lid)
         if st is None:
-            return {self.bid: {"term": 0, "lac": -1, "lafr": -1, "ents": {}}}
+            return dict(NO_STATE)
         ents = {}
         for eid, _loc, _len in st.index.iter_all():
             status, rec = self.storage.read_record(lid, eid)
             if status.name == "OK":
                 ents[str(eid)] = record_value(rec)
-        return {self.bid: {"term": st.term, "lac": st.lac, "lafr": st.lafr, "ents": ents}}
+        return {"term": st.term, "lac": st.lac, "lafr": st.lafr, "ents": ents}
+
+    def _bk(self, lid: int) -> dict:
+        return {self.bid: self._state(lid)}
 
     def stores(self, body) -> None:
         """The records of one durable journal record (one batch: one stamp)."""
@@ -201,6 +215,21 @@ class BookieTracer:
     def read(self, lid: int, term: int, fence: bool, status, entry: int | None) -> None:
         self.log.emit("BookieRead", (self.bid, term, fence, getattr(status, "name", status), entry), lid=lid,
                       bk=self._bk(lid))
+
+    def prepare(self, lid: int, first: int, term: int, accepted: bool) -> None:
+        """A Prepare answered (bookie/server.py): accepted once its term raise
+        and deletion are durable, or refused (a newer term).  The trace spec
+        remembers each bookie's last accepted one (BookstreamTrace's ``prep``)
+        and requires it at (first, term) of the change or roll it joins."""
+        self.log.emit("BookiePrepare", (self.bid, first, term, accepted), lid=lid, bk=self._bk(lid))
+
+    def restart(self) -> None:
+        """The bookie started again on its data dir (after the replay, before
+        it serves): one ``BookieRestart`` event, with no ledger, carrying the
+        replayed state of each ledger it holds (``bks``); :func:`merge`
+        makes it the traced ledger's ``bk`` (nothing held: NO_STATE)."""
+        bks = {str(lid): self._state(lid) for lid in list(self.storage.core.ledgers)}
+        self.log.emit("BookieRestart", (self.bid,), bks=bks)
 
 
 def _split(body) -> list:

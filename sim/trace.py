@@ -54,7 +54,7 @@ class Tracer:
             "args": {"mode": world.sc.mode, "bookies": list(world.bookie_ids), "clients": list(world.client_ids),
                      "creator": creator, "E": m.E, "Qw": m.Qw, "Qa": m.Qa, "window": world.sc.window,
                      "seed": world.sc.seed, "frags": _frags(m.frags), "term": m.term,
-                     "prepares": True, "read_answers": True},  # exported here, not by the real processes
+                     "prepares": True, "read_answers": True},  # exported (the real processes too, since rtrace9)
         })
 
     @classmethod

@@ -210,6 +210,8 @@ class RecoveryDriver:
         self.range_reads[bookie_id] = self.range_reads.get(bookie_id, 0) + 1
         k = 0  # ids[:k] are answered
         answers: list[tuple[int, Status | None, bytes | None]] = []  # a frame's, handed over at once
+        traced = self.client.tracer is not None
+        late: list[tuple[int, Status, bytes]] = []  # (traced only) records the core no longer wants
 
         def answer_upto(limit: int, status: Status | None) -> None:
             nonlocal k
@@ -218,9 +220,13 @@ class RecoveryDriver:
                 k += 1
 
         def hand_over() -> None:
+            tr = self.client.tracer
+            if tr is not None and (answers or late) and core.state is RecoveryState.READING:
+                # every answer that reached the client, taken or late (as sim/clients.py's)
+                tr.read_answers(self.lid, bookie_id, sorted(answers + late, key=lambda a: a[0]))
+            late.clear()
             if answers:
                 self.clock.read_activity(self.loop.time())
-                tr = self.client.tracer
                 if (tr is not None and core.state is RecoveryState.READING
                         and any(st is Status.INVALID_TERM and eid in core.outcomes for eid, st, _ in answers)):
                     tr.step("Rejected", lid=self.lid)
@@ -252,6 +258,8 @@ class RecoveryDriver:
                     if k < len(ids) and ids[k] == eid:
                         if core.wants(eid, index):  # (the core verifies what it takes)
                             answers.append((eid, Status.OK, data[start:end]))
+                        elif traced:
+                            late.append((eid, Status.OK, data[start:end]))
                         k += 1
                 answer_upto(resp.through, Status.NO_SUCH_ENTRY)
                 hand_over()
@@ -383,6 +391,8 @@ async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[Le
         if runs >= cfg.recovery_attempts:
             break
         runs += 1
+        if client.tracer is not None:  # (the simulator's classic take-over: sim/clients.py)
+            client.tracer.step("StartTakeover", meta.term, lid=ledger_id)
         try:
             result = await RecoveryDriver(client, meta).run()
         except err.LedgerRecoveryFailed as e:
@@ -398,6 +408,8 @@ async def recover_ledger(client: "BookKeeperClient", ledger_id: int) -> tuple[Le
                                       known=(meta, rev), fragments="all")
         if closed.applied:
             assert closed.meta is not None
+            if client.tracer is not None:
+                client.tracer.step("Finish", lid=ledger_id)
             if isinstance(closed.verdict, Done):
                 log.info("ledger %s: closed at %d by another recoverer", ledger_id, closed.meta.last_entry)
             return closed.meta, closed.revision

@@ -1,6 +1,8 @@
 """The client's protocol trace (``ClientConfig.trace_path``): the steps of
 sim/spec.py that the writer and recovery adapters (stream/ledger_write.py,
-stream/ledger_recovery.py, stream/stream.py) take, in the encoding the
+stream/ledger_recovery.py, stream/stream.py) take (the recovery's read
+answers too, ``ClientReadAnswer``, and a classic recovery's metadata
+steps, ``recover_ledger``: rtrace9), in the encoding the
 simulator writes (bookie/tracelog.py).  What a core input implies (the
 recovery's decisions, the counting of an ack) is derived by the functions
 below, which the simulator's adapter (sim/clients.py) calls too.
@@ -10,8 +12,10 @@ drain or core input, never per entry.
 """
 from __future__ import annotations
 
+from bookie import entry as E
 from bookie.core import Status
 from bookie.tracelog import TraceLog, record_value
+from stream.quorum import ABSENT_STATUSES
 from stream.recovery_core import RecoveryState
 
 LIVE_RECOVERY = (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING)
@@ -71,6 +75,19 @@ class ClientTracer:
             st = Status.OK if statuses is None else statuses[k]
             if st is Status.OK:
                 self.step("ClientAddAnswer", bookie_id, eid, counted[k], lid=lid)
+
+    def read_answers(self, lid: int, bookie_id: str, answers) -> None:
+        """A recovery's read answers from one bookie, as they reach the
+        client while it reads (before the core takes them): each OK or
+        absent answer is a ``ClientReadAnswer`` (the simulator's, sim/clients.py
+        ``_on_read``), whether or not the core still wants it.  answers:
+        (entry id, status, record or None)."""
+        for eid, st, rec in answers:
+            if st is Status.OK:
+                self.step("ClientReadAnswer", bookie_id, eid,
+                          ("noop",) if E.parse_header(bytes(rec)).is_noop else ("data",), lid=lid)
+            elif st in ABSENT_STATUSES:
+                self.step("ClientReadAnswer", bookie_id, eid, None, lid=lid)
 
     def close(self) -> None:
         self.log.close()

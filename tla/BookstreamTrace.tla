@@ -161,14 +161,14 @@ Step(e) ==
             /\ Prepared(e.c, e.n, e.nb)
             /\ EnsembleChangeSet(e.c, e.out, e.nb)
             /\ LastFrag(cl'[e.c].frags).first = e.n
-                /\ e.hasmeta => MetaIs(e.meta)
+            /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
             /\ Prepared(e.c, e.n, e.ens \ LastFrag(cl[e.c].frags).ens)
             /\ RollFragment(e.c, e.ens)
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "BookieCrash"    -> Crash(e.b) /\ BookieIs(e.b, e.bk, TRUE)
-      [] e.a = "BookieRestart"  -> Restart(e.b)
+      [] e.a = "BookieRestart"  -> Restart(e.b) /\ BookieIs(e.b, e.bk, TRUE)   \* (what it replayed: rtrace9)
       [] e.a = "BookieStoreLac" -> StoreLac(e.b, e.rl, e.rf) /\ BookieIs(e.b, e.bk, FALSE)
       [] OTHER                  -> Stutter   \* sends, admissions, answers, acks dropped
 

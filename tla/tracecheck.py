@@ -169,7 +169,7 @@ def _pin_read_answers(out: list[dict]) -> None:
     StartReading (``_answered``: BookstreamTrace's ReadAtDecision reads only
     those), and each recovery read whose decision follows is heard iff its
     bookie is one of them.  Only for traces that export the answers (the
-    simulator's: the header's ``read_answers``)."""
+    header's ``read_answers``: the simulator's, the real processes' since rtrace9)."""
     start: dict[str, int] = {}
     for k, e in enumerate(out):
         a = e["args"]
