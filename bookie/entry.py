@@ -345,6 +345,22 @@ def verified_prefix(buf: bytes | memoryview) -> tuple[int, int, ChecksumMismatch
     return count, off, None
 
 
+def count_records(buf: bytes | memoryview) -> int:
+    """How many records a concatenation holds, by their lengths alone (no
+    checksum: a range read for a reader that checks them itself).  Raises
+    MalformedEntry if the lengths do not end exactly at the end."""
+    unpack = _LEN_CRC.unpack_from
+    off, n, count = 0, len(buf), 0
+    while off < n:
+        if n - off < HEADER_SIZE:
+            raise MalformedEntry("truncated entry header")
+        off += HEADER_SIZE + unpack(buf, off)[0]
+        count += 1
+    if off != n:
+        raise MalformedEntry("truncated entry payload")
+    return count
+
+
 def verify_all(buf: bytes | memoryview) -> int:
     """``verified_prefix`` of all of them: how many records; raises
     MalformedEntry or ChecksumMismatch."""

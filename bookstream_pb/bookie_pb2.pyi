@@ -113,7 +113,7 @@ class ReadEntryResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., entry: _Optional[bytes] = ..., term: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class ReadRangeRequest(_message.Message):
-    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse", "stripe", "residues", "master_key")
+    __slots__ = ("ledger_id", "first_entry", "last_entry", "max_frame_bytes", "term", "flags", "sparse", "stripe", "residues", "master_key", "reader_verifies")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
@@ -124,6 +124,7 @@ class ReadRangeRequest(_message.Message):
     STRIPE_FIELD_NUMBER: _ClassVar[int]
     RESIDUES_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    READER_VERIFIES_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     first_entry: int
     last_entry: int
@@ -134,7 +135,8 @@ class ReadRangeRequest(_message.Message):
     stripe: int
     residues: int
     master_key: bytes
-    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ..., stripe: _Optional[int] = ..., residues: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    reader_verifies: bool
+    def __init__(self, ledger_id: _Optional[int] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., max_frame_bytes: _Optional[int] = ..., term: _Optional[int] = ..., flags: _Optional[int] = ..., sparse: _Optional[bool] = ..., stripe: _Optional[int] = ..., residues: _Optional[int] = ..., master_key: _Optional[bytes] = ..., reader_verifies: _Optional[bool] = ...) -> None: ...
 
 class ReadRangeResponse(_message.Message):
     __slots__ = ("status", "entries", "count", "message", "through", "term")

@@ -202,17 +202,20 @@ class BookieClient:
     async def read_range(self, ledger_id: int, first: int, last: int, *, max_frame_bytes: int = 0,
                          term: int = 0, fence: bool = False, sparse: bool = False,
                          frame_timeout: float | None = None, stripe: int = 0, residues: int = 0,
-                         raw: bool = False, master_key: bytes = b"") -> AsyncIterator[pb.ReadRangeResponse]:
+                         raw: bool = False, master_key: bytes = b"",
+                         reader_verifies: bool = False) -> AsyncIterator[pb.ReadRangeResponse]:
         """The frames of a range read (proto/bookie.proto ReadRangeRequest);
         ``frame_timeout``: the longest wait for each frame (then
         asyncio.TimeoutError, and the call is cancelled); ``stripe`` and
         ``residues``: a striped reader's share (sparse reads only); ``raw``:
         frames as ``wire.RangeFrame`` (entries a view into the message,
-        no protobuf copies)."""
+        no protobuf copies); ``reader_verifies``: the caller checks every
+        record's checksum, the bookie need not (proto/bookie.proto)."""
         req = pb.ReadRangeRequest(ledger_id=ledger_id, first_entry=first, last_entry=last,
                                   max_frame_bytes=max_frame_bytes, term=term,
                                   flags=pb.READ_FENCE if fence else 0, sparse=sparse,
-                                  stripe=stripe, residues=residues, master_key=master_key)
+                                  stripe=stripe, residues=residues, master_key=master_key,
+                                  reader_verifies=reader_verifies)
         call = (self._read_range_raw if raw else self.stub.ReadRange)(req)
         try:
             while True:

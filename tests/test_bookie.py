@@ -342,7 +342,8 @@ def test_sparse_range_reads_return_every_held_entry_and_vouch_for_the_rest(booki
 def test_a_record_that_rots_on_disk_is_never_served_by_a_range_read(bookies):
     """A stored record whose bytes changed after it was acknowledged: range
     reads serve the good records below it, then CHECKSUM_MISMATCH (never
-    the record, never NO_SUCH_ENTRY for it)."""
+    the record, never NO_SUCH_ENTRY for it), unless the reader checks the
+    records itself."""
     b = bookies()
 
     async def go(c):
@@ -358,6 +359,14 @@ def test_a_record_that_rots_on_disk_is_never_served_by_a_range_read(bookies):
         assert [h.entry_id for h in E.iter_headers(frames[0].entries)] == [0, 1]
         dense = [r async for r in c.read_range(21, 0, 4)]
         assert [f.status for f in dense] == [Status.CHECKSUM_MISMATCH]
+        # a reader that checks every record itself (reader_verifies) gets
+        # them as stored, the rotted one included: its own check fails there
+        for sparse_read in (True, False):
+            frames = [r async for r in c.read_range(21, 0, 4, sparse=sparse_read, reader_verifies=True)]
+            assert [(f.status, f.count) for f in frames] == [(OK, 5)]
+            assert [h.entry_id for h in E.iter_headers(frames[0].entries)] == [0, 1, 2, 3, 4]
+            with pytest.raises(E.ChecksumMismatch):
+                E.decode_sparse(frames[0].entries, 21, -1)
     run(with_client(b.address, go))
 
 
