@@ -581,7 +581,8 @@ class AsyncStreamReader:
                     entries = aheads.popleft()[2].result()
                 elif probed and self._next <= self._covered:
                     probed = False
-                    entries = await self._fetch(min(self._covered, self._next + self._fetch_entries(max_records - len(out)) - 1))
+                    n = self._fetch_entries(max_records - len(out))
+                    entries = await self._fetch(min(self._covered, self._next + n - 1))
                 else:
                     break
             else:
