@@ -1,5 +1,6 @@
 """TLC validates simulated runs' traces against tla/BookstreamLedger.tla
-(tla/tracecheck.py, tla/BookstreamTrace.tla; the export is sim/trace.py).
+(tla/tracecheck.py, tla/BookstreamTrace.tla; the export is sim/trace.py),
+striped runs (E > Qw) included since stripe9.
 
 A sample of simulated runs must be accepted (a behaviour of the spec
 consumes the whole trace), and the run of every implementation mutant in
@@ -189,6 +190,23 @@ def test_striped_trace_is_accepted(seed, tools):
     assert h["E"] > h["Qw"]
     v = trace.validate(text, tools, timeout=280)
     assert v.accepted and v.consumed == v.events > 100, v.describe()
+
+
+# Implementation mutants on striped runs, each rejected where it breaks the
+# rule: TRUNCATE_WITHOUT_GWQ on seed 75 (E = 3, Qw = Qa = 2) is a mutant
+# only striping shows (with E = Qw = Qa, Qa acks are every bookie): c2
+# finishes with its no-op on 2 of the 3 bookies; ABSENT_BELOW_COVERAGE on
+# seed 35 (E = 4, Qw = 3, Qa = 2): an entry decided absent on 1 NO_SUCH of
+# its write set, not 2.
+@pytest.mark.parametrize("mutant,seed,at", [(mutations.TRUNCATE_WITHOUT_GWQ, 75, "Finish"),
+                                            (mutations.ABSENT_BELOW_COVERAGE, 35, "RecoveryDecide")])
+def test_striped_mutant_trace_is_rejected(mutant, seed, at, tools):
+    clean = trace.simulate(seed, **trace.profile_for(seed, striped=True))
+    bad = trace.simulate(seed, mutant, **trace.profile_for(seed, striped=True))
+    assert bad != clean
+    v = trace.validate(bad, tools, timeout=280)
+    assert not v.accepted and v.stuck_at is not None, v.describe()
+    assert v.stuck_at["action"] == at, v.stuck_at
 
 
 def test_a_striped_trace_with_its_ensemble_order_misreported_is_rejected(tools):
