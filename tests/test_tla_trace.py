@@ -212,7 +212,8 @@ def test_striped_mutant_trace_is_rejected(mutant, seed, at, tools):
 def test_a_striped_trace_with_its_ensemble_order_misreported_is_rejected(tools):
     # The order is what the write sets are made of: the same run with the
     # first ensemble's order rotated (the header and every fragment) has
-    # no behaviour: a store lands on a bookie outside the entry's write set
+    # no behaviour: the first send of entry 0 goes to a bookie outside its
+    # write set (seed 75: event 2 of 220)
     events = [json.loads(line) for line in
               trace.simulate(STRIPED_SAMPLE[0], **trace.profile_for(STRIPED_SAMPLE[0], striped=True)).splitlines()]
     ens0 = events[0]["args"]["frags"][0][1]
@@ -224,6 +225,7 @@ def test_a_striped_trace_with_its_ensemble_order_misreported_is_rejected(tools):
                 frags[0][1] = [rot[b] for b in ens0]
     bad = trace.validate("".join(json.dumps(e) + "\n" for e in events), tools, timeout=280)
     assert not bad.accepted and bad.stuck_at is not None, bad.describe()
+    assert bad.stuck_at["action"] == "ClientSendAdd" and bad.stuck_at["args"]["entry"] == 0, bad.stuck_at
 
 
 @pytest.mark.parametrize("seed", [10, MUTANT_SEED])
