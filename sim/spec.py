@@ -218,8 +218,8 @@ class Model:
 
     def targets(self, w: MClient, n: int) -> tuple[str, ...]:
         """Where c writes entry n: its write set; the recovery's final no-op
-        goes to every bookie of the ensemble (E may exceed Qw here; the
-        spec has E = Qw)."""
+        goes to every bookie of the ensemble (E may exceed Qw: the spec's
+        Targets, tla/BookstreamBase.tla, since stripe9)."""
         if self.unbounded and w.phase == "finishing" and n == w.next:
             return tuple(w.frags[-1][1])
         return self.write_set(n, w.frags)

@@ -1,5 +1,6 @@
 """TLC validates simulated runs' traces against tla/BookstreamLedger.tla
-(tla/tracecheck.py, tla/BookstreamTrace.tla; the export is sim/trace.py).
+(tla/tracecheck.py, tla/BookstreamTrace.tla; the export is sim/trace.py),
+striped runs (E > Qw) included since stripe9.
 
 A sample of simulated runs must be accepted (a behaviour of the spec
 consumes the whole trace), and the run of every implementation mutant in
@@ -160,10 +161,71 @@ def test_several_bookies_replaced_at_once_are_validated(tools):
     assert new != kept
 
 
-def test_striping_is_refused_not_misjudged():
-    text = trace.simulate(2, E=4, Qw=3, Qa=2, roll_entries=0)
-    with pytest.raises(trace.Unsupported):
-        trace.translate(text)
+def test_striped_ensembles_are_passed_in_order():
+    # E > Qw (stripe9): entry n goes to the Qw bookies from position n mod E
+    # of its fragment's ensemble, so the translation passes every ensemble as
+    # a sequence (the first one overrides the spec's Ensemble0Order) and an
+    # ensemble change as the map of each replaced bookie to its replacement
+    text = trace.simulate(STRIPED_SAMPLE[0], **trace.profile_for(STRIPED_SAMPLE[0], striped=True))
+    h = json.loads(text.splitlines()[0])["args"]
+    assert h["E"] > h["Qw"]
+    tr = trace.translate(text)
+    order = ", ".join(f'"{b}"' for b in h["frags"][0][1])
+    assert f"Ensemble0OrderV == <<{order}>>" in tr.module
+    assert "Ensemble0Order <- Ensemble0OrderV" in tr.cfg
+    assert f"ens |-> <<{order}>>" in tr.module and f"ens |-> {{{order}}}" not in tr.module
+
+
+# Striped runs (the scenario's own Qw, E > Qw; stripe9): 75: E = 3, Qw = 2,
+# Qa = 2 on 5 bookies, 4 take-overs (2 finished), 7 ensemble changes, 2
+# crashes, 11 truncating stores; 35: E = 4, Qw = 3, Qa = 2 on 5 bookies, 2
+# take-overs (both finished), 2 ensemble changes, 9 truncating stores.
+STRIPED_SAMPLE = (75, 35)
+
+
+@pytest.mark.parametrize("seed", STRIPED_SAMPLE)
+def test_striped_trace_is_accepted(seed, tools):
+    text = trace.simulate(seed, **trace.profile_for(seed, striped=True))
+    h = json.loads(text.splitlines()[0])["args"]
+    assert h["E"] > h["Qw"]
+    v = trace.validate(text, tools, timeout=280)
+    assert v.accepted and v.consumed == v.events > 100, v.describe()
+
+
+# Implementation mutants on striped runs, each rejected where it breaks the
+# rule: TRUNCATE_WITHOUT_GWQ on seed 75 (E = 3, Qw = Qa = 2) is a mutant
+# only striping shows (with E = Qw = Qa, Qa acks are every bookie): c2
+# finishes with its no-op on 2 of the 3 bookies; ABSENT_BELOW_COVERAGE on
+# seed 35 (E = 4, Qw = 3, Qa = 2): an entry decided absent on 1 NO_SUCH of
+# its write set, not 2.
+@pytest.mark.parametrize("mutant,seed,at", [(mutations.TRUNCATE_WITHOUT_GWQ, 75, "Finish"),
+                                            (mutations.ABSENT_BELOW_COVERAGE, 35, "RecoveryDecide")])
+def test_striped_mutant_trace_is_rejected(mutant, seed, at, tools):
+    clean = trace.simulate(seed, **trace.profile_for(seed, striped=True))
+    bad = trace.simulate(seed, mutant, **trace.profile_for(seed, striped=True))
+    assert bad != clean
+    v = trace.validate(bad, tools, timeout=280)
+    assert not v.accepted and v.stuck_at is not None, v.describe()
+    assert v.stuck_at["action"] == at, v.stuck_at
+
+
+def test_a_striped_trace_with_its_ensemble_order_misreported_is_rejected(tools):
+    # The order is what the write sets are made of: the same run with the
+    # first ensemble's order rotated (the header and every fragment) has
+    # no behaviour: the first send of entry 0 goes to a bookie outside its
+    # write set (seed 75: event 2 of 220)
+    events = [json.loads(line) for line in
+              trace.simulate(STRIPED_SAMPLE[0], **trace.profile_for(STRIPED_SAMPLE[0], striped=True)).splitlines()]
+    ens0 = events[0]["args"]["frags"][0][1]
+    rot = dict(zip(ens0, ens0[1:] + ens0[:1]))
+    for e in events:
+        for frags in ([e["args"]["frags"]] if e["action"] == "Header" else []) + \
+                     ([e["meta"]["frags"]] if "meta" in e else []):
+            if frags and frags[0][1] == ens0:
+                frags[0][1] = [rot[b] for b in ens0]
+    bad = trace.validate("".join(json.dumps(e) + "\n" for e in events), tools, timeout=280)
+    assert not bad.accepted and bad.stuck_at is not None, bad.describe()
+    assert bad.stuck_at["action"] == "ClientSendAdd" and bad.stuck_at["args"]["entry"] == 0, bad.stuck_at
 
 
 @pytest.mark.parametrize("seed", [10, MUTANT_SEED])

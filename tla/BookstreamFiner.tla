@@ -46,7 +46,7 @@ Request(c, b, n, rl, rf) ==
 Live(m) ==
     LET w == cl[m.c] IN
     /\ w.phase \in {"open", "reading", "finishing"} /\ w.term = m.t
-    /\ w.val[m.n] = m.v /\ m.b \notin w.ack[m.n] /\ m.b \in WriteSet(m.n, w.frags)
+    /\ w.val[m.n] = m.v /\ m.b \notin w.ack[m.n] /\ m.b \in Targets(w, m.n)
 
 \* The requests of c to b for entry n, of c's present term, still in the
 \* channel: at most one (one ordered stream per bookie; a client resends
@@ -60,7 +60,7 @@ SendAddWith(c, b, n, rl, rf) ==
     LET w == cl[c] IN
     /\ w.phase \in {"open", "reading", "finishing"}
     /\ w.val[n] # NoVal
-    /\ b \in WriteSet(n, w.frags)
+    /\ b \in Targets(w, n)
     /\ b \notin w.ack[n]
     /\ Outstanding(c, b, n) = {}
     /\ rl <= w.lac /\ rf <= w.lafr
@@ -136,7 +136,8 @@ Restart(b) ==
 \* A roll by size (stream/writer_core.py, ChangeReason.ROLL): once every
 \* entry the writer sent is fully replicated (LAFR + 1 is the next id to
 \* send: nothing of it or above went out), the writer opens a new fragment
-\* there on any WQ (= E) bookies that are up, prepares the joining ones as
+\* there on any E bookies that are up (ens2: an ensemble as the state keeps
+\* it, Canon), prepares the joining ones as
 \* an ensemble change does, and CASes the fragment in; later adds go to the
 \* new ensemble.  Bounded by MaxFragments (1 in the other configurations:
 \* no roll there).  Mutant roll_early: the roll starts at LAC + 1, leaving
@@ -146,15 +147,14 @@ RollFragment(c, ens2) ==
         last  == LastFrag(w.frags)
         first == IF Mutant = "roll_early" THEN w.lac + 1 ELSE w.lafr + 1
         frag2 == [first |-> first, ens |-> ens2]
-        join  == ens2 \ last.ens
+        join  == Members(ens2) \ Members(last.ens)
     IN
     /\ Unbounded
     /\ w.phase = "open"
     /\ first > last.first
     /\ \A i \in Ids : i >= first => w.ack[i] = {}
     /\ Len(w.frags) < MaxFragments
-    /\ ens2 \subseteq Bookies \ crashed
-    /\ Cardinality(ens2) = WQ
+    /\ ens2 \in EnsemblesOf(Bookies \ crashed)
     /\ \A nb \in join : bk[nb].term <= w.term
     /\ meta.state = "OPEN" /\ meta.term = w.term
     /\ bk' = [b \in Bookies |->
@@ -181,7 +181,7 @@ FinerClientStep(c) ==
          \/ Rejected(c, b)
          \/ \E n \in Ids, seen \in BOOLEAN : Outstanding(c, b, n) = {} /\ Deliver(c, b, n, seen)
     \/ \E out, ins \in SUBSET Bookies : EnsembleChangeSet(c, out, ins)   \* one or several
-    \/ \E ens2 \in SUBSET Bookies : RollFragment(c, ens2)
+    \/ \E ens2 \in EnsemblesOf(Bookies) : RollFragment(c, ens2)
 
 FinerNext ==
     \/ /\ \/ \E c \in Clients : FinerClientStep(c)
@@ -225,5 +225,5 @@ ChannelNone == msgs = {}
 \* metadata's and the clients', is Ensemble0 or disjoint from it.
 WholeChangesOnly ==
     \A fs \in {meta.frags} \cup {cl[c].frags : c \in Clients} :
-        \A i \in DOMAIN fs : fs[i].ens = Ensemble0 \/ fs[i].ens \cap Ensemble0 = {}
+        \A i \in DOMAIN fs : Members(fs[i].ens) = Ensemble0 \/ Members(fs[i].ens) \cap Ensemble0 = {}
 =============================================================================

@@ -21,193 +21,23 @@
 (* that succeeds is one step; a CAS that would fail is modelled by the     *)
 (* client re-reading the metadata (NoticeTakeover).                        *)
 (*                                                                         *)
-(* E = Qw (WQ): every entry's write set is the whole ensemble of its       *)
-(* fragment, so "coverage of every write quorum" is WQ - AQ + 1 bookies of *)
-(* the ensemble.                                                           *)
+(* Striping (E > Qw): entry n's write set is the WQ bookies of its        *)
+(* fragment's ordered ensemble from position n mod E (BookstreamBase);     *)
+(* acks, recovery reads and their "absent" decision, and the invariants    *)
+(* are per entry's write set; fencing needs coverage of every write set;   *)
+(* the truncate no-op goes to every bookie of the last ensemble.           *)
 (*                                                                         *)
 (* Mutant selects one broken rule (see README.md); "none" is the real      *)
 (* protocol.                                                               *)
 (***************************************************************************)
-EXTENDS Integers, FiniteSets, Sequences, TLC
-
-CONSTANTS
-    Bookies,        \* the bookies, e.g. {b1, b2, b3}
-    Ensemble0,      \* the ledger's first ensemble (WQ of the Bookies)
-    Clients,        \* the clients that may write or take over, e.g. {c1, c2}
-    Creator,        \* the client that created the ledger (the term-1 writer)
-    WQ,             \* write quorum Qw, equal to the ensemble size E
-    AQ,             \* ack quorum Qa
-    Mode,           \* "unbounded" or "classic"
-    MaxTerm,        \* unbounded: the highest term a take-over may reach
-    MaxDataId,      \* the highest entry id a writer may add
-    InflightLimit,  \* at most this many adds a writer has not released
-    MaxCrashes,     \* at most this many bookies crash (and stop answering)
-    MaxFragments,   \* at most this many fragments (bounds ensemble changes)
-    LostAcks,       \* TRUE: an add's ack may be lost (stored, never counted)
-    Mutant          \* "none", or the one rule this run breaks
-
-Mutants == {"none",
-            "no_truncate",            \* (1) the final no-op has no truncate flag
-            "truncate_no_gwq",        \* (2) recovery ends when the no-op reached Qa only
-            "recovery_reads_no_term", \* (3) fencing and recovery reads carry no term
-            "entry_reads_no_term",    \* (3b) only the recovery (entry) reads carry none
-            "lafr_from_lac",          \* (4) recovery's LAFR is scanned from LAC + 1
-            "writeback_truncates",    \* (5) a written-back no-op keeps its truncate flag
-            "ensemble_no_prepare",    \* (6) a replacement bookie is used as it is
-            "no_origin_floor",        \* (7) recovery takes any OK answer (no origin-term floor)
-            "release_at_qa",          \* (8) unbounded: a writer releases a pending add at Qa
-            "roll_early",             \* (9) BookstreamFiner: a roll leaves entries below Qw behind
-            "multi_no_rule3"}        \* (10) BookstreamFiner: a change replacing several skips rule 3
-
-ASSUME Mode \in {"unbounded", "classic"}
-ASSUME Mutant \in Mutants
-ASSUME Creator \in Clients
-ASSUME Ensemble0 \subseteq Bookies /\ Cardinality(Ensemble0) = WQ
-ASSUME WQ \in Nat /\ AQ \in Nat /\ 1 <= AQ /\ AQ <= WQ /\ WQ <= Cardinality(Bookies)
-ASSUME MaxTerm \in Nat /\ MaxTerm >= 1
-ASSUME MaxDataId \in Nat /\ InflightLimit \in Nat /\ InflightLimit >= 1
-ASSUME MaxCrashes \in Nat /\ MaxFragments \in Nat /\ MaxFragments >= 1
-ASSUME LostAcks \in BOOLEAN
-
-Unbounded == Mode = "unbounded"
-
-(***************************************************************************)
-(* Entry ids and values.  Ids start at 0; -1 means "none" (as in the       *)
-(* wire protocol).  A value records who wrote it: <<t, "data">> is the     *)
-(* entry the writer of term t added, <<t, "noop">> the no-op that the      *)
-(* recovery of term t wrote.  Whether a no-op request carries the truncate *)
-(* flag is a property of the request (TruncateFlag below).  Every term     *)
-(* adds at most one no-op, so ids up to MaxDataId + MaxTerm - 1 suffice.   *)
-(***************************************************************************)
-IdMax == IF Unbounded THEN MaxDataId + MaxTerm - 1 ELSE MaxDataId + 1
-Ids == 0 .. IdMax
-NoVal == <<0, "none">>
-Data(t) == <<t, "data">>
-NoOp(t) == <<t, "noop">>
-IsNoOp(v) == v[2] = "noop"
-
-Max2(a, b) == IF a >= b THEN a ELSE b
-MaxOf(S) == CHOOSE x \in S : \A y \in S : y <= x
-
-\* Quorum coverage of one write quorum (E = Qw): any AQ bookies of the
-\* ensemble meet any Coverage bookies of it.
-Coverage == WQ - AQ + 1
-
-VARIABLES
-    bk,       \* bk[b]: bookie b's state for this ledger:
-              \*   term, fenced (classic), ents (id -> value or NoVal), lac, lafr
-    crashed,  \* bookies that crashed: they answer nothing (and lose nothing)
-    meta,     \* the ledger's metadata in etcd:
-              \*   state, term, frags (<<[first, ens]>>), last (CLOSED only)
-    cl,       \* cl[c]: client c (see IdleClient)
-    acked     \* history: <<id, value>> pairs acknowledged to an application
-
-vars == <<bk, crashed, meta, cl, acked>>
-
-(***************************************************************************)
-(* Client state.  phase:                                                   *)
-(*   "idle"       not engaged (never was, or withdrew)                     *)
-(*   "fencing"    took the ledger over; sends fencing LAC/LAFR reads       *)
-(*   "reading"    reads forward, one entry (next) at a time                *)
-(*   "finishing"  found the end; waits until every recovery write reached  *)
-(*                Qw, then CASes the metadata (OPEN / CLOSED)              *)
-(*   "open"       the writer of its term: adds entries                     *)
-(* val/ack hold the writes not yet released: the value and the bookies     *)
-(* that acknowledged it.  lac/lafr are the writer's LAC and LAFR; during   *)
-(* recovery they are the values the fencing reads returned, frozen: the    *)
-(* recovery writes carry them.  lap is the last add pushed.  fenced: the   *)
-(* bookies that answered a fencing read; next, nosuch: the entry being     *)
-(* read forward and the bookies that said NoSuchEntry; rens: during       *)
-(* recovery, the last ensemble as published at take-over, which the        *)
-(* fencing and recovery reads go to.                                       *)
-(***************************************************************************)
-IdleClient ==
-    [phase  |-> "idle",
-     term   |-> 0,
-     frags  |-> <<>>,
-     lac    |-> -1,
-     lafr   |-> -1,
-     lap    |-> -1,
-     val    |-> [i \in Ids |-> NoVal],
-     ack    |-> [i \in Ids |-> {}],
-     fenced |-> {},
-     next   |-> 0,
-     nosuch |-> {},
-     floor  |-> 0,
-     rens   |-> {}]
-
-Recovering(c) == cl[c].phase \in {"fencing", "reading", "finishing"}
-
-(***************************************************************************)
-(* Fragments.                                                              *)
-(***************************************************************************)
-FragIndex(n, frags) ==
-    CHOOSE i \in DOMAIN frags :
-        /\ frags[i].first <= n
-        /\ \/ i = Len(frags)
-           \/ frags[i + 1].first > n
-
-WriteSet(n, frags) == frags[FragIndex(n, frags)].ens
-LastFrag(frags) == frags[Len(frags)]
-
-(***************************************************************************)
-(* LAC and LAFR: computed contiguously, moving up from the previous value: *)
-(* the highest m >= from such that every id in from+1..m has q acks.       *)
-(***************************************************************************)
-Advance(from, ack, q) ==
-    MaxOf({m \in from .. IdMax : \A i \in (from + 1) .. m : Cardinality(ack[i]) >= q})
-
-\* A writer releases a pending add at Qw (unbounded: guaranteed write quorum,
-\* rule 1) or at Qa (classic; the mutant release_at_qa: unbounded too).
-Released(w) == IF Unbounded /\ Mutant # "release_at_qa" THEN w.lafr ELSE w.lac
-
-(***************************************************************************)
-(* Bookie rules.                                                           *)
-(***************************************************************************)
-\* Storing an add; a truncating add deletes every higher entry.
-Store(ents, n, v, truncate) ==
-    [i \in Ids |-> IF i = n THEN v
-                   ELSE IF truncate /\ i > n THEN NoVal
-                   ELSE ents[i]]
-
-\* Is client c's add accepted by bookie b?  Unbounded: a term >= the bookie's.
-\* Classic: a fenced bookie refuses normal adds, accepts recovery adds.
-AddAccepted(w, b) ==
-    IF Unbounded THEN bk[b].term <= w.term
-                 ELSE w.phase # "open" \/ ~bk[b].fenced
-
-\* Fencing LAC reads ("fence") and recovery reads ("entry") carry the term
-\* (classic: the fence flag); the mutants drop it from both, or from the
-\* recovery reads only.
-CarriesTerm(kind) ==
-    CASE Mutant = "recovery_reads_no_term" -> FALSE
-      [] Mutant = "entry_reads_no_term"    -> kind = "fence"
-      [] OTHER                             -> TRUE
-
-ReadAccepted(w, b, kind) ==
-    ~Unbounded \/ ~CarriesTerm(kind) \/ bk[b].term <= w.term
-
-\* The effect of a fencing or recovery read on the bookie's state.
-AfterRead(st, w, kind) ==
-    IF Unbounded
-    THEN [st EXCEPT !.term = IF CarriesTerm(kind) THEN w.term ELSE @]
-    ELSE [st EXCEPT !.fenced = @ \/ CarriesTerm(kind)]
-
-\* Does client c's add of entry n carry the truncate flag?  Only the no-op
-\* that ends this term's recovery does (unless a mutant says otherwise).
-TruncateFlag(w, n) ==
-    /\ Unbounded
-    /\ Mutant # "no_truncate"
-    /\ IsNoOp(w.val[n])
-    /\ \/ w.phase = "finishing" /\ n = w.next
-       \/ Mutant = "writeback_truncates" /\ w.phase \in {"reading", "finishing"}
+EXTENDS BookstreamBase   \* constants, ids and values, write sets, quorum math, state, bookie rules
 
 (***************************************************************************)
 (* Initial state: the Creator made the ledger (term 1, OPEN) on the        *)
 (* bookies Ensemble0; no bookie has heard of it yet.                       *)
 (***************************************************************************)
 Init ==
-    LET frags == << [first |-> 0, ens |-> Ensemble0] >>
+    LET frags == << [first |-> 0, ens |-> Canon(Ensemble0Order)] >>
     IN
     /\ bk = [b \in Bookies |-> [term   |-> 0,
                                 fenced |-> FALSE,
@@ -273,7 +103,7 @@ DeliverWith(c, b, n, seen, rl, rf) ==
     IN
     /\ w.phase \in {"open", "reading", "finishing"}
     /\ v # NoVal
-    /\ b \in WriteSet(n, w.frags) \ crashed
+    /\ b \in Targets(w, n) \ crashed
     /\ b \notin w.ack[n]
     /\ AddAccepted(w, b)
     /\ rl <= w.lac /\ rf <= w.lafr
@@ -295,7 +125,7 @@ Deliver(c, b, n, seen) == DeliverWith(c, b, n, seen, cl[c].lac, cl[c].lafr)
 Rejected(c, b) ==
     LET w == cl[c] IN
     /\ w.phase # "idle"
-    /\ b \in (LastFrag(w.frags).ens \cup w.rens) \ crashed
+    /\ b \in (Members(LastFrag(w.frags).ens) \cup Members(w.rens)) \ crashed
     /\ IF Unbounded THEN bk[b].term > w.term
                     ELSE w.phase = "open" /\ bk[b].fenced
     /\ cl' = [cl EXCEPT ![c] = IdleClient]
@@ -330,14 +160,14 @@ StartTakeover(c) ==
 
 (***************************************************************************)
 (* Recovery step 2: a fencing LAC/LAFR read to a bookie of the last        *)
-(* fragment; it carries the term (classic: the fence flag).                *)
+(* fragment (all E); it carries the term (classic: the fence flag).        *)
 (***************************************************************************)
 \* heard: the answer reaches the client (else it is lost or comes too late:
 \* the bookie's side happened, the client's did not).
 FenceReadH(c, b, heard) ==
     LET w == cl[c] IN
     /\ w.phase = "fencing"
-    /\ b \in w.rens \ (crashed \cup w.fenced)
+    /\ b \in Members(w.rens) \ (crashed \cup w.fenced)
     /\ ReadAccepted(w, b, "fence")
     /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "fence")]
     /\ IF heard
@@ -354,26 +184,28 @@ FenceRead(c, b) == FenceReadH(c, b, TRUE)
 Heard == IF LostAcks THEN BOOLEAN ELSE {TRUE}
 
 (***************************************************************************)
-(* Recovery step 3: coverage reached; read forward from LAFR + 1 (classic: *)
-(* LAC + 1), never below the first entry of the last fragment.             *)
+(* Recovery step 3: coverage reached (Covered: in every write set of the   *)
+(* last ensemble, Coverage bookies answered); read forward from LAFR + 1   *)
+(* (classic: LAC + 1), never below the first entry of the last fragment.   *)
 (***************************************************************************)
 StartReading(c) ==
     LET w == cl[c]
         from == IF Unbounded THEN w.lafr + 1 ELSE w.lac + 1
     IN
     /\ w.phase = "fencing"
-    /\ Cardinality(w.fenced) >= Coverage
+    /\ Covered(w.fenced, w.rens)
     /\ cl' = [cl EXCEPT ![c].phase  = "reading",
                         ![c].fenced = {},
                         ![c].next   = Max2(from, LastFrag(w.frags).first)]
     /\ UNCHANGED <<bk, crashed, meta, acked>>
 
 (***************************************************************************)
-(* Recovery step 4: a recovery read of entry next from a bookie of the     *)
-(* last fragment (it carries the term).  One OK whose origin term is not   *)
-(* below the floor: recoverable, written back (step 5) and the read moves  *)
-(* on; an OK below the floor is stale and counts as NoSuchEntry.  Coverage *)
-(* NoSuchEntry: absent, the end:                                           *)
+(* Recovery step 4: a recovery read of entry next from a bookie of its     *)
+(* write set in the last fragment (it carries the term).  One OK whose     *)
+(* origin term is not below the floor: recoverable, written back (step 5)  *)
+(* and the read moves on; an OK below the floor is stale and counts as     *)
+(* NoSuchEntry.  Coverage NoSuchEntry (of next's write set): absent, the   *)
+(* end:                                                                    *)
 (* unbounded writes the truncate no-op there (step 6); classic will close  *)
 (* with last entry = next - 1.                                             *)
 (***************************************************************************)
@@ -389,6 +221,12 @@ Origin(v) == v[1]
 \* no_origin_floor is the rule before the fix: any OK answer is taken.
 Fresh(w, v) == Mutant = "no_origin_floor" \/ Origin(v) >= w.floor
 
+\* Where a recovery read of entry n goes: n's write set in the read ensemble
+\* (the mutant absent_over_ensemble: any bookie of it, each NoSuchEntry
+\* counted towards "absent").
+ReadSet(w, n) ==
+    IF Mutant = "absent_over_ensemble" THEN Members(w.rens) ELSE WriteSetOf(n, w.rens)
+
 RecoveryReadH(c, b, heard) ==
     LET w == cl[c]
         n == w.next
@@ -396,7 +234,7 @@ RecoveryReadH(c, b, heard) ==
     IN
     /\ w.phase = "reading"
     /\ Assert(n <= IdMax, "recovery read beyond the modelled ids")
-    /\ b \in w.rens \ (crashed \cup w.nosuch)
+    /\ b \in ReadSet(w, n) \ (crashed \cup w.nosuch)
     /\ ReadAccepted(w, b, "entry")
     /\ bk' = [bk EXCEPT ![b] = AfterRead(@, w, "entry")]
     /\ IF ~heard THEN bk' # bk /\ UNCHANGED cl
@@ -413,14 +251,17 @@ RecoveryReadH(c, b, heard) ==
 RecoveryRead(c, b) == RecoveryReadH(c, b, TRUE)
 
 (***************************************************************************)
-(* Recovery step 8: every recovery write reached Qw (the mutant            *)
-(* truncate_no_gwq accepts Qa for the no-op): CAS the metadata.            *)
+(* Recovery step 8: every recovery write reached Qw, the no-op every      *)
+(* bookie it goes to (the mutant truncate_no_gwq accepts Qa for the        *)
+(* no-op): CAS the metadata.                                               *)
 (* Unbounded: OPEN for the client's term, publishing any ensemble change   *)
 (* it made; the client is the writer, its LAC and LAFR at the no-op.       *)
 (* Classic: CLOSED with the last entry (or already CLOSED by another).     *)
 (***************************************************************************)
 NeededAcks(w, i) ==
-    IF Mutant = "truncate_no_gwq" /\ Unbounded /\ i = w.next THEN AQ ELSE WQ
+    IF NoOpEnd(w, i)
+    THEN IF Mutant = "truncate_no_gwq" THEN AQ ELSE Cardinality(Targets(w, i))
+    ELSE WQ
 
 \* Every recovery write reached its quorum: the recovery's LAFR, scanned up
 \* from the frozen LAFR, reaches the end.  The mutant lafr_from_lac has the
@@ -494,15 +335,20 @@ WriterClose(c) ==
 (* hold entries of an older term there (README: ensemble_no_prepare).      *)
 (* The deletion is safe because nb is in no published write set at or      *)
 (* above that entry: not in the last ensemble, nor (recovery) in rens.     *)
-(* EnsembleChangeSet replaces a set out of failed bookies by a set ins,    *)
-(* each prepared, rule 3 for each of out; this spec replaces one at a      *)
-(* time, BookstreamFiner several at once (mutant multi_no_rule3).         *)
+(* EnsembleChangeMap replaces each failed bookie b of DOMAIN rep by       *)
+(* rep[b], in b's position (striping: rep[b] takes over b's write sets),   *)
+(* each prepared, rule 3 for each replaced bookie; EnsembleChangeSet(c,    *)
+(* out, ins) is such a change for some pairing of out with ins.  This spec *)
+(* replaces one at a time, BookstreamFiner several at once (mutant         *)
+(* multi_no_rule3).                                                        *)
 (***************************************************************************)
-EnsembleChangeSet(c, out, ins) ==   \* (BookstreamFiner: several at once)
+EnsembleChangeMap(c, rep) ==
     LET w     == cl[c]
+        out   == DOMAIN rep
+        ins   == Range(rep)
         last  == LastFrag(w.frags)
         first == Max2(IF Unbounded THEN w.lafr + 1 ELSE w.lac + 1, last.first)
-        ens2  == (last.ens \ out) \cup ins
+        ens2  == Replace(last.ens, rep)
         frag2 == [first |-> first, ens |-> ens2]
         frags2 == IF first = last.first
                   THEN [w.frags EXCEPT ![Len(w.frags)] = frag2]
@@ -511,12 +357,12 @@ EnsembleChangeSet(c, out, ins) ==   \* (BookstreamFiner: several at once)
         rule3 == IF Mutant = "multi_no_rule3" /\ Cardinality(out) > 1 THEN {} ELSE out
     IN
     /\ w.phase \in {"open", "reading", "finishing"}
-    /\ out # {} /\ out \subseteq last.ens /\ Cardinality(ins) = Cardinality(out)
-    /\ ins \cap (last.ens \cup w.rens \cup crashed) = {}
+    /\ out # {} /\ out \subseteq Members(last.ens) /\ Cardinality(ins) = Cardinality(out)
+    /\ ins \cap (Members(last.ens) \cup Members(w.rens) \cup crashed) = {}
     /\ Len(frags2) <= MaxFragments
     /\ \A b \in out :
        \/ b \in crashed
-       \/ \E i \in Ids : w.val[i] # NoVal /\ b \in WriteSet(i, w.frags)
+       \/ \E i \in Ids : w.val[i] # NoVal /\ b \in Targets(w, i)
        \/ /\ ~Unbounded /\ w.phase = "open"
           /\ \E i \in last.first .. w.lap : b \in WriteSet(i, w.frags)
     /\ w.phase = "open" /\ Unbounded =>
@@ -539,7 +385,10 @@ EnsembleChangeSet(c, out, ins) ==   \* (BookstreamFiner: several at once)
                                                     ELSE w.ack[i]]]
     /\ UNCHANGED <<crashed, acked>>
 
-EnsembleChange(c, b, nb) == EnsembleChangeSet(c, {b}, {nb})
+\* (BookstreamFiner: several at once)
+EnsembleChangeSet(c, out, ins) == \E rep \in [out -> ins] : Range(rep) = ins /\ EnsembleChangeMap(c, rep)
+
+EnsembleChange(c, b, nb) == EnsembleChangeMap(c, b :> nb)
 
 (***************************************************************************)
 (* A bookie crashes: it stops answering.  It fsyncs before acking, so it   *)
@@ -704,14 +553,14 @@ NoDirtyReads ==
 \* Tail fragments reach the write quorum (after Vanlightly's guaranteed-write-
 \* quorum spec): unbounded, a fragment that is no longer the last one was
 \* sealed at the writer's (or recovery's) LAFR + 1, so each of its entries
-\* is on every bookie of its ensemble, with one value.  (Classic seals at
+\* is on every bookie of its write set there, with one value.  (Classic seals at
 \* LAC + 1: an entry of a sealed fragment may be on Qa bookies only.)
 TailFragmentsReachWriteQuorum ==
     Unbounded =>
         \A f \in 1 .. Len(meta.frags) - 1 :
             \A n \in meta.frags[f].first .. meta.frags[f + 1].first - 1 :
-                /\ \A b \in meta.frags[f].ens : bk[b].ents[n] # NoVal
-                /\ Cardinality({bk[b].ents[n] : b \in meta.frags[f].ens}) = 1
+                /\ \A b \in WriteSetOf(n, meta.frags[f].ens) : bk[b].ents[n] # NoVal
+                /\ Cardinality({bk[b].ents[n] : b \in WriteSetOf(n, meta.frags[f].ens)}) = 1
 
 \* Classic: a closed ledger's last entry covers every acknowledged entry.
 ClosedCoversAcked ==
@@ -730,9 +579,11 @@ Monotonic ==
                              /\ bk'[b].lac >= bk[b].lac
                              /\ bk'[b].lafr >= bk[b].lafr]_vars
 
-\* Bookies are interchangeable.  (Init names Ensemble0, which is not
-\* symmetric, but Next and the properties are, which is what TLC's reduction
-\* needs for safety checking.)
+\* Bookies are interchangeable.  (Init names Ensemble0 and, striped, its
+\* order Ensemble0Order, which are not symmetric, but Next and the
+\* properties are, which is what TLC's reduction needs for safety checking:
+\* renaming the bookies maps an ordered ensemble to another, and write sets
+\* depend on positions only.)
 Symmetry == Permutations(Bookies)
 
 (***************************************************************************)
@@ -748,7 +599,7 @@ WriterEnsembleChangesOnly ==
 RecoveryReplacesCrashedOnly ==
     \A c \in Clients :
         cl[c].phase \in {"reading", "finishing"} /\ cl[c].term = meta.term =>
-            cl[c].rens \ LastFrag(cl[c].frags).ens \subseteq crashed
+            Members(cl[c].rens) \ Members(LastFrag(cl[c].frags).ens) \subseteq crashed
 
 \* Only the writer of term 1 (the Creator) adds data; later terms write
 \* their no-ops and recover (the hole's schedule needs no more).
@@ -758,9 +609,9 @@ FirstTermDataOnly ==
 
 \* Only crashed bookies are replaced (by writers and recoveries alike).
 CrashReplacementsOnly ==
-    /\ Ensemble0 \ LastFrag(meta.frags).ens \subseteq crashed
+    /\ Ensemble0 \ Members(LastFrag(meta.frags).ens) \subseteq crashed
     /\ \A c \in Clients :
-          cl[c].frags # <<>> => Ensemble0 \ LastFrag(cl[c].frags).ens \subseteq crashed
+          cl[c].frags # <<>> => Ensemble0 \ Members(LastFrag(cl[c].frags).ens) \subseteq crashed
 
 \* Each bookie stores a client's adds in id order (one stream per bookie, as
 \* in the implementation): among the adds a client has not released, a
@@ -782,7 +633,7 @@ NoDeletingTruncationAfterRecoveryChange ==
            /\ w.phase = "finishing"
            /\ crashed # {}
            /\ LastFrag(w.frags).ens # w.rens
-           /\ b \in WriteSet(w.next, w.frags) \ (crashed \cup w.ack[w.next])
+           /\ b \in Targets(w, w.next) \ (crashed \cup w.ack[w.next])
            /\ bk[b].term <= w.term
            /\ \E i \in Ids : i > w.next /\ bk[b].ents[i] # NoVal
 =============================================================================

@@ -37,9 +37,10 @@ tvars == <<vars, l, hist, msgs, prep>>
 \* or -1), t (term), v (value), ok (a read accepted), trunc (the record's
 \* truncate flag), rl, rf (the LAC/LAFR a record carries), h (the answer
 \* heard: "yes", "no", "open"), hasbk, bk ([term, lac, lafr, ents]),
-\* hasmeta, meta ([state, term, frags]), out and nb (the bookies an ensemble
-\* change replaces and those replacing them: one or several), ens (a roll's
-\* new ensemble).
+\* hasmeta, meta ([state, term, frags], each ensemble a sequence), rep (an
+\* ensemble change: each replaced bookie -> the bookie that takes its
+\* position; one or several), ens (a roll's new ensemble, a sequence), ans
+\* (the bookies whose answers a RecoveryDecide may use).
 E0 == Trace[l]
 
 \* An observed value: origin term 0 means "not known" (a written-back no-op).
@@ -62,7 +63,7 @@ MetaIs(o) ==
     /\ meta'.state = o.state
     /\ meta'.term = o.term
     /\ Len(meta'.frags) = Len(o.frags)
-    /\ \A i \in DOMAIN o.frags : meta'.frags[i] = o.frags[i]
+    /\ \A i \in DOMAIN o.frags : meta'.frags[i] = [first |-> o.frags[i].first, ens |-> Canon(o.frags[i].ens)]
 
 Stutter == UNCHANGED vars
 
@@ -73,7 +74,7 @@ TraceSendAdd(e) ==
     LET w == cl[e.c] IN
     /\ w.phase \in {"open", "reading", "finishing"}
     /\ Match(w.val[e.n], e.v)
-    /\ e.b \in WriteSet(e.n, w.frags)
+    /\ e.b \in Targets(w, e.n)
     /\ ~Unbounded \/ w.term = e.t
     /\ TruncateFlag(w, e.n) = e.trunc
     /\ msgs' = msgs \cup {[c |-> e.c, b |-> e.b, n |-> e.n, v |-> w.val[e.n], t |-> w.term,
@@ -157,14 +158,14 @@ Step(e) ==
                      \/ StaleRead(e.b, e.t)
                \/ Stutter   \* refused (InvalidTerm), or a read that changes nothing
             /\ BookieIs(e.b, e.bk, FALSE)
-      [] e.a = "EnsembleChange" ->   \* one bookie or several replaced (out -> nb)
-            /\ Prepared(e.c, e.n, e.nb)
-            /\ EnsembleChangeSet(e.c, e.out, e.nb)
+      [] e.a = "EnsembleChange" ->   \* one bookie or several replaced (rep)
+            /\ Prepared(e.c, e.n, Range(e.rep))
+            /\ EnsembleChangeMap(e.c, e.rep)
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "RollFragment"   ->
-            /\ Prepared(e.c, e.n, e.ens \ LastFrag(cl[e.c].frags).ens)
-            /\ RollFragment(e.c, e.ens)
+            /\ Prepared(e.c, e.n, Range(e.ens) \ Members(LastFrag(cl[e.c].frags).ens))
+            /\ RollFragment(e.c, Canon(e.ens))
             /\ LastFrag(cl'[e.c].frags).first = e.n
             /\ e.hasmeta => MetaIs(e.meta)
       [] e.a = "BookieCrash"    -> Crash(e.b) /\ BookieIs(e.b, e.bk, TRUE)
@@ -190,7 +191,7 @@ ReadAtDecision ==
     /\ e.a = "RecoveryDecide"
     /\ cl[e.c].phase = "reading"
     /\ cl[e.c].next <= e.n
-    /\ \E b \in e.ens : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk   \* (ens: the answers c recorded)
+    /\ \E b \in e.ans : RecoveryReadH(e.c, b, TRUE) /\ bk' = bk   \* (ans: the answers c recorded)
     /\ UNCHANGED <<l, msgs, hist, prep>>
 
 TraceNext ==
