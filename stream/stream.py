@@ -33,8 +33,6 @@ batches: ``linger`` and ``max_batch_bytes``).
 from __future__ import annotations
 
 import asyncio
-import collections
-import collections.abc
 import dataclasses
 import logging
 import os
@@ -42,9 +40,8 @@ import socket
 import time
 import uuid
 import weakref
-from typing import TYPE_CHECKING, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata import errors as me
 from metadata.layout import KeyLayout
@@ -60,6 +57,7 @@ from stream.lifecycle import FinishTakeOver, Moot, TakeOver, run_ledger_cas
 from stream.metrics import timed_takeover
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
+from stream.stream_reader import READ_AHEAD_BYTES, AsyncStreamReader, _check_read_ahead
 from stream.writer_lease import WriterRecord, WriterRegistration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -67,15 +65,6 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-# A reader behind the LAC reads ahead: at most READ_AHEAD_BYTES (a reader's
-# setting, ``read_ahead_bytes``) held in records not yet returned and in reads
-# under way, in READ_AHEAD_CHUNKS chunks (range reads in flight at once),
-# sized in entries from the mean entry size of the last chunk read.
-READ_AHEAD_BYTES = 32 << 20
-READ_AHEAD_CHUNKS = 4
-MAX_CHUNK_ENTRIES = 32_768
-READ_NEXT_BATCH = 1000       # records ``next`` asks for at once
-PROBE_ENTRIES = 16           # a reader's first fetch, before it knows the entry size
 
 
 # -- configuration ------------------------------------------------------------------------
@@ -476,232 +465,6 @@ class AsyncStreamWriter:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-
-
-def _check_read_ahead(read_ahead_bytes) -> None:
-    if not isinstance(read_ahead_bytes, int) or isinstance(read_ahead_bytes, bool) or read_ahead_bytes < 0:
-        raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
-
-
-class AsyncStreamReader:
-    """Reads a stream in order, up to the LAC; tails it with long polls.
-
-    Behind the LAC it reads ahead, bounded in bytes (``read_ahead_bytes``):
-    chunks of entries, several range reads in flight (``stream.read_plan``
-    spreads each over the bookies), the next chunks read while the
-    application handles the current records.  The bound is kept by estimate
-    (the last chunk's mean entry size): a chunk is at least one entry."""
-
-    def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5,
-                 read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False):
-        _check_read_ahead(read_ahead_bytes)
-        self.client, self.name, self.handle = client, name, handle
-        self.poll_timeout = poll_timeout
-        self.read_ahead_bytes = read_ahead_bytes
-        self.spread = spread    # Qw = E: chunks taken from the bookies in turn (else one bookie per reader)
-        self._next = 0          # the next entry id to read
-        self._latest = False    # a seek to LATEST, resolved on the next read
-        self._buf: list[Record] = []   # records read, not yet returned: _buf[_pos:]
-        self._pos = 0
-        self._entry_bytes = 0   # mean bytes per entry of the last chunk (0: unknown)
-        self._chunks = 0        # chunks started (the rotation when spread)
-        self._covered = -1      # the highest LAC learnt with the metadata read after it
-        # read-aheads in id order: (first, last, task reading first..last)
-        self._aheads: collections.deque[tuple[int, int, asyncio.Task]] = collections.deque()
-
-    @property
-    def position(self) -> Position:
-        """The position of the next entry to be read."""
-        if self._pos < len(self._buf):
-            return self._buf[self._pos].position
-        return Position(self._next)
-
-    def seek(self, position: Position, *, inclusive: bool = True) -> None:
-        self._buf, self._pos = [], 0
-        self._drop_ahead()
-        self._latest = position == Position.LATEST
-        if position == Position.EARLIEST:
-            self._next = self.handle.metadata.trimmed_before
-        elif not self._latest:
-            self._next = position.entry_id + (0 if inclusive else 1)
-        if not self._latest and self._next < self.handle.metadata.trimmed_before:
-            raise err.PositionTrimmed(self.name, position, self.handle.metadata.trimmed_before)
-
-    def _resolve_latest(self, lac: int) -> None:
-        """LATEST becomes the entry after ``lac`` as the ensemble told it, or
-        after what a writer of this client confirmed, if that is higher (the
-        ensemble learns a LAC a moment after the writer: another client's
-        reader may start up to ``explicit_lac_delay`` of adds earlier)."""
-        self._next = max(lac, self.client.bk.confirmed_here(self.handle.ledger_id)) + 1
-        self._latest = False
-
-    async def _lac(self, timeout: float) -> int:
-        if self._covered >= self._next:
-            return self._covered  # still behind a LAC learnt before: no need to ask
-        h = self.handle
-        lac = await h.read_last_add_confirmed()
-        if lac < self._next and timeout > 0:
-            lac = await h.long_poll_last_add_confirmed(lac, timeout)
-        if lac >= self._next:
-            # metadata read after the LAC covers every entry up to it
-            await h.refresh_if_changed()
-            self._covered = max(self._covered, lac)
-        return lac
-
-    def _take(self, max_records: int) -> list[Record]:
-        pos = self._pos
-        out = self._buf[pos:pos + max_records]
-        self._pos = pos + len(out)
-        if self._pos >= len(self._buf):
-            self._buf, self._pos = [], 0
-        return out
-
-    async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
-        """The next records up to the LAC, at most ``max_records``; waits up
-        to ``timeout`` seconds for new ones when there are none (a long poll).
-        No-op entries are never returned.  While the reader is behind the
-        LAC, the next chunks are read ahead in the background, up to
-        ``read_ahead_bytes`` beyond the batch asked for; a batch takes what
-        read-aheads have brought, never waiting on one once it has records.
-        With a read-ahead, a read that fetches itself fetches at most
-        ``read_ahead_bytes`` (at the last mean entry size; a first read
-        probes PROBE_ENTRIES, then fetches that much): a batch of large
-        records is bounded in bytes too, not only by ``max_records``."""
-        out = self._take(max_records)
-        if not out and self._latest:
-            self._resolve_latest(await self.handle.read_last_add_confirmed())
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        probed = False  # the last fetch was a first read's probe: the size is known now
-        while len(out) < max_records:
-            if out:
-                aheads = self._aheads
-                if aheads and aheads[0][0] == self._next and aheads[0][2].done() \
-                        and not aheads[0][2].cancelled() and aheads[0][2].exception() is None:
-                    entries = aheads.popleft()[2].result()
-                elif probed and self._next <= self._covered:
-                    probed = False
-                    n = self._fetch_entries(max_records - len(out))
-                    entries = await self._fetch(min(self._covered, self._next + n - 1))
-                else:
-                    break
-            else:
-                lac = await self._lac(max(0.0, min(self.poll_timeout, deadline - loop.time())))
-                if lac < self._next:
-                    if loop.time() >= deadline:
-                        break
-                    continue
-                n = self._fetch_entries(max_records)
-                probed = n < max_records and not self._entry_bytes
-                entries = await self._fetch(min(lac, self._next + n - 1))
-            self._keep(entries)
-            out += self._take(max_records - len(out))
-        self._read_ahead()
-        return out
-
-    def _keep(self, entries: list) -> None:
-        """A chunk read: its records (no-ops left out) become the buffer."""
-        new, of = tuple.__new__, Position._of
-        self._next = entries[-1].entry_id + 1
-        # (Record and Position made without their Python-level constructors: the hot path)
-        self._buf = buf = [new(Record, (of(e[1]), e[2])) for e in entries if not e[5] & FLAG_NOOP]
-        self._pos = 0
-        if buf:  # (no-ops say nothing of the records' size: a take-over's no-op alone is no estimate)
-            self._entry_bytes = max(1, sum(len(r[1]) for r in buf) // len(buf))
-
-    def _fetch_entries(self, want: int) -> int:
-        """How many of ``want`` entries a read fetches itself (see ``read``)."""
-        if not self.read_ahead_bytes:
-            return want
-        if not self._entry_bytes:
-            return min(want, PROBE_ENTRIES)
-        return max(1, min(want, self.read_ahead_bytes // self._entry_bytes))
-
-    def _chunk_entries(self) -> int:
-        """Entries per read-ahead chunk: a READ_AHEAD_CHUNKS-th of the
-        read-ahead bytes at the last mean entry size."""
-        per = self.read_ahead_bytes // READ_AHEAD_CHUNKS // self._entry_bytes
-        return max(1, min(MAX_CHUNK_ENTRIES, per))
-
-    async def _fetch(self, last: int) -> list:
-        """Entries from ``_next`` to at most ``last`` (fewer or more if a
-        read-ahead brought another chunk)."""
-        try:
-            if self._aheads and self._aheads[0][0] == self._next:
-                return await self._aheads.popleft()[2]
-            self._drop_ahead()
-            return await self.handle.read_entries(self._next, last, rotation=self._rotation())
-        except (err.ReadFailed, err.EntryMissing) as e:
-            meta = await self.handle.refresh_metadata()
-            if self._next < meta.trimmed_before:
-                raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
-            raise
-
-    def _rotation(self) -> int:
-        self._chunks += 1
-        return self._chunks if self.spread else 0
-
-    def _read_ahead(self) -> None:
-        """Starts chunk reads after the last one under way, as far as a LAC
-        covered by metadata allows (no LAC round trip), while the records
-        buffered and the chunks under way stay within ``read_ahead_bytes``."""
-        aheads, per = self._aheads, self._entry_bytes
-        if not per:
-            return
-        chunk = self._chunk_entries()
-        start = aheads[-1][1] + 1 if aheads else self._next
-        buffered = (len(self._buf) - self._pos + sum(b - a + 1 for a, b, _ in aheads)) * per
-        while start <= self._covered:
-            last = min(self._covered, start + chunk - 1)
-            if buffered + (last - start + 1) * per > self.read_ahead_bytes:
-                return
-            t = asyncio.ensure_future(self.handle.read_entries(start, last, rotation=self._rotation()))
-            t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
-            aheads.append((start, last, t))
-            buffered += (last - start + 1) * per
-            start = last + 1
-
-    def _drop_ahead(self) -> None:
-        while self._aheads:
-            self._aheads.popleft()[2].cancel()
-
-    async def next(self, timeout: float | None = None) -> Record | None:
-        """The next record; None if none came within ``timeout`` (None: wait
-        for ever)."""
-        while self._pos >= len(self._buf):
-            t = self.poll_timeout if timeout is None else timeout
-            got = await self.read(READ_NEXT_BATCH, t)
-            if got:
-                # (read returned a batch: hand it out one by one from the buffer)
-                self._buf, self._pos = got + self._buf[self._pos:], 0
-            elif timeout is not None:
-                return None
-        rec = self._buf[self._pos]
-        self._pos += 1
-        return rec
-
-    def __aiter__(self) -> AsyncIterator[Record]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Record]:
-        while True:
-            yield await self.next()
-
-    async def close(self) -> None:
-        self._buf, self._pos = [], 0
-        self._drop_ahead()
-        await self.handle.close()
-
-    async def __aenter__(self) -> "AsyncStreamReader":
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.close()
-
-
-def _retrieve(t: asyncio.Future) -> None:
-    if not t.cancelled():
-        t.exception()
 
 
 _BLOCKING = ("StreamClient", "StreamWriter", "StreamReader")

@@ -809,7 +809,7 @@ def test_a_large_batch_is_bounded_by_the_read_ahead_bytes(shared):
     catch-up of 64 KiB entries read 5,000 at a time held 330 MB in one
     batch. Without a read-ahead the batch is the caller's bound."""
     from bookie.entry import FLAG_NOOP, Entry
-    from stream.stream import PROBE_ENTRIES
+    from stream.stream_reader import PROBE_ENTRIES
 
     name = sname()
     payloads = [bytes([i % 251]) * 1000 for i in range(200)]
