@@ -229,8 +229,9 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
             if results.get("ceilings"):
                 versus_ceilings(results["catchup"], results["ceilings"])
                 for row in results["catchup"]:
-                    print(f"catch-up read E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: "
-                          f"{row['vs_ceiling']:.2f} of the gRPC range-read ceiling")
+                    if row["vs_ceiling"] is not None:
+                        print(f"catch-up read E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: "
+                              f"{row['vs_ceiling']:.2f} of the gRPC range-read ceiling")
             if args.open_loop_rate:
                 ref = [r for r in results["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
