@@ -13,6 +13,7 @@ import pytest
 from bookie import entry as E
 from bookie.core import Status
 from stream.bookie_client import BookieClient
+from stream.quorum import write_set
 from stream.stream import AsyncStreamClient, Position, StreamConfig
 from tests.conftest import run
 
@@ -162,17 +163,17 @@ def test_a_reader_reads_around_records_rotted_on_every_bookie(own, e, qw):
                 await w.append_many(payloads[k:k + 100])
             await w.close()
             ens = (await sc.stream_info(name))["ensemble"]
-        held = {}   # entry (its position) -> the bookies of its write set
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
             got = await read_all(sc, name)
             assert [r.payload for r in got] == payloads
-            for r in got:
-                eid = r.position.entry_id
-                held[eid] = [ens[(eid + k) % e] for k in range(qw)]
-        # bookie j loses its first record from index 100 * j + 50 on
+
+        def holds(k: int, j: int) -> bool:   # record k is on ensemble position j
+            return j in write_set(got[k].position.entry_id, e, qw)
+
+        # the bookie at position j loses its first record from index 100 * j + 50 on
         for j, bid in enumerate(ens):
-            i = next(k for k in range(100 * j + 50, len(got)) if bid in held[got[k].position.entry_id])
-            _rot(next(p for p in procs if p.bookie_id == bid), b"rot-%05d-" % i)
+            k = next(k for k in range(100 * j + 50, len(got)) if holds(k, j))
+            _rot(next(p for p in procs if p.bookie_id == bid), b"rot-%05d-" % k)
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
             for batch in (1000, 37):
                 got = await read_all(sc, name, batch=batch)
