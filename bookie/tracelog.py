@@ -106,6 +106,41 @@ def record_value(rec) -> list:
     return [h.origin, "noop" if h.is_noop else "data"]
 
 
+def shift_terms(lines: list[dict], k: int) -> list[dict]:
+    """A real trace's terms as the spec's: real term t >= 1 is the spec's
+    t + k (``term_offset`` in the header).  A real stream ledger is created
+    at term 0 with nobody writing it, and its first writer takes it over
+    (term 1) with a recovery; the spec starts with the creator writing at
+    term 1.  So the header names a creator that never acts (the real term
+    0 is its term, the spec's 1), and every real term moves up by k = 1.
+    Term 0 (a bookie that has no state for the ledger) stays 0."""
+    def t(x: int) -> int:
+        return x + k if x > 0 else x
+
+    def val(v):
+        return [t(v[0]), v[1]] if isinstance(v, list) and len(v) == 2 else v
+
+    out = []
+    for e in lines:
+        e = json.loads(json.dumps(e))
+        a = e["args"]
+        if e["action"] == "Header":
+            a["term"] = t(a["term"]) if a["term"] > 0 else k
+        elif e["action"] in ("StartTakeover", "BookieRead", "BookiePrepare") and isinstance(a.get("term"), int):
+            a["term"] = t(a["term"])
+        if isinstance(a.get("record"), dict):
+            a["record"]["term"] = t(a["record"]["term"])
+        if "value" in a:
+            a["value"] = val(a["value"])
+        for o in e.get("bk", {}).values():
+            o["term"] = t(o["term"])
+            o["ents"] = {n: val(v) for n, v in o.get("ents", {}).items()}
+        if "meta" in e:
+            e["meta"]["term"] = t(e["meta"]["term"])
+        out.append(e)
+    return out
+
+
 class TraceLog:
     """One process's trace file: an NDJSON line per step, written at once.
 

@@ -42,6 +42,7 @@ import pytest
 from bookie.tracelog import TraceLog, merge
 from bookstream.processes import BookieProcess
 from metadata.ledgers import LedgerState
+from sim.spec_replay import replay
 from stream import errors as err
 from stream import mutations
 from stream.client import BookKeeperClient
@@ -188,8 +189,17 @@ def _check(tools, events: list[dict], label: str):
     return v
 
 
+def _replayed(events: list[dict], label: str):
+    """sim/spec.py's verdict on the same trace (sim/spec_replay.py, issue 14
+    item 5): the transcription judges the real processes' traces too."""
+    v = replay(events)
+    print(f"real trace ({label}), sim/spec.py: {v.describe()}", file=sys.stderr)
+    return v
+
+
 # where TLC must stop: the no-op's send (no truncate flag), the store of a
-# record carrying a LAFR the writer cannot have had
+# record carrying a LAFR the writer cannot have had; sim/spec.py stops at the
+# send of either (it checks a record's LAC and LAFR against the writer's there)
 FIRST_REJECTED = {mutations.NOOP_WITHOUT_TRUNCATE: "ClientSendAdd", mutations.WRITER_LAFR_AT_QA: "BookieStore"}
 
 
@@ -199,8 +209,10 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
     events = _run(etcd_server, tmp_path, mutations.Mutations.of(mutant if writer_mutant else None),
                   mutations.Mutations.of(None if writer_mutant else mutant))
     v = _check(tools, events, mutant or "no mutant")
+    r = _replayed(events, mutant or "no mutant")
     if mutant is None:
         assert v.accepted, v.describe()
+        assert r.accepted, r.describe()
         kinds = {e["action"] for e in events}
         assert "BookiePrepare" in kinds, "no joining bookie was prepared (the run changes its ensemble)"
         # The restart's replayed state is compared (BookstreamTrace's
@@ -217,9 +229,12 @@ def test_real_processes_trace_validated_by_tlc(etcd_server, tmp_path, tools, mut
         del ents[max(ents, key=int)]
         v = _check(tools, lost, "a replay that lost an entry")
         assert not v.accepted and v.stuck_at["action"] == "BookieRestart", v.describe()
+        r = _replayed(lost, "a replay that lost an entry")
+        assert not r.accepted and r.rejected_at == k, r.describe()
     else:
         assert not v.accepted, f"TLC accepted the trace of mutant {mutant}: {v.describe()}"
         assert v.stuck_at["action"] == FIRST_REJECTED[mutant], v.describe()
+        assert not r.accepted and r.action == "ClientSendAdd", r.describe()
         if mutant == mutations.NOOP_WITHOUT_TRUNCATE:
             assert v.stuck_at["args"]["record"]["noop"], v.describe()
 
@@ -254,6 +269,8 @@ def test_real_trace_pins_prepares_and_read_answers(etcd_server, tmp_path, tools)
     assert not v.accepted, v.describe()
     assert v.stuck_at["action"] in ("RollFragment", "EnsembleChange") and v.stuck_at["args"]["client"] == "c1", \
         v.describe()
+    r = _replayed(events, "join_unprepared in c1, absent_below_coverage in c2")
+    assert not r.accepted and r.action == v.stuck_at["action"] and "unprepared" in r.reason, r.describe()
     del events[0]["args"]["prepares"]
     v = _check(tools, events, "the same, prepares not pinned")
     assert not v.accepted, v.describe()
@@ -343,6 +360,8 @@ def test_real_classic_ledger_trace_validated_by_tlc(etcd_server, tmp_path, tools
         assert k in kinds, k
     v = _check(tools, events, "classic")
     assert v.accepted, v.describe()
+    r = _replayed(events, "classic")
+    assert r.accepted, r.describe()
     # The change's first entry is checked at the change (rtrace9 found the
     # check vacuous in traces without metadata: an indentation made it the
     # antecedent of `hasmeta => MetaIs`): one entry lower, rejected there.
@@ -351,6 +370,8 @@ def test_real_classic_ledger_trace_validated_by_tlc(etcd_server, tmp_path, tools
     ch["args"]["first"] -= 1
     v = _check(tools, moved, "classic, the change's first entry one lower")
     assert not v.accepted and v.stuck_at["action"] == "EnsembleChange", v.describe()
+    r = _replayed(moved, "classic, the change's first entry one lower")
+    assert not r.accepted and r.action == "EnsembleChange", r.describe()
 
 
 def test_merge_orders_by_stamp_and_keeps_one_ledger(tmp_path):

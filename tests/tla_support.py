@@ -1,5 +1,6 @@
 """The TLA+ tools' Python side for the tests: tla/check.py (TLC's runner)
-and tla/tracecheck.py (trace validation), loaded once by file path (tla/ is
+tla/tracecheck.py (trace validation) and
+tla/differential.py (sim/spec.py beside TLC), loaded once by file path (tla/ is
 not a package), and the ``tools`` fixture that finds java and TLC."""
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ def _load(name: str, file: str):
 check = _load("tla_check", "check.py")
 sys.modules.setdefault("check", check)  # (tla/tracecheck.py imports it by that name)
 trace = _load("tla_tracecheck", "tracecheck.py")
+sys.modules.setdefault("tracecheck", trace)  # (tla/differential.py imports it by that name)
+differential = _load("tla_differential", "differential.py")
 
 
 @pytest.fixture(scope="module")

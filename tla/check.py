@@ -121,8 +121,8 @@ CONFIGS = [
     # reach the 34-step counterexample (CI).
     Config("sim_mutant_no_origin_floor_e3", "violation:NoHole", depth=45),
     # The finer spec with crashes and restarts: too large to exhaust; random
-    # behaviours of depth <= 60 for 60 s (CI; `--budget S` for longer).
-    Config("sim_finer", OK, deadlock=False, module="BookstreamFiner", depth=60, budget=60),
+    # behaviours of depth <= 60 for 40 s (CI; `--budget S` for longer).
+    Config("sim_finer", OK, deadlock=False, module="BookstreamFiner", depth=60, budget=40),
 ]
 CI_CONFIGS = [c for c in CONFIGS if not c.extended]
 BY_NAME = {c.name: c for c in CONFIGS}

@@ -42,6 +42,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))  # (sim/, stream/)
 
 import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
+from bookie.tracelog import shift_terms  # noqa: E402
 
 SPECS = (HERE / "BookstreamBase.tla", HERE / "BookstreamLedger.tla", HERE / "BookstreamFiner.tla",
          HERE / "BookstreamTrace.tla")
@@ -204,47 +205,12 @@ def _pin_read_answers(out: list[dict]) -> None:
                     break
 
 
-def _shift_terms(lines: list[dict], k: int) -> list[dict]:
-    """A real trace's terms as the spec's: real term t >= 1 is the spec's
-    t + k (``term_offset`` in the header).  A real stream ledger is created
-    at term 0 with nobody writing it, and its first writer takes it over
-    (term 1) with a recovery; the spec starts with the creator writing at
-    term 1.  So the header names a creator that never acts (the real term
-    0 is its term, the spec's 1), and every real term moves up by k = 1.
-    Term 0 (a bookie that has no state for the ledger) stays 0."""
-    def t(x: int) -> int:
-        return x + k if x > 0 else x
-
-    def val(v):
-        return [t(v[0]), v[1]] if isinstance(v, list) and len(v) == 2 else v
-
-    out = []
-    for e in lines:
-        e = json.loads(json.dumps(e))
-        a = e["args"]
-        if e["action"] == "Header":
-            a["term"] = t(a["term"]) if a["term"] > 0 else k
-        elif e["action"] in ("StartTakeover", "BookieRead", "BookiePrepare") and isinstance(a.get("term"), int):
-            a["term"] = t(a["term"])
-        if isinstance(a.get("record"), dict):
-            a["record"]["term"] = t(a["record"]["term"])
-        if "value" in a:
-            a["value"] = val(a["value"])
-        for o in e.get("bk", {}).values():
-            o["term"] = t(o["term"])
-            o["ents"] = {n: val(v) for n, v in o.get("ents", {}).items()}
-        if "meta" in e:
-            e["meta"]["term"] = t(e["meta"]["term"])
-        out.append(e)
-    return out
-
-
 def translate(ndjson: str) -> Translated:
     lines = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
     if not lines or lines[0]["action"] != "Header":
         raise ValueError("not a trace: the first line must be the Header event (sim/trace.py)")
     if lines[0]["args"].get("term_offset"):
-        lines = _shift_terms(lines, lines[0]["args"]["term_offset"])
+        lines = shift_terms(lines, lines[0]["args"]["term_offset"])
     h = lines[0]["args"]
     events = _prepare(lines[1:], h)
     classic = h["mode"] == "classic"
@@ -360,7 +326,7 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
     tr = translate(ndjson)
     events = [json.loads(x) for x in ndjson.splitlines() if x.strip()]
     if events[0]["args"].get("term_offset"):
-        events = _shift_terms(events, events[0]["args"]["term_offset"])
+        events = shift_terms(events, events[0]["args"]["term_offset"])
     prepared = _prepare(events[1:], events[0]["args"])
     with tempfile.TemporaryDirectory(prefix="tlc-trace-") as tmp:
         for s in SPECS:
