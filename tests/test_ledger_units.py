@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -13,7 +12,7 @@ from metadata import errors as me
 from stream import errors as se
 from stream import writer_core as wc
 from stream.bookie_client import BookieUnavailable
-from stream.placement import BookieHealth, LeastLoadedPlacement, RandomPlacement, get_policy
+from stream.placement import LeastLoadedPlacement, RandomPlacement, get_policy
 
 
 def reg(bid, free=0, ro=False):
@@ -79,141 +78,6 @@ def test_get_policy():
         get_policy("nope")
     with pytest.raises(se.InvalidLedgerConfig):
         get_policy(object())
-
-
-# -- speculative reads against fake bookies ---------------------------------------
-
-import asyncio  # noqa: E402
-
-from bookie.core import Status  # noqa: E402
-from bookstream_pb import bookie_pb2 as bpb  # noqa: E402
-from metadata.ledgers import Fragment, LedgerMetadata  # noqa: E402
-from stream.client import ClientConfig  # noqa: E402
-from stream.ledger import LedgerHandle  # noqa: E402
-
-LID = 7
-
-
-class FakeBookie:
-    def __init__(self, mode):
-        self.mode, self.asked = mode, []
-
-    async def read_entry(self, lid, eid, timeout=None, **kw):
-        self.asked.append(eid)
-        if self.mode == "slow":
-            await asyncio.Event().wait()
-        if self.mode == "down":
-            raise BookieUnavailable("down")
-        if self.mode == "missing":
-            return bpb.ReadEntryResponse(status=Status.NO_SUCH_ENTRY)
-        rec = bytearray(E.encode(LID, eid, b"payload-%d" % eid))
-        if self.mode == "corrupt":
-            rec[-1] ^= 0xFF
-        if self.mode == "wrong":
-            rec = bytearray(E.encode(LID, eid + 1, b"payload-%d" % eid))
-        return bpb.ReadEntryResponse(status=Status.OK, entry=bytes(rec))
-
-    async def read_range(self, *a, **kw):  # no range reads here: the entry-by-entry path is under test
-        raise BookieUnavailable("no range reads")
-        yield
-
-
-class FakeClient:
-    def __init__(self, modes, ack_quorum=2):
-        self.config = ClientConfig(speculative_read_timeout=0.05, read_timeout=30)
-        self.bookies = {b: FakeBookie(m) for b, m in modes.items()}
-        self.failed = set()
-        self.health = BookieHealth()
-        self.meta = LedgerMetadata(3, 2, ack_quorum, ledger_id=LID, fragment_count=1, last_fragment_first_entry=0,
-                                   fragments=(Fragment(0, tuple(modes)),))
-        self.ledgers = SimpleNamespace(read=lambda lid: (self.meta, 1))
-
-    closing = False
-
-    async def meta_call(self, fn, *a):
-        return fn(*a)
-
-    def track(self, handle):
-        pass
-
-    def quarantined(self):
-        return set(self.failed)
-
-    def mark_failed(self, b):
-        self.failed.add(b)
-        self.health.on_failure(b, time.monotonic())
-
-    async def bookie(self, b):
-        return self.bookies[b]
-
-
-def read(modes, eid=0, ack_quorum=2):
-    async def go():
-        c = FakeClient(modes, ack_quorum)
-        h = LedgerHandle(c, c.meta, 1, writable=False, lac=10)
-        t0 = asyncio.get_running_loop().time()
-        try:
-            e = await asyncio.wait_for(h.read_entry(eid), 5)  # fails, never hangs
-            return e, c, asyncio.get_running_loop().time() - t0
-        except Exception as e:
-            return e, c, None
-    return asyncio.run(go())
-
-
-def test_speculative_read_asks_the_next_replica_when_one_is_slow():
-    # entry 0's write set is (a, b): a never answers
-    e, c, took = read({"a": "slow", "b": "ok", "c": "ok"})
-    assert e.payload == b"payload-0" and c.bookies["a"].asked == [0] and c.bookies["b"].asked == [0]
-    assert took < 5  # far below the read timeout: the speculative timeout fired
-    assert c.bookies["c"].asked == []  # not in the write set
-
-
-@pytest.mark.parametrize("first", ["down", "corrupt", "wrong", "missing"])
-def test_a_failing_replica_hands_over_at_once(first):
-    e, c, _ = read({"a": first, "b": "ok", "c": "ok"})
-    assert e.payload == b"payload-0" and c.bookies["b"].asked == [0]
-
-
-def test_all_replicas_corrupt_is_bad_checksum_all_missing_is_entry_missing():
-    e, _, _ = read({"a": "corrupt", "b": "corrupt", "c": "ok"})
-    assert isinstance(e, se.BadChecksum)
-    e, _, _ = read({"a": "missing", "b": "missing", "c": "ok"})
-    assert isinstance(e, se.EntryMissing) and not e.retriable
-    # Qw = Qa = 2: a confirmed entry is on both replicas, one absent answer proves it missing
-    e, _, _ = read({"a": "down", "b": "missing", "c": "ok"})
-    assert isinstance(e, se.EntryMissing) and not e.retriable
-    # Qw = 2, Qa = 1: it may be on the replica that did not answer: not known
-    e, _, _ = read({"a": "down", "b": "missing", "c": "ok"}, ack_quorum=1)
-    assert isinstance(e, se.ReadFailed) and e.retriable
-    e, _, _ = read({"a": "missing", "b": "missing", "c": "ok"}, ack_quorum=1)
-    assert isinstance(e, se.EntryMissing)
-    e, _, _ = read({"a": "missing", "b": "ok", "c": "ok"}, ack_quorum=1)
-    assert e.payload == b"payload-0"  # an OK wins over an absent answer
-
-
-def test_a_failed_replica_is_asked_last_next_time():
-    async def go():
-        c = FakeClient({"a": "down", "b": "ok", "c": "ok"})
-        h = LedgerHandle(c, c.meta, 1, writable=False, lac=10)
-        await h.read_entry(0)
-        assert c.failed == {"a"}
-        await h.read_entry(3)  # write set (a, b) again
-        assert c.bookies["a"].asked == [0]  # b answered first this time
-    asyncio.run(go())
-
-
-def test_reads_beyond_the_lac_of_a_closed_ledger_are_refused():
-    async def go():
-        c = FakeClient({"a": "ok", "b": "ok", "c": "ok"})
-        from metadata.ledgers import LedgerState
-        c.meta = c.meta.with_(state=LedgerState.CLOSED, last_entry=4)
-        h = LedgerHandle(c, c.meta, 1, writable=False)
-        assert [x.entry_id for x in await h.read_entries(0, 4)] == [0, 1, 2, 3, 4]
-        with pytest.raises(se.ReadBeyondLac):
-            await h.read_entries(3, 5)
-        with pytest.raises(ValueError):
-            await h.read_entries(3, 2)
-    asyncio.run(go())
 
 
 # -- batch codecs (the writer's and the reader's hot paths) ------------------------------

@@ -1,13 +1,16 @@
-"""The ledger life-cycle core (stream/lifecycle.py): verdicts and the CAS runner."""
+"""The ledger life-cycle core (stream/lifecycle.py): verdicts, and the CAS
+runner over the production metadata I/O on a real etcd."""
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
-from stream.lifecycle import (Apply, Backoff, CasLost, CasUnknown, CloseAt, Done, Moot, ReplaceBookie, Wait,
-                              fragment_end, is_sealed, judge_lost_cas, run_cas)
+from stream.client import BookKeeperClient
+from stream.lifecycle import (Apply, Backoff, CasUnknown, CloseAt, Done, Moot, ReplaceBookie, Wait, fragment_end,
+                              is_sealed, judge_lost_cas, ledger_store_io, run_cas)
 
 
 def meta(frags, state=LedgerState.OPEN, last=-1, mode=LedgerMode.CLASSIC, e=3, qw=3, qa=2):
@@ -66,71 +69,112 @@ def test_close_verdicts():
     assert isinstance(CloseAt(7, 4).judge(m.with_(state=LedgerState.IN_RECOVERY)), Moot)
 
 
-class FakeEtcd:
-    """A revisioned cell, for the runner's unit tests only."""
-
-    def __init__(self, m):
-        self.m, self.rev, self.fail_next = m, 1, []
-        self.writes = 0
-
-    async def read(self):
-        return self.m, self.rev
-
-    async def write(self, apply, rev):
-        if self.fail_next:
-            kind = self.fail_next.pop(0)
-            if kind == "lost":
-                self.m, self.rev = self.m.with_(custom={"bump": str(self.rev)}), self.rev + 1
-                raise CasLost("bumped")
-            if kind == "unknown-applied":
-                self._apply(apply)
-                raise CasUnknown("timeout after the write")
-            raise CasUnknown("down")
-        if rev != self.rev:
-            raise CasLost("stale")
-        self._apply(apply)
-        return self.m, self.rev
-
-    def _apply(self, apply):
-        frs = {f.first_entry: f for f in self.m.fragments}
-        frs.update({f.first_entry: f for f in apply.fragments})
-        self.m = apply.header.with_(fragments=tuple(frs[k] for k in sorted(frs)))
-        self.rev += 1
-        self.writes += 1
+# -- the CAS runner on a real etcd ----------------------------------------------------------
+# run_cas runs over the production read/write (``ledger_store_io``: a
+# BookKeeperClient's LedgerStore) on a real etcd.  The faults are real
+# writes or a real absence: another writer's CAS between our read and our
+# CAS (a lost CAS), a write that went through whose answer is then dropped
+# (CasUnknown raised after the real write), an etcd that is not there.
 
 
 async def _nosleep(_):
     return None
 
 
-def test_runner_retries_a_lost_cas_and_adopts_an_unknown_outcome():
-    m = meta([(0, ABC), (10, ABC)])
-    intent = ReplaceBookie(7, 0, "b", "x", ABC)
-    cell = FakeEtcd(m)
-    cell.fail_next = ["lost"]
-    r = asyncio.run(run_cas(intent, cell.read, cell.write, sleep=_nosleep))
-    assert isinstance(r.verdict, Apply) and r.attempts == 2 and cell.writes == 1
-    assert cell.m.fragments[0].ensemble == ("a", "x", "c")
-    # the write went through but its answer was lost: adopted, not written twice
-    cell2 = FakeEtcd(m)
-    cell2.fail_next = ["unknown-applied"]
-    r2 = asyncio.run(run_cas(intent, cell2.read, cell2.write, sleep=_nosleep))
-    assert isinstance(r2.verdict, Done) and r2.applied and cell2.writes == 1
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
-def test_runner_gives_up_after_the_backoff_attempts():
-    m = meta([(0, ABC), (10, ABC)])
-    cell = FakeEtcd(m)
-    cell.fail_next = ["down"] * 10
-    slept = []
+async def _ledger(bk, first_of_open=10) -> int:
+    """A ledger on ABC in etcd: with ``first_of_open``, fragment 0 sealed by
+    an open fragment from there, else fragment 0 alone (open)."""
+    m, rev = await bk.meta_call(bk.ledgers.create, LedgerMetadata(3, 3, 2), ABC)
+    if first_of_open is not None:
+        await bk.meta_call(bk.ledgers.add_fragment, m.ledger_id, Fragment(first_of_open, ABC), m, rev)
+    return m.ledger_id
 
-    async def sleep(d):
-        slept.append(d)
 
-    r = asyncio.run(run_cas(ReplaceBookie(7, 0, "b", "x", ABC), cell.read, cell.write,
-                            Backoff(base=0.1, factor=2, cap=0.5, attempts=4), sleep=sleep))
-    assert isinstance(r.verdict, Wait) and not r.applied and cell.writes == 0
-    assert slept == [0.1, 0.2, 0.4, 0.5]
+async def _writes_of_fragment0(bk, lid) -> int:
+    """How many times fragment 0's key was written (etcd's version count)."""
+    v = await bk.meta_call(bk.store.get, bk.ledgers.layout.fragment_key(lid, 0))
+    return v.version
+
+
+def test_runner_retries_a_cas_lost_to_another_writer(etcd_server, cluster):
+    async def go():
+        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
+                BookKeeperClient(etcd_server.endpoint, cluster) as other:
+            lid = await _ledger(bk)
+            read, write = ledger_store_io(bk, lid)
+            bumped, writes = [], []
+
+            async def read_then_another_writer():
+                m, rev = await read()
+                if not bumped:  # another process's CAS lands between our read and our CAS
+                    bumped.append(await other.meta_call(other.ledgers.update_header,
+                                                        m.with_(custom={"bump": "1"}), rev))
+                return m, rev
+
+            async def counted_write(apply, rev):
+                writes.append(rev)
+                return await write(apply, rev)
+
+            r = await run_cas(ReplaceBookie(lid, 0, "b", "x", ABC), read_then_another_writer, counted_write,
+                              sleep=_nosleep)
+            assert isinstance(r.verdict, Apply) and r.attempts == 2
+            assert writes[1] == bumped[0] != writes[0]  # lost at the old revision, applied at the bumped one
+            m, rev = await read()
+            assert m.fragments[0].ensemble == ("a", "x", "c") and m.custom == {"bump": "1"} and rev == r.revision
+            assert await _writes_of_fragment0(bk, lid) == 2  # created, replaced once
+
+    asyncio.run(go())
+
+
+def test_runner_adopts_a_write_whose_answer_was_lost(etcd_server, cluster):
+    async def go():
+        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk:
+            lid = await _ledger(bk)
+            read, write = ledger_store_io(bk, lid)
+            writes = []
+
+            async def answer_lost(apply, rev):
+                writes.append(rev)
+                await write(apply, rev)  # etcd applies it ...
+                raise CasUnknown("timeout after the write")  # ... and its answer never arrives
+
+            r = await run_cas(ReplaceBookie(lid, 0, "b", "x", ABC), read, answer_lost, sleep=_nosleep)
+            # adopted on the re-read, not written twice
+            assert isinstance(r.verdict, Done) and r.applied and len(writes) == 1 and r.attempts == 2
+            assert (await read())[0].fragments[0].ensemble == ("a", "x", "c")
+            assert await _writes_of_fragment0(bk, lid) == 2
+
+    asyncio.run(go())
+
+
+def test_runner_gives_up_after_the_backoff_attempts(etcd_server, cluster):
+    """The CAS goes to an etcd that is not there (a closed port): every
+    write's outcome is unknown; after the attempts, Wait, nothing written."""
+    async def go():
+        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
+                BookKeeperClient(f"127.0.0.1:{_closed_port()}", cluster, metadata_timeout=1.0) as gone:
+            lid = await _ledger(bk)
+            read, _ = ledger_store_io(bk, lid)
+            _, write = ledger_store_io(gone, lid)
+            before = await read()
+            slept = []
+
+            async def sleep(d):
+                slept.append(d)
+
+            r = await run_cas(ReplaceBookie(lid, 0, "b", "x", ABC), read, write,
+                              Backoff(base=0.1, factor=2, cap=0.5, attempts=4), sleep=sleep)
+            assert isinstance(r.verdict, Wait) and not r.applied
+            assert slept == [0.1, 0.2, 0.4, 0.5]
+            assert await read() == before and await _writes_of_fragment0(bk, lid) == 1
+
+    asyncio.run(go())
 
 
 @pytest.mark.parametrize("attempt,delay", [(0, 0.05), (1, 0.1), (5, 1.0)])
@@ -212,17 +256,24 @@ def test_close_mutant_closes_over_a_recovery():
     assert isinstance(CloseAt(7, 4, M.Mutations.of(M.CLOSE_DESPITE_RECOVERY)).judge(rec), Apply)
 
 
-def test_runner_starts_from_known_metadata_without_a_read():
-    m = meta([(0, ABC)])
-    cell = FakeEtcd(m)
-    reads = []
+def test_runner_starts_from_known_metadata_without_a_read(etcd_server, cluster):
+    async def go():
+        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk:
+            lid = await _ledger(bk, first_of_open=None)
+            read, write = ledger_store_io(bk, lid)
+            known = await read()
+            reads = []
 
-    async def read():
-        reads.append(1)
-        return await cell.read()
+            async def counted_read():
+                reads.append(1)
+                return await read()
 
-    r = asyncio.run(run_cas(CloseAt(7, 4), read, cell.write, sleep=_nosleep, known=(m, cell.rev)))
-    assert r.applied and reads == [] and cell.m.state is LedgerState.CLOSED
+            r = await run_cas(CloseAt(lid, 4), counted_read, write, sleep=_nosleep, known=known)
+            assert r.applied and reads == []
+            m, rev = await read()
+            assert (m.state, m.last_entry) == (LedgerState.CLOSED, 4) and rev == r.revision > known[1]
+
+    asyncio.run(go())
 
 
 def test_prepare_answers_a_newer_term_wins_then_a_failure():
