@@ -134,6 +134,12 @@ def value_of(record: bytes) -> tuple:
     return ("data", E.payload(record, h), h.origin)
 
 
+def _sent_key(record: bytes) -> tuple:
+    """A request as a store sees it: the record's header and value."""
+    h = E.parse_header(record)
+    return (h.term, h.lac, h.lafr, h.is_noop, h.is_truncate, h.is_recovery, value_of(record))
+
+
 class SpecViolation(AssertionError):
     """A step the spec does not allow (guard) or whose effect differs."""
 
@@ -190,6 +196,14 @@ class Model:
         w.phase, w.term, w.frags, w.rfrags = "open", meta.term, meta.frags, meta.frags
         self.acked: dict[int, tuple] = {}
         self.deviations: dict[str, int] = {}  # steps where DEVIATIONS made a difference
+        # (bookie, entry or None for the LAC) -> [(read's term, answer)]: what the
+        # bookies answered to fencing and recovery reads (a client takes only those)
+        self.answers: dict[tuple[str, int | None], list] = {}
+        # (bookie, entry) -> the records sent there (a store stores one of them:
+        # the spec's Deliver, or a late request's StoreLate) and the
+        # (term, value) it stored (an ack is for one of those)
+        self.sent: dict[tuple[str, int], set] = {}
+        self.stored: dict[tuple[str, int], list] = {}
 
     # -- helpers ---------------------------------------------------------------------
 
@@ -376,6 +390,7 @@ class Model:
         else:
             self._need((h.lac, h.lafr) == (w.lac, w.lafr), a, f"record LAC/LAFR {h.lac}/{h.lafr}, frozen "
                                                               f"{w.lac}/{w.lafr}")
+        self.sent.setdefault((b, n), set()).add(_sent_key(record))
 
     def BookieAdmit(self, b: str, h, accepted: bool) -> None:
         a, k = "BookieAdmit", self.bk[b]
@@ -423,6 +438,10 @@ class Model:
         k = self.bk[b]
         h = E.parse_header(record)
         n = h.entry_id
+        self._need(_sent_key(record) in self.sent.get((b, n), ()), "BookieStore",
+                   f"{b} stored entry {n} (term {h.term}, LAC/LAFR {h.lac}/{h.lafr}, {value_of(record)}) "
+                   f"that no client sent it")
+        self.stored.setdefault((b, n), []).append((h.term, value_of(record)))
         if not h.is_recovery:
             # A normal add admitted before a fencing/recovery read is durable
             # before that read answers (bookie/core.py's barrier); one admitted
@@ -448,6 +467,9 @@ class Model:
         self._need(w.phase in ("open", "reading", "finishing"), a, f"{c} is {w.phase}")
         self._need(n in w.val, a, f"ack for entry {n} not pending")
         self._need(b in self.targets(w, n), a, f"ack from {b}, not in the write set of {n}")
+        self._need(any(v == w.val[n] and (not self.unbounded or t == w.term) for t, v in self.stored.get((b, n), ())),
+                   a, f"ack from {b} for entry {n} ({w.val[n]}), which {b} never stored: "
+                      f"{self.stored.get((b, n), [])}")
         ack2 = dict(w.ack)
         ack2[n] = w.ack.get(n, set()) | {b}
         if w.phase != "open":
@@ -513,9 +535,23 @@ class Model:
             self._need(answer == k.ents.get(n), "BookieRead", f"{b} answered {answer} for {n}, holds "
                                                              f"{k.ents.get(n)}")
 
+    def answered(self, b: str, n: int | None, term: int, answer) -> None:
+        """Bookie b answered a fencing (n None: its LAC/LAFR) or recovery read
+        (entry n: its value, None for NoSuchEntry) of ``term`` with ``answer``."""
+        self.answers.setdefault((b, n), []).append((term, answer))
+
+    def _heard(self, a: str, c: str, w: MClient, b: str, n: int | None, answer) -> None:
+        """The spec's client takes a read's answer from the bookie's read
+        (FenceRead, RecoveryRead): an answer b gave to a read of c's term."""
+        got = self.answers.get((b, n), [])
+        self._need(any(x == answer and (not self.unbounded or t == w.term) for t, x in got), a,
+                   f"{c} (term {w.term}) took {answer} from {b} for {'its LAC' if n is None else n}; "
+                   f"{b} answered {got}")
+
     def ClientFenceAnswer(self, c: str, b: str, lac: int, lafr: int) -> None:
         a, w = "ClientFenceAnswer", self.cl[c]
         self._need(w.phase == "fencing", a, f"{c} is {w.phase}")
+        self._heard(a, c, w, b, None, (lac, lafr))
         w.lac, w.lafr = max(w.lac, lac), max(w.lafr, lafr)
         w.fenced.add(b)
 
@@ -542,6 +578,7 @@ class Model:
         RecoveryDecide."""
         a, w = "ClientReadAnswer", self.cl[c]
         self._need(w.phase == "reading", a, f"{c} is {w.phase}")
+        self._heard(a, c, w, b, n, value)
         self._need(b in self.write_set(n, w.rfrags), a, f"{b} not in the write set of {n}")
         end = self.known_end(w)
         got = w.ahead.get(n, set())

@@ -17,7 +17,9 @@ fills it in from the model itself, never from the implementation:
 - the real processes' traces (bookie/tracelog.py) have their terms shifted
   as TLC's are, the header's window as each add's limit, and a writer's
   proposal (``DropAcks``, which they do not export) taken at its change,
-  and a killed bookie's durable term the one its restart replayed.
+  a killed bookie's durable term the one its restart replayed, and a range
+  read (one ``BookieRead``, of its first entry) answering each id above its
+  first with what the bookie held when it read.
 
 After each event the model's bookie (``bk``), metadata (``meta``) and
 crashed set (``crashed``) are compared with what the event reports, as the
@@ -64,7 +66,7 @@ def _frags(fs) -> tuple:
 
 
 class Replay:
-    def __init__(self, header: dict):
+    def __init__(self, header: dict, *, real: bool = False):
         h = header
         self.unbounded = h["mode"] == "unbounded"
         self.window = h["window"]   # (real clients do not export each add's limit: the header's)
@@ -73,6 +75,10 @@ class Replay:
                            meta=meta, clients=h["clients"], creator=h["creator"])
         self.sent: dict[tuple[str, int], int] = {}     # (bookie, entry) -> origin of the no-op last sent there
         self.answer: dict[tuple[str, int], tuple | None] = {}  # (bookie, entry) -> the value it answered
+        # a real bookie's range read is one BookieRead of its first entry: (bookie, term) ->
+        # [(first entry, what the bookie held then)], whose ids above the first it answered too
+        self.real = real   # the real processes' trace (merged: each event names its process)
+        self.ranges: dict[tuple[str, int], list] = {}
 
     # -- trace fields -> the model's arguments --------------------------------------------
 
@@ -112,11 +118,25 @@ class Replay:
         elif act == "BookieStore":
             m.BookieStore(a["bookie"], self._record(a["record"], self._store_origin(a)))
         elif act == "BookieRead":
-            m.BookieRead(a["bookie"], a["term"], a["fence"], a["status"], a["entry"])
-            if a["entry"] is not None and a["status"] == "OK":
-                self.answer[(a["bookie"], a["entry"])] = m.bk[a["bookie"]].ents.get(a["entry"])
+            b, n = a["bookie"], a["entry"]
+            m.BookieRead(b, a["term"], a["fence"], a["status"], n)
+            if a["status"] in ("OK", "NO_SUCH_ENTRY"):  # its answer, from the model's bookie
+                k = m.bk[b]
+                ans = (k.lac, k.lafr) if n is None else (k.ents.get(n) if a["status"] == "OK" else None)
+                m.answered(b, n, a["term"], ans)
+                if n is not None:
+                    self.answer[(b, n)] = ans
+                    if self.real:
+                        self.ranges.setdefault((b, a["term"]), []).append((n, dict(k.ents)))
         elif act == "ClientReadAnswer":
             key = (a["bookie"], a["entry"])
+            term = m.cl[a["client"]].term
+            if self.real and key not in self.answer:  # an id a range read answered after its first
+                first, held = next(((f, x) for f, x in reversed(self.ranges.get((a["bookie"], term), []))
+                                    if f <= a["entry"]), (None, {}))
+                if first is not None:
+                    self.answer[key] = held.get(a["entry"])
+                    m.answered(a["bookie"], a["entry"], term, self.answer[key])
             v = self.answer.get(key)
             kind = None if v is None else ("noop" if is_noop(v) else "data")
             if kind != a["value"]:
@@ -227,14 +247,14 @@ def replay(trace) -> ReplayVerdict:
     assert evs and evs[0]["action"] == "Header", "a trace starts with its Header"
     if evs[0]["args"].get("term_offset"):  # a real trace: its terms as the spec's (bookie/tracelog.py)
         evs = _durable_at_restart(shift_terms(evs, evs[0]["args"]["term_offset"]))
-    r = Replay(evs[0]["args"])
+    r = Replay(evs[0]["args"], real=any("proc" in e for e in evs[1:]))
     for k, e in enumerate(evs[1:], 1):
         nxt = evs[k + 1] if k + 1 < len(evs) else None
         try:
             r.step(e, compare=not _batched(e, nxt))
         except SpecViolation as x:
             return ReplayVerdict(False, len(evs) - 1, k, e["action"], x.reason)
-        except (KeyError, TypeError, ValueError) as x:  # a malformed event: no step of the model takes it
+        except (KeyError, TypeError, ValueError, IndexError) as x:  # malformed: no step of the model takes it
             return ReplayVerdict(False, len(evs) - 1, k, e["action"], f"malformed: {x!r}")
     return ReplayVerdict(True, len(evs) - 1, None, None, None)
 

@@ -45,6 +45,7 @@ from sim.scenario import Scenario
 from sim.spec import Model, SpecViolation, value_of
 from stream.mutations import NONE as NO_MUTATIONS
 from stream.mutations import Mutations
+from stream.quorum import ABSENT_STATUSES
 
 LID = 7
 
@@ -375,7 +376,7 @@ class World:
             return
         # a plain read: no spec action
         self.trace.append((self.now, "ReadLac" if req.kind == "lac" else "ReadEntry", (req.bid, n), {}))
-        self._answer(req)
+        self._answer(req, spec_read=False)
 
     def _read_step(self, req: Request, v) -> None:
         body = req.body
@@ -392,17 +393,25 @@ class World:
             return
         self._answer(req)
 
-    def _answer(self, req: Request) -> None:
+    def _answer(self, req: Request, *, spec_read: bool = True) -> None:
+        """The bookie's answer to a read; a fencing/recovery read's (``spec_read``)
+        is checked against the model and told to it (a client takes only
+        answers a bookie gave: sim/spec.py ``answered``)."""
         b, n, t = self.bookies[req.bid], req.body.get("entry"), 0
         if req.kind == "lac":
             status, lac, lafr, t, last = b.lac_answer()
             if status is Status.OK and self.model is not None:
                 self.model.check_answer(req.bid, None, (lac, lafr))
+            if spec_read and status in (Status.OK, Status.NO_SUCH_LEDGER) and self.model is not None:
+                self.model.answered(req.bid, None, req.body["term"], (lac, lafr))
             self._reply(req, (status, lac, lafr, t, last))
         else:
             status, rec = b.entry_answer(n)
+            value = value_of(rec) if rec is not None else None
             if status in (Status.OK, Status.NO_SUCH_ENTRY) and self.model is not None:
-                self.model.check_answer(req.bid, n, value_of(rec) if rec is not None else None)
+                self.model.check_answer(req.bid, n, value)
+            if spec_read and (status is Status.OK or status in ABSENT_STATUSES) and self.model is not None:
+                self.model.answered(req.bid, n, req.body["term"], value)
             self._reply(req, (status, rec, t))
         self.compare_bookie(req.bid)
         if self.check_invariants:

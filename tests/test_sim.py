@@ -256,6 +256,14 @@ def test_the_trace_checker_refuses_steps_the_spec_does_not_allow():
     with pytest.raises(SpecViolation, match="not covered"):
         m.StartReading("c1", 0)                # needs coverage first
     m.WriterAdd("c0", 0, ("data", b"a", 1), 4)
+    rec = E.encode(7, 0, b"a", term=1)
+    with pytest.raises(SpecViolation, match="that no client sent it"):
+        m.BookieStore("b0", rec)               # a store is of a request sent to that bookie
+    with pytest.raises(SpecViolation, match="which b0 never stored"):
+        m.ClientAddAnswer("c0", "b0", 0, True)  # an ack is for a store
+    for b in ("b0", "b1"):
+        m.ClientSendAdd("c0", b, 0, rec)
+        m.BookieStore(b, rec)
     m.ClientAddAnswer("c0", "b0", 0, True)
     assert m.cl["c0"].lac == -1                # one ack < Qa
     m.ClientAddAnswer("c0", "b1", 0, True)
@@ -265,10 +273,21 @@ def test_the_trace_checker_refuses_steps_the_spec_does_not_allow():
 def test_the_trace_checker_takes_read_ahead_answers_but_decisions_in_order():
     m = model()
     m.StartTakeover("c1", 2)
+    with pytest.raises(SpecViolation, match="took .-1, -1. from b0 for its LAC"):
+        m.ClientFenceAnswer("c1", "b0", -1, -1)   # an answer no bookie gave (issue 14 item 5)
+    m.answered("b0", None, 1, (-1, -1))
+    with pytest.raises(SpecViolation, match="took .-1, -1. from b0 for its LAC"):
+        m.ClientFenceAnswer("c1", "b0", -1, -1)   # an answer to another term's read
     for b in ("b0", "b1"):
+        m.answered(b, None, 2, (-1, -1))
         m.ClientFenceAnswer("c1", b, -1, -1)
     m.StartReading("c1", 0)
     m.ClientSendRead("c1", "b2", 5, 2, False)      # any id of the window
+    for b, n, v in [("b2", 3, ("data", b"x", 1)), ("b0", 2, None), ("b1", 2, None), ("b0", 3, None),
+                    ("b1", 0, ("data", b"a", 1)), ("b2", 1, ("data", b"b", 1))]:
+        m.answered(b, n, 2, v)                     # the bookies' answers, as the world tells them
+    with pytest.raises(SpecViolation, match="took None from b2 for 3"):
+        m.ClientReadAnswer("c1", "b2", 3, None)    # b2 answered 3 with a value, not NoSuchEntry
     assert m.ClientReadAnswer("c1", "b2", 3, ("data", b"x", 1)) == "recorded"  # out of order
     with pytest.raises(SpecViolation, match="next 0, decides 3"):
         m.RecoveryDecide("c1", 3, "recovered")     # decisions only at next

@@ -69,6 +69,26 @@ def test_the_replay_compares_the_state_each_event_reports():
     assert not v.accepted and v.rejected_at == k and "LAC/LAFR" in v.reason, v.describe()
 
 
+def test_what_the_differential_found_lax_is_rejected():
+    # tla/differential.py's first run (session 10) found sim/spec.py lax
+    # three ways, each now a rule of the transcription: a client took a
+    # fencing answer from a bookie whose read was dropped (no answer given:
+    # ClientFenceAnswer / ClientReadAnswer take only answers a bookie gave);
+    # a store moved to a bookie it was not sent to, and a store whose record
+    # differs from every one sent there (BookieStore stores only a request
+    # sent to that bookie; ClientAddAnswer acks only a store).
+    evs = events(trace.simulate(14, **trace.profile_for(14)))
+    k = next(i for i, e in enumerate(evs) if e["action"] == "BookieRead" and e["args"]["entry"] is None
+             and e["args"]["status"] == "OK")
+    v = replay(evs[:k] + evs[k + 1:])
+    assert not v.accepted and v.action == "ClientFenceAnswer" and "took" in v.reason, v.describe()
+    k = next(i for i, e in enumerate(evs) if e["action"] == "BookieStore")
+    flagged = json.loads(json.dumps(evs))
+    flagged[k]["args"]["record"]["lac"] += 1
+    v = replay(flagged)
+    assert not v.accepted and v.rejected_at == k and "no client sent it" in v.reason, v.describe()
+
+
 def _fence_answers_dropped(evs: list[dict]) -> list[dict]:
     """The first take-over with all but one of its fencing answers gone: its
     StartReading is then not covered (E = Qw = 4, Qa = 2: 3 needed)."""
