@@ -470,12 +470,13 @@ _READ = struct.Struct("<II10xQq16xH8x")  # payload_len, checksum, ledger_id, ent
 
 
 def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
-                stop: int | None = None) -> tuple[list[tuple[int, array]], list[int]]:
+                stop: int | None = None, step: int = 1) -> tuple[list[tuple[int, array]], list[int]]:
     """``decode_sparse`` without an object per record (a reader's batch,
     stream/record_batch.py): the records in ``buf[start:stop]``, of
     ``ledger_id``, ascending ids above ``after``, gaps allowed, every
     checksum verified, as (runs, no-ops).  A run is (first id, offsets):
-    records of consecutive ids that are no no-op, contiguous in ``buf``;
+    records that are no no-op, contiguous in ``buf``, of ids ``step``
+    apart (1: consecutive; a striped read's share of one residue: E);
     ``offsets`` (array 'Q') holds each one's start and then the last one's
     end, so record k's payload is ``buf[offsets[k] + HEADER_SIZE:offsets[k + 1]]``.
     ``no-ops``: the ids of the no-op records (in no run).  Per record: one
@@ -500,7 +501,7 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
         if eid != nxt or dflags or lid != ledger_id:   # (the run's next id, no flag: eid > after already)
             if add_off is not None:
                 add_off(off)                 # the open run ends where this record starts
-                add_off, after = None, nxt - 1
+                add_off, after = None, nxt - step
             if lid != ledger_id or eid <= after:
                 raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:>{after}")
             after = eid
@@ -510,10 +511,10 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
             else:
                 offs = array("Q", (off,))
                 runs.append((eid, offs))
-                add_off, nxt = offs.append, eid + 1
+                add_off, nxt = offs.append, eid + step
         else:
             add_off(off)
-            nxt = eid + 1
+            nxt = eid + step
         off = end
     if add_off is not None:
         add_off(off)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from itertools import accumulate, repeat
+from operator import add
 from typing import Iterable, Iterator
 
 from bookie import entry as entry_codec
@@ -186,12 +188,24 @@ class RunSlots:
     batch's runs: a byte per id says whether it was delivered (a no-op is
     delivered and in no run).  A frame's records join whole when they are
     all new and all asked of that read (the common case: one slice
-    assignment); otherwise record by record."""
+    assignment); otherwise record by record.
+
+    A striped read's share (E > Qw: one residue of ``id mod E`` per bookie)
+    comes as runs of ids E apart, which interleave with the other bookies'
+    in id order: their payloads go to a slot per id (memoryviews into the
+    frames, set by extended-slice assignment), and ``batch`` joins them
+    into one buffer (one copy, no object per record kept)."""
 
     def __init__(self, ledger_id: int, first: int, last: int):
         self.ledger_id, self.first = ledger_id, first
         self.have = bytearray(last - first + 1)
         self.runs: list[tuple] = []
+        self.views: list | None = None   # a payload per id, for strided and odd deliveries (made when needed)
+
+    def _views(self) -> list:
+        if self.views is None:
+            self.views = [None] * len(self.have)
+        return self.views
 
     def put_frame(self, buf: bytes, start: int, stop: int, after: int, r: RangeRead) -> tuple[int, int]:
         """The records of ``buf[start:stop]``, a frame of the planned read
@@ -200,24 +214,35 @@ class RunSlots:
         (how many joined, the frame's last id up to ``r.last``, or
         ``after``).  Raises ChecksumMismatch / MalformedEntry (nothing of
         the frame joins then)."""
-        runs, noops = entry_codec.sparse_runs(buf, self.ledger_id, after, start, stop)
-        base, have, last, stripe = self.first, self.have, r.last, r.stripe
+        stripe = r.stripe
+        step = stripe if stripe and r.residues & (r.residues - 1) == 0 else 1   # (one residue: ids E apart)
+        runs, noops = entry_codec.sparse_runs(buf, self.ledger_id, after, start, stop, step)
+        base, have, last = self.first, self.have, r.last
         delivered, top = 0, after
         for eid, offs in runs:
             if eid > last:
                 break
             c = len(offs) - 1
-            if eid + c - 1 > last:
-                c = last - eid + 1
+            if eid + (c - 1) * step > last:
+                c = (last - eid) // step + 1
                 offs = offs[:c + 1]
-            top = max(top, eid + c - 1)
+            top = max(top, eid + (c - 1) * step)
             k = eid - base
-            if not stripe and have.find(1, k, k + c) < 0:
-                have[k:k + c] = _ONE * c
-                self.runs.append((eid, buf, offs, HEADER_SIZE))
+            if step == 1:
+                if not stripe and have.find(1, k, k + c) < 0:
+                    have[k:k + c] = _ONE * c
+                    self.runs.append((eid, buf, offs, HEADER_SIZE))
+                    delivered += c
+                else:
+                    delivered += self._put_some(eid, buf, offs, r)
+            elif r.residues >> (eid % stripe) & 1 and have[k:k + (c - 1) * step + 1:step].count(1) == 0:
+                have[k:k + (c - 1) * step + 1:step] = _ONE * c
+                mv = memoryview(buf)
+                self._views()[k:k + (c - 1) * step + 1:step] = list(map(
+                    mv.__getitem__, map(slice, map(add, offs[:c], repeat(HEADER_SIZE)), offs[1:])))
                 delivered += c
             else:
-                delivered += self._put_some(eid, buf, offs, r)
+                delivered += self._put_some(eid, buf, offs, r, step)
         for eid in noops:
             if eid <= last:
                 top = max(top, eid)
@@ -226,11 +251,19 @@ class RunSlots:
                     delivered += 1
         return delivered, top
 
-    def _put_some(self, eid: int, buf: bytes, offs: array, r: RangeRead) -> int:
+    def _put_some(self, eid: int, buf: bytes, offs: array, r: RangeRead, step: int = 1) -> int:
         """A run of which only some records are asked of ``r`` or new: those
-        join, as runs of their own."""
+        join, as runs of their own (or, ids ``step`` apart, in the slots)."""
         have, base, c = self.have, self.first, len(offs) - 1
-        keep = [r.wants(eid + j) and not have[eid + j - base] for j in range(c)]
+        keep = [r.wants(eid + j * step) and not have[eid + j * step - base] for j in range(c)]
+        if step != 1:
+            views, mv = self._views(), memoryview(buf)
+            for j in range(c):
+                if keep[j]:
+                    i = eid + j * step - base
+                    have[i] = 1
+                    views[i] = mv[offs[j] + HEADER_SIZE:offs[j + 1]]
+            return sum(keep)
         j = n = 0
         while j < c:
             if not keep[j]:
@@ -251,7 +284,10 @@ class RunSlots:
             return
         self.have[i] = 1
         if not e.is_noop:
-            self.runs.append((e.entry_id, e.payload, array("Q", (0, len(e.payload))), 0))
+            if self.views is not None:
+                self.views[i] = e.payload
+            else:
+                self.runs.append((e.entry_id, e.payload, array("Q", (0, len(e.payload))), 0))
 
     def missing(self, a: int, b: int) -> list[int]:
         """The ids of ``a..b`` not delivered, ascending."""
@@ -276,9 +312,36 @@ class RunSlots:
     def batch(self) -> RecordBatch:
         """The records delivered, in id order."""
         runs = self.runs
+        if self.views is not None:
+            return RecordBatch(self._joined())
         if any(runs[k][0] > runs[k + 1][0] for k in range(len(runs) - 1)):
             runs.sort(key=_first_id)
         return RecordBatch(runs)
+
+    def _joined(self) -> list[tuple]:
+        """The slots' payloads (and the runs', put in the slots first) as
+        runs of one buffer each, split where an id has no record (a no-op,
+        or not delivered)."""
+        views, base = self.views, self.first
+        for eid, buf, offs, hdr in self.runs:
+            mv = memoryview(buf)
+            views[eid - base:eid - base + len(offs) - 1] = list(map(
+                mv.__getitem__, map(slice, map(add, offs[:-1], repeat(hdr)), offs[1:])))
+        out, i, n = [], 0, len(views)
+        while i < n:
+            if views[i] is None:
+                i += 1
+                continue
+            try:
+                j = views.index(None, i)
+            except ValueError:
+                j = n
+            seg = views[i:j]
+            offs = array("Q", (0,))
+            offs.extend(accumulate(map(len, seg)))
+            out.append((base + i, b"".join(seg), offs, 0))
+            i = j
+        return out
 
 
 def _first_id(run: tuple) -> int:

@@ -39,7 +39,7 @@ def _decoded(buf: bytes, after: int):
 
 # -- the frame's records as runs, against decode_sparse -----------------------------------
 
-record = st.tuples(st.integers(1, 3),                         # id step (1: consecutive)
+record = st.tuples(st.sampled_from([1, 1, 2, 3, 4]),          # the id's distance from the last
                    st.binary(max_size=40),                    # payload
                    st.sampled_from([0, 0, 0, E.FLAG_NOOP]),   # a no-op now and then
                    st.sampled_from([LID] * 20 + [LID + 1]))   # another ledger's record, rarely
@@ -47,10 +47,11 @@ record = st.tuples(st.integers(1, 3),                         # id step (1: cons
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(record, max_size=12), st.integers(0, 3), st.one_of(st.none(), st.integers(0, 2000)),
-       st.integers(0, 3))
-def test_sparse_runs_holds_exactly_what_decode_sparse_decodes(recs, first, flip, cut):
-    """The same records (no-ops apart, by id), the same error type; a flipped
-    byte or a cut frame is never taken for good records."""
+       st.integers(0, 3), st.sampled_from([1, 2, 4]))
+def test_sparse_runs_holds_exactly_what_decode_sparse_decodes(recs, first, flip, cut, step):
+    """The same records (no-ops apart, by id), the same error type, for
+    runs of consecutive ids or ids ``step`` apart (a striped share); a
+    flipped byte or a cut frame is never taken for good records."""
     eid, parts = first, []
     for step, payload, flags, lid in recs:
         eid += step
@@ -61,12 +62,13 @@ def test_sparse_runs_holds_exactly_what_decode_sparse_decodes(recs, first, flip,
     buf = bytes(buf[:len(buf) - cut] if cut < len(buf) else buf)
     want = _decoded(buf, first)
     try:
-        runs, noops = E.sparse_runs(buf, LID, first)
+        runs, noops = E.sparse_runs(buf, LID, first, step=step)
     except (E.MalformedEntry, E.ChecksumMismatch) as e:
         assert want is type(e)
         return
     assert isinstance(want, list)
-    got = [(eid + k, buf[offs[k] + E.HEADER_SIZE:offs[k + 1]]) for eid, offs in runs for k in range(len(offs) - 1)]
+    got = [(eid + k * step, buf[offs[k] + E.HEADER_SIZE:offs[k + 1]])
+           for eid, offs in runs for k in range(len(offs) - 1)]
     assert got == [(e.entry_id, e.payload) for e in want if not e.is_noop]
     assert noops == [e.entry_id for e in want if e.is_noop]
     assert all(len(offs) >= 2 for _, offs in runs)
@@ -134,6 +136,28 @@ def test_run_slots_keep_only_what_the_read_asked_for_once():
     assert [p.entry_id for p in striped.batch().positions()] == [0, 2, 4, 8, 10]
     assert striped.undelivered(RangeRead(1, 0, 11, 4, 0b0010)) and not striped.undelivered(RangeRead(0, 0, 11, 4, 1))
     assert list(s.batch()) == [bytes([i]) * 5 for i in ids]
+
+
+def test_run_slots_interleave_the_shares_of_a_striped_read_in_id_order():
+    """E4: each bookie's frame holds one residue (ids 4 apart); the batch
+    holds every record in id order, without the no-op (9) and with the one
+    a bookie did not hold (14) once it was read by itself."""
+    s = RunSlots(LID, 0, 23)
+    for res in range(4):
+        recs = [E.encode(LID, i, b"" if i == 9 else b"s%d" % i, term=1, data_flags=E.FLAG_NOOP if i == 9 else 0)
+                for i in range(res, 24, 4) if i != 14]
+        buf = b"".join(recs)
+        read = RangeRead(res, 0, 23, 4, 1 << res)
+        other = RangeRead(res, 0, 23, 4, 1 << (res + 1) % 4)
+        assert s.put_frame(buf, 0, len(buf), -1, other)[0] == 0           # another residue's read: dropped
+        assert s.put_frame(buf, 0, len(buf), -1, read) == (len(recs), max(i for i in range(res, 24, 4) if i != 14))
+        assert s.put_frame(buf, 0, len(buf), -1, read)[0] == 0            # delivered already
+    assert s.missing(0, 23) == [14] and s.undelivered(RangeRead(2, 0, 23, 4, 0b0100))
+    s.put_entry(E.Entry(LID, 14, b"s14", 0, 0, 0))
+    b = s.batch()
+    want = [i for i in range(24) if i != 9]
+    assert [p.entry_id for p in b.positions()] == want
+    assert list(b) == [b"s%d" % i for i in want] and b.payload_bytes == sum(len(b"s%d" % i) for i in want)
 
 
 # -- read_batch on real bookies --------------------------------------------------------------
