@@ -2,13 +2,15 @@
 writer's latency with a catch-up reader beside it (issue 18).
 
     bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3]
-                           [--bookies 5] [--reads 2] [--open-loop-rate 10000] [--out reads.json]
+                           [--bookies 5] [--reads 2] [--read-api batch|records]
+                           [--open-loop-rate 10000] [--out reads.json]
 
 On one local cluster (etcd + `--bookies` bookie processes, fsync on):
 
 1. for each ensemble E/Qw (Qa 2) and entry size, a stream of `--mb` MiB is
    written, then read from the start to its end `--reads` times by one
-   reader (`single.stream_read_all`): entries/s and MB/s.  Striped ensembles
+   reader (`single.stream_read_all`, with `read_batch` or, `--read-api
+   records`, with `read`): entries/s and MB/s.  Striped ensembles
    (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
    the same run, and every read with the gRPC range-read ceiling of its
    entry size measured in the same run (`ceilings.range_read_rate`: one
@@ -53,6 +55,9 @@ def add_parsers(bsub) -> None:
     r.add_argument("--ensembles", default="3/3,4/2,5/3", help="E/Qw per stream (Qa 2); the first is the reference")
     r.add_argument("--bookies", type=int, default=5)
     r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
+    r.add_argument("--read-api", choices=("batch", "records"), default="batch",
+                   help="the catch-up reader's API: read_batch (batch: a RecordBatch, nothing per record) "
+                        "or read (records: a Record per record)")
     r.add_argument("--ceiling-seconds", type=float, default=1.0,
                    help="the gRPC range-read ceiling per entry size, measured first (0: not measured)")
     r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
@@ -67,6 +72,7 @@ def add_parsers(bsub) -> None:
     c.add_argument("--cluster", required=True)
     c.add_argument("--stream", required=True)
     c.add_argument("--seconds", type=float, default=10.0)
+    c.add_argument("--read-api", choices=("batch", "records"), default="batch")
     c.set_defaults(func=cmd_catchup_reader)
 
 
@@ -113,7 +119,7 @@ def disk_reads(pids: list[int]) -> int:
 
 
 async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int]], mb: int, reads: int,
-                          say=print, bookie_pids: list[int] = ()) -> list[dict]:
+                          say=print, bookie_pids: list[int] = (), api: str = "batch") -> list[dict]:
     """Step 1 of the module doc: a row per (ensemble, size) with every read
     and the best; `vs_qw_eq_e`: MB/s ÷ the reference ensemble's, same size;
     per read, `disk_fraction`: the bookies' reads from the disk (page-cache
@@ -122,7 +128,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
 
     async def one(name: str, size: int) -> dict:
         before = disk_reads(bookie_pids)
-        r = await single.stream_read_all(sc, name, size)
+        r = await single.stream_read_all(sc, name, size, api)
         r["disk_fraction"] = (disk_reads(bookie_pids) - before) / max(1, r["entries"] * size)
         return r
 
@@ -135,6 +141,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
             best = max(runs, key=lambda r: r["mb_per_s"])
             # (`written` > `entries`: the bookies' LAC lags the closed writer's; see NOTES, session 6)
             row = {"ensemble": e, "write_quorum": qw, "ack_quorum": 2, "entry_bytes": size, "stream": name,
+                   "read_api": api,
                    "written": written, "entries": best["entries"], "entries_per_s": best["entries_per_s"], "mb_per_s": best["mb_per_s"],
                    "runs": runs}
             rows.append(row)
@@ -177,20 +184,21 @@ def versus_ceilings(rows: list[dict], ceilings: dict[int, dict]) -> None:
         row["vs_ceiling"] = row["mb_per_s"] / c["mb_per_s"] if c and c["mb_per_s"] else None
 
 
-def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0) -> subprocess.Popen:
+def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0,
+                 api: str = "batch") -> subprocess.Popen:
     return subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
-                             "--cluster", cluster, "--stream", name, "--seconds", str(seconds)],
+                             "--cluster", cluster, "--stream", name, "--seconds", str(seconds), "--read-api", api],
                             stdout=subprocess.PIPE, text=True)
 
 
 async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
-                                  rate: float, say=print, reader_nice: int = 0) -> dict:
+                                  rate: float, say=print, reader_nice: int = 0, api: str = "batch") -> dict:
     """Step 2 of the module doc."""
     from bench import single
 
     alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
     say(f"alone: {single.open_loop_line(alone)}")
-    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice)
+    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice, api)
     try:
         line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
         if not line.startswith("started"):
@@ -225,7 +233,8 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             results["catchup"] = await catchup_figures(sc, tag, sizes, shapes, args.mb, args.reads,
-                                                       bookie_pids=[b.proc.pid for b in cluster.bookies])
+                                                       bookie_pids=[b.proc.pid for b in cluster.bookies],
+                                                       api=args.read_api)
             if results.get("ceilings"):
                 versus_ceilings(results["catchup"], results["ceilings"])
                 for row in results["catchup"]:
@@ -237,7 +246,7 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
                 big = max(ref, key=lambda r: r["entry_bytes"])
                 results["open_loop"] = await open_loop_beside_reader(
                     sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, args.seconds, args.open_loop_rate,
-                    reader_nice=args.reader_nice)
+                    reader_nice=args.reader_nice, api=args.read_api)
 
     with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())
@@ -268,11 +277,15 @@ def cmd_catchup_reader(args: argparse.Namespace) -> int:
                 rd = await sc.open_reader(args.stream, Position.EARLIEST)
                 try:
                     while not stop[0]:
-                        got = await rd.read(5000)
+                        if args.read_api == "batch":
+                            got = await rd.read_batch(5000)
+                            nbytes += got.payload_bytes
+                        else:
+                            got = await rd.read(5000)
+                            nbytes += sum(len(r.payload) for r in got)
                         if not got:
                             break
                         n += len(got)
-                        nbytes += sum(len(r.payload) for r in got)
                 finally:
                     await rd.close()
         el = time.perf_counter() - t0
@@ -309,13 +322,14 @@ def phase_reads(base: Path, p: dict, say) -> dict:
     async def go():
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             out["catchup"] = await catchup_figures(sc, tag, _int_list(p["reads_sizes"]), shapes, p["reads_mb"], 2,
-                                                   say=say, bookie_pids=[b.proc.pid for b in cluster.bookies])
+                                                   say=say, bookie_pids=[b.proc.pid for b in cluster.bookies],
+                                                   api=p["read_api"])
             if p["open_loop_rate"]:
                 ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
                 out["open_loop"] = await open_loop_beside_reader(
                     sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, p["seconds"], p["open_loop_rate"],
-                    say=say)
+                    say=say, api=p["read_api"])
 
     try:
         asyncio.run(go())

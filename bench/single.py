@@ -273,6 +273,8 @@ def add_client_parsers(bsub) -> None:
                         "read and write back every one of them")
     s.add_argument("--skip-appends", action="store_true",
                    help="measure only the take-over (no append, tail or open-loop figures)")
+    s.add_argument("--read-api", choices=READ_APIS, default="batch",
+                   help="the tail read's reader API: read_batch (batch) or read (records)")
     s.add_argument("--open-loop-rate", type=float, default=10_000,
                    help="appends/s offered for the open-loop latency figure (0: skip)")
     s.add_argument("--bookies", type=int, default=3)
@@ -504,23 +506,41 @@ async def stream_fill(sc, name: str, size: int, mb: int) -> None:
         await w.close()
 
 
-async def stream_read_all(sc, name: str, size: int) -> dict:
+READ_APIS = ("batch", "records")
+
+
+async def stream_read_all(sc, name: str, size: int, api: str = "batch") -> dict:
     """Reads stream `name` from the start to its end, as a reader catching up
-    does: entries/s and MB/s."""
+    does: entries/s and MB/s.  ``api``: "batch" reads with ``read_batch``
+    (a RecordBatch: the records in the frames read, nothing per record),
+    "records" with ``read`` (a Record per record, as before issue 18's batches)."""
     from stream.stream import Position
 
+    if api not in READ_APIS:
+        raise ValueError(f"read api {api!r}: one of {READ_APIS}")
     rd = await sc.open_reader(name, Position.EARLIEST)
-    n, t0 = 0, time.perf_counter()
+    n = nbytes = 0
+    t0 = time.perf_counter()
     try:
-        while True:
-            got = await rd.read(5000)
-            if not got:
-                break
-            n += len(got)
+        if api == "batch":
+            while True:
+                got = await rd.read_batch(5000)
+                if not got:
+                    break
+                n += len(got)
+                nbytes += got.payload_bytes
+        else:
+            while True:
+                got = await rd.read(5000)
+                if not got:
+                    break
+                n += len(got)
+                nbytes += sum(len(r.payload) for r in got)
     finally:
         await rd.close()
     el = time.perf_counter() - t0
-    return {"entry_bytes": size, "entries": n, "entries_per_s": n / el, "mb_per_s": n * size / el / 1e6}
+    return {"entry_bytes": size, "entries": n, "entries_per_s": n / el, "mb_per_s": nbytes / el / 1e6,
+            "read_api": api}
 
 
 async def stream_open_loop(sc, name: str, size: int, seconds: float, rate: float) -> dict:
@@ -592,7 +612,7 @@ def cmd_bench_stream(args: argparse.Namespace) -> int:
                 r = await stream_closed_loop(sc, name, size, args.seconds, args.window, batch=args.batch)
                 results["appends"].append(r)
                 print(_append_row(size, r), flush=True)
-                t = await stream_read_all(sc, name, size)
+                t = await stream_read_all(sc, name, size, args.read_api)
                 results["tail"].append(t)
                 print(f"{'':>6} tail read: {t['entries']:,} entries at {t['entries_per_s']:,.0f} entries/s", flush=True)
             if args.open_loop_rate and not args.skip_appends:

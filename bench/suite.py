@@ -83,11 +83,13 @@ TARGETS = {
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
-            settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3")
+            settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3",
+            read_api="batch")
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,
-             settle_seconds=0.0, settle_max_seconds=5.0, reads_mb=2, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3")
+             settle_seconds=0.0, settle_max_seconds=5.0, reads_mb=2, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3",
+             read_api="batch")
 
 
 def add_parsers(bsub) -> None:
@@ -314,7 +316,7 @@ def phase_bookstream(base: Path, p: dict, say) -> dict:
                     f"(journal writes of {r['journal']['write_bytes']:,.0f} B; CPU {c['us_per_op']:.1f} us/append: "
                     f"client {c['client_s'] / r['appends'] * 1e6:.1f}, bookies {c['bookies_s'] / r['appends'] * 1e6:.1f}; "
                     f"{c['busy_cores']:.2f} of {c['cores']} cores busy)")
-                t = await single.stream_read_all(sc, name, size)
+                t = await single.stream_read_all(sc, name, size, p["read_api"])
                 out["reads"].append(t)
                 say(f"bookstream catch-up read, {size} B: {t['entries']:,} entries at {t['entries_per_s']:,.0f}/s, "
                     f"{t['mb_per_s']:.1f} MB/s")

@@ -346,10 +346,20 @@ def verified_prefix(buf: bytes | memoryview) -> tuple[int, int, ChecksumMismatch
 
 
 def count_records(buf: bytes | memoryview) -> int:
-    """How many records a concatenation holds, by ``record_spans`` (nothing
-    verified: a range read for a reader that checks them itself).  Raises
+    """How many records a concatenation holds, by their lengths as
+    ``record_spans`` reads them (nothing verified: a range read for a reader
+    that checks them itself; one unpack per record, no generator: 40 % of a
+    bookie's CPU serving 100 B records went to this walk).  Raises
     MalformedEntry on a record cut short."""
-    return sum(1 for _ in record_spans(buf))
+    unpack = _LEN_CRC.unpack_from
+    off, n, count = 0, len(buf), 0
+    last = n - HEADER_SIZE
+    while off <= last:
+        off += HEADER_SIZE + unpack(buf, off)[0]
+        count += 1
+    if off != n:
+        raise MalformedEntry("truncated entry header" if off < n else "truncated entry payload")
+    return count
 
 
 def verify_all(buf: bytes | memoryview) -> int:
@@ -464,6 +474,61 @@ def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int, start: in
         after = eid
         off = end
     return out
+
+
+_READ = struct.Struct("<II10xQq16xH8x")  # payload_len, checksum, ledger_id, entry_id, data_flags
+
+
+def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
+                stop: int | None = None, step: int = 1) -> tuple[list[tuple[int, array]], list[int]]:
+    """``decode_sparse`` without an object per record (a reader's batch,
+    stream/record_batch.py): the records in ``buf[start:stop]``, of
+    ``ledger_id``, ascending ids above ``after``, gaps allowed, every
+    checksum verified, as (runs, no-ops).  A run is (first id, offsets):
+    records that are no no-op, contiguous in ``buf``, of ids ``step``
+    apart (1: consecutive; a striped read's share of one residue: E);
+    ``offsets`` (array 'Q') holds each one's start and then the last one's
+    end, so record k's payload is ``buf[offsets[k] + HEADER_SIZE:offsets[k + 1]]``.
+    ``no-ops``: the ids of the no-op records (in no run).  Per record: one
+    unpack of five header fields, one CRC call, one append (checks done
+    with ``map`` over C functions, the CRCs as lists, measured slower here:
+    the slices and views they make per record cost more than the loop's
+    bytecode).  Raises MalformedEntry / ChecksumMismatch like ``decode_sparse``."""
+    unpack, checksum, mv = _READ.unpack_from, crc32, memoryview(buf)
+    runs: list[tuple[int, array]] = []
+    noops: list[int] = []
+    off, n = start, len(buf) if stop is None else stop
+    nxt, add_off = -1, None   # the next id of the open run, its offsets' append
+    while off < n:
+        if n - off < HEADER_SIZE:
+            raise MalformedEntry("truncated entry header")
+        plen, crc, lid, eid, dflags = unpack(buf, off)
+        end = off + HEADER_SIZE + plen
+        if end > n:
+            raise MalformedEntry("truncated entry payload")
+        if checksum(mv[off + CHECKSUM_START:end]) != crc:
+            raise ChecksumMismatch(lid, eid)
+        if eid != nxt or dflags or lid != ledger_id:   # (the run's next id, no flag: eid > after already)
+            if add_off is not None:
+                add_off(off)                 # the open run ends where this record starts
+                add_off, after = None, nxt - step
+            if lid != ledger_id or eid <= after:
+                raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:>{after}")
+            after = eid
+            if dflags & FLAG_NOOP:
+                noops.append(eid)
+                nxt = -1
+            else:
+                offs = array("Q", (off,))
+                runs.append((eid, offs))
+                add_off, nxt = offs.append, eid + step
+        else:
+            add_off(off)
+            nxt = eid + step
+        off = end
+    if add_off is not None:
+        add_off(off)
+    return runs, noops
 
 
 def resend_as(record: bytes | memoryview, *, req_flags: int, term: int) -> bytes:

@@ -18,6 +18,7 @@ from typing import Iterator
 from stream import errors as err
 from stream.client import BackgroundLoop, ClientConfig
 from stream.position import Position, Record
+from stream.record_batch import RecordBatch
 from stream.stream import READ_AHEAD_BYTES, AsyncStreamClient, AsyncStreamReader, AsyncStreamWriter, StreamConfig
 
 log = logging.getLogger("stream.stream")
@@ -307,6 +308,10 @@ class StreamReader:
 
     def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
         return self._sc._run(self.aio.read(max_records, timeout))
+
+    def read_batch(self, max_records: int = 1000, timeout: float = 0.0) -> RecordBatch:
+        """The next records as a ``RecordBatch`` (``AsyncStreamReader.read_batch``)."""
+        return self._sc._run(self.aio.read_batch(max_records, timeout))
 
     def next(self, timeout: float | None = None) -> Record | None:
         return self._sc._run(self.aio.next(timeout))

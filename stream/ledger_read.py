@@ -19,6 +19,7 @@ from stream import errors as err
 from stream.bookie_client import BookieUnavailable, status_of
 from stream.read_core import Answer, EntryRead, LacRead, Verdict, answer_of
 from stream.read_plan import RangeRead, plan_missing, plan_reads
+from stream.record_batch import EntrySlots, RecordBatch, RunSlots
 from stream.ledger_write import why
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -30,13 +31,6 @@ RANGE_FRAME_BYTES = 1 << 20  # small range-read frames: the first one comes back
 # A range read's first frame may take this many speculative read timeouts
 # (several reads are in flight per bookie: a read-ahead queues behind others).
 FIRST_FRAME_SPECULATIONS = 20
-
-
-def _undelivered(r: RangeRead, base: int, slots: list) -> bool:
-    """Whether some id of the planned read ``r`` has no entry in ``slots``."""
-    if not r.stripe:
-        return slots[r.first - base:r.last - base + 1].count(None) > 0
-    return any(slots[i - base] is None for i in r.ids())
 
 
 class ReadPath:
@@ -52,6 +46,19 @@ class ReadPath:
         verified.  Never past the LAC (ReadBeyondLac); the LAC is refreshed
         once if ``last`` is beyond the known one.  ``rotation`` turns which
         bookie serves which part (stream.read_plan), e.g. per read-ahead chunk."""
+        return (await self._read(first, last, rotation, EntrySlots)).slots
+
+    async def read_records(self, first: int, last: int, *, rotation: int = 0) -> RecordBatch:
+        """``read_entries`` as a ``RecordBatch``: the records of
+        ``first..last`` (no-ops left out) in the frames the bookies sent,
+        no object per record (a stream reader's hot path), every one
+        verified as ``read_entries`` verifies it."""
+        return (await self._read(first, last, rotation, RunSlots)).batch()
+
+    async def _read(self, first: int, last: int, rotation: int, sink_type):
+        """``first..last`` into a new ``sink_type`` (stream.record_batch:
+        ``EntrySlots`` or ``RunSlots``): range reads first, then entry by
+        entry for what they did not deliver."""
         if not (isinstance(first, int) and isinstance(last, int)) or first < 0 or last < first:
             raise ValueError(f"bad entry range {first}..{last}")
         self._check_client()
@@ -63,28 +70,28 @@ class ReadPath:
         bound = self.last_add_confirmed
         if last > bound:
             raise err.ReadBeyondLac(self.ledger_id, last, bound)
-        slots = await self._read_ranges(first, last, rotation)
-        todo = [first + k for k, e in enumerate(slots) if e is None]
+        sink = sink_type(self.ledger_id, first, last)
+        if last > first:   # (one entry: the speculative read is the plan)
+            await self._read_ranges(first, last, rotation, sink)
+        todo = sink.missing(first, last)
         if todo:
             results = await asyncio.gather(*(self._read_one_bounded(e) for e in todo), return_exceptions=True)
-            for eid, r in zip(todo, results):
+            for r in results:
                 if isinstance(r, BaseException):
                     raise r
-                slots[eid - first] = r
-        return slots
+            for r in results:
+                sink.put_entry(r)
+        return sink
 
-    async def _read_ranges(self, first: int, last: int, rotation: int = 0) -> list:
+    async def _read_ranges(self, first: int, last: int, rotation: int, sink) -> None:
         """``first..last`` by range reads, as ``stream.read_plan`` plans them
         per fragment (every id asked of one bookie of its write set, the
-        bookies in parallel); a slot per id, None where no planned read
-        delivered it (the caller reads those entry by entry, which alone may
-        find an entry missing).  What a round leaves undelivered (a bookie
-        down, stalled, or without the entry) is asked again of the other
-        bookies of its write sets (``plan_missing``), for up to Qw rounds."""
-        n = last - first + 1
-        slots: list = [None] * n
-        if n == 1:
-            return slots  # one entry: the speculative read is the plan
+        bookies in parallel), into ``sink`` (stream.record_batch); what no
+        planned read delivered stays missing there (the caller reads those
+        entry by entry, which alone may find an entry missing).  What a
+        round leaves undelivered (a bookie down, stalled, or without the
+        entry) is asked again of the other bookies of its write sets
+        (``plan_missing``), for up to Qw rounds."""
         meta = self._meta
         frags: list[tuple[Fragment, int, int, set[int]]] = []  # (fragment, first, last, bookies to avoid)
         q = self.client.quarantined()
@@ -106,39 +113,37 @@ class ReadPath:
                     plans = plan_reads(a, b, E, Qw, avoid=avoid, rotation=rotation,
                                        block_entries=self.read_block_entries)
                 else:
-                    if slots[a - first:b - first + 1].count(None) == 0:
+                    if sink.full(a, b):
                         continue
-                    missing = [i for i in range(a, b + 1) if slots[i - first] is None]
-                    plans = plan_missing(missing, E, Qw, avoid=avoid, rotation=rotation + rnd)
+                    plans = plan_missing(sink.missing(a, b), E, Qw, avoid=avoid, rotation=rotation + rnd)
                 reads.extend((k, f.ensemble[r.bookie_index], r) for r in plans)
             if not reads:
                 break
             if len(reads) == 1:
-                got = [await self._planned_read(reads[0][1], reads[0][2], first, slots)]
+                got = [await self._planned_read(reads[0][1], reads[0][2], sink)]
             else:
-                got = await asyncio.gather(*(self._planned_read(bid, r, first, slots) for _, bid, r in reads))
+                got = await asyncio.gather(*(self._planned_read(bid, r, sink) for _, bid, r in reads))
             short = False
             for (k, _, r), delivered in zip(reads, got):
                 # (the first round's reads are disjoint over empty slots: a count says it)
-                if delivered < r.count() if rnd == 0 else _undelivered(r, first, slots):
+                if delivered < r.count() if rnd == 0 else sink.undelivered(r):
                     frags[k][3].add(r.bookie_index)
                     short = True
             if not short:
                 break
-        return slots
 
-    async def _planned_read(self, bid: str, r: RangeRead, base: int, slots: list) -> int:
+    async def _planned_read(self, bid: str, r: RangeRead, sink) -> int:
         """One planned range read (sparse, with the plan's stripe filter);
-        the entries it delivers go to empty ``slots[id - base]``, checksums
-        verified; entries the plan did not ask of this bookie are dropped.
-        A failure or a stall ends it quietly.  Returns how many of its ids
-        it delivered."""
+        the entries it delivers go to ``sink`` (``put_frame``: checksums
+        verified; entries the plan did not ask of this bookie, or delivered
+        already, are dropped).  A failure or a stall ends it quietly.
+        Returns how many of its ids it delivered."""
         bc = await self.client.bookie(bid)
         if bc is None:
             return 0
         delivered = 0
         cfg = self.client.config
-        # (decode_sparse checks every record's checksum: the bookie need not;
+        # (the sink checks every record's checksum: the bookie need not;
         # a record that fails ends this read, and the next round asks another)
         stream = bc.read_range(self.ledger_id, r.first, r.last, max_frame_bytes=self.read_frame_bytes, sparse=True,
                                stripe=r.stripe, residues=r.residues, raw=True, reader_verifies=True)
@@ -160,23 +165,8 @@ class ReadPath:
                     log.info("ledger %s: range read from %s too slow", lid, bid)
                     break
                 if resp.stop > resp.start:  # (raw frames: the records are data[start:stop])
-                    got = entry_codec.decode_sparse(resp.data, lid, after, resp.start, resp.stop)
-                    if got and got[-1].entry_id > r.last:
-                        got = [e for e in got if e.entry_id <= r.last]
-                    if got:
-                        k = got[0].entry_id - base
-                        if (not r.stripe and got[-1].entry_id - got[0].entry_id == len(got) - 1
-                                and slots[k:k + len(got)].count(None) == len(got)):
-                            slots[k:k + len(got)] = got   # (the common case: consecutive, all new)
-                            delivered += len(got)
-                        else:
-                            stripe, residues = r.stripe, r.residues
-                            for e in got:
-                                i = e[1] - base
-                                if (not stripe or residues >> (e[1] % stripe) & 1) and slots[i] is None:
-                                    slots[i] = e   # (an id of this read: the bookie's filter, r.wants)
-                                    delivered += 1
-                        after = got[-1].entry_id if got else after
+                    n, after = sink.put_frame(resp.data, resp.start, resp.stop, after, r)
+                    delivered += n
                 if resp.status != Status.OK or resp.through >= r.last:
                     break
         except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:

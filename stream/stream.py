@@ -57,6 +57,7 @@ from stream.lifecycle import FinishTakeOver, Moot, TakeOver, run_ledger_cas
 from stream.metrics import timed_takeover
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
+from stream.record_batch import RecordBatch
 from stream.stream_reader import READ_AHEAD_BYTES, AsyncStreamReader, _check_read_ahead
 from stream.writer_lease import WriterRecord, WriterRegistration
 
@@ -480,5 +481,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["Position", "Positions", "Record", "StreamConfig", "StreamClient", "StreamWriter", "StreamReader",
+__all__ = ["Position", "Positions", "Record", "RecordBatch", "StreamConfig", "StreamClient", "StreamWriter", "StreamReader",
            "AsyncStreamClient", "AsyncStreamWriter", "AsyncStreamReader", "take_over"]

@@ -8,10 +8,10 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING, AsyncIterator
 
-from bookie.entry import FLAG_NOOP
 from stream import errors as err
 from stream.ledger import LedgerHandle
 from stream.position import Position, Record
+from stream.record_batch import EMPTY, RecordBatch
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.stream import AsyncStreamClient
@@ -23,13 +23,20 @@ if TYPE_CHECKING:  # pragma: no cover
 READ_AHEAD_BYTES = 32 << 20
 READ_AHEAD_CHUNKS = 4
 MAX_CHUNK_ENTRIES = 32_768
-READ_NEXT_BATCH = 1000       # records ``next`` asks for at once
+READ_NEXT_BATCH = 1000       # records ``next`` makes at once
 PROBE_ENTRIES = 16           # a reader's first fetch, before it knows the entry size
 
 
 def _check_read_ahead(read_ahead_bytes) -> None:
     if not isinstance(read_ahead_bytes, int) or isinstance(read_ahead_bytes, bool) or read_ahead_bytes < 0:
         raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
+
+
+def _check_read_args(max_records, timeout) -> None:
+    if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 1:
+        raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
 
 
 class AsyncStreamReader:
@@ -39,7 +46,11 @@ class AsyncStreamReader:
     chunks of entries, several range reads in flight (``stream.read_plan``
     spreads each over the bookies), the next chunks read while the
     application handles the current records.  The bound is kept by estimate
-    (the last chunk's mean entry size): a chunk is at least one entry."""
+    (the last chunk's mean entry size): a chunk is at least one entry.
+
+    ``read_batch`` returns records as a ``RecordBatch`` (stream/record_batch.py):
+    held in the frames the bookies sent, no object per record; ``read``
+    and ``next`` make a ``Record`` of each from it."""
 
     def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False):
@@ -50,8 +61,9 @@ class AsyncStreamReader:
         self.spread = spread    # Qw = E: chunks taken from the bookies in turn (else one bookie per reader)
         self._next = 0          # the next entry id to read
         self._latest = False    # a seek to LATEST, resolved on the next read
-        self._buf: list[Record] = []   # records read, not yet returned: _buf[_pos:]
-        self._pos = 0
+        self._held: RecordBatch = EMPTY   # records read, not yet returned
+        self._recs: list[Record] = []      # records ``next`` made, not yet returned: _recs[_rpos:]
+        self._rpos = 0
         self._entry_bytes = 0   # mean bytes per entry of the last chunk (0: unknown)
         self._chunks = 0        # chunks started (the rotation when spread)
         self._covered = -1      # the highest LAC learnt with the metadata read after it
@@ -61,12 +73,14 @@ class AsyncStreamReader:
     @property
     def position(self) -> Position:
         """The position of the next entry to be read."""
-        if self._pos < len(self._buf):
-            return self._buf[self._pos].position
+        if self._rpos < len(self._recs):
+            return self._recs[self._rpos].position
+        if self._held:
+            return self._held.first_position
         return Position(self._next)
 
     def seek(self, position: Position, *, inclusive: bool = True) -> None:
-        self._buf, self._pos = [], 0
+        self._held, self._recs, self._rpos = EMPTY, [], 0
         self._drop_ahead()
         self._latest = position == Position.LATEST
         if position == Position.EARLIEST:
@@ -97,41 +111,63 @@ class AsyncStreamReader:
             self._covered = max(self._covered, lac)
         return lac
 
-    def _take(self, max_records: int) -> list[Record]:
-        pos = self._pos
-        out = self._buf[pos:pos + max_records]
-        self._pos = pos + len(out)
-        if self._pos >= len(self._buf):
-            self._buf, self._pos = [], 0
+    def _take(self, max_records: int) -> RecordBatch:
+        out, self._held = self._held.split(max_records)
+        return out
+
+    def _take_made(self, max_records: int) -> list[Record]:
+        """Records ``next`` made and did not return (a ``read`` after ``next``)."""
+        pos = self._rpos
+        out = self._recs[pos:pos + max_records]
+        self._rpos = pos + len(out)
+        if self._rpos >= len(self._recs):
+            self._recs, self._rpos = [], 0
         return out
 
     async def read(self, max_records: int = 1000, timeout: float = 0.0) -> list[Record]:
-        """The next records up to the LAC, at most ``max_records``; waits up
-        to ``timeout`` seconds for new ones when there are none (a long poll).
-        No-op entries are never returned.  While the reader is behind the
+        """``read_batch`` as a list of ``Record`` (a position and a bytes
+        payload per record)."""
+        _check_read_args(max_records, timeout)
+        if self._rpos < len(self._recs):
+            return self._take_made(max_records)
+        return (await self.read_batch(max_records, timeout)).records()
+
+    async def read_batch(self, max_records: int = 1000, timeout: float = 0.0) -> RecordBatch:
+        """The next records up to the LAC, at most ``max_records``, as a
+        ``RecordBatch``; waits up to ``timeout`` seconds for new ones when
+        there are none (a long poll).  The reader's position moves past
+        them.  No-op entries are never returned; every record's checksum,
+        ledger and id were verified.  While the reader is behind the
         LAC, the next chunks are read ahead in the background, up to
         ``read_ahead_bytes`` beyond the batch asked for; a batch takes what
         read-aheads have brought, never waiting on one once it has records.
         With a read-ahead, a read that fetches itself fetches at most
         ``read_ahead_bytes`` (at the last mean entry size; a first read
         probes PROBE_ENTRIES, then fetches that much): a batch of large
-        records is bounded in bytes too, not only by ``max_records``."""
+        records is bounded in bytes too, not only by ``max_records``.
+        Raises ValueError for a ``max_records`` below 1 or a negative
+        ``timeout``."""
+        _check_read_args(max_records, timeout)
+        if self._rpos < len(self._recs):
+            return RecordBatch.of_records(self._take_made(max_records))
         out = self._take(max_records)
-        if not out and self._latest:
+        parts, count = [out], len(out)
+        if not count and self._latest:
             self._resolve_latest(await self.handle.read_last_add_confirmed())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         probed = False  # the last fetch was a first read's probe: the size is known now
-        while len(out) < max_records:
-            if out:
+        while count < max_records:
+            if count:
                 aheads = self._aheads
                 if aheads and aheads[0][0] == self._next and aheads[0][2].done() \
                         and not aheads[0][2].cancelled() and aheads[0][2].exception() is None:
-                    entries = aheads.popleft()[2].result()
+                    _, last, t = aheads.popleft()
+                    got = t.result()
                 elif probed and self._next <= self._covered:
                     probed = False
-                    n = self._fetch_entries(max_records - len(out))
-                    entries = await self._fetch(min(self._covered, self._next + n - 1))
+                    n = self._fetch_entries(max_records - count)
+                    got, last = await self._fetch(min(self._covered, self._next + n - 1))
                 else:
                     break
             else:
@@ -142,21 +178,21 @@ class AsyncStreamReader:
                     continue
                 n = self._fetch_entries(max_records)
                 probed = n < max_records and not self._entry_bytes
-                entries = await self._fetch(min(lac, self._next + n - 1))
-            self._keep(entries)
-            out += self._take(max_records - len(out))
+                got, last = await self._fetch(min(lac, self._next + n - 1))
+            self._keep(got, last)
+            more = self._take(max_records - count)
+            parts.append(more)
+            count += len(more)
         self._read_ahead()
-        return out
+        return RecordBatch.join(parts)
 
-    def _keep(self, entries: list) -> None:
-        """A chunk read: its records (no-ops left out) become the buffer."""
-        new, of = tuple.__new__, Position._of
-        self._next = entries[-1].entry_id + 1
-        # (Record and Position made without their Python-level constructors: the hot path)
-        self._buf = buf = [new(Record, (of(e[1]), e[2])) for e in entries if not e[5] & FLAG_NOOP]
-        self._pos = 0
-        if buf:  # (no-ops say nothing of the records' size: a take-over's no-op alone is no estimate)
-            self._entry_bytes = max(1, sum(len(r[1]) for r in buf) // len(buf))
+    def _keep(self, batch: RecordBatch, last: int) -> None:
+        """A chunk read, up to entry ``last``: its records (no-ops left out)
+        become the ones held."""
+        self._next = last + 1
+        self._held = batch
+        if batch:  # (no-ops say nothing of the records' size: a take-over's no-op alone is no estimate)
+            self._entry_bytes = max(1, batch.payload_bytes // len(batch))
 
     def _fetch_entries(self, want: int) -> int:
         """How many of ``want`` entries a read fetches itself (see ``read``)."""
@@ -172,14 +208,15 @@ class AsyncStreamReader:
         per = self.read_ahead_bytes // READ_AHEAD_CHUNKS // self._entry_bytes
         return max(1, min(MAX_CHUNK_ENTRIES, per))
 
-    async def _fetch(self, last: int) -> list:
-        """Entries from ``_next`` to at most ``last`` (fewer or more if a
-        read-ahead brought another chunk)."""
+    async def _fetch(self, last: int) -> tuple[RecordBatch, int]:
+        """The records from ``_next`` to at most ``last`` (fewer or more if a
+        read-ahead brought another chunk), and the last entry id read."""
         try:
             if self._aheads and self._aheads[0][0] == self._next:
-                return await self._aheads.popleft()[2]
+                _, ahead_last, t = self._aheads.popleft()
+                return await t, ahead_last
             self._drop_ahead()
-            return await self.handle.read_entries(self._next, last, rotation=self._rotation())
+            return await self.handle.read_records(self._next, last, rotation=self._rotation()), last
         except (err.ReadFailed, err.EntryMissing) as e:
             meta = await self.handle.refresh_metadata()
             if self._next < meta.trimmed_before:
@@ -199,12 +236,12 @@ class AsyncStreamReader:
             return
         chunk = self._chunk_entries()
         start = aheads[-1][1] + 1 if aheads else self._next
-        buffered = (len(self._buf) - self._pos + sum(b - a + 1 for a, b, _ in aheads)) * per
+        buffered = (len(self._held) + len(self._recs) - self._rpos + sum(b - a + 1 for a, b, _ in aheads)) * per
         while start <= self._covered:
             last = min(self._covered, start + chunk - 1)
             if buffered + (last - start + 1) * per > self.read_ahead_bytes:
                 return
-            t = asyncio.ensure_future(self.handle.read_entries(start, last, rotation=self._rotation()))
+            t = asyncio.ensure_future(self.handle.read_records(start, last, rotation=self._rotation()))
             t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
             aheads.append((start, last, t))
             buffered += (last - start + 1) * per
@@ -217,16 +254,15 @@ class AsyncStreamReader:
     async def next(self, timeout: float | None = None) -> Record | None:
         """The next record; None if none came within ``timeout`` (None: wait
         for ever)."""
-        while self._pos >= len(self._buf):
+        while self._rpos >= len(self._recs):
             t = self.poll_timeout if timeout is None else timeout
-            got = await self.read(READ_NEXT_BATCH, t)
+            got = await self.read_batch(READ_NEXT_BATCH, t)
             if got:
-                # (read returned a batch: hand it out one by one from the buffer)
-                self._buf, self._pos = got + self._buf[self._pos:], 0
+                self._recs, self._rpos = got.records(), 0   # (handed out one by one)
             elif timeout is not None:
                 return None
-        rec = self._buf[self._pos]
-        self._pos += 1
+        rec = self._recs[self._rpos]
+        self._rpos += 1
         return rec
 
     def __aiter__(self) -> AsyncIterator[Record]:
@@ -237,7 +273,7 @@ class AsyncStreamReader:
             yield await self.next()
 
     async def close(self) -> None:
-        self._buf, self._pos = [], 0
+        self._held, self._recs, self._rpos = EMPTY, [], 0
         self._drop_ahead()
         await self.handle.close()
 

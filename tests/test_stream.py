@@ -791,7 +791,7 @@ def test_a_reader_s_read_ahead_stays_within_its_bytes(shared):
             got, most, ahead = [], 0, 0
             while len(got) < 60:
                 got += await r.read(7, timeout=10)
-                held = (len(r._buf) - r._pos + sum(b - a + 1 for a, b, _ in r._aheads)) * r._entry_bytes
+                held = (len(r._held) + sum(b - a + 1 for a, b, _ in r._aheads)) * r._entry_bytes
                 most, ahead = max(most, held), ahead + bool(r._aheads)
             assert 0 < most <= 20 and ahead >= 5    # it read ahead, never more than 20 bytes
             assert [x.payload for x in got] == [b"r%03d" % i for i in range(60)]
@@ -812,7 +812,7 @@ def test_a_large_batch_is_bounded_by_the_read_ahead_bytes(shared):
     (a first read probes PROBE_ENTRIES to learn the entry size): a
     catch-up of 64 KiB entries read 5,000 at a time held 330 MB in one
     batch. Without a read-ahead the batch is the caller's bound."""
-    from bookie.entry import FLAG_NOOP, Entry
+    from stream.record_batch import RecordBatch
     from stream.stream_reader import PROBE_ENTRIES
 
     name = sname()
@@ -825,7 +825,7 @@ def test_a_large_batch_is_bounded_by_the_read_ahead_bytes(shared):
             await w.flush()
             r = await sc.open_reader(name, read_ahead_bytes=4000)
             # (internal: a chunk of no-ops alone, as a take-over's, says nothing of the size)
-            r._keep([Entry(r.handle.ledger_id, 0, b"", -1, -1, FLAG_NOOP, 0)])
+            r._keep(RecordBatch(), 0)   # (entry 0 read: a no-op, no record)
             assert r._entry_bytes == 0 and r._fetch_entries(200) == PROBE_ENTRIES
             r.seek(Position.EARLIEST)
             batches = []

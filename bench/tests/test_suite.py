@@ -431,6 +431,6 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     rows = res["catchup"]
     assert {(r["ensemble"], r["entry_bytes"]) for r in rows} == {(3, 1024), (3, 65536), (4, 1024), (4, 65536)}
     for r in rows:
-        assert r["entries"] == r["written"] and _positive(r["vs_ceiling"])
+        assert r["entries"] == r["written"] and _positive(r["vs_ceiling"]) and r["read_api"] == "batch"
         assert r["vs_ceiling"] == pytest.approx(r["mb_per_s"] / res["ceilings"][str(r["entry_bytes"])]["mb_per_s"])
     assert "of the gRPC range-read ceiling" in proc.stdout
