@@ -104,13 +104,19 @@ DropRequest(m) ==
 
 \* A fencing or recovery read of term t (some client took the ledger over
 \* with it: t <= the metadata's term) reaches bookie b after that client
-\* withdrew or moved on: the bookie side only.
+\* withdrew or moved on: the bookie side only.  Classic (session 10): a
+\* recovery's fencing read (the ledger is, or was, IN_RECOVERY) that
+\* reaches b after its client had coverage and read on: b is fenced (a
+\* real classic trace did this, and the trace spec had no step for it).
 StaleRead(b, t) ==
-    /\ Unbounded
     /\ b \notin crashed
-    /\ t <= meta.term
-    /\ bk[b].term < t
-    /\ bk' = [bk EXCEPT ![b].term = t]
+    /\ IF Unbounded
+       THEN /\ t <= meta.term
+            /\ bk[b].term < t
+            /\ bk' = [bk EXCEPT ![b].term = t]
+       ELSE /\ meta.state # "OPEN"
+            /\ ~bk[b].fenced
+            /\ bk' = [bk EXCEPT ![b].fenced = TRUE]
     /\ UNCHANGED <<crashed, meta, cl, acked>>
 
 \* An explicit LAC write: b's LAC/LAFR rise to values a writer had.
