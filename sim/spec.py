@@ -70,6 +70,11 @@ Granularity (where the implementation is finer than the spec):
   That the spec's RecoveryRead reads entry next at the moment it decides is
   what read-ahead relaxes; stream/recovery_core.py's docstring says why an
   earlier answer equals the one a read at the decision would get.
+- What the spec's coarse steps tie together, the split steps check
+  (session 10, found by tla/differential.py): a client takes only an
+  answer a bookie gave to a read of its term (``answered``, told by the
+  simulated bookie as it answers), a bookie stores only a request sent to
+  it, and an ack is for a record the bookie stored.
 - EnsembleChange's preparation of the new bookie (raise its term, delete its
   entries from the fragment's first entry) is a bookie step of its own
   (BookiePrepare), just before the client's EnsembleChange step.
