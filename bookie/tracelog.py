@@ -141,6 +141,18 @@ def shift_terms(lines: list[dict], k: int) -> list[dict]:
     return out
 
 
+STORES = ("BookieStore", "BookieStoreLac")
+
+
+def stored_with(e: dict, f: dict) -> bool:
+    """Whether trace event f is a store of e's bookie at e's instant.  One
+    fsync applies a batch of stores, and the exporter sees the bookie after
+    the whole batch: a store so followed is compared with the batch's last,
+    and a read that waited for the barrier saw them all (tla/tracecheck.py,
+    sim/spec_replay.py)."""
+    return f["action"] in STORES and f["args"]["bookie"] == e["args"]["bookie"] and f["t"] == e["t"]
+
+
 class TraceLog:
     """One process's trace file: an NDJSON line per step, written at once.
 

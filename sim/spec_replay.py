@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass
 
 from bookie import entry as E
-from bookie.tracelog import shift_terms
+from bookie.tracelog import STORES, shift_terms, stored_with
 from sim.metadata import LedgerMeta
 from sim.spec import Model, SpecViolation, is_noop, origin_of
 
@@ -74,7 +74,6 @@ class Replay:
         self.model = Model(bookies=h["bookies"], E=h["E"], Qw=h["Qw"], Qa=h["Qa"], unbounded=self.unbounded,
                            meta=meta, clients=h["clients"], creator=h["creator"])
         self.sent: dict[tuple[str, int], int] = {}     # (bookie, entry) -> origin of the no-op last sent there
-        self.answer: dict[tuple[str, int], tuple | None] = {}  # (bookie, entry) -> the value it answered
         # a real bookie's range read is one BookieRead of its first entry: (bookie, term) ->
         # [(first entry, what the bookie held then)], whose ids above the first it answered too
         self.real = real   # the real processes' trace (merged: each event names its process)
@@ -124,20 +123,17 @@ class Replay:
                 k = m.bk[b]
                 ans = (k.lac, k.lafr) if n is None else (k.ents.get(n) if a["status"] == "OK" else None)
                 m.answered(b, n, a["term"], ans)
-                if n is not None:
-                    self.answer[(b, n)] = ans
-                    if self.real:
-                        self.ranges.setdefault((b, a["term"]), []).append((n, dict(k.ents)))
+                if n is not None and self.real:
+                    self.ranges.setdefault((b, a["term"]), []).append((n, dict(k.ents)))
         elif act == "ClientReadAnswer":
             key = (a["bookie"], a["entry"])
             term = m.cl[a["client"]].term
-            if self.real and key not in self.answer:  # an id a range read answered after its first
+            if self.real and key not in m.answers:  # an id a range read answered after its first
                 first, held = next(((f, x) for f, x in reversed(self.ranges.get((a["bookie"], term), []))
                                     if f <= a["entry"]), (None, {}))
                 if first is not None:
-                    self.answer[key] = held.get(a["entry"])
-                    m.answered(a["bookie"], a["entry"], term, self.answer[key])
-            v = self.answer.get(key)
+                    m.answered(a["bookie"], a["entry"], term, held.get(a["entry"]))
+            v = m.answers[key][-1][1] if key in m.answers else None  # the bookie's last answer for it
             kind = None if v is None else ("noop" if is_noop(v) else "data")
             if kind != a["value"]:
                 raise SpecViolation(act, f"{a['bookie']} answered {kind} for {a['entry']} at its read, the client "
@@ -215,15 +211,9 @@ def _show(ents: dict) -> dict:
     return {n: [origin_of(v), "noop" if is_noop(v) else "data"] for n, v in sorted(ents.items())}
 
 
-_STORES = ("BookieStore", "BookieStoreLac")
-
-
 def _batched(e: dict, nxt: dict | None) -> bool:
-    """One fsync applies a batch of stores and the exporter sees the bookie
-    after the batch: a store followed by another of the same bookie at the
-    same instant is compared with the batch's last (tracecheck does the same)."""
-    return (nxt is not None and e["action"] in _STORES and nxt["action"] in _STORES
-            and e["args"]["bookie"] == nxt["args"]["bookie"] and e["t"] == nxt["t"])
+    """A store of a batch but its last (one fsync: compared with the last)."""
+    return nxt is not None and e["action"] in STORES and stored_with(e, nxt)
 
 
 def _durable_at_restart(evs: list[dict]) -> list[dict]:

@@ -42,7 +42,7 @@ if str(HERE.parent) not in sys.path:
     sys.path.insert(0, str(HERE.parent))  # (sim/, stream/)
 
 import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
-from bookie.tracelog import shift_terms  # noqa: E402
+from bookie.tracelog import STORES, shift_terms, stored_with  # noqa: E402
 
 SPECS = (HERE / "BookstreamBase.tla", HERE / "BookstreamLedger.tla", HERE / "BookstreamFiner.tla",
          HERE / "BookstreamTrace.tla")
@@ -117,8 +117,7 @@ def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
         if e["action"] == "BookieRead":
             j = i + 1
             moved = []
-            while (j < len(events) and events[j]["action"] in ("BookieStore", "BookieStoreLac")
-                   and events[j]["args"]["bookie"] == e["args"]["bookie"] and events[j]["t"] == e["t"]):
+            while j < len(events) and stored_with(e, events[j]):
                 moved.append(events[j])
                 j += 1
             if moved:
@@ -134,12 +133,9 @@ def _prepare(events: list[dict], header: dict | None = None) -> list[dict]:
                 continue
         out.append(e)
         i += 1
-    # One fsync applies a batch of stores, and the exporter sees the bookie
-    # after the batch: only the batch's last store is compared.
+    # One fsync applies a batch of stores: only the batch's last is compared.
     for k, e in enumerate(out[:-1]):
-        f = out[k + 1]
-        if (e["action"] in ("BookieStore", "BookieStoreLac") and f["action"] in ("BookieStore", "BookieStoreLac")
-                and e["args"]["bookie"] == f["args"]["bookie"] and e["t"] == f["t"]):
+        if e["action"] in STORES and stored_with(e, out[k + 1]):
             e["_nocheck"] = True
     for k, e in enumerate(out):
         a = e["args"]
