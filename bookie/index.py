@@ -189,14 +189,27 @@ class LedgerIndex:
         self._last = runs.peekitem(-1)[1]
         return None
 
-    def put_run(self, first: int, locs: array, lens: array) -> Removed:
+    def put_run(self, first: int, locs: array, lens: array, *, adjacent: bool = False) -> Removed:
         """``put`` for consecutive entries from ``first``; returns what they
         replaced.  Appending after the highest run (the usual case) extends
-        its arrays once."""
+        its arrays once.  ``adjacent``: each record begins where the one
+        before it ends on disk (a run of one journal record): the run's
+        breaks are kept as it is appended, not found at its next read."""
         last = self._last
         if last is not None and first == last.end:
+            n = len(last.locs)
+            if adjacent and last.checked == n and locs:
+                if locs[0] != last.locs[-1] + last.lens[-1]:
+                    last.breaks.append(n)
+                last.checked = n + len(locs)
             last.locs.extend(locs)
             last.lens.extend(lens)
+            self._count += len(locs)
+            self._appended(first, locs, lens)
+            return []
+        if adjacent and locs and (last is None or first > last.end):  # a new run past the end
+            run = self._last = self._runs[first] = Run(first, array("Q", locs), array("I", lens))
+            run.checked = len(locs)
             self._count += len(locs)
             self._appended(first, locs, lens)
             return []

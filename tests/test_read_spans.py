@@ -79,24 +79,30 @@ PUTS = st.lists(st.tuples(st.integers(0, 60), st.lists(st.integers(60, 200), min
 
 
 @settings(max_examples=300, deadline=None)
-@given(PUTS, st.integers(0, 70), st.integers(0, 80), st.integers(0, 1500), st.booleans())
-def test_spans_answer_as_the_per_record_walk(puts, first, last, max_bytes, skip_gaps):
+@given(PUTS, st.integers(0, 70), st.integers(0, 80), st.integers(0, 1500), st.booleans(), st.booleans(),
+       st.booleans())
+def test_spans_answer_as_the_per_record_walk(puts, first, last, max_bytes, skip_gaps, adjacent, read_each):
+    """(``adjacent``: the puts say their records are one span, as a bookie's
+    do: breaks kept as the runs grow; ``read_each``: a read after every put,
+    else after the last only)"""
     ix, pos = LedgerIndex(), 0
-    for start, lens, skip in puts:  # a read after every put: breaks found, then kept or found again
+    for k, (start, lens, skip) in enumerate(puts):  # breaks found, then kept or found again
         seg = 1 if skip > 900 else 0
         pos += skip
         locs = []
         for ln in lens:
             locs.append(pack_location(seg, pos))
             pos += ln
-        ix.put_run(start, array("Q", locs), array("I", lens))
+        ix.put_run(start, array("Q", locs), array("I", lens), adjacent=adjacent)
+        if not read_each and k < len(puts) - 1:
+            continue
         got = Storage._read_runs(Preads(), ix.run_slices(first, last, skip_gaps=skip_gaps), max_bytes)
         want = per_record_walk(ix.runs_from(first, last, skip_gaps=skip_gaps), max_bytes)
         assert got[:3] == want
         assert got[3] == records_of(ix.runs_from(first, last, skip_gaps=skip_gaps), max_bytes)
         for run, lo, hi in ix.run_slices(0, 100, skip_gaps=True):  # the kept breaks are the runs' own
-            assert breaks_in(run, lo, hi) == [k for k in range(lo + 1, hi)
-                                              if run.locs[k] != run.locs[k - 1] + run.lens[k - 1]]
+            assert breaks_in(run, lo, hi) == [j for j in range(lo + 1, hi)
+                                              if run.locs[j] != run.locs[j - 1] + run.lens[j - 1]]
 
 
 def test_breaks_follow_appends_and_changes():
