@@ -318,6 +318,7 @@ class BookieService(pb_grpc.BookieServicer):
                 yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
                 return
             self.read_range_entries += after - nxt
+            self.metrics.range_frame(after - nxt, len(data))
             yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
             if status is not Status.OK:
                 return
@@ -351,11 +352,13 @@ class BookieService(pb_grpc.BookieServicer):
                 log.error("stored entry failed its checksum: %s", bad)
                 if count:
                     self.read_range_entries += count
+                    self.metrics.range_frame(count, good_end)
                     yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
                                                through=bad.entry_id - 1, term=term)
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
             self.read_range_entries += count
+            self.metrics.range_frame(count, len(data))
             yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
             if status is not Status.OK or through >= last:
                 return
