@@ -10,7 +10,8 @@ fragment deletion cut runs.
 A run also knows, once read, where its records stop following each other
 on disk (``Run.breaks_after``: the positions where a range read starts a new
 pread, found for the whole run at C speed and kept while the run only
-grows): a range read then costs per disk span, not per entry.
+grows; 4 bytes a break, one per journal record a run spans): a range read
+then costs per disk span, not per entry.
 """
 from __future__ import annotations
 
