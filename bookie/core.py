@@ -265,9 +265,9 @@ class BookieCore:
         st = self._applying(run.ledger_id, run.term, run.lac, run.lafr)
         if run.data_flags & FLAG_TRUNCATE:
             dead = st.index.truncate_after(run.first_entry)
-            dead += st.index.put_run(run.first_entry, locs, run.lengths)
+            dead += st.index.put_run(run.first_entry, locs, run.lengths, adjacent=True)
             return dead
-        return st.index.put_run(run.first_entry, locs, run.lengths)
+        return st.index.put_run(run.first_entry, locs, run.lengths, adjacent=True)  # (a run's records: one span)
 
     def apply_relocation(self, ledger_id: int, entry_id: int, old_loc: int, new_loc: int, length: int) -> bool:
         """Compaction moved a record: follow it, unless the entry changed

@@ -6,10 +6,19 @@ id.  A run stores its locations in two flat arrays (`array('Q')` of packed
 segment/offset and `array('I')` of record lengths): 12 bytes an entry, no
 Python object per entry.  Range reads walk a run's arrays; truncation and
 fragment deletion cut runs.
+
+A run also knows, once read, where its records stop following each other
+on disk (``Run.breaks_after``: the positions where a range read starts a new
+pread, found for the whole run at C speed and kept while the run only
+grows; 4 bytes a break, one per journal record a run spans): a range read
+then costs per disk span, not per entry.
 """
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_left, bisect_right
+from itertools import compress
+from operator import add, ne
 from typing import Iterator
 
 from sortedcontainers import SortedDict
@@ -29,17 +38,46 @@ def unpack_location(loc: int) -> tuple[int, int]:
 
 
 class Run:
-    __slots__ = ("start", "locs", "lens")
+    __slots__ = ("start", "locs", "lens", "checked", "breaks")
 
     def __init__(self, start: int, locs: array | None = None, lens: array | None = None):
         self.start = start
         self.locs = locs if locs is not None else array("Q")
         self.lens = lens if lens is not None else array("I")
+        # breaks: the positions k (0 < k < checked) whose record does not
+        # begin where record k-1 ends on disk; appends keep them valid
+        self.checked = 0
+        self.breaks = array("I")
 
     @property
     def end(self) -> int:
         """One past the last entry id of the run."""
         return self.start + len(self.locs)
+
+    def changed(self, k: int) -> None:
+        """Position k's location changed: the breaks at k and k+1 are
+        found again when next asked."""
+        if k < self.checked:
+            self.checked = k
+            del self.breaks[bisect_left(self.breaks, k):]
+
+    def breaks_after(self, lo: int) -> tuple[array, int]:
+        """(breaks, i): the positions k whose record does not begin where
+        record k-1 ends on disk, ascending, and the index in them of the
+        first one above `lo` (a range read from `lo` reads the disk spans
+        between them: within one, record k ends where record k+1 begins).
+        The array is the run's own: not to be changed, nor held across a
+        change of the run."""
+        locs = self.locs
+        n = len(locs)
+        if self.checked < n:
+            c = max(self.checked, 1)
+            if c < n:  # (C loops: no Python code per entry)
+                self.breaks.extend(compress(range(c, n), map(ne, locs[c:], map(add, locs[c - 1:n - 1],
+                                                                                self.lens[c - 1:n - 1]))))
+            self.checked = n
+        return self.breaks, bisect_right(self.breaks, lo)
+
 
 
 # What a removal hands back, so the caller can account for dead bytes:
@@ -131,6 +169,7 @@ class LedgerIndex:
             old = (run.locs[k], run.lens[k])
             run.locs[k] = loc
             run.lens[k] = length
+            run.changed(k)
             return old
         if run is not None and entry_id == run.end:
             run.locs.append(loc)
@@ -151,14 +190,27 @@ class LedgerIndex:
         self._last = runs.peekitem(-1)[1]
         return None
 
-    def put_run(self, first: int, locs: array, lens: array) -> Removed:
+    def put_run(self, first: int, locs: array, lens: array, *, adjacent: bool = False) -> Removed:
         """``put`` for consecutive entries from ``first``; returns what they
         replaced.  Appending after the highest run (the usual case) extends
-        its arrays once."""
+        its arrays once.  ``adjacent``: each record begins where the one
+        before it ends on disk (a run of one journal record): the run's
+        breaks are kept as it is appended, not found at its next read."""
         last = self._last
         if last is not None and first == last.end:
+            n = len(last.locs)
+            if adjacent and last.checked == n and locs:
+                if locs[0] != last.locs[-1] + last.lens[-1]:
+                    last.breaks.append(n)
+                last.checked = n + len(locs)
             last.locs.extend(locs)
             last.lens.extend(lens)
+            self._count += len(locs)
+            self._appended(first, locs, lens)
+            return []
+        if adjacent and locs and (last is None or first > last.end):  # a new run past the end
+            run = self._last = self._runs[first] = Run(first, array("Q", locs), array("I", lens))
+            run.checked = len(locs)
             self._count += len(locs)
             self._appended(first, locs, lens)
             return []
@@ -192,6 +244,12 @@ class LedgerIndex:
         index holds, a slice of one run at a time, in id order: from `first`
         up to the first id it does not hold, or (``skip_gaps``) every held
         id of the range."""
+        for run, lo, hi in self.run_slices(first, last, skip_gaps=skip_gaps):
+            yield run.start + lo, run.locs[lo:hi], run.lens[lo:hi]
+
+    def run_slices(self, first: int, last: int, *, skip_gaps: bool = False) -> Iterator[tuple[Run, int, int]]:
+        """``runs_from`` as (run, lo, hi): the run's positions [lo, hi), its
+        arrays not copied (a reader must not hold them across a change)."""
         runs = self._runs
         if first > last or not runs:
             return
@@ -208,7 +266,7 @@ class LedgerIndex:
                 continue  # the run before `first` ends below it
             if not skip_gaps and lo != expect:
                 return
-            yield lo, run.locs[lo - run.start:hi - run.start], run.lens[lo - run.start:hi - run.start]
+            yield run, lo - run.start, hi - run.start
             expect = hi
 
     def iter_from(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:

@@ -107,9 +107,14 @@ class BookieMetrics:
         if method == "ReadEntry":
             self.read_entries.inc(not st)
             self.read_bytes.inc(len(resp.entry))
-        elif method == "ReadRange":
-            self.read_entries.inc(resp.count)
-            self.read_bytes.inc(len(resp.entries))
+        # (a ReadRange frame is counted where it is built, ``range_frame``: a
+        # bytes field read back from a message is a copy of it, 5-10 % of a
+        # bookie's CPU serving a catch-up)
+
+    def range_frame(self, count: int, nbytes: int) -> None:
+        """One frame of a range read: its entries and their bytes."""
+        self.read_entries.inc(count)
+        self.read_bytes.inc(nbytes)
 
     def answered(self, method: str, request, seconds: float) -> None:
         """An RPC done (after its answers went through ``response``)."""

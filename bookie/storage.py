@@ -22,6 +22,7 @@ import os
 import shutil
 import struct
 import time
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -363,7 +364,7 @@ class Storage:
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], first
-        out, nxt, full = self._read_runs(st.index.runs_from(first, last), max_bytes)
+        out, nxt, full, _ = self._read_runs(st.index.run_slices(first, last), max_bytes)
         if nxt is None:
             nxt = first
         if nxt <= last and not full:
@@ -371,56 +372,85 @@ class Storage:
         return Status.OK, out, nxt
 
     def read_sparse(self, ledger_id: int, first: int, last: int, max_bytes: int,
-                    stripe: int = 0, residues: int = 0) -> tuple[Status, list[bytes], int]:
+                    stripe: int = 0, residues: int = 0) -> tuple[Status, list[bytes], int, int]:
         """Reads every entry the bookie holds in [first, last], skipping the
         ids it does not hold: at most `max_bytes`, but always at least one
-        entry.  Returns (status, records, through): every id in [first,
-        through] that is not among the records is not held (the index is
-        the truth: an entry being deleted or relocated stays in it, at a
-        readable location, until that change is durable and applied).
-        With `stripe` > 0 only the ids e with bit (e mod stripe) set in
-        `residues` are read and vouched for (a striped reader's share).
-        NO_SUCH_LEDGER when the bookie does not know the ledger."""
+        entry.  Returns (status, records, through, how many records): every
+        id in [first, through] that is not among the records is not held
+        (the index is the truth: an entry being deleted or relocated stays
+        in it, at a readable location, until that change is durable and
+        applied).  With `stripe` > 0 only the ids e with bit (e mod stripe)
+        set in `residues` are read and vouched for (a striped reader's
+        share).  NO_SUCH_LEDGER when the bookie does not know the ledger."""
         st = self.core.ledgers.get(ledger_id)
         if st is None:
-            return Status.NO_SUCH_LEDGER, [], last
+            return Status.NO_SUCH_LEDGER, [], last, 0
         if stripe:  # bookie/striped_read.py
             view = st.index.stripe_view(stripe, residues)
             if view is not None:
                 self.stripe_views.used(st.index, view)
-                out, nxt, full = striped_read.read_view(view, first, last, max_bytes, self._read_at, STRIPE_GAP_BYTES)
+                out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at,
+                                                               STRIPE_GAP_BYTES)
             else:
-                out, nxt, full = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes,
-                                                        stripe, residues, self._read_at, STRIPE_GAP_BYTES)
+                out, nxt, full, count = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True),
+                                                               max_bytes, stripe, residues, self._read_at,
+                                                               STRIPE_GAP_BYTES)
         else:
-            out, nxt, full = self._read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes)
-        return Status.OK, out, nxt - 1 if full else last
+            out, nxt, full, count = self._read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes)
+        return Status.OK, out, nxt - 1 if full else last, count
 
-    def _read_runs(self, runs, max_bytes: int) -> tuple[list[bytes], int | None, bool]:
-        """Reads the records of index runs in order, at most `max_bytes` but
-        at least one record, records adjacent on disk in one pread.  Returns
-        (records, the id after the last one read or None, whether
-        `max_bytes` stopped it)."""
-        out, size, nxt = [], 0, None
-        run_loc, run_len = -1, 0
-        for start, locs, lens in runs:
-            nxt = start
-            for loc, ln in zip(locs, lens):
-                if size and size + ln > max_bytes:
-                    if run_len:
-                        out.append(self._read_at(run_loc, run_len))
-                    return out, nxt, True
-                if loc == run_loc + run_len:
-                    run_len += ln
+    def _read_runs(self, slices, max_bytes: int) -> tuple[list[bytes], int | None, bool, int]:
+        """Reads the records of index run slices (``LedgerIndex.run_slices``)
+        in order, at most `max_bytes` but at least one record, records
+        adjacent on disk in one pread.  Returns (records, the id after the
+        last one read or None, whether `max_bytes` stopped it, how many
+        records).  Costs per disk span (``Run.breaks_after``), not per record:
+        within a span record k ends where record k+1 begins, so its bytes
+        are a difference of locations and the cut a bisection."""
+        out, size, count, nxt = [], 0, 0, None
+        span_loc, span_len = -1, 0  # the bytes being gathered for one pread
+        for run, lo, hi in slices:
+            locs, lens, start = run.locs, run.lens, run.start
+            breaks, i = run.breaks_after(lo)
+            n_breaks = len(breaks)
+            a = lo
+            while a < hi:  # the span [a, b)
+                if i < n_breaks and breaks[i] < hi:
+                    b = breaks[i]
+                    i += 1
                 else:
-                    if run_len:
-                        out.append(self._read_at(run_loc, run_len))
-                    run_loc, run_len = loc, ln
+                    b = hi
+                loc = locs[a]
+                ln = locs[b - 1] + lens[b - 1] - loc
+                if size + ln > max_bytes:  # the records of [a, b) that fit: a..m-1
+                    budget = max_bytes - size
+                    m = bisect_right(locs, loc + budget, a + 1, b) - 1 if budget >= 0 else a
+                    if m == a and not count:
+                        m = a + 1  # at least one record
+                    if m < b:  # (else the one record is the span, read below)
+                        if m > a:
+                            if loc != span_loc + span_len:
+                                if span_len:
+                                    out.append(self._read_at(span_loc, span_len))
+                                span_loc, span_len = loc, 0
+                            span_len += locs[m] - loc
+                            count += m - a
+                        if span_len:
+                            out.append(self._read_at(span_loc, span_len))
+                        return out, start + m, True, count
+                if loc == span_loc + span_len:
+                    span_len += ln
+                else:
+                    if span_len:
+                        out.append(self._read_at(span_loc, span_len))
+                    span_loc, span_len = loc, ln
                 size += ln
-                nxt += 1
-        if run_len:
-            out.append(self._read_at(run_loc, run_len))
-        return out, nxt, False
+                count += b - a
+                a = b
+            nxt = start + hi
+        if span_len:
+            out.append(self._read_at(span_loc, span_len))
+        return out, nxt, False, count
 
     # -- LAC long poll ------------------------------------------------------------------
 

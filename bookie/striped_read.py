@@ -101,14 +101,14 @@ def _add(spans, loc: int, ln: int, gap_bytes: int) -> None:
 
 
 def read_runs(runs, max_bytes: int, stripe: int, residues: int, read_at,
-              gap_bytes: int) -> tuple[list[bytes], int | None, bool]:
+              gap_bytes: int) -> tuple[list[bytes], int | None, bool, int]:
     """The ids of index runs (``LedgerIndex.runs_from``) with bit (id mod
     stripe) set in `residues`, in order, at most `max_bytes` but at least
     one record.  Returns (records, the id after the last one walked or None,
-    whether `max_bytes` stopped it)."""
+    whether `max_bytes` stopped it, how many records)."""
     want = wanted(stripe, residues)
     spans: list = []  # (seg loc, end, [(loc, len)])
-    size, nxt = 0, None
+    size, nxt, count = 0, None, 0
     full = False
     for start, locs, lens in runs:
         nxt = start
@@ -120,15 +120,16 @@ def read_runs(runs, max_bytes: int, stripe: int, residues: int, read_at,
                     break
                 _add(spans, loc, ln, gap_bytes)
                 size += ln
+                count += 1
             eid += 1
         nxt = eid
         if full:
             break
-    return _spans_out(spans, read_at), nxt, full
+    return _spans_out(spans, read_at), nxt, full, count
 
 
 def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at,
-              gap_bytes: int) -> tuple[list[bytes], int | None, bool]:
+              gap_bytes: int) -> tuple[list[bytes], int | None, bool, int]:
     """``read_runs`` of [first, last] from a view of the same filter."""
     ids, locs, lens = view.ids, view.locs, view.lens
     i, j = bisect_left(ids, first), bisect_right(ids, last)
@@ -136,10 +137,11 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at,
     size, full, nxt = 0, False, None
     s0 = end = -1
     pieces: list = []
+    stop = j
     for k in range(i, j):  # (_add inlined: the span being built in locals)
         loc, ln = locs[k], lens[k]
         if size and size + ln > max_bytes:
-            full, nxt = True, ids[k]
+            full, nxt, stop = True, ids[k], k
             break
         if 0 <= loc - end <= gap_bytes and loc >> OFFSET_BITS == s0 >> OFFSET_BITS:
             pieces.append((loc, ln))
@@ -151,4 +153,4 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at,
         size += ln
     if pieces:
         spans.append((s0, end, pieces))
-    return _spans_out(spans, read_at), nxt, full
+    return _spans_out(spans, read_at), nxt, full, stop - i

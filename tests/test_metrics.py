@@ -74,6 +74,7 @@ def test_bookie_and_client_metrics_after_real_adds(etcd_server, tmp_path, cluste
             assert total(f, "bookstream_bookie_fence_requests_total") >= 1
             assert "bookstream_bookie_journal_queue_bytes" in f
         assert sum(total(f, "bookstream_bookie_read_entries_total") for f in found) >= 30
+        assert sum(total(f, "bookstream_bookie_read_bytes_total") for f in found) >= 30 * (60 + 100)  # records
         assert sum(total(f, "bookstream_bookie_read_latency_seconds_count") for f in found) >= 1
         assert sum(total(f, "bookstream_bookie_refusals_total", status="FENCED") for f in found) >= 1
 

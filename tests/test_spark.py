@@ -201,6 +201,25 @@ def test_failOnDataLoss_for_a_trimmed_start(spark, shared):
     assert rows[0].entry >= 200 and rows[-1].payload == b"t599"
 
 
+def test_a_task_reads_its_range_in_chunks(shared):
+    """``access.read_range``, a task's read (no Spark session needed): the
+    range's (entry id, payload) rows in order, in chunks, each sized from
+    the one before (about ``chunk_bytes``, 64 bytes an entry added)."""
+    from stream.spark.access import Session, chain_views, read_range
+    from stream.spark.plan import Range
+    name = "chunks-" + uuid.uuid4().hex[:6]
+    payloads = [b"c%d-" % i + b"z" * (i * 7 % 97) for i in range(900)]
+    ids = _append(shared, name, payloads)
+    with Session(shared.endpoint, shared.cluster) as s:
+        (view,) = s.run(chain_views(s.bk, "stream", name))
+        chunks = list(read_range(s, Range(view.ledger_id, ids[100], ids[-1]), chunk_bytes=4096, first_chunk=50))
+    assert [row for c in chunks for row in c] == list(zip(ids[100:], payloads[100:]))
+    assert len(chunks[0]) == 50
+    for c, nxt in zip(chunks, chunks[1:-1]):
+        size = sum(len(p) for _, p in c) + 64 * len(c)
+        assert len(nxt) == max(1, min(10_000, 4096 * len(c) // size))
+
+
 # -- sink -------------------------------------------------------------------------------------------
 
 def _log_ledgers(shared, name: str) -> list[int]:

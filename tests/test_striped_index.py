@@ -43,8 +43,9 @@ def ids_of(recs: list[bytes]) -> list[int]:
 def by_run_walk(s: Storage, first: int, last: int, max_bytes: int, stripe: int, residues: int):
     """What read_sparse answered before the view: the run walk."""
     st = s.core.ledgers[LID]
-    out, nxt, full = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes, stripe,
-                                            residues, s._read_at, STRIPE_GAP_BYTES)
+    out, nxt, full, count = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes,
+                                                   stripe, residues, s._read_at, STRIPE_GAP_BYTES)
+    assert count == len(ids_of(out))
     return out, nxt - 1 if full else last
 
 
@@ -52,8 +53,8 @@ def read_all(s: Storage, first: int, last: int, max_bytes: int, stripe: int, res
     """Frame by frame as the server does; each frame checked against the run walk."""
     got, nxt = [], first
     while True:
-        status, recs, through = s.read_sparse(LID, nxt, last, max_bytes, stripe, residues)
-        assert status is Status.OK
+        status, recs, through, count = s.read_sparse(LID, nxt, last, max_bytes, stripe, residues)
+        assert status is Status.OK and count == len(ids_of(recs))
         ref_recs, ref_through = by_run_walk(s, nxt, last, max_bytes, stripe, residues)
         assert (b"".join(recs), through) == (b"".join(ref_recs), ref_through)
         got.extend(ids_of(recs))

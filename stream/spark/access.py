@@ -3,7 +3,8 @@ ledger views and fragment boundaries (driver side, for planning) and
 reading one planned range of entries (executor side, for a task).
 
 Everything goes through the public client: ``BookKeeperClient``,
-``LedgerHandle.read_entries`` (range reads from the fragment's bookies),
+``LedgerHandle.read_records`` (range reads from the fragment's bookies, the
+records kept in the frames the bookies sent: no ``Entry`` per record),
 ``read_lac_covering`` and the ledger metadata store.  A :class:`Session` is
 a client on its own event-loop thread, so the synchronous Spark callbacks
 can use it.
@@ -15,7 +16,6 @@ import logging
 import time
 from typing import Iterator
 
-from bookie.entry import FLAG_NOOP
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMode, LedgerState
@@ -24,6 +24,7 @@ from stream import errors as err
 from stream.client import BackgroundLoop, BookKeeperClient
 from stream.ledger import LedgerHandle, read_lac_covering
 from stream.log import read_ledger_list
+from stream.record_batch import RecordBatch
 from stream.spark.plan import LedgerView, PlanError, Range
 
 log = logging.getLogger(__name__)
@@ -224,9 +225,9 @@ def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_
         log.warning("ledger %s is gone: entries %s..%s skipped (failOnDataLoss=false)", lid, r.first, r.last)
         return
 
-    async def chunk(a: int, b: int) -> list:
+    async def chunk(a: int, b: int) -> RecordBatch:
         try:
-            return await h.read_entries(a, b)
+            return await h.read_records(a, b)
         except (err.ReadFailed, err.EntryMissing) as e:
             meta = await h.refresh_metadata()
             if a < meta.trimmed_before:
@@ -239,21 +240,22 @@ def read_range(session: Session, r: Range, *, chunk_bytes: int = 8 << 20, first_
     try:
         while pending is not None:
             try:
-                entries = pending.result()
+                batch = pending.result()
             except err.PositionTrimmed:
                 if fail_on_data_loss:
                     raise
                 log.warning("ledger %s: entries from %s trimmed during the read: skipped "
                             "(failOnDataLoss=false)", lid, at)
                 return
-            size = sum(len(e.payload) for e in entries) + 64 * len(entries)
-            n = max(1, min(10_000, chunk_bytes * len(entries) // max(1, size)))
+            count = a - at  # the chunk's entries, no-ops (no payload, in no batch) included
+            size = batch.payload_bytes + 64 * count
+            n = max(1, min(10_000, chunk_bytes * count // max(1, size)))
             pending = None
             if a <= r.last:
                 b = min(r.last, a + n - 1)
                 pending, at = session.submit(chunk(a, b)), a
                 a = b + 1
-            yield [(e.entry_id, e.payload) for e in entries if not e.data_flags & FLAG_NOOP]
+            yield list(zip(batch.entry_ids(), batch))
     finally:
         if pending is not None:
             pending.cancel()
