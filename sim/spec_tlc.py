@@ -424,10 +424,15 @@ def kind(act: str, s: dict, t: dict, desc: str) -> str:
         if act == "FenceReadH":
             return f"{act}[heard]"
         out = ("absent" if w2["phase"] == "finishing" else "recovered" if w2["next"] != w["next"]
-               else "NoSuchEntry or stale")
+               else "NoSuchEntry")
+        b = desc.split("(")[1].split(",")[1].strip()
+        if out != "recovered" and tuple(s["bk"][b]["ents"][w["next"]]) != NOVAL:
+            out += ", a stale value"  # an OK below the floor: counted as NoSuchEntry
         return f"{act}[{out}]"
     if act.startswith("EnsembleChange"):
         return f"{act}[{w['phase'] if w else '?'}]"
+    if act == "NoticeTakeover":
+        return f"NoticeTakeover[{w['phase'] if w else '?'}]"
     if act == "Rejected":
         return f"Rejected[{'as NoticeTakeover' if 'NoticeTakeover' in desc else 'refused request'}]"
     return act

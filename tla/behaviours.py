@@ -45,8 +45,10 @@ from sim import spec_tlc  # noqa: E402
 INVARIANT = "BehaviourShorterThanDepth"
 # The configurations whose constants sim/spec.py's model takes (the protocol
 # spec, not BookstreamFiner's channels; no mutant).
+# `all`: the CI ones and the extended ones of Spec (liveness: FairSpec, the same steps).
 CONFIGS = ["unbounded", "unbounded_lost_acks", "unbounded_terms3", "unbounded_ensemble", "unbounded_crash",
-           "unbounded_striped", "unbounded_striped_ensemble", "classic"]
+           "unbounded_hole", "unbounded_crash_ids2", "unbounded_crash_timeouts", "unbounded_striped",
+           "unbounded_striped_ensemble", "classic", "ext_lost_acks_any_order", "ext_ensemble_crash"]
 
 
 def constants(cfg_text: str) -> dict:
@@ -74,19 +76,34 @@ def consts_of(cfg_text: str) -> spec_tlc.Consts:
                            lost_acks=c["LostAcks"])
 
 
-def behaviour_cfg(cfg_text: str) -> str:
-    """The configuration with the depth invariant instead of its checks."""
-    keep = [ln for ln in cfg_text.splitlines()
-            if not re.match(r"^\s*(INVARIANTS?|PROPERTIES|PROPERTY|SYMMETRY)\b", ln)]
+def behaviour_cfg(cfg_text: str, *, symmetry: bool = False) -> str:
+    """The configuration with the depth invariant instead of its checks
+    (and its symmetry only if asked: breadth-first search)."""
+    drop = "INVARIANTS?|PROPERTIES|PROPERTY" + ("" if symmetry else "|SYMMETRY")
+    keep = [ln for ln in cfg_text.splitlines() if not re.match(rf"^\s*({drop})\b", ln)]
     return "\n".join(keep) + f"\nINVARIANT {INVARIANT}\n"
 
 
 WRAPPER = """---- MODULE BookstreamBehaviours ----
 EXTENDS BookstreamLedger
-\\* violated by every behaviour at its {depth}-th step: TLC prints it (tla/behaviours.py)
-{inv} == TLCGet("level") < {depth}
+\\* violated by every behaviour at its depth-th step (or, with a Target, where it reaches
+\\* the Target): TLC prints it (tla/behaviours.py)
+Target == {until}
+{inv} == {bound}
 ====
 """
+
+# Targets (--until): rare situations, so that TLC prints the behaviours that reach them.
+TARGETS = {
+    # a recovery ended (or goes on reading) at an entry a bookie of its write set holds a
+    # value of, older than the recovery's floor: a stale answer counted as NoSuchEntry
+    "stale": '\\E c \\in Clients : cl[c].phase \\in {"reading", "finishing"} /\\ '
+             '\\E b \\in WriteSetOf(cl[c].next, cl[c].rens) : '
+             'bk[b].ents[cl[c].next] # NoVal /\\ Origin(bk[b].ents[cl[c].next]) < cl[c].floor',
+    # a recovery changed its ensemble
+    "recovery_change": '\\E c \\in Clients : Recovering(c) /\\ cl[c].frags # <<>> /\\ '
+                       'LastFrag(cl[c].frags).ens # cl[c].rens',
+}
 
 
 @dataclass
@@ -100,18 +117,25 @@ class Run:
 
 
 def generate(config: str, tools: check.Tools, *, depth: int, seed: int, count: int,
-             budget: float = 60) -> Run:
-    """Up to ``count`` random behaviours of ``depth`` steps from TLC."""
+             budget: float = 60, until: str = "FALSE", bfs: bool = False) -> Run:
+    """Up to ``count`` random behaviours of ``depth`` steps from TLC; with
+    ``until`` (a TLA+ predicate), only those that reach a state where it
+    holds (within ``depth`` steps), up to that state.  ``bfs``: TLC's
+    breadth-first search instead of random simulation (with ``until``: the
+    shortest behaviours to each state where it holds; seed and depth
+    unused)."""
     cfg_text = (check.MODELS / f"{config}.cfg").read_text()
     with tempfile.TemporaryDirectory(prefix=f"tlc-beh-{config}-") as tmp:
         for f in (check.BASE, check.SPEC):
             shutil.copy(f, Path(tmp, f.name))
-        Path(tmp, "BookstreamBehaviours.tla").write_text(WRAPPER.format(depth=depth, inv=INVARIANT))
-        Path(tmp, "behaviours.cfg").write_text(behaviour_cfg(cfg_text))
+        Path(tmp, "BookstreamBehaviours.tla").write_text(WRAPPER.format(
+            inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
+        Path(tmp, "behaviours.cfg").write_text(behaviour_cfg(cfg_text, symmetry=bfs))
         cmd = [tools.java, "-XX:+UseParallelGC", f"-Dtlc2.TLC.stopAfter={int(budget)}", "-cp", tools.jar,
                "tlc2.TLC", "-workers", "1", "-metadir", str(Path(tmp, "meta")), "-config", "behaviours.cfg",
-               "-deadlock", "-simulate", "-depth", str(depth + 2), "-seed", str(seed), "-continue",
-               "BookstreamBehaviours.tla"]
+               "-deadlock", "-continue", "BookstreamBehaviours.tla"]
+        if not bfs:
+            cmd[-1:-1] = ["-simulate", "-depth", str(depth + 2), "-seed", str(seed)]
         t0 = time.monotonic()
         marker = f"Error: Invariant {INVARIANT} is violated."
         lines, errors = [], 0
@@ -160,9 +184,10 @@ class Report:
 
 
 def check_config(config: str, tools: check.Tools, *, behaviours: int, depth: int, seed: int,
-                 budget: float = 60) -> Report:
+                 budget: float = 60, until: str = "FALSE", bfs: bool = False) -> Report:
     k = consts_of((check.MODELS / f"{config}.cfg").read_text())
-    run = generate(config, tools, depth=depth, seed=seed, count=behaviours, budget=budget)
+    run = generate(config, tools, depth=depth, seed=seed, count=behaviours, budget=budget, until=until,
+                   bfs=bfs)
     acts: collections.Counter = collections.Counter()
     kinds: collections.Counter = collections.Counter()
     failures, keys = [], set()
@@ -185,6 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--depth", type=int, default=30)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--budget", type=float, default=60, help="TLC's seconds per configuration at most")
+    ap.add_argument("--until", default="FALSE", help=f"stop each behaviour where this TLA+ predicate holds, "
+                                                     f"or one of {', '.join(TARGETS)}")
+    ap.add_argument("--bfs", action="store_true", help="breadth-first (with --until: the shortest behaviours "
+                                                       "to the target), not random simulation")
     args = ap.parse_args(argv)
     names = CONFIGS if args.config == "all" else args.config.split(",")
     try:
@@ -195,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = 0
     for name in names:
         r = check_config(name, tools, behaviours=args.behaviours, depth=args.depth, seed=args.seed,
-                         budget=args.budget)
+                         budget=args.budget, until=TARGETS.get(args.until, args.until), bfs=args.bfs)
         print("\n".join(r.lines()), flush=True)
         bad += len(r.failures) + (r.behaviours == 0)
     return 1 if bad else 0
