@@ -331,7 +331,6 @@ def candidates(act: str, m: Model, s: dict, t: dict, k: Consts, ids: list[int]):
     seen_opts = (True, False) if k.lost_acks else (True,)
     if act == "WriterAdd":
         for c in cs:
-            w = m.cl[c]
             yield f"WriterAdd({c})", lambda m, c=c: m.WriterAdd(
                 c, m.cl[c].lap + 1, ("data", b"", m.cl[c].term), k.inflight)
     elif act in ("DeliverWith", "Deliver", "AckFrom"):

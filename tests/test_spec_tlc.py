@@ -131,8 +131,7 @@ def test_behaviours_to_a_stale_value_below_the_floor_are_accepted(tools):
     for b in r.behaviours:
         last = b[-1].vars
         stale = [(c, x) for c, w in last["cl"].items() if w["phase"] in ("reading", "finishing")
-                 for x in w["rens"] if last["bk"][x]["ents"][w["next"]][0] not in (0,) and
-                 last["bk"][x]["ents"][w["next"]][0] < w["floor"]]
+                 for x in w["rens"] if 0 < last["bk"][x]["ents"][w["next"]][0] < w["floor"]]
         assert stale, "TLC's behaviour does not end at the target"
         v = spec_tlc.replay(b, k)
         assert v.accepted, v.describe()
