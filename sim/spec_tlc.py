@@ -19,7 +19,8 @@ model then maps onto TLC's next state on every spec variable (``view``).
 Several candidates may match (they differ only in the model's own
 book-keeping): all are kept, up to ``BEAM``, and the replay fails only
 when none of them can take a step.  An action this module does not know is
-an ``UnmappedAction``, never a pass.
+an ``UnmappedAction``, never a pass.  BookstreamFiner's behaviours (TLC
+names their steps ``FinerNext``/``MultiNext``): sim/spec_tlc_finer.py.
 
 The coarse steps and their finer sequences:
 
@@ -385,7 +386,7 @@ def candidates(act: str, m: Model, s: dict, t: dict, k: Consts, ids: list[int]):
             yield f"WriterClose({c})", lambda m, c=c: m.WriterClose(c, m.cl[c].lac)
     elif act in ("EnsembleChangeMap", "EnsembleChange", "EnsembleChangeSet"):
         for c in cs:
-            if not t["cl"][c]["frags"]:
+            if not t["cl"][c]["frags"] or not m.cl[c].frags:
                 continue
             new = t["cl"][c]["frags"][-1]
             first, old = int(new["first"]), m.cl[c].frags[-1][1]
@@ -398,6 +399,8 @@ def candidates(act: str, m: Model, s: dict, t: dict, k: Consts, ids: list[int]):
                 out, ins = sorted(set(old) - nset), sorted(nset - set(old))
                 pairings = [dict(zip(out, p)) for p in itertools.permutations(ins)] if len(out) == len(ins) else []
             for rep in pairings:
+                if not rep:  # (no bookie replaced: not a change)
+                    continue
                 ens = tuple(rep.get(b, b) for b in old)
                 yield f"EnsembleChange({c}, {rep}, first {first})", \
                     lambda m, c=c, first=first, ens=ens, rep=rep: ensemble_change(m, c, first, ens, rep, k)
@@ -430,11 +433,27 @@ def kind(act: str, s: dict, t: dict, desc: str) -> str:
         return f"{act}[{out}]"
     if act.startswith("EnsembleChange"):
         return f"{act}[{w['phase'] if w else '?'}]"
+    if act in ("SendAdd", "LiveStore", "StaleStore", "DropRequest", "StaleRead", "StoreLac", "Withdraw",
+               "Restart", "RollFragment"):
+        return f"{act}[finer]"
     if act == "NoticeTakeover":
         return f"NoticeTakeover[{w['phase'] if w else '?'}]"
     if act == "Rejected":
         return f"Rejected[{'as NoticeTakeover' if 'NoticeTakeover' in desc else 'refused request'}]"
     return act
+
+
+FINER_NEXT = ("FinerNext", "MultiNext")  # BookstreamFiner: TLC names a step after its disjunct
+
+
+def _candidates(act: str, m: Model, s: dict, t: dict, k: Consts, ids: list[int]):
+    if act in FINER_NEXT:
+        from sim import spec_tlc_finer  # (it builds on this module)
+        return spec_tlc_finer.candidates(m, s, t, k, ids, act)
+    return candidates(act, m, s, t, k, ids)
+
+
+_NAMES = {"Deliver": "DeliverWith", "EnsembleChange": "EnsembleChangeMap"}
 
 
 def _key(m: Model) -> bytes:
@@ -470,13 +489,16 @@ def replay(states: list, k: Consts) -> Verdict:
         tv = tlc_view(t, k)
         nxt, seen, fails, took = [], set(), [], None
         for m in models:
-            for desc, fn in candidates(act, m, s, t, k, ids):
+            for desc, fn in _candidates(act, m, s, t, k, ids):
                 tried += 1
                 m2 = copy.deepcopy(m)
                 try:
                     fn(m2)
                 except SpecViolation as x:
                     fails.append((desc, f"refused by {x.action}: {x.reason}"))
+                    continue
+                except (KeyError, IndexError, TypeError, ValueError) as x:  # no step of the model takes it
+                    fails.append((desc, f"the model cannot take it: {x!r}"))
                     continue
                 d = diff(view(m2, k), tv)
                 if d:
@@ -495,7 +517,8 @@ def replay(states: list, k: Consts) -> Verdict:
                 " | ".join(f"{dsc}: {r}" for dsc, r in plaus[:6]) if plaus else "no candidate at all")
             return Verdict(False, len(states) - 1, i, act, reason, prefix, tried, dev, kinds)
         models = nxt
-        kd = kind(act, s, t, took)
+        named = _NAMES.get(took.split("(")[0], took.split("(")[0]) if act in FINER_NEXT else act
+        kd = kind(named, s, t, took)
         kinds[kd] = kinds.get(kd, 0) + 1
     return Verdict(True, len(states) - 1, None, None, None, prefix, tried, kinds=kinds)
 

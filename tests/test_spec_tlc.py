@@ -121,6 +121,32 @@ def test_tlc_behaviours_are_accepted_by_sim_spec(tools, config, needs):
     assert needs <= set(kinds), f"{config}: the behaviours did not cover {needs - set(kinds)}: {kinds}"
 
 
+def test_finer_spec_behaviours_are_accepted_and_a_stricter_give_up_is_found(tools, monkeypatch):
+    """BookstreamFiner's steps (sim/spec_tlc_finer.py): TLC names them all
+    after FinerNext's disjuncts, the replay finds the action."""
+    r = run(tools, "sim_finer", count=8, depth=40)
+    assert len(r.behaviours) == 8
+    k, kinds = consts("sim_finer"), {}
+    for b in r.behaviours:
+        v = spec_tlc.replay(b, k)
+        assert v.accepted, v.describe()
+        for x, n in v.kinds.items():
+            kinds[x] = kinds.get(x, 0) + n
+    assert {"SendAdd[finer]", "StaleRead[finer]", "StoreLac[finer]", "Restart[finer]", "Withdraw[finer]"} <= set(kinds), \
+        kinds
+    # a stricter give-up (only an open writer may withdraw): found
+    real = S.Model.Withdraw
+
+    def withdraw(self, c):
+        if self.cl[c].phase != "open":
+            raise S.SpecViolation("Withdraw", f"{c} is {self.cl[c].phase}")
+        real(self, c)
+
+    monkeypatch.setattr(S.Model, "Withdraw", withdraw)
+    vs = [spec_tlc.replay(b, k) for b in r.behaviours]
+    assert any(not v.accepted and "refused by Withdraw" in v.reason for v in vs), [v.describe() for v in vs]
+
+
 def test_behaviours_to_a_stale_value_below_the_floor_are_accepted(tools):
     """Log matching's stale value (older than the recovery's floor, held by
     a bookie of the entry's write set where the recovery ends or reads) is

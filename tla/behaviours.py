@@ -43,12 +43,14 @@ import tlcvalues  # noqa: E402
 from sim import spec_tlc  # noqa: E402
 
 INVARIANT = "BehaviourShorterThanDepth"
-# The configurations whose constants sim/spec.py's model takes (the protocol
-# spec, not BookstreamFiner's channels; no mutant).
+# The configurations whose constants sim/spec.py's model takes (no mutant).
 # `all`: the CI ones and the extended ones of Spec (liveness: FairSpec, the same steps).
 CONFIGS = ["unbounded", "unbounded_lost_acks", "unbounded_terms3", "unbounded_ensemble", "unbounded_crash",
            "unbounded_hole", "unbounded_crash_ids2", "unbounded_crash_timeouts", "unbounded_striped",
-           "unbounded_striped_ensemble", "classic", "ext_lost_acks_any_order", "ext_ensemble_crash"]
+           "unbounded_striped_ensemble", "classic", "ext_lost_acks_any_order", "ext_ensemble_crash",
+           # BookstreamFiner (sim/spec_tlc_finer.py): channels, stale stores and reads, explicit
+           # LACs, give-ups, restarts, rolls, several bookies replaced at once
+           "finer", "finer_rolls", "finer_multi", "sim_finer"]
 
 
 def constants(cfg_text: str) -> dict:
@@ -85,7 +87,7 @@ def behaviour_cfg(cfg_text: str, *, symmetry: bool = False) -> str:
 
 
 WRAPPER = """---- MODULE BookstreamBehaviours ----
-EXTENDS BookstreamLedger
+EXTENDS {module}
 \\* violated by every behaviour at its depth-th step (or, with a Target, where it reaches
 \\* the Target): TLC prints it (tla/behaviours.py)
 Target == {until}
@@ -125,11 +127,12 @@ def generate(config: str, tools: check.Tools, *, depth: int, seed: int, count: i
     shortest behaviours to each state where it holds; seed and depth
     unused)."""
     cfg_text = (check.MODELS / f"{config}.cfg").read_text()
+    finer = re.search(r"SPECIFICATION\s+(FinerSpec|MultiSpec)", cfg_text) is not None
     with tempfile.TemporaryDirectory(prefix=f"tlc-beh-{config}-") as tmp:
-        for f in (check.BASE, check.SPEC):
+        for f in (check.BASE, check.SPEC, check.FINER):
             shutil.copy(f, Path(tmp, f.name))
         Path(tmp, "BookstreamBehaviours.tla").write_text(WRAPPER.format(
-            inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
+            module="BookstreamFiner" if finer else "BookstreamLedger", inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
         Path(tmp, "behaviours.cfg").write_text(behaviour_cfg(cfg_text, symmetry=bfs))
         cmd = [tools.java, "-XX:+UseParallelGC", f"-Dtlc2.TLC.stopAfter={int(budget)}", "-cp", tools.jar,
                "tlc2.TLC", "-workers", "1", "-metadir", str(Path(tmp, "meta")), "-config", "behaviours.cfg",
