@@ -2,7 +2,9 @@
 checking: every implementation step of a simulated run is mapped onto a spec
 action, whose enabling condition is checked on this model's state and whose
 effect is applied to it; the world then compares the parts of the model the
-step touched with the real state mapped to the spec's variables.
+step touched with the real state mapped to the spec's variables.  TLC's own
+behaviours of the spec are replayed through it by sim/spec_tlc.py (a rule
+here that the spec lacks would refuse one).
 
 Mapping (spec variable <-> implementation state):
 

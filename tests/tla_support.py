@@ -1,6 +1,7 @@
 """The TLA+ tools' Python side for the tests: tla/check.py (TLC's runner)
 tla/tracecheck.py (trace validation) and
-tla/differential.py (sim/spec.py beside TLC), loaded once by file path (tla/ is
+tla/differential.py (sim/spec.py beside TLC), tla/tlcvalues.py and
+tla/behaviours.py (TLC's behaviours replayed through sim/spec.py), loaded once by file path (tla/ is
 not a package), and the ``tools`` fixture that finds java and TLC."""
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ sys.modules.setdefault("check", check)  # (tla/tracecheck.py imports it by that 
 trace = _load("tla_tracecheck", "tracecheck.py")
 sys.modules.setdefault("tracecheck", trace)  # (tla/differential.py imports it by that name)
 differential = _load("tla_differential", "differential.py")
+tlcvalues = _load("tlcvalues", "tlcvalues.py")  # (tla/behaviours.py imports it by that name)
+behaviours = _load("tla_behaviours", "behaviours.py")  # TLC's behaviours through sim/spec.py
 
 
 @pytest.fixture(scope="module")

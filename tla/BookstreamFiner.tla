@@ -36,11 +36,12 @@ HistNext ==
     hist' = [lac  |-> MaxOf({hist.lac} \cup {cl'[c].lac : c \in {d \in Clients : cl'[d].phase = "open"}}),
              lafr |-> MaxOf({hist.lafr} \cup {cl'[c].lafr : c \in {d \in Clients : cl'[d].phase = "open"}})]
 
-\* An add request: client, bookie, entry, value, term, truncate flag, and the
-\* LAC/LAFR it carries.
+\* An add request: client, bookie, entry, value, term, truncate flag, the
+\* LAC/LAFR it carries, and whether it is a recovery add (rec: sent by a
+\* recovering client; a fenced classic bookie takes only those).
 Request(c, b, n, rl, rf) ==
     [c |-> c, b |-> b, n |-> n, v |-> cl[c].val[n], t |-> cl[c].term,
-     trunc |-> TruncateFlag(cl[c], n), rl |-> rl, rf |-> rf]
+     trunc |-> TruncateFlag(cl[c], n), rl |-> rl, rf |-> rf, rec |-> cl[c].phase # "open"]
 
 \* Is request m still live at its client (a Deliver of it can be counted)?
 Live(m) ==
@@ -81,9 +82,13 @@ LiveStore(m, seen) ==
     /\ msgs' = msgs \ {m}
 
 \* The bookie side of a request delivered late (trace validation uses it too).
+\* Admitted as Deliver admits (AddAccepted): unbounded, a term not below the
+\* bookie's; classic, a recovery add or an unfenced bookie (tlcbeh11: was
+\* TRUE, so a fenced classic bookie stored a late normal add, which the
+\* protocol refuses and sim/spec.py's BookieAdmit/BookieStore refuse).
 StoreLate(m) ==
     /\ m.b \notin crashed
-    /\ IF Unbounded THEN bk[m.b].term <= m.t ELSE TRUE
+    /\ IF Unbounded THEN bk[m.b].term <= m.t ELSE m.rec \/ ~bk[m.b].fenced
     /\ bk' = [bk EXCEPT ![m.b].term = IF Unbounded THEN m.t ELSE @,
                         ![m.b].ents = Store(@, m.n, m.v, m.trunc),
                         ![m.b].lac  = Max2(@, m.rl),

@@ -78,7 +78,7 @@ TraceSendAdd(e) ==
     /\ ~Unbounded \/ w.term = e.t
     /\ TruncateFlag(w, e.n) = e.trunc
     /\ msgs' = msgs \cup {[c |-> e.c, b |-> e.b, n |-> e.n, v |-> w.val[e.n], t |-> w.term,
-                           trunc |-> e.trunc, rl |-> e.rl, rf |-> e.rf]}
+                           trunc |-> e.trunc, rl |-> e.rl, rf |-> e.rf, rec |-> w.phase # "open"]}
     /\ UNCHANGED vars
 
 \* A request stored after its client withdrew, moved to another term,
