@@ -15,6 +15,16 @@ from tests.etcd_fixture import cluster, etcd_server, prefix, store  # noqa: F401
 
 
 @pytest.fixture
+def storage(tmp_path):
+    """A real bookie Storage (journal segments and index) in the test's directory."""
+    from bookie.storage import Storage
+    st = Storage(tmp_path / "b")
+    st.open()
+    yield st
+    st.close()
+
+
+@pytest.fixture
 def bookies(tmp_path):
     """A factory of real bookie processes; all are killed at the end."""
     started: list[BookieProcess] = []

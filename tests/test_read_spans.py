@@ -18,6 +18,7 @@ from bookie import entry as E
 from bookie.core import Status
 from bookie.index import LedgerIndex, pack_location
 from bookie.storage import Storage
+from tests.storage_support import admit_durably
 
 LID = 3
 
@@ -124,25 +125,13 @@ def payload(e: int, big: set[int]) -> bytes:
 
 
 @pytest.fixture
-def s(tmp_path):
-    storage = Storage(tmp_path / "b")
-    storage.open()
-    yield storage
-    storage.close()
+def s(storage):  # (tests/conftest.py: a real Storage in the test's directory)
+    return storage
 
 
 def add(s: Storage, ids: list[int], big: set[int], per_frame: int) -> None:
-    async def go():
-        futs = []
-        for k in range(0, len(ids), per_frame):
-            recs = b"".join(E.encode(LID, e, payload(e, big), term=1) for e in ids[k:k + per_frame])
-            status, msg, runs = s.validate_frame(recs)
-            assert status is Status.OK, msg
-            refused, durable = s.admit_frame(recs, runs)
-            assert not refused
-            futs.append(durable)
-        await asyncio.gather(*futs)
-    asyncio.run(go())
+    asyncio.run(admit_durably(s, [b"".join(E.encode(LID, e, payload(e, big), term=1) for e in ids[k:k + per_frame])
+                                  for k in range(0, len(ids), per_frame)]))
 
 
 def ids_served(recs: list[bytes]) -> list[int]:

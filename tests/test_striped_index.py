@@ -13,6 +13,7 @@ from bookie import entry as E
 from bookie import striped_read
 from bookie.core import Status
 from bookie.storage import STRIPE_GAP_BYTES, Storage
+from tests.storage_support import admit_durably
 
 LID = 7
 
@@ -22,15 +23,8 @@ def payload(e: int) -> bytes:
 
 
 async def add(s: Storage, ids: list[int]) -> None:
-    futs = []
-    for k in range(0, len(ids), 64):
-        recs = b"".join(E.encode(LID, e, payload(e), term=1) for e in ids[k:k + 64])
-        status, msg, runs = s.validate_frame(recs)
-        assert status is Status.OK, msg
-        refused, durable = s.admit_frame(recs, runs)
-        assert not refused
-        futs.append(durable)
-    await asyncio.gather(*futs)
+    await admit_durably(s, [b"".join(E.encode(LID, e, payload(e), term=1) for e in ids[k:k + 64])
+                            for k in range(0, len(ids), 64)])
 
 
 def ids_of(recs: list[bytes]) -> list[int]:
@@ -64,12 +58,8 @@ def read_all(s: Storage, first: int, last: int, max_bytes: int, stripe: int, res
 
 
 @pytest.fixture
-def s(tmp_path):
-    """A real Storage in the test's directory."""
-    storage = Storage(tmp_path / "b")
-    storage.open()
-    yield storage
-    storage.close()
+def s(storage):  # (tests/conftest.py: a real Storage in the test's directory)
+    return storage
 
 
 def held_by(e: int, qw: int, n: int, bookie: int = 0) -> bool:
