@@ -22,6 +22,8 @@ def test_model(config, tools):
     result = check.run_config(config, tools, timeout=1750)
     assert result.outcome == config.expect_outcome, result.describe()
     assert result.distinct or (config.depth and result.generated), result.describe()
+    if config.depth:  # simulation mode: the behaviours TLC began are counted
+        assert result.behaviours and result.generated >= result.behaviours, result.describe()
     if config.budget:  # simulation of the real protocol: no error in its time
         assert result.outcome == check.SAMPLED
     elif config.expect == check.OK:

@@ -176,6 +176,7 @@ class Result:
     depth: int | None
     seconds: float
     output: str
+    behaviours: int | None = None  # simulation mode: the random behaviours TLC began
 
     @property
     def passed(self) -> bool:
@@ -233,17 +234,20 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
         for spec in (BASE, SPEC, FINER):
             shutil.copy(spec, Path(tmp, spec.name))
         shutil.copy(config.cfg, Path(tmp, config.cfg.name))
+        module, cfg = config.module, config.cfg.name
+        if config.depth:  # count the behaviours: TLC 2.15's simulation mode does not
+            module, cfg = _counting(tmp, config)
         # a time budget ends through TLC itself (it then prints what it visited;
         # killing it could come before its first progress report)
         budget = [f"-Dtlc2.TLC.stopAfter={int(config.budget)}"] if config.budget else []
         cmd = [tools.java, "-XX:+UseParallelGC", *budget, "-cp", tools.jar, "tlc2.TLC",
                "-workers", str(workers), "-metadir", str(Path(tmp, "meta")),
-               "-config", config.cfg.name]
+               "-config", cfg]
         if not config.deadlock:
             cmd.append("-deadlock")  # (the flag *disables* the check)
         if config.depth:
             cmd += ["-simulate", "-depth", str(config.depth), "-seed", str(config.seed)]
-        cmd.append(f"{config.module}.tla")
+        cmd.append(f"{module}.tla")
         t0 = time.monotonic()
         limit = config.budget + timeout if config.budget else timeout
         killed = False
@@ -258,7 +262,26 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
     outcome, distinct, generated, left, depth = parse(output)
     if config.budget and not killed and outcome == "incomplete":
         outcome = SAMPLED  # the budget ran out with no error found
-    return Result(config, outcome, distinct, generated, left, depth, seconds, output)
+    behaviours = output.count(f'"{_BEHAVIOUR}"') if config.depth else None
+    return Result(config, outcome, distinct, generated, left, depth, seconds, output, behaviours)
+
+
+_BEHAVIOUR = "bookstream: a behaviour begins"
+
+
+def _counting(tmp: str, config: Config) -> tuple[str, str]:
+    """A module and configuration in `tmp` that run `config` and print a
+    line at the second state of every behaviour TLC's simulation mode
+    generates (each behaviour starts from an initial state checked once,
+    then checks each state it visits: the second is its first step), so
+    that its output says how many behaviours it began.  The invariant is
+    always true: it changes no outcome."""
+    name = f"Counting{config.module}"
+    Path(tmp, f"{name}.tla").write_text(
+        f"---- MODULE {name} ----\nEXTENDS {config.module}, TLC\n"
+        f'BehaviourBegins == TLCGet("level") = 2 => PrintT("{_BEHAVIOUR}")\n====\n')
+    Path(tmp, f"{name}.cfg").write_text(config.cfg.read_text() + "\nINVARIANT BehaviourBegins\n")
+    return name, f"{name}.cfg"
 
 
 # -- counterexamples, compactly ---------------------------------------------
@@ -355,7 +378,8 @@ def table(results: list[Result]) -> str:
         kind = "witness" if r.config.name.startswith("witness") else "mutant" if r.config.mutant else "real"
         rows.append((r.config.name, kind, r.config.expect_outcome, r.outcome,
                      f"{r.distinct:,}" if r.distinct is not None
-                     else f"{r.generated:,} sim" if r.generated is not None else "-",
+                     else f"{r.generated:,} sim, {r.behaviours:,} behaviours" if r.generated is not None
+                     and r.behaviours is not None else f"{r.generated:,} sim" if r.generated is not None else "-",
                      str(r.depth) if r.depth is not None else "-",
                      f"{r.seconds:.1f}", "PASS" if r.passed else "FAIL"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
