@@ -256,8 +256,7 @@ NothingStored == \\A b \\in Bookies : bk[b].ents[0] = NoVal
 def late_store(tools, tmp_path, rec: bool) -> str:
     """TLC on LATE with classic.cfg's constants: the outcome."""
     tmp_path.mkdir()
-    for f in (check.BASE, check.SPEC, check.FINER):
-        (tmp_path / f.name).write_text(f.read_text())
+    check.copy_specs(tmp_path)
     (tmp_path / "LateStoreClassic.tla").write_text(LATE)
     cfg = (check.MODELS / "classic.cfg").read_text()
     assert behaviours.constants(cfg)["Mode"] == "classic"

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import collections
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -127,12 +126,10 @@ def generate(config: str, tools: check.Tools, *, depth: int, seed: int, count: i
     shortest behaviours to each state where it holds; seed and depth
     unused)."""
     cfg_text = (check.MODELS / f"{config}.cfg").read_text()
-    finer = re.search(r"SPECIFICATION\s+(FinerSpec|MultiSpec)", cfg_text) is not None
     with tempfile.TemporaryDirectory(prefix=f"tlc-beh-{config}-") as tmp:
-        for f in (check.BASE, check.SPEC, check.FINER):
-            shutil.copy(f, Path(tmp, f.name))
+        check.copy_specs(tmp)
         Path(tmp, "BookstreamBehaviours.tla").write_text(WRAPPER.format(
-            module="BookstreamFiner" if finer else "BookstreamLedger", inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
+            module=check.BY_NAME[config].module, inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
         Path(tmp, "behaviours.cfg").write_text(behaviour_cfg(cfg_text, symmetry=bfs))
         cmd = [tools.java, "-XX:+UseParallelGC", f"-Dtlc2.TLC.stopAfter={int(budget)}", "-cp", tools.jar,
                "tlc2.TLC", "-workers", "1", "-metadir", str(Path(tmp, "meta")), "-config", "behaviours.cfg",

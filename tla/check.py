@@ -35,6 +35,13 @@ SPEC = HERE / "BookstreamLedger.tla"
 FINER = HERE / "BookstreamFiner.tla"  # extends SPEC: channels, restarts, explicit LAC
 MODELS = HERE / "models"
 
+
+def copy_specs(dest, extra: tuple = ()) -> None:
+    """The spec's modules (and `extra` ones) into a scratch directory, where
+    TLC runs: its states/ and trace files never land in the tree."""
+    for f in (BASE, SPEC, FINER, *extra):
+        shutil.copy(f, Path(dest, f.name))
+
 OK = "ok"  # TLC finished the whole state space (queue empty), no error
 SAMPLED = "sampled"  # simulation mode ran for its time budget, no error
 
@@ -231,8 +238,7 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
     elif config.mutant:
         workers = config.mutant_workers
     with tempfile.TemporaryDirectory(prefix=f"tlc-{config.name}-") as tmp:
-        for spec in (BASE, SPEC, FINER):
-            shutil.copy(spec, Path(tmp, spec.name))
+        copy_specs(tmp)
         shutil.copy(config.cfg, Path(tmp, config.cfg.name))
         module, cfg = config.module, config.cfg.name
         if config.depth:  # count the behaviours: TLC 2.15's simulation mode does not

@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -44,8 +43,7 @@ if str(HERE.parent) not in sys.path:
 import check  # noqa: E402  (tla/check.py, next to this file: java and the jar)
 from bookie.tracelog import STORES, shift_terms, stored_with  # noqa: E402
 
-SPECS = (HERE / "BookstreamBase.tla", HERE / "BookstreamLedger.tla", HERE / "BookstreamFiner.tla",
-         HERE / "BookstreamTrace.tla")
+TRACE_SPEC = HERE / "BookstreamTrace.tla"  # extends the finer spec (check.copy_specs copies the rest)
 
 
 # -- NDJSON -> TLA+ -------------------------------------------------------------------
@@ -325,8 +323,7 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
         events = shift_terms(events, events[0]["args"]["term_offset"])
     prepared = _prepare(events[1:], events[0]["args"])
     with tempfile.TemporaryDirectory(prefix="tlc-trace-") as tmp:
-        for s in SPECS:
-            shutil.copy(s, Path(tmp, s.name))
+        check.copy_specs(tmp, (TRACE_SPEC,))
         Path(tmp, "TraceData.tla").write_text(tr.module)
         Path(tmp, "MC.tla").write_text("---- MODULE MC ----\nEXTENDS BookstreamTrace\n====\n")
         Path(tmp, "MC.cfg").write_text(tr.cfg)
