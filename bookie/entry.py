@@ -463,13 +463,16 @@ _READ = struct.Struct("<II10xQq16xH8x")  # payload_len, checksum, ledger_id, ent
 
 
 def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
-                stop: int | None = None, step: int = 1) -> tuple[list[tuple[int, array]], list[int]]:
+                stop: int | None = None, step: int | tuple[int, ...] = 1) -> tuple[list[tuple[int, array]], list[int]]:
     """``decode_sparse`` without an object per record (a reader's batch,
     stream/record_batch.py): the records in ``buf[start:stop]``, of
     ``ledger_id``, ascending ids above ``after``, gaps allowed, every
     checksum verified, as (runs, no-ops).  A run is (first id, offsets):
     records that are no no-op, contiguous in ``buf``, of ids ``step``
-    apart (1: consecutive; a striped read's share of one residue: E);
+    apart (1: consecutive; a striped read's share of one residue: E), or
+    with ``step`` a tuple of E distances, each id's successor is
+    ``id + step[id % E]`` (a striped read's share of several residues:
+    ``stream.read_plan.RangeRead.steps``);
     ``offsets`` (array 'Q') holds each one's start and then the last one's
     end, so record k's payload is ``buf[offsets[k] + HEADER_SIZE:offsets[k + 1]]``.
     ``no-ops``: the ids of the no-op records (in no run).  Per record: one
@@ -478,23 +481,27 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
     the slices and views they make per record cost more than the loop's
     bytecode).  Raises MalformedEntry / ChecksumMismatch like ``decode_sparse``."""
     unpack, checksum, mv = _READ.unpack_from, crc32, memoryview(buf)
+    steps = (step,) if isinstance(step, int) else tuple(step)
+    cyc = len(steps)
+    same = steps[0] if len(set(steps)) == 1 else 0   # (one distance: no table lookup per record)
     runs: list[tuple[int, array]] = []
     noops: list[int] = []
     off, n = start, len(buf) if stop is None else stop
     nxt, add_off = -1, None   # the next id of the open run, its offsets' append
     while off < n:
-        if n - off < HEADER_SIZE:
-            raise MalformedEntry("truncated entry header")
-        plen, crc, lid, eid, dflags = unpack(buf, off)
+        try:
+            plen, crc, lid, eid, dflags = unpack(buf, off)
+        except struct.error:
+            raise MalformedEntry("truncated entry header") from None
         end = off + HEADER_SIZE + plen
-        if end > n:
-            raise MalformedEntry("truncated entry payload")
+        if end > n:   # (also a header cut by `stop`: it ends past it)
+            raise MalformedEntry("truncated entry")
         if checksum(mv[off + CHECKSUM_START:end]) != crc:
             raise ChecksumMismatch(lid, eid)
         if eid != nxt or dflags or lid != ledger_id:   # (the run's next id, no flag: eid > after already)
             if add_off is not None:
                 add_off(off)                 # the open run ends where this record starts
-                add_off, after = None, nxt - step
+                add_off, after = None, _last_id(runs[-1], steps)
             if lid != ledger_id or eid <= after:
                 raise MalformedEntry(f"got entry {lid}:{eid}, wanted {ledger_id}:>{after}")
             after = eid
@@ -504,14 +511,24 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
             else:
                 offs = array("Q", (off,))
                 runs.append((eid, offs))
-                add_off, nxt = offs.append, eid + step
+                add_off, nxt = offs.append, eid + (same or steps[eid % cyc])
         else:
             add_off(off)
-            nxt = eid + step
+            nxt = eid + (same or steps[eid % cyc])
         off = end
     if add_off is not None:
         add_off(off)
     return runs, noops
+
+
+def _last_id(run: tuple[int, array], steps: tuple[int, ...]) -> int:
+    """The id of a ``sparse_runs`` run's last record (its offsets closed)."""
+    eid, c = run[0], len(run[1]) - 2
+    if len(steps) == 1:
+        return eid + c * steps[0]
+    for _ in range(c):   # (a walk: a run ends early only at a no-op or an id out of sequence)
+        eid += steps[eid % len(steps)]
+    return eid
 
 
 def resend_as(record: bytes | memoryview, *, req_flags: int, term: int) -> bytes:

@@ -53,12 +53,6 @@ _CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
 _CKP_RUN = struct.Struct("<QI")            # start, count
 
 
-# A striped read takes wanted records this close together on disk in one
-# pread (and slices them out) rather than one pread each: small records
-# cost more per syscall than per byte, large ones the other way round.
-STRIPE_GAP_BYTES = 4 << 10
-
-
 class StorageFormatError(RuntimeError):
     """The data dir holds records of another layout than this bookie's."""
 
@@ -82,7 +76,7 @@ class Storage:
         self.dir = Path(data_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config = config or StorageConfig()
-        self.stripe_views = striped_read.ViewBudget()  # the stripe views' ids, bounded bookie-wide
+        self.stripe_views = striped_read.ViewBudget()  # the stripe views' bytes, bounded bookie-wide
         self.core = BookieCore()
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
@@ -389,12 +383,11 @@ class Storage:
             view = st.index.stripe_view(stripe, residues)
             if view is not None:
                 self.stripe_views.used(st.index, view)
-                out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at,
-                                                               STRIPE_GAP_BYTES)
+                out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at)
             else:
                 out, nxt, full, count = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True),
                                                                max_bytes, stripe, residues, self._read_at,
-                                                               STRIPE_GAP_BYTES)
+                                                               striped_read.GAP_BYTES)
         else:
             out, nxt, full, count = self._read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes)
         return Status.OK, out, nxt - 1 if full else last, count

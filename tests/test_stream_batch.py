@@ -47,14 +47,15 @@ record = st.tuples(st.sampled_from([1, 1, 2, 3, 4]),          # the id's distanc
 
 @settings(max_examples=400, deadline=None)
 @given(st.lists(record, max_size=12), st.integers(0, 3), st.one_of(st.none(), st.integers(0, 2000)),
-       st.integers(0, 3), st.sampled_from([1, 2, 4]))
+       st.integers(0, 3), st.sampled_from([1, 2, 4, (1, 3), (2, 1, 1), (4, 3, 2, 1)]))
 def test_sparse_runs_holds_exactly_what_decode_sparse_decodes(recs, first, flip, cut, step):
     """The same records (no-ops apart, by id), the same error type, for
-    runs of consecutive ids or ids ``step`` apart (a striped share); a
-    flipped byte or a cut frame is never taken for good records."""
+    runs of consecutive ids, ids ``step`` apart (a striped share of one
+    residue) or ids a residue's ``step[id mod E]`` apart (a share of
+    several); a flipped byte or a cut frame is never taken for good records."""
     eid, parts = first, []
-    for step, payload, flags, lid in recs:
-        eid += step
+    for gap, payload, flags, lid in recs:
+        eid += gap
         parts.append(E.encode(lid, eid, b"" if flags else payload, data_flags=flags, term=1))
     buf = bytearray(b"".join(parts))
     if flip is not None and buf:
@@ -67,11 +68,19 @@ def test_sparse_runs_holds_exactly_what_decode_sparse_decodes(recs, first, flip,
         assert want is type(e)
         return
     assert isinstance(want, list)
-    got = [(eid + k * step, buf[offs[k] + E.HEADER_SIZE:offs[k + 1]])
+    got = [(_walk(eid, k, step), buf[offs[k] + E.HEADER_SIZE:offs[k + 1]])
            for eid, offs in runs for k in range(len(offs) - 1)]
     assert got == [(e.entry_id, e.payload) for e in want if not e.is_noop]
     assert noops == [e.entry_id for e in want if e.is_noop]
     assert all(len(offs) >= 2 for _, offs in runs)
+
+
+def _walk(eid: int, k: int, step) -> int:
+    if isinstance(step, int):
+        return eid + k * step
+    for _ in range(k):
+        eid += step[eid % len(step)]
+    return eid
 
 
 def test_sparse_runs_cuts_runs_at_no_ops_and_gaps_and_checks_every_checksum():
@@ -158,6 +167,73 @@ def test_run_slots_interleave_the_shares_of_a_striped_read_in_id_order():
     want = [i for i in range(24) if i != 9]
     assert [p.entry_id for p in b.positions()] == want
     assert list(b) == [b"s%d" % i for i in want] and b.payload_bytes == sum(len(b"s%d" % i) for i in want)
+
+
+@st.composite
+def striped_deliveries(draw):
+    """A range cut into blocks, each block's residues (id mod E) split among
+    shares (arcs, as the planner makes them, or any partition), each
+    share's ids in frames cut anywhere: (E, first, last, [(read, ids)])."""
+    stripe, first = draw(st.integers(2, 6)), draw(st.integers(0, 9))
+    last = first + draw(st.integers(0, 70))
+    cuts = sorted(draw(st.sets(st.integers(first + 1, last), max_size=2))) if last > first else []
+    frames = []
+    for a, b in zip([first, *cuts], [*cuts, last + 1]):
+        owner = draw(st.lists(st.integers(0, stripe - 1), min_size=stripe, max_size=stripe))
+        for k, mask in enumerate(sorted({sum(1 << r for r in range(stripe) if owner[r] == o) for o in owner})):
+            read = RangeRead(k, a, b - 1, stripe, mask)
+            ids = list(read.ids())
+            fc = sorted(draw(st.sets(st.integers(1, max(1, len(ids) - 1)), max_size=3)))
+            for x, y in zip([0, *fc], [*fc, len(ids)]):
+                if ids[x:y]:
+                    frames.append((read, ids[x:y]))
+    return stripe, first, last, draw(st.permutations(frames))
+
+
+@settings(max_examples=400, deadline=None)
+@given(striped_deliveries(), st.data())
+def test_a_striped_reads_shares_make_interleaves_that_read_as_the_records_in_id_order(case, data):
+    """Every share in frames cut anywhere, arriving in any order: the batch
+    is interleaves (nothing per record made) and reads, indexes, splits at
+    every point and joins exactly as the records in id order; a no-op or
+    an entry read by itself in the range gives the same records by the
+    slots' join instead."""
+    stripe, first, last, frames = case
+    payload = {i: data.draw(st.binary(max_size=9), label=f"p{i}") for i in range(first, last + 1)}
+    noop = data.draw(st.sampled_from([None, None, *range(first, last + 1)]), label="noop")
+    alone = data.draw(st.sampled_from([None, None, *range(first, last + 1)]), label="alone")
+    slots = RunSlots(LID, first, last)
+    for read, ids in frames:
+        ids = [i for i in ids if i != alone]
+        if not ids:
+            continue
+        buf = b"".join(E.encode(LID, i, b"" if i == noop else payload[i], term=1,
+                                data_flags=E.FLAG_NOOP if i == noop else 0) for i in ids)
+        assert slots.put_frame(buf, 0, len(buf), ids[0] - 1, read) == (len(ids), ids[-1])
+    if alone is not None:
+        slots.put_entry(E.Entry(LID, alone, b"" if alone == noop else payload[alone], 0, 0,
+                                E.FLAG_NOOP if alone == noop else 0))
+    assert slots.missing(first, last) == []
+    b = slots.batch()
+    woven = noop is None and alone is None
+    assert (bool(b._runs) and all(type(r).__name__ == "Interleave" for r in b._runs)) == woven
+    want_ids = [i for i in range(first, last + 1) if i != noop]
+    want = [payload[i] for i in want_ids]
+    assert list(b) == want and [bytes(v) for v in b.views()] == want and len(b) == len(want)
+    assert list(b.entry_ids()) == want_ids and [p.entry_id for p in b.positions()] == want_ids
+    assert [(r.position.entry_id, r.payload) for r in b.records()] == list(zip(want_ids, want))
+    assert b.payload_bytes == sum(map(len, want))
+    if want:
+        assert (b.first_position, b.last_position) == (Position(want_ids[0]), Position(want_ids[-1]))
+    for i in range(len(want)):
+        assert (b[i], bytes(b.view(i)), b.position(i)) == (want[i], want[i], Position(want_ids[i]))
+    for n in range(len(want) + 1):
+        head, tail = b.split(n)
+        assert list(head) == want[:n] and list(tail) == want[n:]
+        assert list(tail.entry_ids()) == want_ids[n:] and [bytes(v) for v in head.views()] == want[:n]
+        assert list(RecordBatch.join([head, tail])) == want
+        if 0 < n < len(want):
+            assert head.last_position == Position(want_ids[n - 1]) and tail.first_position == Position(want_ids[n])
 
 
 # -- read_batch on real bookies --------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from bookie import entry as E
 from bookie import striped_read
 from bookie.core import Status
-from bookie.storage import STRIPE_GAP_BYTES, Storage
+from bookie.storage import Storage, StorageConfig
 from tests.storage_support import admit_durably
 
 LID = 7
@@ -38,7 +38,7 @@ def by_run_walk(s: Storage, first: int, last: int, max_bytes: int, stripe: int, 
     """What read_sparse answered before the view: the run walk."""
     st = s.core.ledgers[LID]
     out, nxt, full, count = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True), max_bytes,
-                                                   stripe, residues, s._read_at, STRIPE_GAP_BYTES)
+                                                   stripe, residues, s._read_at, striped_read.GAP_BYTES)
     assert count == len(ids_of(out))
     return out, nxt - 1 if full else last
 
@@ -66,10 +66,19 @@ def held_by(e: int, qw: int, n: int, bookie: int = 0) -> bool:
     return (e - bookie) % n < qw
 
 
+@pytest.mark.parametrize("gap", [0, 700, striped_read.GAP_BYTES])
 @pytest.mark.parametrize("n,qw", [(4, 2), (5, 3), (3, 1)])
-def test_the_view_answers_as_the_run_walk_for_every_filter(s, n, qw):
+def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw, gap, monkeypatch):
+    """Whatever the gap a span may bridge (0: a span per run of records
+    adjacent on disk), and across journal segments (of 256 KiB here: a
+    span never crosses one)."""
+    monkeypatch.setattr(striped_read, "GAP_BYTES", gap)
+    s = Storage(tmp_path / "b", StorageConfig(segment_size=256 << 10))
+    s.open()
     held = [e for e in range(3000) if held_by(e, qw, n)]
     asyncio.run(add(s, held))
+    assert len(s.journal.segments()) > 2
+    spans = set()
     for residues in range(1, 1 << n):
         for first, last, max_bytes in [(0, 2999, 1 << 20), (0, 2999, 20_000), (17, 2411, 5_000),
                                        (1000, 1003, 1), (2990, 5000, 1 << 16)]:
@@ -79,6 +88,9 @@ def test_the_view_answers_as_the_run_walk_for_every_filter(s, n, qw):
             assert read_all(s, first, last, max_bytes, n, residues) == want
             assert read_all(s, first, last, max_bytes, n, residues) == want
             assert (n, residues) in st.index._views  # asked twice, index unchanged: the view served
+            spans.add(len(st.index._views[(n, residues)].breaks))
+    s.close()
+    assert max(spans) > 1   # (some filter's view preads in several spans)
 
 
 def test_the_view_follows_appends_and_is_dropped_on_other_changes(s):
@@ -121,16 +133,21 @@ def test_a_ledger_changing_between_reads_keeps_the_run_walk(s):
 
 
 def test_the_views_of_a_bookie_stay_within_their_budget(s):
+    """Counted in bytes (28 per id, 8 per seam and break): two views of one
+    residue (500 ids and about 500 seams each, about 18 kB) fit in 40 kB,
+    a third of both residues (1,000 ids, about 28 kB) sends both away."""
     held = [e for e in range(2000) if held_by(e, 2, 4)]   # 1,000 ids: 500 in each residue 0, 1
     asyncio.run(add(s, held))
     idx = s.core.ledgers[LID].index
-    s.stripe_views.max_ids = 1200                        # two views of 500 ids, not three
+    s.stripe_views.max_bytes = 40_000
     for residues in (0b0001, 0b0010, 0b0011):
         want = [e for e in held if residues >> (e % 4) & 1]
         assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
         assert read_all(s, 0, 9999, 1 << 20, 4, residues) == want
         assert (4, residues) in idx._views                # the one just used is kept
-        assert s.stripe_views.held <= 1200 or len(idx._views) == 1
-    assert (4, 0b0001) not in idx._views                  # the least recently used went
-    assert sum(len(v.ids) for v in idx._views.values()) == s.stripe_views.held
+        assert s.stripe_views.held <= 40_000 or len(idx._views) == 1
+        if residues == 0b0010:
+            assert (4, 0b0001) in idx._views              # two of one residue fit
+    assert set(idx._views) == {(4, 0b0011)}               # the least recently used went
+    assert sum(v.nbytes for v in idx._views.values()) == s.stripe_views.held
     assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]

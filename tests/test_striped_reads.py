@@ -1,11 +1,15 @@
-"""Range reads of striped streams (E > Qw) on real bookies: each bookie
-serves its share of a range (stream/read_plan.py) through the stripe filter
-of a sparse range read; the reader merges the shares in id order.  Exactly
+"""Range reads of striped streams (E > Qw) on real bookies: a range's
+residues are shared out in arcs, each served whole by a bookie that holds
+it (stream/read_plan.py) through the stripe filter of a sparse range read;
+the reader puts the shares in id order.  Exactly
 the appended entries come back, in order, across fragments, rolls and a
 killed bookie; no entry is read one request at a time while every bookie
 answers, and each is served once."""
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import uuid
 
 import pytest
@@ -14,6 +18,7 @@ from bookie import entry as E
 from bookie.core import Status
 from stream.bookie_client import BookieClient
 from stream.quorum import write_set
+from stream.read_plan import arcs
 from stream.stream import AsyncStreamClient, Position, StreamConfig
 from tests.conftest import run
 
@@ -35,6 +40,15 @@ async def read_all(sc: AsyncStreamClient, name: str, batch: int = 1000) -> list:
         await r.close()
 
 
+async def write(sc: AsyncStreamClient, name: str, config: StreamConfig, payloads: list[bytes]) -> None:
+    """Appends ``payloads`` to a new stream, 100 at a time, and closes the
+    writer (which tells the ensemble the LAC)."""
+    w = await sc.open_writer(name, config)
+    for k in range(0, len(payloads), 100):
+        await w.append_many(payloads[k:k + 100])
+    await w.close()
+
+
 async def counters(procs) -> dict:
     out = {}
     for p in procs:
@@ -54,10 +68,7 @@ def test_striped_reads_return_every_entry_in_order_across_rolls_each_served_once
 
     async def go():
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
-            w = await sc.open_writer(name, StreamConfig(e, qw, 2, fragment_size_entries=230))
-            for k in range(0, len(payloads), 100):
-                await w.append_many(payloads[k:k + 100])
-            await w.close()   # tells the ensemble the LAC
+            await write(sc, name, StreamConfig(e, qw, 2, fragment_size_entries=230), payloads)
             assert (await sc.stream_info(name))["fragments"] >= 6
             before = await counters(procs)
             got = await read_all(sc, name, batch=700)
@@ -69,7 +80,9 @@ def test_striped_reads_return_every_entry_in_order_across_rolls_each_served_once
             assert per_entry == 0                               # no entry read one at a time
             assert served == len(payloads) + 1                  # each entry served once (with the no-op)
             busy = [b for b in after if after[b].read_range_entries > before[b].read_range_entries]
-            assert len(busy) >= e                               # the bookies share the work
+            # the bookies share the work: a range's arcs go to E/Qw of them (rounded up); which
+            # ones turns with the rotation and the fragments' ensembles (tests/test_read_plan.py)
+            assert len(busy) >= -(-e // qw)
 
     run(go())
 
@@ -81,10 +94,7 @@ def test_striped_reads_survive_a_killed_bookie(own):
 
     async def go():
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
-            w = await sc.open_writer(name, StreamConfig(4, 2, 2, fragment_size_entries=300))
-            for k in range(0, len(payloads), 100):
-                await w.append_many(payloads[k:k + 100])
-            await w.close()
+            await write(sc, name, StreamConfig(4, 2, 2, fragment_size_entries=300), payloads)
             ens = (await sc.stream_info(name))["ensemble"]
         victim = next(p for p in procs if p.bookie_id == ens[1])
         victim.kill()
@@ -98,6 +108,46 @@ def test_striped_reads_survive_a_killed_bookie(own):
                 got.extend(await rd.read(250))
             await rd.close()
             assert [r.payload for r in got] == payloads
+
+    run(go())
+
+
+def test_a_stopped_bookie_s_arc_is_read_from_the_other_members_of_its_write_sets(own):
+    """The bookie that holds one of a range's arcs is stopped (SIGSTOP)
+    after the writes: the reader's range read to it hands over after the
+    first-frame wait (20 speculative timeouts) to the other members of the
+    arc's write sets, by range reads (no entry read one at a time), and
+    returns exactly what was appended, before the read timeout."""
+    procs = own.start(4)
+    name = sname()
+    payloads = [b"s%d-" % i + b"z" * 50 for i in range(900)]
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            await write(sc, name, StreamConfig(4, 2, 2), payloads)
+            info = await sc.stream_info(name)
+        assert info["fragments"] == 1
+        # (a reader that does not spread starts a ledger's arcs at its id: stream/ledger_read.py)
+        idx = arcs(4, 2, info["ledger_id"])[0][0]
+        stopped = next(p for p in procs if p.bookie_id == info["ensemble"][idx])
+        others = [p for p in procs if p is not stopped]
+        before = await counters(others)
+        loop = asyncio.get_running_loop()
+        os.kill(stopped.pid, signal.SIGSTOP)
+        try:
+            async with AsyncStreamClient(own.endpoint, own.cluster, read_timeout=30.0,
+                                         speculative_read_timeout=0.05) as sc:
+                t0 = loop.time()
+                got = await asyncio.wait_for(read_all(sc, name), 60.0)
+                took = loop.time() - t0
+            after = await counters(others)
+        finally:
+            os.kill(stopped.pid, signal.SIGCONT)
+        assert [r.payload for r in got] == payloads
+        assert sum(after[b].read_entry_requests - before[b].read_entry_requests for b in after) == 0
+        assert sum(after[b].read_range_entries - before[b].read_range_entries for b in after) >= len(payloads)
+        # it was asked first (a first frame waited for, 20 x 50 ms), then handed over, not after the read timeout
+        assert 20 * 0.05 <= took < 30.0, took
 
     run(go())
 
@@ -158,10 +208,7 @@ def test_a_reader_reads_around_records_rotted_on_every_bookie(own, e, qw):
 
     async def go():
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
-            w = await sc.open_writer(name, StreamConfig(e, qw, 2))
-            for k in range(0, len(payloads), 100):
-                await w.append_many(payloads[k:k + 100])
-            await w.close()
+            await write(sc, name, StreamConfig(e, qw, 2), payloads)
             ens = (await sc.stream_info(name))["ensemble"]
         async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
             got = await read_all(sc, name)
