@@ -263,10 +263,21 @@ def late_store(tools, tmp_path, rec: bool) -> str:
     body = cfg.split("CONSTANTS", 1)[1].split("SPECIFICATION", 1)[0]
     (tmp_path / "late.cfg").write_text(f"CONSTANTS{body}    Rec = {'TRUE' if rec else 'FALSE'}\n"
                                        "SPECIFICATION LateSpec\nINVARIANT NothingStored\n")
-    out = subprocess.run([tools.java, "-cp", tools.jar, "tlc2.TLC", "-workers", "1", "-deadlock",
-                          "-metadir", str(tmp_path / "meta"), "-config", "late.cfg", "LateStoreClassic.tla"],
+    out = subprocess.run(check.tlc_command(tools, tmp_path, "-workers", "1", "-deadlock", "-config", "late.cfg",
+                                           "LateStoreClassic.tla"),
                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     return check.parse(out.stdout + out.stderr)[0]
+
+
+def test_a_tlc_run_keeps_its_standard_modules_to_itself(tools, tmp_path, monkeypatch):
+    """TLC 2.15 copies the standard modules out of its jar into the JVM's
+    temporary directory and deletes them as it exits: two runs sharing /tmp
+    deleted each other's (CI: "source file 'TLC.tla' has apparently been
+    deleted").  ``check.tlc_command`` gives each run its scratch directory
+    as its temporary directory: a shared one that cannot be written (a
+    default the launcher's command line overrides) must not matter."""
+    monkeypatch.setenv("JDK_JAVA_OPTIONS", f"-Djava.io.tmpdir={tmp_path / 'absent'}")
+    assert late_store(tools, tmp_path / "run", False) == check.OK
 
 
 def test_a_fenced_classic_bookie_stores_a_late_recovery_add_only(tools, tmp_path):

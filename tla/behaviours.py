@@ -131,9 +131,8 @@ def generate(config: str, tools: check.Tools, *, depth: int, seed: int, count: i
         Path(tmp, "BookstreamBehaviours.tla").write_text(WRAPPER.format(
             module=check.BY_NAME[config].module, inv=INVARIANT, until=until, bound=f'TLCGet("level") < {depth}' if until == "FALSE" else "~Target"))
         Path(tmp, "behaviours.cfg").write_text(behaviour_cfg(cfg_text, symmetry=bfs))
-        cmd = [tools.java, "-XX:+UseParallelGC", f"-Dtlc2.TLC.stopAfter={int(budget)}", "-cp", tools.jar,
-               "tlc2.TLC", "-workers", "1", "-metadir", str(Path(tmp, "meta")), "-config", "behaviours.cfg",
-               "-deadlock", "-continue", "BookstreamBehaviours.tla"]
+        cmd = check.tlc_command(tools, tmp, "-workers", "1", "-config", "behaviours.cfg", "-deadlock", "-continue",
+                                "BookstreamBehaviours.tla", jvm=(f"-Dtlc2.TLC.stopAfter={int(budget)}",))
         if not bfs:
             cmd[-1:-1] = ["-simulate", "-depth", str(depth + 2), "-seed", str(seed)]
         t0 = time.monotonic()

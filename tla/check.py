@@ -173,6 +173,19 @@ def find_tools() -> Tools:
     return Tools(java, jar)
 
 
+def tlc_command(tools: Tools, scratch: str | Path, *args: str, jvm: tuple[str, ...] = ()) -> list[str]:
+    """The command line of one TLC run whose working directory is
+    ``scratch``: TLC's states (``-metadir``) and the JVM's temporary
+    directory in it.  TLC 2.15 writes each standard module it takes from
+    its jar (TLC.tla, Naturals.tla, ...) into ``java.io.tmpdir`` under the
+    module's own name and deletes it when its JVM exits: TLC runs sharing
+    /tmp delete each other's copies, and a parse that finds its copy gone
+    fails ("source file 'TLC.tla' has apparently been deleted").  ``jvm``:
+    more JVM options; ``args``: TLC's."""
+    return [tools.java, "-XX:+UseParallelGC", f"-Djava.io.tmpdir={scratch}", *jvm, "-cp", tools.jar, "tlc2.TLC",
+            "-metadir", str(Path(scratch, "meta")), *args]
+
+
 @dataclasses.dataclass
 class Result:
     config: Config
@@ -245,10 +258,8 @@ def run_config(config: Config, tools: Tools, *, workers: int = 2, timeout: float
             module, cfg = _counting(tmp, config)
         # a time budget ends through TLC itself (it then prints what it visited;
         # killing it could come before its first progress report)
-        budget = [f"-Dtlc2.TLC.stopAfter={int(config.budget)}"] if config.budget else []
-        cmd = [tools.java, "-XX:+UseParallelGC", *budget, "-cp", tools.jar, "tlc2.TLC",
-               "-workers", str(workers), "-metadir", str(Path(tmp, "meta")),
-               "-config", cfg]
+        budget = (f"-Dtlc2.TLC.stopAfter={int(config.budget)}",) if config.budget else ()
+        cmd = tlc_command(tools, tmp, "-workers", str(workers), "-config", cfg, jvm=budget)
         if not config.deadlock:
             cmd.append("-deadlock")  # (the flag *disables* the check)
         if config.depth:

@@ -329,8 +329,8 @@ def validate(ndjson: str, tools: "check.Tools | None" = None, *, timeout: float 
         Path(tmp, "MC.cfg").write_text(tr.cfg)
         # a trace is a few seconds of TLC, mostly start-up: the JIT's first tier
         # only (session 10: 2.6 -> 1.7 s for an 88-event trace, 4.5 -> 3.6 for 530)
-        cmd = [tools.java, "-XX:+UseParallelGC", "-XX:TieredStopAtLevel=1", "-Xss16m", "-cp", tools.jar,
-               "tlc2.TLC", "-workers", "1", "-deadlock", "-metadir", str(Path(tmp, "meta")), "-config", "MC.cfg", "MC.tla"]
+        cmd = check.tlc_command(tools, tmp, "-workers", "1", "-deadlock", "-config", "MC.cfg", "MC.tla",
+                                jvm=("-XX:TieredStopAtLevel=1", "-Xss16m"))
         t0 = time.monotonic()
         try:
             proc = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True, timeout=timeout)
