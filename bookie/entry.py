@@ -16,6 +16,7 @@ the unchecked fields sat between the header and the payload).
 """
 from __future__ import annotations
 
+import os
 import struct
 from array import array
 from dataclasses import dataclass
@@ -462,8 +463,8 @@ def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int, start: in
 _READ = struct.Struct("<II10xQq16xH8x")  # payload_len, checksum, ledger_id, entry_id, data_flags
 
 
-def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
-                stop: int | None = None, step: int | tuple[int, ...] = 1) -> tuple[list[tuple[int, array]], list[int]]:
+def _sparse_runs_py(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
+                    stop: int | None = None, step: int | tuple[int, ...] = 1) -> tuple[list[tuple[int, array]], list[int]]:
     """``decode_sparse`` without an object per record (a reader's batch,
     stream/record_batch.py): the records in ``buf[start:stop]``, of
     ``ledger_id``, ascending ids above ``after``, gaps allowed, every
@@ -479,14 +480,17 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
     unpack of five header fields, one CRC call, one append (checks done
     with ``map`` over C functions, the CRCs as lists, measured slower here:
     the slices and views they make per record cost more than the loop's
-    bytecode).  Raises MalformedEntry / ChecksumMismatch like ``decode_sparse``."""
+    bytecode).  Raises MalformedEntry / ChecksumMismatch like ``decode_sparse``.
+
+    ``sparse_runs`` is this walk in C (bookie/_records.c) where it was
+    built, and this function elsewhere (or with BOOKSTREAM_PURE_PYTHON=1)."""
     unpack, checksum, mv = _READ.unpack_from, crc32, memoryview(buf)
     steps = (step,) if isinstance(step, int) else tuple(step)
     cyc = len(steps)
     same = steps[0] if len(set(steps)) == 1 else 0   # (one distance: no table lookup per record)
     runs: list[tuple[int, array]] = []
     noops: list[int] = []
-    off, n = start, len(buf) if stop is None else stop
+    off, n = start, len(buf) if stop is None else min(stop, len(buf))
     nxt, add_off = -1, None   # the next id of the open run, its offsets' append
     while off < n:
         try:
@@ -519,6 +523,24 @@ def sparse_runs(buf: bytes | memoryview, ledger_id: int, after: int, start: int 
     if add_off is not None:
         add_off(off)
     return runs, noops
+
+
+def _native_walk():
+    """bookie._records (bookie/_records.c), bound to this module's
+    exceptions; None where it was not built or BOOKSTREAM_PURE_PYTHON=1."""
+    if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
+        return None
+    try:
+        from bookie import _records
+    except ImportError:   # (not built: no compiler where it was installed)
+        return None
+    _records.bind(MalformedEntry, ChecksumMismatch)
+    return _records
+
+
+_NATIVE = _native_walk()
+NATIVE = _NATIVE is not None   # whether the reader's walk runs in C
+sparse_runs = _NATIVE.sparse_runs if NATIVE else _sparse_runs_py
 
 
 def _last_id(run: tuple[int, array], steps: tuple[int, ...]) -> int:
