@@ -1,12 +1,20 @@
-"""`bookstream bench profile`: where the CPU goes in the closed loop.
+"""`bookstream bench profile`: where the CPU goes in the closed loop, or in
+a catch-up read.
 
-Runs the stream closed loop of `bookstream bench stream` (3 bookies, E3 Qw3
-Qa2, one client process) while py-spy samples the client and one bookie,
-then prints, per process, the functions that were on the CPU most (self
-time, idle waits left out) and writes them, with the raw samples, to a
-JSON document.  py-spy samples from outside the process (no tracing
-overhead in the measured code); it needs ptrace rights over the children
-(root, or kernel.yama.ptrace_scope = 0).
+    bookstream bench profile [--size 100] [--seconds 5]             # appends: the client and one bookie
+    bookstream bench profile --workload reads --size 1024 --mb 256  # catch-up: the reader and every bookie
+
+``appends`` runs the stream closed loop of `bookstream bench stream` (3
+bookies, E3 Qw3 Qa2, one client process) while py-spy samples the client
+and one bookie.  ``reads`` writes a stream of ``--mb`` MiB, then reads it
+from the start to its end over and over (``single.stream_read_all``, the
+catch-up of `bookstream bench reads`) while py-spy samples the reader and
+every bookie, and reports each process's CPU seconds meanwhile (a reader
+at one core is bound by its own thread).  Both print, per process, the
+functions that were on the CPU most (self time, idle waits left out) and
+write them, with the raw samples, to a JSON document.  py-spy samples from
+outside the process (no tracing overhead in the measured code); it needs
+ptrace rights over the children (root, or kernel.yama.ptrace_scope = 0).
 """
 from __future__ import annotations
 
@@ -29,9 +37,12 @@ IDLE_LEAVES = ("select (selectors.py", "Condition.wait", "_worker (concurrent/fu
 
 
 def add_parser(bsub) -> None:
-    p = bsub.add_parser("profile", help="py-spy profiles of the client and a bookie under the closed loop")
+    p = bsub.add_parser("profile", help="py-spy profiles of the client and bookies: closed loop, or catch-up read")
+    p.add_argument("--workload", choices=("appends", "reads"), default="appends",
+                   help="appends: the closed loop; reads: a stream of --mb MiB read back from the start, over and over")
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--mb", type=int, default=256, help="reads: the stream's size, written first")
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--batch", type=int, default=100, help="appends per call (1: append_async per record)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -75,6 +86,12 @@ def top_functions(raw: str, top: int) -> dict:
     return out
 
 
+def cpu_seconds(pid: int) -> float:
+    """utime + stime of a process so far (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     from bench import single
     from bookstream.standalone import Standalone
@@ -82,24 +99,44 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     tune_process()
     exe = py_spy()
+    reads = args.workload == "reads"
     base = Path(tempfile.mkdtemp(prefix="bookstream-profile-", dir=args.dir))
     cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING",
                          bookie_args=args.bookie_args).start()
-    targets = {"client": os.getpid(), "bookie": cluster.bookies[0].proc.pid}
+    client = "reader" if reads else "client"
+    targets = {client: os.getpid()}
+    for k, b in enumerate(cluster.bookies if reads else cluster.bookies[:1]):
+        targets[f"bookie-{k}" if reads else "bookie"] = b.proc.pid
     raws = {name: base / f"{name}.txt" for name in targets}
+    cpu: dict[str, float] = {}
 
     async def go() -> dict:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster,
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
+            name = f"profile-{os.getpid()}"
+            if reads:
+                print(f"writing {args.mb} MiB of {args.size} B entries", file=sys.stderr)
+                await single.stream_fill(sc, name, args.size, args.mb)
+            before = {n: cpu_seconds(pid) for n, pid in targets.items()}
             spies = [subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", str(args.rate), "--format", "raw",
-                                       "--output", str(raws[name]), "--nonblocking",
+                                       "--output", str(raws[n]), "--nonblocking",
                                        "--duration", str(max(1, int(args.seconds)))],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for name, pid in targets.items()]
+                     for n, pid in targets.items()]
             try:
-                r = await single.stream_closed_loop(sc, f"profile-{os.getpid()}", args.size, args.seconds,
-                                                   args.window, batch=args.batch)
+                if reads:
+                    loop, runs = asyncio.get_running_loop(), []
+                    t_end = loop.time() + args.seconds
+                    while loop.time() < t_end:
+                        runs.append(await single.stream_read_all(sc, name, args.size))
+                    r = {"entry_bytes": args.size, "reads": len(runs),
+                         "mb_per_s": max(x["mb_per_s"] for x in runs),
+                         "entries_per_s": max(x["entries_per_s"] for x in runs)}
+                else:
+                    r = await single.stream_closed_loop(sc, name, args.size, args.seconds, args.window,
+                                                        batch=args.batch)
             finally:
+                cpu.update({n: cpu_seconds(pid) - before[n] for n, pid in targets.items()})
                 await asyncio.get_running_loop().run_in_executor(None, lambda: [s.wait() for s in spies])
             return r
 
@@ -109,8 +146,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
         cluster.stop()
         if not args.keep_data:
             shutil.rmtree(base / "cluster", ignore_errors=True)  # the samples stay
-    doc = {"benchmark": "profile", "command": " ".join(sys.argv), "closed_loop": r, "profiles": {}}
-    print(f"closed loop, {args.size} B ({args.batch} per call): {r['appends_per_s']:,.0f} appends/s")
+    doc = {"benchmark": "profile", "command": " ".join(sys.argv), "workload": args.workload,
+           "reads" if reads else "closed_loop": r, "cpu_seconds": cpu, "profiles": {}}
+    if reads:
+        print(f"catch-up read, {args.size} B: best of {r['reads']} {r['entries_per_s']:,.0f} entries/s, "
+              f"{r['mb_per_s']:,.1f} MB/s")
+    else:
+        print(f"closed loop, {args.size} B ({args.batch} per call): {r['appends_per_s']:,.0f} appends/s")
+    print("CPU seconds while sampled: " + ", ".join(f"{n} {c:.2f}" for n, c in cpu.items()))
     for name, path in raws.items():
         if not path.exists():
             print(f"{name}: py-spy wrote nothing (ptrace rights?)", file=sys.stderr)

@@ -375,6 +375,24 @@ def test_profile_names_where_the_client_and_a_bookie_spend_their_cpu(tmp_path):
     assert len(runs) == 1 and not (runs[0] / "cluster").exists()  # the samples stay, the data goes
 
 
+def test_profile_of_a_catch_up_read_samples_the_reader_and_every_bookie(tmp_path):
+    out = tmp_path / "profile.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "bookstream.cli", "bench", "profile", "--workload", "reads", "--seconds", "2",
+         "--size", "1024", "--mb", "8", "--dir", str(tmp_path), "--out", str(out)],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["workload"] == "reads" and doc["reads"]["reads"] >= 1 and doc["reads"]["mb_per_s"] > 0
+    assert set(doc["profiles"]) == set(doc["cpu_seconds"]) == {"reader", "bookie-0", "bookie-1", "bookie-2"}
+    reader = doc["profiles"]["reader"]["threads"]["main thread"]
+    assert any("stream/" in r["function"] for r in reader["top"]), reader["top"]
+    # the reader reads its stream from one bookie (Qw = E): that bookie served it
+    served = max(doc["cpu_seconds"][b] for b in ("bookie-0", "bookie-1", "bookie-2"))
+    assert doc["cpu_seconds"]["reader"] > 0 and served > 0
+    assert "catch-up read, 1024 B" in proc.stdout and "CPU seconds while sampled: reader" in proc.stdout
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_client_and_bookie_benchmarks_remove_their_data_unless_kept(tmp_path, keep):
     runs = {
