@@ -7,13 +7,14 @@
     bookstream bench plot suite.json                          (suite.py, plot.py)
     bookstream bench table suite.json                         (report.py: the README's table)
     bookstream bench profile [...]                            (profile.py)
+    bookstream bench walk [...]                               (walk.py: the reader's record walk, C and Python)
     bookstream bench spark [...]                              (spark.py)
 """
 from __future__ import annotations
 
 import argparse
 
-from bench import profile, reads, report, single, suite
+from bench import profile, reads, report, single, suite, walk
 
 
 def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
@@ -24,6 +25,7 @@ def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
     suite.add_parsers(bsub)
     profile.add_parser(bsub)
     report.add_parser(bsub)
+    walk.add_parser(bsub)
     s = bsub.add_parser("spark", add_help=False, help="the Spark source and sink beside the plain reader "
                                                       "(bookstream bench spark --help)")
     s.add_argument("spark_args", nargs=argparse.REMAINDER)

@@ -393,6 +393,21 @@ def test_profile_of_a_catch_up_read_samples_the_reader_and_every_bookie(tmp_path
     assert "catch-up read, 1024 B" in proc.stdout and "CPU seconds while sampled: reader" in proc.stdout
 
 
+def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
+    out = tmp_path / "walk.json"
+    proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "walk", "--sizes", "100,2000",
+                           "--frame-mb", "0.05", "--repeat", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert [r["entry_bytes"] for r in doc["results"]] == [100, 2000]
+    for r in doc["results"]:
+        assert r["records"] == 0.05 * (1 << 20) // (60 + r["entry_bytes"])
+        assert r["python"]["ns_per_record"] > 0 and r["c"]["ns_per_record"] > 0
+        assert r["c_over_python"] == r["python"]["ns_per_record"] / r["c"]["ns_per_record"]
+    assert doc["crc"] in ("vpclmul", "pclmul", "slicing-by-8") and "x the Python walk" in proc.stdout
+
+
 @pytest.mark.parametrize("keep", [False, True])
 def test_client_and_bookie_benchmarks_remove_their_data_unless_kept(tmp_path, keep):
     runs = {
