@@ -15,8 +15,9 @@
  * bits, then by 128, then reduced to 32 bits by Barrett reduction: Gopal et
  * al., "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ
  * Instruction", Intel, 2009); with AVX-512 and VPCLMULQDQ, 256 bytes and
- * more four lanes at a time, as ISA-L folds (bookie/crc.py: a 128-bit fold
- * ran at a fifth of its speed on 64 KiB here).  The folding constants are
+ * more four lanes at a time, as ISA-L (bookie/crc.py) folds: one 128-bit
+ * lane at a time ran at a fifth of ISA-L's speed on 64 KiB here, slower
+ * than the Python walk calling ISA-L.  The folding constants are
  * x^n mod P for the n named beside each, bit-reflected and shifted left by
  * one (tests/test_records_native.py derives them again).  The rest, and
  * every byte on other machines, goes through slicing-by-8 tables.
