@@ -251,7 +251,7 @@ def _empty_servicer(journal_dir: str | None = None):
         ledger_id as the entry size to serve."""
 
         def __init__(self):
-            self._frames: dict[tuple[int, int], tuple[pb.ReadRangeResponse, int]] = {}
+            self._frames: dict[tuple[int, int], tuple[bytes, bytes, int]] = {}
             self.journal = None
             if journal_dir is not None:
                 self.journal = Journal(journal_dir)
@@ -301,19 +301,21 @@ def _empty_servicer(journal_dir: str | None = None):
                                    journal_sync_histogram=j.sync_histogram, journal_sync_max_seconds=j.sync_max_seconds)
 
         async def ReadRange(self, request, context):
+            # frames encoded once, sent as they are (as a bookie sends its own:
+            # bookie.server.register, wire.encode_range_frame)
             size, frame_bytes = request.ledger_id, request.max_frame_bytes or (1 << 20)
             key = (size, frame_bytes)
             if key not in self._frames:
                 per = max(1, frame_bytes // (size + E.HEADER_SIZE))
                 rec = E.encode(1, 0, os.urandom(size))
-                self._frames[key] = (pb.ReadRangeResponse(entries=rec * per, count=per), per)
-            resp, per = self._frames[key]
+                self._frames[key] = (wire.encode_range_frame(0, (rec * per,), per), rec * per, per)
+            frame, entries, per = self._frames[key]
             left = request.last_entry - request.first_entry + 1
             while left >= per:
-                yield resp
+                yield frame
                 left -= per
             if left > 0:
-                yield pb.ReadRangeResponse(entries=resp.entries[: left * (size + E.HEADER_SIZE)], count=left)
+                yield wire.encode_range_frame(0, (entries[: left * (size + E.HEADER_SIZE)],), left)
 
     return EmptyBookie()
 

@@ -112,9 +112,10 @@ def _refusing_undecodable(handler, response_cls):
 
 def register(service: "BookieService", server) -> None:
     """The generated registration, except that the Add stream's frames reach
-    the service as raw bytes (bookie/wire.py: no protobuf copies of them),
-    and that an undecodable request to any other method gets a typed
-    BAD_REQUEST (``Undecodable``)."""
+    the service as raw bytes and ReadRange's frames leave it as bytes the
+    handler encoded (bookie/wire.py: no protobuf copies of them), and that an
+    undecodable request to any other method gets a typed BAD_REQUEST
+    (``Undecodable``)."""
     handlers: dict = {}
 
     class _Collect:
@@ -129,6 +130,10 @@ def register(service: "BookieService", server) -> None:
     add = by_method["Add"]
     by_method["Add"] = grpc.stream_stream_rpc_method_handler(
         add.stream_stream, request_deserializer=None, response_serializer=add.response_serializer)
+    rr = by_method["ReadRange"]   # frames encoded by the handler (wire.encode_range_frame) go as they are
+    by_method["ReadRange"] = grpc.unary_stream_rpc_method_handler(
+        rr.unary_stream, request_deserializer=rr.request_deserializer,
+        response_serializer=wire.serialize_range_response)
     methods = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
     for method, handler in by_method.items():
         if method != "Add":
@@ -319,7 +324,7 @@ class BookieService(pb_grpc.BookieServicer):
                 return
             self.read_range_entries += after - nxt
             self.metrics.range_frame(after - nxt, len(data))
-            yield pb.ReadRangeResponse(status=status, entries=data, count=after - nxt)
+            yield wire.encode_range_frame(status, (data,), after - nxt)
             if status is not Status.OK:
                 return
             nxt = after
@@ -338,11 +343,12 @@ class BookieService(pb_grpc.BookieServicer):
             try:
                 status, recs, through, count = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes,
                                                                         stripe, residues)
-                data = b"".join(recs)
                 if reader_verifies:  # the count from the index walk: the records served as stored
-                    bad = None
+                    bad, size = None, sum(map(len, recs))
                 else:
-                    count, good_end, bad = E.verified_prefix(data)
+                    recs = (b"".join(recs),)
+                    count, good_end, bad = E.verified_prefix(recs[0])
+                    size = len(recs[0])
             except Exception as e:
                 log.exception("range read failed")
                 yield pb.ReadRangeResponse(status=Status.INTERNAL_ERROR, message=str(e))
@@ -353,13 +359,13 @@ class BookieService(pb_grpc.BookieServicer):
                 if count:
                     self.read_range_entries += count
                     self.metrics.range_frame(count, good_end)
-                    yield pb.ReadRangeResponse(status=Status.OK, entries=data[:good_end], count=count,
-                                               through=bad.entry_id - 1, term=term)
+                    yield wire.encode_range_frame(Status.OK, (recs[0][:good_end],), count, bad.entry_id - 1, term)
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
             self.read_range_entries += count
-            self.metrics.range_frame(count, len(data))
-            yield pb.ReadRangeResponse(status=status, entries=data, count=count, through=through, term=term)
+            self.metrics.range_frame(count, size)
+            # (the frame built here, one copy of the records: serialize_range_response passes it on)
+            yield wire.encode_range_frame(status, recs, count, through, term)
             if status is not Status.OK or through >= last:
                 return
             nxt = through + 1
