@@ -3,7 +3,7 @@ writer's latency with a catch-up reader beside it (issue 18).
 
     bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3]
                            [--bookies 5] [--reads 2] [--read-api batch|records]
-                           [--open-loop-rate 10000] [--out reads.json]
+                           [--open-loop-rate 10000] [--reader-rate-mb 0] [--out reads.json]
 
 On one local cluster (etcd + `--bookies` bookie processes, fsync on):
 
@@ -19,7 +19,8 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    then the same with a catch-up reader in another process reading the
    largest E = Qw stream over and over (`bench catchup-reader`): the p99 with
    the reader beside it against the p99 without, and what the reader read
-   meanwhile.
+   meanwhile (`--reader-rate-mb`: the reader bounded to that rate, its
+   `max_read_bytes_per_s`; `--reader-nice`: at a lower CPU priority).
 """
 from __future__ import annotations
 
@@ -64,6 +65,9 @@ def add_parsers(bsub) -> None:
     r.add_argument("--seconds", type=float, default=3.0, help="open loop length")
     r.add_argument("--reader-nice", type=int, default=0,
                    help="run the catch-up reader beside the open loop under `nice -n N` (0: as the writer)")
+    r.add_argument("--reader-rate-mb", type=float, default=0,
+                   help="the catch-up reader beside the open loop reads at most this many MB/s "
+                        "(its max_read_bytes_per_s; 0: no bound)")
     add_data_args(r)
     r.add_argument("--out", type=Path, default=None)
     r.set_defaults(func=cmd_bench_reads)
@@ -73,6 +77,7 @@ def add_parsers(bsub) -> None:
     c.add_argument("--stream", required=True)
     c.add_argument("--seconds", type=float, default=10.0)
     c.add_argument("--read-api", choices=("batch", "records"), default="batch")
+    c.add_argument("--rate-mb", type=float, default=0, help="max_read_bytes_per_s / 1e6 (0: no bound)")
     c.set_defaults(func=cmd_catchup_reader)
 
 
@@ -185,20 +190,22 @@ def versus_ceilings(rows: list[dict], ceilings: dict[int, dict]) -> None:
 
 
 def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0,
-                 api: str = "batch") -> subprocess.Popen:
+                 api: str = "batch", rate_mb: float = 0) -> subprocess.Popen:
     return subprocess.Popen([*(["nice", "-n", str(nice)] if nice else []), sys.executable, "-m", "bench", "catchup-reader", "--etcd", etcd,
-                             "--cluster", cluster, "--stream", name, "--seconds", str(seconds), "--read-api", api],
+                             "--cluster", cluster, "--stream", name, "--seconds", str(seconds), "--read-api", api,
+                             "--rate-mb", str(rate_mb)],
                             stdout=subprocess.PIPE, text=True)
 
 
 async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
-                                  rate: float, say=print, reader_nice: int = 0, api: str = "batch") -> dict:
+                                  rate: float, say=print, reader_nice: int = 0, api: str = "batch",
+                                  reader_rate_mb: float = 0) -> dict:
     """Step 2 of the module doc."""
     from bench import single
 
     alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
     say(f"alone: {single.open_loop_line(alone)}")
-    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice, api)
+    reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice, api, reader_rate_mb)
     try:
         line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
         if not line.startswith("started"):
@@ -246,7 +253,7 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
                 big = max(ref, key=lambda r: r["entry_bytes"])
                 results["open_loop"] = await open_loop_beside_reader(
                     sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, args.seconds, args.open_loop_rate,
-                    reader_nice=args.reader_nice, api=args.read_api)
+                    reader_nice=args.reader_nice, api=args.read_api, reader_rate_mb=args.reader_rate_mb)
 
     with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())
@@ -274,7 +281,7 @@ def cmd_catchup_reader(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(args.etcd, args.cluster) as sc:
             print("started", flush=True)
             while not stop[0] and time.perf_counter() - t0 < args.seconds:
-                rd = await sc.open_reader(args.stream, Position.EARLIEST)
+                rd = await sc.open_reader(args.stream, Position.EARLIEST, max_read_bytes_per_s=args.rate_mb * 1e6)
                 try:
                     while not stop[0]:
                         if args.read_api == "batch":

@@ -53,9 +53,11 @@ class StreamClient:
         return w
 
     def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
-                    read_ahead_bytes: int = READ_AHEAD_BYTES, password: bytes | str | None = None) -> "StreamReader":
+                    read_ahead_bytes: int = READ_AHEAD_BYTES, max_read_bytes_per_s: float = 0,
+                    password: bytes | str | None = None) -> "StreamReader":
         return StreamReader(self, self._run(self.aio.open_reader(name, start, inclusive=inclusive,
                                                                  read_ahead_bytes=read_ahead_bytes,
+                                                                 max_read_bytes_per_s=max_read_bytes_per_s,
                                                                  password=password)))
 
     def trim(self, name: str, before: Position) -> int:

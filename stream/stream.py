@@ -58,7 +58,7 @@ from stream.metrics import timed_takeover
 from stream.placement import get_policy
 from stream.position import Position, Positions, Record
 from stream.record_batch import RecordBatch
-from stream.stream_reader import READ_AHEAD_BYTES, AsyncStreamReader, _check_read_ahead
+from stream.stream_reader import READ_AHEAD_BYTES, AsyncStreamReader, _check_read_ahead, _check_read_rate
 from stream.writer_lease import WriterRecord, WriterRegistration
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -278,21 +278,25 @@ class AsyncStreamClient:
         ledger_password.check(lid, meta.custom, pw)
 
     async def open_reader(self, name: str, start: Position = Position.EARLIEST, *, inclusive: bool = True,
-                          read_ahead_bytes: int = READ_AHEAD_BYTES,
+                          read_ahead_bytes: int = READ_AHEAD_BYTES, max_read_bytes_per_s: float = 0,
                           password: bytes | str | None = None) -> "AsyncStreamReader":
         """A reader from ``start`` (EARLIEST, LATEST, or a position, itself
         included or not).  Never fences the writer.  LATEST is the entry
         after the LAC read at the open (or after what a writer of this
         client had acknowledged, if higher).  ``read_ahead_bytes`` bounds
-        what it reads ahead (0: nothing).  ``password``: the stream's, if
-        it was created with one (UnauthorizedAccess)."""
+        what it reads ahead (0: nothing); ``max_read_bytes_per_s`` the rate
+        at which it reads (0: none; see ``AsyncStreamReader``).
+        ``password``: the stream's, if it was created with one
+        (UnauthorizedAccess)."""
         _check_read_ahead(read_ahead_bytes)
+        _check_read_rate(max_read_bytes_per_s)
         lid = await self._ledger_of(name)
         meta, rev = await self.bk.meta_call(self.bk.ledgers.read, lid, fragments="last")
         ledger_password.check(lid, meta.custom, password)
         lac = await read_lac_covering(self.bk, meta)
         handle = LedgerHandle(self.bk, meta, rev, writable=False, lac=lac)
-        reader = AsyncStreamReader(self, name, handle, read_ahead_bytes=read_ahead_bytes)
+        reader = AsyncStreamReader(self, name, handle, read_ahead_bytes=read_ahead_bytes,
+                                   max_read_bytes_per_s=max_read_bytes_per_s)
         reader.seek(start, inclusive=inclusive)
         if start == Position.LATEST:  # what comes after the open: resolved now, with the LAC just read
             reader._resolve_latest(lac)

@@ -12,6 +12,7 @@ from stream import errors as err
 from stream.ledger import LedgerHandle
 from stream.position import Position, Record
 from stream.record_batch import EMPTY, RecordBatch
+from stream.timers import ReadPacer
 
 if TYPE_CHECKING:  # pragma: no cover
     from stream.stream import AsyncStreamClient
@@ -32,6 +33,13 @@ def _check_read_ahead(read_ahead_bytes) -> None:
         raise ValueError(f"read_ahead_bytes must be an int >= 0, got {read_ahead_bytes!r}")
 
 
+def _check_read_rate(max_read_bytes_per_s) -> None:
+    if (isinstance(max_read_bytes_per_s, bool) or not isinstance(max_read_bytes_per_s, (int, float))
+            or not max_read_bytes_per_s >= 0 or max_read_bytes_per_s == float("inf")):
+        raise ValueError(f"max_read_bytes_per_s must be a number of bytes >= 0 (0: no bound), "
+                         f"got {max_read_bytes_per_s!r}")
+
+
 def _check_read_args(max_records, timeout) -> None:
     if not isinstance(max_records, int) or isinstance(max_records, bool) or max_records < 1:
         raise ValueError(f"max_records must be an int >= 1, got {max_records!r}")
@@ -50,14 +58,24 @@ class AsyncStreamReader:
 
     ``read_batch`` returns records as a ``RecordBatch`` (stream/record_batch.py):
     held in the frames the bookies sent, no object per record; ``read``
-    and ``next`` make a ``Record`` of each from it."""
+    and ``next`` make a ``Record`` of each from it.
+
+    ``max_read_bytes_per_s`` (0: none) bounds the payload bytes it hands
+    out, and so what it reads from the bookies (its read-ahead refills only
+    as records leave): a reader far behind, catching up beside writers
+    that share its machine's cores or its bookies, takes at most that
+    rate (with a burst of a tenth of a second's worth; ``timers.ReadPacer``).
+    A read waits its turn before it takes records."""
 
     def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5,
-                 read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False):
+                 read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False, max_read_bytes_per_s: float = 0):
         _check_read_ahead(read_ahead_bytes)
+        _check_read_rate(max_read_bytes_per_s)
         self.client, self.name, self.handle = client, name, handle
         self.poll_timeout = poll_timeout
         self.read_ahead_bytes = read_ahead_bytes
+        self._pacer = ReadPacer(max_read_bytes_per_s) if max_read_bytes_per_s else None
+        self._paced_until = 0.0   # (loop time) the next hand-out's turn, with a pacer
         self.spread = spread    # Qw = E: chunks taken from the bookies in turn (else one bookie per reader)
         self._next = 0          # the next entry id to read
         self._latest = False    # a seek to LATEST, resolved on the next read
@@ -145,16 +163,20 @@ class AsyncStreamReader:
         ``read_ahead_bytes`` (at the last mean entry size; a first read
         probes PROBE_ENTRIES, then fetches that much): a batch of large
         records is bounded in bytes too, not only by ``max_records``.
+        With ``max_read_bytes_per_s``, a read first waits its turn (a wait
+        ``timeout`` does not bound: it is the rate's, not the LAC's).
         Raises ValueError for a ``max_records`` below 1 or a negative
         ``timeout``."""
         _check_read_args(max_records, timeout)
         if self._rpos < len(self._recs):
             return RecordBatch.of_records(self._take_made(max_records))
+        loop = asyncio.get_running_loop()
+        if self._pacer is not None and self._paced_until > loop.time():
+            await asyncio.sleep(self._paced_until - loop.time())   # (the rate bound: its turn)
         out = self._take(max_records)
         parts, count = [out], len(out)
         if not count and self._latest:
             self._resolve_latest(await self.handle.read_last_add_confirmed())
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         probed = False  # the last fetch was a first read's probe: the size is known now
         while count < max_records:
@@ -184,7 +206,11 @@ class AsyncStreamReader:
             parts.append(more)
             count += len(more)
         self._read_ahead()
-        return RecordBatch.join(parts)
+        out = RecordBatch.join(parts)
+        if self._pacer is not None and out:
+            now = loop.time()
+            self._paced_until = now + self._pacer.take(out.payload_bytes, now)
+        return out
 
     def _keep(self, batch: RecordBatch, last: int) -> None:
         """A chunk read, up to entry ``last``: its records (no-ops left out)

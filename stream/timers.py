@@ -20,6 +20,10 @@ effects for it to carry out.  No clock is read here.
 :class:`RecoveryClock` (beside a :class:`stream.recovery_core.RecoveryCore`):
 entries read from one bookie (spread reads) are asked of the rest of their
 write sets once no read answer came for ``speculative_timeout``.
+
+:class:`ReadPacer` (beside a stream reader with ``max_read_bytes_per_s``):
+how long a reader waits before handing out more records, so that what it
+hands out, and so what it reads ahead, stays within a rate.
 """
 from __future__ import annotations
 
@@ -154,4 +158,24 @@ class RecoveryClock:
         return 0
 
 
-__all__ = ["RecoveryClock", "WriterClock", "WriterTick"]
+class ReadPacer:
+    """A rate bound on the payload bytes a reader hands out (a token bucket
+    in its virtual-time form, GCRA): ``take(nbytes, now)`` counts bytes
+    handed out at ``now`` and says how long to wait before the next hand-out
+    so that, from any moment on, at most ``burst_seconds`` of the rate can
+    go ahead of it.  A reader that waits as told hands out at most ``rate *
+    t + burst`` bytes plus one batch in any ``t`` seconds; one that was idle
+    gets the burst at once, not the idle time's worth."""
+
+    def __init__(self, bytes_per_s: float, burst_seconds: float = 0.1):
+        assert bytes_per_s > 0 and burst_seconds >= 0
+        self.rate, self.burst_seconds = float(bytes_per_s), burst_seconds
+        self._tat: float | None = None   # the time at which everything taken so far is paid for
+
+    def take(self, nbytes: int, now: float) -> float:
+        tat = now if self._tat is None else max(self._tat, now)
+        self._tat = tat + nbytes / self.rate
+        return max(0.0, self._tat - now - self.burst_seconds)
+
+
+__all__ = ["ReadPacer", "RecoveryClock", "WriterClock", "WriterTick"]

@@ -6,6 +6,7 @@ across fragment rolls and take-overs' no-ops; a record rotted on every
 replica is never returned; bad arguments; the read-ahead bound."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 from array import array
 
@@ -342,6 +343,37 @@ def test_read_batch_keeps_to_the_read_ahead_bytes(shared):
             await r.close()
 
     run(go())
+
+
+def test_a_reader_keeps_to_its_read_rate(shared):
+    """``max_read_bytes_per_s``: 200 records of 1,000 bytes read at 400 kB/s
+    (a burst of 40 kB) in batches of at most 20 records take at least
+    (200 - 40 - 20) kB / 400 kB/s = 0.35 s (unbounded, a few ms here), and
+    come back exactly; the blocking reader takes the bound too; a bound that
+    is no rate is refused."""
+    name = sname()
+    payloads = [bytes([i % 251]) * 1000 for i in range(200)]
+
+    async def go():
+        async with AsyncStreamClient(shared.endpoint, shared.cluster) as sc:
+            w = await sc.open_writer(name)
+            await w.append_many(payloads)
+            await w.close()
+            for bad in (-1, float("nan"), float("inf"), "1", None, True):
+                with pytest.raises(ValueError, match="max_read_bytes_per_s"):
+                    await sc.open_reader(name, max_read_bytes_per_s=bad)
+            r = await sc.open_reader(name, max_read_bytes_per_s=400_000)
+            loop = asyncio.get_running_loop()
+            t0, got = loop.time(), []
+            while len(got) < 200:
+                got.extend(await r.read_batch(20, timeout=10))
+            elapsed = loop.time() - t0
+            await r.close()
+            assert got == payloads and elapsed >= 0.35
+    run(go())
+    with StreamClient(shared.endpoint, shared.cluster) as sc:
+        with sc.open_reader(name, max_read_bytes_per_s=1_000_000) as r:
+            assert r.aio._pacer.rate == 1_000_000 and r.read(5, timeout=5)[0].payload == payloads[0]
 
 
 def test_a_record_rotted_on_every_replica_is_never_returned(own):

@@ -100,3 +100,42 @@ def test_recovery_speculates_after_reads_stay_quiet():
     core.single_reads = 0
     clock.after_ready(0.2)
     assert clock.next_deadline() is None
+
+
+# -- a reader's rate bound (ReadPacer) ---------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from stream.timers import ReadPacer  # noqa: E402
+
+
+def test_a_pacer_spaces_hand_outs_at_its_rate_after_a_burst():
+    p = ReadPacer(1000, burst_seconds=0.1)   # 1,000 bytes/s, 100 bytes of burst
+    assert p.take(100, now=0.0) == 0.0         # the burst: no wait
+    assert p.take(100, now=0.0) == pytest.approx(0.1)
+    assert p.take(500, now=0.1) == pytest.approx(0.5)   # paid for until 0.7: 0.6 on, less the burst
+    assert p.take(0, now=10.0) == 0.0           # idle: the burst again, not ten seconds' worth
+    assert p.take(300, now=10.0) == pytest.approx(0.2)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.floats(100, 1e9), st.floats(0, 1), st.lists(st.tuples(st.integers(0, 10**7), st.floats(0, 2)),
+                                                         min_size=1, max_size=40))
+def test_a_reader_that_waits_as_told_keeps_to_the_rate_in_every_window(rate, burst, steps):
+    """Hand-outs of any sizes, each at least the pacer's wait after the one
+    before (and any idle time more): over every window [t_i, t_j], the bytes
+    handed out at t_i..t_j are at most rate * (t_j - t_i) + the burst + the
+    last hand-out's bytes."""
+    p = ReadPacer(rate, burst_seconds=burst)
+    now, wait, log = 0.0, 0.0, []
+    for nbytes, idle in steps:
+        now += wait + idle
+        log.append((now, nbytes))
+        wait = p.take(nbytes, now)
+        assert wait >= 0
+    for i in range(len(log)):
+        total = 0
+        for j in range(i, len(log)):
+            total += log[j][1]
+            assert total <= rate * (log[j][0] - log[i][0]) + rate * burst + log[j][1] + 1e-6 * total + 1e-6
