@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pragma: no cover
 READ_AHEAD_BYTES = 32 << 20
 READ_AHEAD_CHUNKS = 4
 MAX_CHUNK_ENTRIES = 32_768
+PACED_CHUNK_SECONDS = 0.01   # a reader with a rate bound reads in chunks of this much of its rate
 READ_NEXT_BATCH = 1000       # records ``next`` makes at once
 PROBE_ENTRIES = 16           # a reader's first fetch, before it knows the entry size
 
@@ -60,12 +61,14 @@ class AsyncStreamReader:
     held in the frames the bookies sent, no object per record; ``read``
     and ``next`` make a ``Record`` of each from it.
 
-    ``max_read_bytes_per_s`` (0: none) bounds the payload bytes it hands
-    out, and so what it reads from the bookies (its read-ahead refills only
-    as records leave): a reader far behind, catching up beside writers
-    that share its machine's cores or its bookies, takes at most that
-    rate (with a burst of a tenth of a second's worth; ``timers.ReadPacer``).
-    A read waits its turn before it takes records."""
+    ``max_read_bytes_per_s`` (0: none) bounds the rate at which it reads
+    from the bookies, and so hands out records: a reader far behind,
+    catching up beside writers that share its machine's cores or its
+    bookies, takes at most that rate (with a burst of a tenth of a second's
+    worth; ``timers.ReadPacer``).  Each range read starts at its turn, in
+    chunks of PACED_CHUNK_SECONDS of the rate, so the bookies serve it
+    evenly (pacing the records handed out instead let a read-ahead's worth
+    through at full speed at a time: twice the writer's p99 beside it)."""
 
     def __init__(self, client: AsyncStreamClient, name: str, handle: LedgerHandle, *, poll_timeout: float = 0.5,
                  read_ahead_bytes: int = READ_AHEAD_BYTES, spread: bool = False, max_read_bytes_per_s: float = 0):
@@ -75,7 +78,7 @@ class AsyncStreamReader:
         self.poll_timeout = poll_timeout
         self.read_ahead_bytes = read_ahead_bytes
         self._pacer = ReadPacer(max_read_bytes_per_s) if max_read_bytes_per_s else None
-        self._paced_until = 0.0   # (loop time) the next hand-out's turn, with a pacer
+        self._paced_until = 0.0   # (loop time) the next read's turn, with a pacer
         self.spread = spread    # Qw = E: chunks taken from the bookies in turn (else one bookie per reader)
         self._next = 0          # the next entry id to read
         self._latest = False    # a seek to LATEST, resolved on the next read
@@ -163,16 +166,15 @@ class AsyncStreamReader:
         ``read_ahead_bytes`` (at the last mean entry size; a first read
         probes PROBE_ENTRIES, then fetches that much): a batch of large
         records is bounded in bytes too, not only by ``max_records``.
-        With ``max_read_bytes_per_s``, a read first waits its turn (a wait
-        ``timeout`` does not bound: it is the rate's, not the LAC's).
+        With ``max_read_bytes_per_s``, a read that fetches records waits
+        for the fetch's turn (a wait ``timeout`` does not bound: it is the
+        rate's, not the LAC's).
         Raises ValueError for a ``max_records`` below 1 or a negative
         ``timeout``."""
         _check_read_args(max_records, timeout)
         if self._rpos < len(self._recs):
             return RecordBatch.of_records(self._take_made(max_records))
         loop = asyncio.get_running_loop()
-        if self._pacer is not None and self._paced_until > loop.time():
-            await asyncio.sleep(self._paced_until - loop.time())   # (the rate bound: its turn)
         out = self._take(max_records)
         parts, count = [out], len(out)
         if not count and self._latest:
@@ -206,11 +208,7 @@ class AsyncStreamReader:
             parts.append(more)
             count += len(more)
         self._read_ahead()
-        out = RecordBatch.join(parts)
-        if self._pacer is not None and out:
-            now = loop.time()
-            self._paced_until = now + self._pacer.take(out.payload_bytes, now)
-        return out
+        return RecordBatch.join(parts)
 
     def _keep(self, batch: RecordBatch, last: int) -> None:
         """A chunk read, up to entry ``last``: its records (no-ops left out)
@@ -230,9 +228,12 @@ class AsyncStreamReader:
 
     def _chunk_entries(self) -> int:
         """Entries per read-ahead chunk: a READ_AHEAD_CHUNKS-th of the
-        read-ahead bytes at the last mean entry size."""
-        per = self.read_ahead_bytes // READ_AHEAD_CHUNKS // self._entry_bytes
-        return max(1, min(MAX_CHUNK_ENTRIES, per))
+        read-ahead bytes at the last mean entry size; with a rate bound, at
+        most PACED_CHUNK_SECONDS of the rate."""
+        nbytes = self.read_ahead_bytes // READ_AHEAD_CHUNKS
+        if self._pacer is not None:
+            nbytes = min(nbytes, int(self._pacer.rate * PACED_CHUNK_SECONDS))
+        return max(1, min(MAX_CHUNK_ENTRIES, nbytes // self._entry_bytes))
 
     async def _fetch(self, last: int) -> tuple[RecordBatch, int]:
         """The records from ``_next`` to at most ``last`` (fewer or more if a
@@ -242,12 +243,30 @@ class AsyncStreamReader:
                 _, ahead_last, t = self._aheads.popleft()
                 return await t, ahead_last
             self._drop_ahead()
-            return await self.handle.read_records(self._next, last, rotation=self._rotation()), last
+            return await self._read(self._next, last), last
         except (err.ReadFailed, err.EntryMissing) as e:
             meta = await self.handle.refresh_metadata()
             if self._next < meta.trimmed_before:
                 raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
             raise
+
+    def _read(self, first: int, last: int):
+        """``read_records(first..last)``, with a rate bound started at its
+        turn: the reads themselves keep to the rate, chunk by chunk, so the
+        bookies serve a bounded reader evenly rather than a read-ahead's
+        worth at full speed at a time."""
+        rotation = self._rotation()
+        if self._pacer is None:
+            return self.handle.read_records(first, last, rotation=rotation)
+        now = asyncio.get_running_loop().time()
+        start = max(now, self._paced_until)
+        self._paced_until = start + self._pacer.take((last - first + 1) * self._entry_bytes, start)
+        return self._read_at(start - now, first, last, rotation)
+
+    async def _read_at(self, delay: float, first: int, last: int, rotation: int) -> RecordBatch:
+        if delay > 0:
+            await asyncio.sleep(delay)
+        return await self.handle.read_records(first, last, rotation=rotation)
 
     def _rotation(self) -> int:
         self._chunks += 1
@@ -267,7 +286,7 @@ class AsyncStreamReader:
             last = min(self._covered, start + chunk - 1)
             if buffered + (last - start + 1) * per > self.read_ahead_bytes:
                 return
-            t = asyncio.ensure_future(self.handle.read_records(start, last, rotation=self._rotation()))
+            t = asyncio.ensure_future(self._read(start, last))
             t.add_done_callback(_retrieve)  # an unused read-ahead's failure is nobody's error
             aheads.append((start, last, t))
             buffered += (last - start + 1) * per
