@@ -316,6 +316,16 @@ def test_read_batch_rejects_bad_arguments_with_value_errors(shared):
     run(go())
 
 
+_THOUSANDS = [bytes([i % 251]) * 1000 for i in range(200)]
+
+
+async def _written(sc: AsyncStreamClient, name: str, payloads: list[bytes]) -> None:
+    """A new stream ``name`` holding ``payloads``, its writer closed."""
+    w = await sc.open_writer(name)
+    await w.append_many(payloads)
+    await w.close()
+
+
 def test_read_batch_keeps_to_the_read_ahead_bytes(shared):
     """A catch-up of 1,000-byte records with ``read_ahead_bytes=4000``: the
     first batch is the probe, every later one at most twice the bound in
@@ -323,13 +333,11 @@ def test_read_batch_keeps_to_the_read_ahead_bytes(shared):
     from stream.stream_reader import PROBE_ENTRIES
 
     name = sname()
-    payloads = [bytes([i % 251]) * 1000 for i in range(200)]
+    payloads = _THOUSANDS
 
     async def go():
         async with AsyncStreamClient(shared.endpoint, shared.cluster) as sc:
-            w = await sc.open_writer(name)
-            await w.append_many(payloads)
-            await w.close()
+            await _written(sc, name, payloads)
             r = await sc.open_reader(name, read_ahead_bytes=4000)
             batches, most = [], 0
             while sum(map(len, batches)) < 200:
@@ -347,18 +355,18 @@ def test_read_batch_keeps_to_the_read_ahead_bytes(shared):
 
 def test_a_reader_keeps_to_its_read_rate(shared):
     """``max_read_bytes_per_s``: 200 records of 1,000 bytes read at 400 kB/s
-    (a burst of 40 kB) in batches of at most 20 records take at least
-    (200 - 40 - 20) kB / 400 kB/s = 0.35 s (unbounded, a few ms here), and
-    come back exactly; the blocking reader takes the bound too; a bound that
-    is no rate is refused."""
+    take at least (200 - 40 - 16 - 4) kB / 400 kB/s = 0.35 s (the burst is
+    40 kB; a reader's first read, a probe of 16 entries of a size not known
+    yet, counts nothing; the last chunk, 10 ms of the rate, need not wait
+    for itself; unbounded, a few ms here), and come back exactly; the
+    blocking reader takes the bound too; a bound that is no rate is
+    refused."""
     name = sname()
-    payloads = [bytes([i % 251]) * 1000 for i in range(200)]
+    payloads = _THOUSANDS
 
     async def go():
         async with AsyncStreamClient(shared.endpoint, shared.cluster) as sc:
-            w = await sc.open_writer(name)
-            await w.append_many(payloads)
-            await w.close()
+            await _written(sc, name, payloads)
             for bad in (-1, float("nan"), float("inf"), "1", None, True):
                 with pytest.raises(ValueError, match="max_read_bytes_per_s"):
                     await sc.open_reader(name, max_read_bytes_per_s=bad)
