@@ -158,7 +158,6 @@ def serialize_range_response(resp) -> bytes:
     return resp if type(resp) is bytes else resp.SerializeToString()
 
 
-
 class RangeFrame:
     """A ``ReadRangeResponse`` (proto/bookie.proto) as ``decode_range_frame``
     reads it: the same attributes, ``entries`` a view into the message;

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import TYPE_CHECKING, AsyncIterator
+from typing import TYPE_CHECKING, AsyncIterator, Awaitable
 
 from stream import errors as err
 from stream.ledger import LedgerHandle
@@ -174,11 +174,11 @@ class AsyncStreamReader:
         _check_read_args(max_records, timeout)
         if self._rpos < len(self._recs):
             return RecordBatch.of_records(self._take_made(max_records))
-        loop = asyncio.get_running_loop()
         out = self._take(max_records)
         parts, count = [out], len(out)
         if not count and self._latest:
             self._resolve_latest(await self.handle.read_last_add_confirmed())
+        loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         probed = False  # the last fetch was a first read's probe: the size is known now
         while count < max_records:
@@ -250,7 +250,7 @@ class AsyncStreamReader:
                 raise err.PositionTrimmed(self.name, Position(self._next), meta.trimmed_before) from e
             raise
 
-    def _read(self, first: int, last: int):
+    def _read(self, first: int, last: int) -> Awaitable[RecordBatch]:
         """``read_records(first..last)``, with a rate bound started at its
         turn: the reads themselves keep to the rate, chunk by chunk, so the
         bookies serve a bounded reader evenly rather than a read-ahead's

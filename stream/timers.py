@@ -22,8 +22,8 @@ entries read from one bookie (spread reads) are asked of the rest of their
 write sets once no read answer came for ``speculative_timeout``.
 
 :class:`ReadPacer` (beside a stream reader with ``max_read_bytes_per_s``):
-how long a reader waits before handing out more records, so that what it
-hands out, and so what it reads ahead, stays within a rate.
+when a reader's next range read may start, so that what it reads stays
+within a rate.
 """
 from __future__ import annotations
 
@@ -159,13 +159,13 @@ class RecoveryClock:
 
 
 class ReadPacer:
-    """A rate bound on the payload bytes a reader hands out (a token bucket
-    in its virtual-time form, GCRA): ``take(nbytes, now)`` counts bytes
-    handed out at ``now`` and says how long to wait before the next hand-out
-    so that, from any moment on, at most ``burst_seconds`` of the rate can
-    go ahead of it.  A reader that waits as told hands out at most ``rate *
-    t + burst`` bytes plus one batch in any ``t`` seconds; one that was idle
-    gets the burst at once, not the idle time's worth."""
+    """A rate bound on the bytes a reader reads (a token bucket in its
+    virtual-time form, GCRA): ``take(nbytes, now)`` counts a read of
+    ``nbytes`` started at ``now`` and says how long to wait before the next
+    may start, so that at most ``burst_seconds`` of the rate ever goes ahead
+    of it.  A reader that waits as told starts reads of at most ``rate * t
+    + burst`` bytes plus the last read's in any ``t`` seconds; one that was
+    idle gets the burst at once, not the idle time's worth."""
 
     def __init__(self, bytes_per_s: float, burst_seconds: float = 0.1):
         assert bytes_per_s > 0 and burst_seconds >= 0

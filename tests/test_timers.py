@@ -110,7 +110,7 @@ from hypothesis import strategies as st  # noqa: E402
 from stream.timers import ReadPacer  # noqa: E402
 
 
-def test_a_pacer_spaces_hand_outs_at_its_rate_after_a_burst():
+def test_a_pacer_spaces_reads_at_its_rate_after_a_burst():
     p = ReadPacer(1000, burst_seconds=0.1)   # 1,000 bytes/s, 100 bytes of burst
     assert p.take(100, now=0.0) == 0.0         # the burst: no wait
     assert p.take(100, now=0.0) == pytest.approx(0.1)
@@ -123,10 +123,10 @@ def test_a_pacer_spaces_hand_outs_at_its_rate_after_a_burst():
 @given(st.floats(100, 1e9), st.floats(0, 1), st.lists(st.tuples(st.integers(0, 10**7), st.floats(0, 2)),
                                                          min_size=1, max_size=40))
 def test_a_reader_that_waits_as_told_keeps_to_the_rate_in_every_window(rate, burst, steps):
-    """Hand-outs of any sizes, each at least the pacer's wait after the one
-    before (and any idle time more): over every window [t_i, t_j], the bytes
-    handed out at t_i..t_j are at most rate * (t_j - t_i) + the burst + the
-    last hand-out's bytes."""
+    """Reads of any sizes, each started at least the pacer's wait after the
+    one before (and any idle time more): over every window [t_i, t_j], the
+    bytes of the reads started at t_i..t_j are at most rate * (t_j - t_i) +
+    the burst + the last read's bytes."""
     p = ReadPacer(rate, burst_seconds=burst)
     now, wait, log = 0.0, 0.0, []
     for nbytes, idle in steps:
