@@ -428,8 +428,8 @@ def decode_all(buf: bytes | memoryview, *, check: bool = True) -> list[Entry]:
     return [decode(buf, offset=h.offset, check=check) for h in iter_headers(buf)]
 
 
-def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
-                  stop: int | None = None) -> list[Entry]:
+def _decode_sparse_py(buf: bytes | memoryview, ledger_id: int, after: int, start: int = 0,
+                      stop: int | None = None) -> list[Entry]:
     """``decode_run`` for a sparse range read's frame (a striped reader's
     share, or any range read): the records in ``buf[start:stop]``, of
     ``ledger_id``, with ascending ids above ``after``, gaps allowed;
@@ -437,11 +437,14 @@ def decode_sparse(buf: bytes | memoryview, ledger_id: int, after: int, start: in
     reader's hot path: per record one header unpack, one CRC call, one
     slice, one tuple.  The header's fields are covered by the checksum, so
     only the lengths, the ledger and the order are checked besides it.
-    Raises MalformedEntry / ChecksumMismatch like ``decode``."""
+    Raises MalformedEntry / ChecksumMismatch like ``decode``.
+
+    ``decode_sparse`` is this walk in C (bookie/_records.c) where it was
+    built, as ``sparse_runs``."""
     unpack, checksum, mv, new = ENTRY_HEADER.unpack_from, crc32, memoryview(buf), tuple.__new__
     out: list[Entry] = []
     append = out.append
-    off, n = start, len(buf) if stop is None else stop
+    off, n = start, len(buf) if stop is None else min(stop, len(buf))
     while off < n:
         if n - off < HEADER_SIZE:
             raise MalformedEntry("truncated entry header")
@@ -534,13 +537,14 @@ def _native_walk():
         from bookie import _records
     except ImportError:   # (not built: no compiler where it was installed)
         return None
-    _records.bind(MalformedEntry, ChecksumMismatch)
+    _records.bind(MalformedEntry, ChecksumMismatch, Entry)
     return _records
 
 
 _NATIVE = _native_walk()
-NATIVE = _NATIVE is not None   # whether the reader's walk runs in C
+NATIVE = _NATIVE is not None   # whether the reader's walks run in C
 sparse_runs = _NATIVE.sparse_runs if NATIVE else _sparse_runs_py
+decode_sparse = _NATIVE.decode_sparse if NATIVE else _decode_sparse_py
 
 
 def _last_id(run: tuple[int, array], steps: tuple[int, ...]) -> int:

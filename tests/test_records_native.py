@@ -20,7 +20,7 @@ from bookie import entry as E
 
 LID = 7
 
-_records.bind(E.MalformedEntry, E.ChecksumMismatch)   # (as bookie.entry binds it, but for BOOKSTREAM_PURE_PYTHON)
+_records.bind(E.MalformedEntry, E.ChecksumMismatch, E.Entry)   # (as bookie.entry does, but for BOOKSTREAM_PURE_PYTHON)
 
 
 @pytest.mark.skipif(os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"),
@@ -28,7 +28,7 @@ _records.bind(E.MalformedEntry, E.ChecksumMismatch)   # (as bookie.entry binds i
 def test_the_native_walk_is_built_and_used():
     """The test environment has a compiler: a build that silently fell back
     to the Python walk would leave the reader's speed-up untested."""
-    assert E.NATIVE and E.sparse_runs is _records.sparse_runs
+    assert E.NATIVE and E.sparse_runs is _records.sparse_runs and E.decode_sparse is _records.decode_sparse
     assert _records.CRC in ("vpclmul", "pclmul", "slicing-by-8")
 
 
@@ -104,6 +104,15 @@ def _outcome(fn, *args):
     return [(eid, offs.typecode, offs.tolist()) for eid, offs in runs], noops
 
 
+def _decoded(fn, *args):
+    try:
+        entries = fn(*args)
+    except (E.MalformedEntry, E.ChecksumMismatch) as e:
+        return type(e), str(e), getattr(e, "entry_id", None)
+    assert all(type(e) is E.Entry for e in entries)
+    return [(*e[:2], type(e.payload), bytes(e.payload), *e[3:]) for e in entries]
+
+
 def _record(lid: int, eid: int, payload: bytes, flags: int) -> bytes:
     """An entry record; with the truncate flag alone (which ``encode``
     refuses on an entry that is no no-op), re-flagged and re-checksummed:
@@ -135,7 +144,8 @@ def test_the_c_walk_is_the_python_walk(recs, first, after, flip, cut, pad, tail,
     other ledgers' records, padded before ``start`` and after ``stop`` (or
     ``stop`` past the buffer), a byte flipped, the end cut, steps of every
     shape, ledger ids no record can carry: the same runs (ids, offsets),
-    no-ops, or error and message."""
+    no-ops, or error and message; and decode_sparse's entries (payloads
+    bytes of a bytes frame, views of a memoryview) or error and message."""
     eid, parts = first, []
     for gap, size, flags, lid in recs:
         eid += gap
@@ -150,6 +160,7 @@ def test_the_c_walk_is_the_python_walk(recs, first, after, flip, cut, pad, tail,
     for args in [(buf, ledger, after, start, stop, step), (memoryview(buf), ledger, after, start, stop, step),
                  (bytes(body), ledger, after, 0, None, step)]:
         assert _outcome(_records.sparse_runs, *args) == _outcome(E._sparse_runs_py, *args)
+        assert _decoded(_records.decode_sparse, *args[:5]) == _decoded(E._decode_sparse_py, *args[:5])
 
 
 def test_a_stop_past_the_buffer_is_its_end_and_a_cut_header_is_named():
@@ -164,6 +175,18 @@ def test_a_stop_past_the_buffer_is_its_end_and_a_cut_header_is_named():
         with pytest.raises(E.ChecksumMismatch) as ei:
             fn(buf[:-1] + bytes([buf[-1] ^ 1]), LID, 0)
         assert (ei.value.ledger_id, ei.value.entry_id) == (LID, 2)
+
+
+def test_decode_sparse_makes_entries_as_the_python_walk_does():
+    buf = b"".join(E.encode(LID, i, b"" if i == 3 else b"p%d" % i, term=2, lac=i - 1, lafr=i - 2, origin=1,
+                            data_flags=E.FLAG_NOOP if i == 3 else 0) for i in range(1, 6))
+    for fn in (_records.decode_sparse, E._decode_sparse_py):
+        got = fn(buf, LID, 0)
+        assert [type(e) for e in got] == [E.Entry] * 5 and got[2].is_noop and not got[1].is_noop
+        assert [(e.entry_id, e.payload, e.lac, e.lafr, e.origin) for e in got if not e.is_noop] == [
+            (i, b"p%d" % i, i - 1, i - 2, 1) for i in (1, 2, 4, 5)]
+    with pytest.raises(TypeError):
+        _records.bind(E.MalformedEntry, E.ChecksumMismatch, dict)
 
 
 def test_bad_arguments_are_refused():
