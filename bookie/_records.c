@@ -257,20 +257,107 @@ checksum_mismatch(uint64_t lid, int64_t eid)
     }
 }
 
-/* The ledger id a walk wants: ok = 0 where no record can carry it (a
- * negative or too large int), so that every record is another ledger's. */
+/* What both walks take: a frame (its buffer held until frame_release), the
+ * ledger its records must be of, the id they must all be above, and where
+ * in the buffer they lie ([start, stop), stop clamped to the buffer). */
+typedef struct {
+    Py_buffer view;
+    PyObject *ledger_obj;   /* as asked (for messages) */
+    uint64_t ledger_id;
+    int ledger_ok;          /* 0: an id no record can carry (negative, too large): every record is another's */
+    long long after;
+    Py_ssize_t start, stop;
+} Frame;
+
 static int
-wanted_ledger(PyObject *obj, uint64_t *id, int *ok)
+frame_open(Frame *f, PyObject *buf_obj, PyObject *ledger_obj, PyObject *after_obj, Py_ssize_t start,
+           PyObject *stop_obj)
 {
-    *id = PyLong_AsUnsignedLongLong(obj);
-    *ok = 1;
-    if (*id == (uint64_t)-1 && PyErr_Occurred()) {
+    f->ledger_obj = ledger_obj;
+    f->ledger_id = PyLong_AsUnsignedLongLong(ledger_obj);
+    f->ledger_ok = 1;
+    if (f->ledger_id == (uint64_t)-1 && PyErr_Occurred()) {
         if (!PyErr_ExceptionMatches(PyExc_OverflowError))
             return -1;
         PyErr_Clear();
-        *ok = 0;
+        f->ledger_ok = 0;
+    }
+    f->after = PyLong_AsLongLong(after_obj);
+    if (f->after == -1 && PyErr_Occurred())
+        return -1;
+    Py_ssize_t stop = PY_SSIZE_T_MAX;
+    if (stop_obj != Py_None && (stop = PyLong_AsSsize_t(stop_obj)) == -1 && PyErr_Occurred())
+        return -1;
+    if (start < 0) {
+        PyErr_SetString(PyExc_ValueError, "start < 0");
+        return -1;
+    }
+    if (PyObject_GetBuffer(buf_obj, &f->view, PyBUF_SIMPLE) < 0)
+        return -1;
+    f->start = start;
+    f->stop = stop < f->view.len ? stop : f->view.len;
+    return 0;
+}
+
+static void
+frame_release(Frame *f)
+{
+    PyBuffer_Release(&f->view);
+}
+
+/* One record's header fields and end. */
+typedef struct {
+    uint64_t lid, origin;
+    int64_t eid, lac, lafr;
+    uint16_t dflags;
+    Py_ssize_t end;
+} Record;
+
+/* The record at `off` (< f->stop): its header and payload within the
+ * frame, its checksum verified.  Raises MalformedEntry / ChecksumMismatch
+ * (-1), as bookie/entry.py's walks do. */
+static int
+record_at(const Frame *f, Py_ssize_t off, Record *r)
+{
+    if (f->stop - off < HEADER_SIZE) {
+        PyErr_SetString(MalformedEntry, "truncated entry header");
+        return -1;
+    }
+    const uint8_t *h = (const uint8_t *)f->view.buf + off;
+    uint32_t plen = le32(h), crc = le32(h + 4);
+    r->lid = le64(h + 18);
+    r->eid = (int64_t)le64(h + 26);
+    r->lac = (int64_t)le64(h + 34);
+    r->lafr = (int64_t)le64(h + 42);
+    r->dflags = le16(h + 50);
+    r->origin = le64(h + 52);
+    r->end = off + HEADER_SIZE + (Py_ssize_t)plen;
+    if (r->end > f->stop) {
+        PyErr_SetString(MalformedEntry, "truncated entry payload");
+        return -1;
+    }
+    if (crc32_zlib(0, h + CHECKSUM_START, (size_t)(r->end - off - CHECKSUM_START)) != crc) {
+        checksum_mismatch(r->lid, r->eid);
+        return -1;
     }
     return 0;
+}
+
+static inline int
+of_ledger(const Frame *f, const Record *r)
+{
+    return f->ledger_ok && r->lid == f->ledger_id;
+}
+
+/* The order rule: a record of the frame's ledger, above `after` (-1: raised). */
+static int
+in_order(const Frame *f, const Record *r, long long after)
+{
+    if (of_ledger(f, r) && r->eid > after)
+        return 0;
+    PyErr_Format(MalformedEntry, "got entry %llu:%lld, wanted %S:>%lld", (unsigned long long)r->lid,
+                 (long long)r->eid, f->ledger_obj, after);
+    return -1;
 }
 
 typedef struct {
@@ -361,104 +448,64 @@ sparse_runs(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "bookie._records: bind() was not called");
         return NULL;
     }
-    uint64_t ledger_id;
-    int ledger_ok;
-    if (wanted_ledger(ledger_obj, &ledger_id, &ledger_ok) < 0)
-        return NULL;
-    long long after = PyLong_AsLongLong(after_obj);
-    if (after == -1 && PyErr_Occurred())
-        return NULL;
     int64_t steps[MAX_STEPS];
     Py_ssize_t cyc = 1;
     steps[0] = 1;
     if (step_obj != NULL && as_steps(step_obj, steps, &cyc) < 0)
         return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_SIMPLE) < 0)
+    Frame f;
+    if (frame_open(&f, buf_obj, ledger_obj, after_obj, start, stop_obj) < 0)
         return NULL;
-    const uint8_t *b = view.buf;
-    Py_ssize_t len = view.len, n = len;
-    if (stop_obj != Py_None) {
-        if ((n = PyLong_AsSsize_t(stop_obj)) == -1 && PyErr_Occurred()) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        if (n > len)
-            n = len;
-    }
-    if (start < 0) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "start < 0");
-        return NULL;
-    }
+    long long after = f.after;
     PyObject *runs = PyList_New(0), *noops = PyList_New(0);
     Offsets offs = {NULL, 0, 0};
     int open = 0;
     int64_t nxt = -1, run_first = 0, run_last = 0;
-    Py_ssize_t off = start;
+    Py_ssize_t off = f.start;
+    Record r;
     if (runs == NULL || noops == NULL)
         goto fail;
-    while (off < n) {
-        if (len - off < HEADER_SIZE) {
-            PyErr_SetString(MalformedEntry, "truncated entry header");
+    while (off < f.stop) {
+        if (record_at(&f, off, &r) < 0)
             goto fail;
-        }
-        const uint8_t *h = b + off;
-        uint32_t plen = le32(h), crc = le32(h + 4);
-        uint64_t lid = le64(h + 18);
-        int64_t eid = (int64_t)le64(h + 26);
-        uint16_t dflags = le16(h + 50);
-        Py_ssize_t end = off + HEADER_SIZE + (Py_ssize_t)plen;
-        if (end > n) {   /* (also a header cut by `stop`: it ends past it) */
-            PyErr_SetString(MalformedEntry, "truncated entry");
-            goto fail;
-        }
-        if (crc32_zlib(0, h + CHECKSUM_START, (size_t)(end - off - CHECKSUM_START)) != crc) {
-            checksum_mismatch(lid, eid);
-            goto fail;
-        }
-        int same_ledger = ledger_ok && lid == ledger_id;
-        if (!open || eid != nxt || dflags || !same_ledger) {
+        if (!open || r.eid != nxt || r.dflags || !of_ledger(&f, &r)) {
             if (open) {   /* the open run ends where this record starts */
                 if (offsets_push(&offs, (uint64_t)off) < 0 || close_run(runs, run_first, &offs) < 0)
                     goto fail;
                 open = 0;
                 after = run_last;
             }
-            if (!same_ledger || eid <= after) {
-                PyErr_Format(MalformedEntry, "got entry %llu:%lld, wanted %S:>%lld", (unsigned long long)lid,
-                             (long long)eid, ledger_obj, after);
+            if (in_order(&f, &r, after) < 0)
                 goto fail;
-            }
-            after = eid;
-            if (dflags & FLAG_NOOP) {
-                PyObject *x = PyLong_FromLongLong(eid);
+            after = r.eid;
+            if (r.dflags & FLAG_NOOP) {
+                PyObject *x = PyLong_FromLongLong(r.eid);
                 if (x == NULL || PyList_Append(noops, x) < 0) {
                     Py_XDECREF(x);
                     goto fail;
                 }
                 Py_DECREF(x);
-                off = end;   /* (no run open: the next record starts one) */
+                off = r.end;   /* (no run open: the next record starts one) */
                 continue;
             }
             open = 1;
-            run_first = eid;
+            run_first = r.eid;
         }
         if (offsets_push(&offs, (uint64_t)off) < 0)
             goto fail;
-        run_last = eid;
-        int64_t s = steps[((eid % cyc) + cyc) % cyc];
-        nxt = (s > 0 && eid > INT64_MAX - s) ? -1 : eid + s;   /* (past the largest id: no record follows) */
-        off = end;
+        run_last = r.eid;
+        int64_t s = steps[((r.eid % cyc) + cyc) % cyc];
+        nxt = (s > 0 && r.eid > INT64_MAX - s) ? -1 : r.eid + s;   /* (past the largest id: no record follows) */
+        off = r.end;
     }
     if (open && (offsets_push(&offs, (uint64_t)off) < 0 || close_run(runs, run_first, &offs) < 0))
         goto fail;
     PyMem_Free(offs.v);
-    PyBuffer_Release(&view);
+    frame_release(&f);
     return Py_BuildValue("(NN)", runs, noops);
 fail:
     PyMem_Free(offs.v);
-    PyBuffer_Release(&view);
+    frame_release(&f);
     Py_XDECREF(runs);
     Py_XDECREF(noops);
     return NULL;
@@ -481,70 +528,29 @@ decode_sparse(PyObject *module, PyObject *args, PyObject *kwargs)
         PyErr_SetString(PyExc_RuntimeError, "bookie._records: bind() was not given Entry");
         return NULL;
     }
-    uint64_t ledger_id;
-    int ledger_ok;
-    if (wanted_ledger(ledger_obj, &ledger_id, &ledger_ok) < 0)
+    Frame f;
+    if (frame_open(&f, buf_obj, ledger_obj, after_obj, start, stop_obj) < 0)
         return NULL;
-    long long after = PyLong_AsLongLong(after_obj);
-    if (after == -1 && PyErr_Occurred())
-        return NULL;
-    if (start < 0) {
-        PyErr_SetString(PyExc_ValueError, "start < 0");
-        return NULL;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(buf_obj, &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    const uint8_t *b = view.buf;
-    Py_ssize_t n = view.len;
-    if (stop_obj != Py_None) {
-        Py_ssize_t stop = PyLong_AsSsize_t(stop_obj);
-        if (stop == -1 && PyErr_Occurred()) {
-            PyBuffer_Release(&view);
-            return NULL;
-        }
-        if (stop < n)
-            n = stop;
-    }
+    long long after = f.after;
     int slice_bytes = PyBytes_CheckExact(buf_obj);   /* payloads: bytes of a bytes buf, else buf's own slices */
+    Record r;
     PyObject *out = PyList_New(0);
     if (out == NULL)
         goto fail;
-    for (Py_ssize_t off = start; off < n;) {
-        if (n - off < HEADER_SIZE) {
-            PyErr_SetString(MalformedEntry, "truncated entry header");
+    for (Py_ssize_t off = f.start; off < f.stop; off = r.end) {
+        if (record_at(&f, off, &r) < 0 || in_order(&f, &r, after) < 0)
             goto fail;
-        }
-        const uint8_t *h = b + off;
-        uint32_t plen = le32(h), crc = le32(h + 4);
-        uint64_t lid = le64(h + 18), origin = le64(h + 52);
-        int64_t eid = (int64_t)le64(h + 26), lac = (int64_t)le64(h + 34), lafr = (int64_t)le64(h + 42);
-        uint16_t dflags = le16(h + 50);
-        Py_ssize_t end = off + HEADER_SIZE + (Py_ssize_t)plen;
-        if (end > n) {
-            PyErr_SetString(MalformedEntry, "truncated entry payload");
-            goto fail;
-        }
-        if (crc32_zlib(0, h + CHECKSUM_START, (size_t)(end - off - CHECKSUM_START)) != crc) {
-            checksum_mismatch(lid, eid);
-            goto fail;
-        }
-        if (!(ledger_ok && lid == ledger_id) || eid <= after) {
-            PyErr_Format(MalformedEntry, "got entry %llu:%lld, wanted %S:>%lld", (unsigned long long)lid,
-                         (long long)eid, ledger_obj, after);
-            goto fail;
-        }
         PyObject *payload = slice_bytes
-            ? PyBytes_FromStringAndSize((const char *)h + HEADER_SIZE, (Py_ssize_t)plen)
-            : PySequence_GetSlice(buf_obj, off + HEADER_SIZE, end);
+            ? PyBytes_FromStringAndSize((const char *)f.view.buf + off + HEADER_SIZE, r.end - off - HEADER_SIZE)
+            : PySequence_GetSlice(buf_obj, off + HEADER_SIZE, r.end);
         PyObject *e = payload == NULL ? NULL : EntryType->tp_alloc(EntryType, 7);
         if (e == NULL) {
             Py_XDECREF(payload);
             goto fail;
         }
-        PyObject *fields[7] = {PyLong_FromUnsignedLongLong(lid), PyLong_FromLongLong(eid), payload,
-                               PyLong_FromLongLong(lac), PyLong_FromLongLong(lafr), PyLong_FromLong(dflags),
-                               PyLong_FromUnsignedLongLong(origin)};
+        PyObject *fields[7] = {PyLong_FromUnsignedLongLong(r.lid), PyLong_FromLongLong(r.eid), payload,
+                               PyLong_FromLongLong(r.lac), PyLong_FromLongLong(r.lafr), PyLong_FromLong(r.dflags),
+                               PyLong_FromUnsignedLongLong(r.origin)};
         int bad = 0;
         for (int k = 0; k < 7; k++) {
             bad |= fields[k] == NULL;
@@ -555,13 +561,12 @@ decode_sparse(PyObject *module, PyObject *args, PyObject *kwargs)
             goto fail;
         }
         Py_DECREF(e);
-        after = eid;
-        off = end;
+        after = r.eid;
     }
-    PyBuffer_Release(&view);
+    frame_release(&f);
     return out;
 fail:
-    PyBuffer_Release(&view);
+    frame_release(&f);
     Py_XDECREF(out);
     return NULL;
 }

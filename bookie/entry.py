@@ -496,13 +496,12 @@ def _sparse_runs_py(buf: bytes | memoryview, ledger_id: int, after: int, start: 
     off, n = start, len(buf) if stop is None else min(stop, len(buf))
     nxt, add_off = -1, None   # the next id of the open run, its offsets' append
     while off < n:
-        try:
-            plen, crc, lid, eid, dflags = unpack(buf, off)
-        except struct.error:
-            raise MalformedEntry("truncated entry header") from None
+        if n - off < HEADER_SIZE:
+            raise MalformedEntry("truncated entry header")
+        plen, crc, lid, eid, dflags = unpack(buf, off)
         end = off + HEADER_SIZE + plen
-        if end > n:   # (also a header cut by `stop`: it ends past it)
-            raise MalformedEntry("truncated entry")
+        if end > n:
+            raise MalformedEntry("truncated entry payload")
         if checksum(mv[off + CHECKSUM_START:end]) != crc:
             raise ChecksumMismatch(lid, eid)
         if eid != nxt or dflags or lid != ledger_id:   # (the run's next id, no flag: eid > after already)
