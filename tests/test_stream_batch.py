@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from array import array
 
 import pytest
 from hypothesis import given, settings
