@@ -71,8 +71,10 @@ def test_bookie_and_client_metrics_after_real_adds(etcd_server, tmp_path, cluste
             assert total(f, "bookstream_bookie_add_latency_seconds_count") >= 2
             assert total(f, "bookstream_bookie_journal_group_commit_bytes_count") >= 1
             assert total(f, "bookstream_bookie_journal_fdatasync_seconds_count") >= 1
-            assert total(f, "bookstream_bookie_fence_requests_total") >= 1
             assert "bookstream_bookie_journal_queue_bytes" in f
+        # recovery goes on once its fencing reads cover the ack quorum (E - Qa + 1 = 1
+        # bookie here) and the client's close may cancel the rest: only one fence is certain
+        assert sum(total(f, "bookstream_bookie_fence_requests_total") for f in found) >= 1
         assert sum(total(f, "bookstream_bookie_read_entries_total") for f in found) >= 30
         assert sum(total(f, "bookstream_bookie_read_bytes_total") for f in found) >= 30 * (60 + 100)  # records
         assert sum(total(f, "bookstream_bookie_read_latency_seconds_count") for f in found) >= 1
