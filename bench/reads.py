@@ -199,24 +199,27 @@ def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int =
 
 async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str, tag, seconds: float,
                                   rate: float, say=print, reader_nice: int = 0, api: str = "batch",
-                                  reader_rate_mb: float = 0) -> dict:
-    """Step 2 of the module doc."""
+                                  reader_rate_mb: float = 0, alone: dict | None = None) -> dict:
+    """Step 2 of the module doc (``alone``: an open loop alone already run)."""
     from bench import single
 
-    alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
-    say(f"alone: {single.open_loop_line(alone)}")
+    if alone is None:
+        alone = await single.stream_open_loop(sc, f"reads-open-alone-{tag}", 1024, seconds, rate)
+        say(f"alone: {single.open_loop_line(alone)}")
     reader = start_reader(etcd, cluster, read_stream, seconds * 2 + 30, reader_nice, api, reader_rate_mb)
     try:
         line = await asyncio.get_running_loop().run_in_executor(None, reader.stdout.readline)  # "started"
         if not line.startswith("started"):
             raise RuntimeError(f"the catch-up reader did not start: {line!r}")
-        beside = await single.stream_open_loop(sc, f"reads-open-beside-{tag}", 1024, seconds, rate)
+        beside = await single.stream_open_loop(sc, f"reads-open-beside-{tag}-{reader_rate_mb:g}", 1024, seconds, rate)
     finally:
         reader.terminate()
         out, _ = await asyncio.get_running_loop().run_in_executor(None, reader.communicate)
     got = json.loads(out.strip().splitlines()[-1]) if out.strip() else {}
-    say(f"beside a catch-up reader ({got.get('mb_per_s', 0):.0f} MB/s meanwhile): {single.open_loop_line(beside)}")
-    return {"alone": alone, "beside_reader": beside, "reader": got,
+    bound = f", bounded at {reader_rate_mb:g} MB/s" if reader_rate_mb else ""
+    say(f"beside a catch-up reader ({got.get('mb_per_s', 0):.0f} MB/s meanwhile{bound}): "
+        f"{single.open_loop_line(beside)}")
+    return {"alone": alone, "beside_reader": beside, "reader": got, "reader_rate_mb": reader_rate_mb,
             "p99_ratio": beside["p99_ms"] / alone["p99_ms"] if alone["p99_ms"] else None}
 
 
@@ -334,9 +337,14 @@ def phase_reads(base: Path, p: dict, say) -> dict:
             if p["open_loop_rate"]:
                 ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
-                out["open_loop"] = await open_loop_beside_reader(
+                out["open_loop"] = ol = await open_loop_beside_reader(
                     sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, p["seconds"], p["open_loop_rate"],
                     say=say, api=p["read_api"])
+                if p["reads_reader_rate_mb"]:  # what an operator can do about it: the reader's rate bound
+                    out["open_loop_bounded"] = await open_loop_beside_reader(
+                        sc, cluster.etcd_endpoint, cluster.cluster, big["stream"], tag, p["seconds"],
+                        p["open_loop_rate"], say=say, api=p["read_api"], reader_rate_mb=p["reads_reader_rate_mb"],
+                        alone=ol["alone"])
 
     try:
         asyncio.run(go())
@@ -362,12 +370,14 @@ def add_figures(rd: dict, add, _ref, _stalls) -> None:
             r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
             mb_per_s=r["mb_per_s"], entry_bytes=r["entry_bytes"], ensemble=r["ensemble"],
             write_quorum=r["write_quorum"])
-    ol = rd.get("open_loop")
-    if ol:
+    for key, ol in (("open_loop_p99_beside_reader", rd.get("open_loop")),
+                    ("open_loop_p99_beside_bounded_reader", rd.get("open_loop_bounded"))):
+        if not ol:
+            continue
         alone, beside = ol["alone"], ol["beside_reader"]
-        add("open_loop_p99_beside_reader", f"open loop p99 beside a catch-up reader "
-            f"({ol['reader'].get('mb_per_s', 0):.0f} MB/s), {beside['entry_bytes']} B at "
-            f"{beside['offered_per_s']:,.0f}/s", "ms", "lower", beside["p99_ms"],
+        bound = f", bounded at {ol['reader_rate_mb']:g} MB/s" if ol.get("reader_rate_mb") else ""
+        add(key, f"open loop p99 beside a catch-up reader ({ol['reader'].get('mb_per_s', 0):.0f} MB/s{bound}), "
+            f"{beside['entry_bytes']} B at {beside['offered_per_s']:,.0f}/s", "ms", "lower", beside["p99_ms"],
             {"alone": _ref(beside["p99_ms"], alone["p99_ms"], "the same open loop just before, no reader", unit="ms")},
             None, ms=beside["p99_ms"], p50_ms=beside["p50_ms"], p999_ms=beside["p999_ms"], reader=ol["reader"],
             stalls=_stalls(beside))

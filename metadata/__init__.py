@@ -3,7 +3,10 @@
 Modules:
 
 * :mod:`metadata.store` -- :class:`MetadataStore`, a typed interface over etcd
-  (CAS, transactions, paged ranges, watches, leases);
+  (CAS, transactions, paged ranges, watches, leases), with
+  :mod:`metadata.txn` (a transaction's conditions, operations, results),
+  :mod:`metadata.watch` (watches that resume) and :mod:`metadata.lease`
+  (leases, :class:`KeepAlive`);
 * :mod:`metadata.layout` -- the key layout (:class:`KeyLayout`) and name rules;
 * :mod:`metadata.ledgers` -- ledger metadata (:class:`LedgerMetadata`,
   :class:`LedgerStore`);

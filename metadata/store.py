@@ -16,6 +16,10 @@ Everything the rest of bookstream needs from etcd goes through
   back, and :meth:`wait_deleted`;
 * leases (:meth:`lease` -> :class:`Lease`) and a :class:`KeepAlive` thread.
 
+The values these take and give are in :mod:`metadata.txn`, the watches in
+:mod:`metadata.watch`, the leases in :mod:`metadata.lease` (each name is
+importable from here too).
+
 Keys are ``str`` (UTF-8 in etcd); values are ``bytes``.  Every etcd failure
 is translated into a :mod:`metadata.errors` type; connection problems all
 become :class:`~metadata.errors.MetadataUnavailable` (``retriable=True``).
@@ -29,18 +33,12 @@ descending ranges narrow.
 """
 from __future__ import annotations
 
-import dataclasses
-import enum
-import functools
 import logging
-import queue
 import threading
-import time
-from typing import Callable, Iterator, Sequence, Union
+from typing import Callable, Iterator, Sequence
 
 import etcd3
 import etcd3.etcdrpc as rpc
-import etcd3.events as etcd_events
 import etcd3.exceptions as etcd_exc
 from etcd3.client import EtcdTokenCallCredentials  # (the package's `etcd3.client` is a function)
 import grpc
@@ -55,7 +53,24 @@ from metadata.errors import (
     MetadataUnavailable,
     TxnConflict,
 )
+from metadata.lease import KeepAlive, Lease
 from metadata.tls import EtcdAuth, TlsFiles
+from metadata.txn import (  # (re-exported: the store's methods take and give them)
+    Compare,
+    Delete,
+    Get,
+    Op,
+    Page,
+    Put,
+    TxnResult,
+    Versioned,
+    absent,
+    exists,
+    key_bytes,
+    mod_revision_is,
+    prefix_end,
+)
+from metadata.watch import EventType, Watch, WatchEvent, WatchStream
 
 _log = logging.getLogger(__name__)
 
@@ -70,10 +85,6 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
-# A watch broken by etcd going away is re-created after this many seconds,
-# doubling up to the maximum (about gRPC's own reconnect backoff above).
-WATCH_RESUME_BACKOFF = 0.05
-WATCH_RESUME_BACKOFF_MAX = 1.0
 # etcd's answers to a request without valid credentials (auth on): a typed AuthenticationFailed
 _AUTH_REFUSALS = ("user name is empty", "authentication failed", "invalid auth token", "permission denied",
                   "user name not found")
@@ -84,55 +95,6 @@ _UNAVAILABLE_CODES = {
 }
 
 
-# --------------------------------------------------------------------------
-# Values
-
-
-@dataclasses.dataclass(frozen=True)
-class Versioned:
-    """A value and its etcd versions.
-
-    ``mod_revision`` is the revision of the last write of the key (the value
-    to pass to :meth:`MetadataStore.cas`), ``create_revision`` the revision
-    that created it, ``version`` the number of writes since creation, and
-    ``lease`` the id of the lease it is attached to (0 for none).
-    """
-
-    value: bytes
-    mod_revision: int
-    create_revision: int
-    version: int
-    lease: int = 0
-
-    @classmethod
-    def _from_kv(cls, kv) -> "Versioned":
-        return cls(
-            value=bytes(kv.value),
-            mod_revision=kv.mod_revision,
-            create_revision=kv.create_revision,
-            version=kv.version,
-            lease=kv.lease,
-        )
-
-
-def prefix_end(prefix: bytes) -> bytes:
-    """The smallest key greater than every key starting with ``prefix``
-    (etcd's ``range_end`` for a prefix; ``b"\\0"`` means "to the end")."""
-    assert isinstance(prefix, bytes) and prefix, "prefix must be non-empty bytes"
-    s = bytearray(prefix)
-    while s and s[-1] == 0xFF:
-        s.pop()
-    if not s:
-        return b"\0"
-    s[-1] += 1
-    return bytes(s)
-
-
-def _key_bytes(key: str) -> bytes:
-    assert isinstance(key, str) and key, f"key must be a non-empty str, got {key!r}"
-    return key.encode("utf-8")
-
-
 def _lease_id(lease: "Lease | int | None") -> int:
     if lease is None:
         return 0
@@ -140,517 +102,6 @@ def _lease_id(lease: "Lease | int | None") -> int:
         return lease.id
     assert isinstance(lease, int) and lease >= 0, f"bad lease {lease!r}"
     return lease
-
-
-# --------------------------------------------------------------------------
-# Transaction building blocks
-
-
-_TARGETS = {
-    "create": rpc.Compare.CREATE,
-    "mod": rpc.Compare.MOD,
-    "version": rpc.Compare.VERSION,
-    "value": rpc.Compare.VALUE,
-    "lease": rpc.Compare.LEASE,
-}
-_RESULTS = {
-    "==": rpc.Compare.EQUAL,
-    "!=": rpc.Compare.NOT_EQUAL,
-    "<": rpc.Compare.LESS,
-    ">": rpc.Compare.GREATER,
-}
-
-
-@dataclasses.dataclass(frozen=True)
-class Compare:
-    """One condition of a :meth:`MetadataStore.txn`.
-
-    ``target`` is one of ``create``, ``mod``, ``version``, ``value``,
-    ``lease``; ``op`` one of ``==``, ``!=``, ``<``, ``>``.  Use the helpers
-    :func:`absent`, :func:`exists`, :func:`mod_revision_is`.
-    """
-
-    key: str
-    target: str
-    op: str
-    operand: Union[int, bytes]
-
-    def __post_init__(self) -> None:
-        _key_bytes(self.key)
-        assert self.target in _TARGETS, f"bad compare target {self.target!r}"
-        assert self.op in _RESULTS, f"bad compare op {self.op!r}"
-        if self.target == "value":
-            assert isinstance(self.operand, bytes), "value compares take bytes"
-        else:
-            assert isinstance(self.operand, int) and self.operand >= 0, "revision compares take ints >= 0"
-
-    def _pb(self):
-        c = rpc.Compare(key=_key_bytes(self.key), target=_TARGETS[self.target], result=_RESULTS[self.op])
-        field = {"create": "create_revision", "mod": "mod_revision", "version": "version",
-                 "value": "value", "lease": "lease"}[self.target]
-        setattr(c, field, self.operand)
-        return c
-
-
-def absent(key: str) -> Compare:
-    """Condition: ``key`` does not exist."""
-    return Compare(key, "create", "==", 0)
-
-
-def exists(key: str) -> Compare:
-    """Condition: ``key`` exists."""
-    return Compare(key, "create", ">", 0)
-
-
-def mod_revision_is(key: str, mod_revision: int) -> Compare:
-    """Condition: ``key`` exists and was last written at ``mod_revision``."""
-    assert isinstance(mod_revision, int) and mod_revision > 0, f"mod_revision must be > 0, got {mod_revision!r}"
-    return Compare(key, "mod", "==", mod_revision)
-
-
-@dataclasses.dataclass(frozen=True)
-class Put:
-    """Write ``value`` at ``key`` (optionally attached to a lease)."""
-
-    key: str
-    value: bytes
-    lease: int = 0
-
-    def __post_init__(self) -> None:
-        _key_bytes(self.key)
-        assert isinstance(self.value, (bytes, bytearray)), "values are bytes"
-        assert isinstance(self.lease, int) and self.lease >= 0
-
-    def _pb(self):
-        return rpc.RequestOp(request_put=rpc.PutRequest(
-            key=_key_bytes(self.key), value=bytes(self.value), lease=self.lease))
-
-
-@dataclasses.dataclass(frozen=True)
-class Delete:
-    """Delete ``key``, or every key in ``[key, range_end)`` when ``range_end``
-    is given (see :meth:`Delete.prefix`)."""
-
-    key: str
-    range_end: bytes | None = None
-
-    def __post_init__(self) -> None:
-        _key_bytes(self.key)
-        assert self.range_end is None or isinstance(self.range_end, bytes)
-
-    @classmethod
-    def prefix(cls, prefix: str) -> "Delete":
-        """Delete every key that starts with ``prefix``."""
-        return cls(prefix, prefix_end(_key_bytes(prefix)))
-
-    def _pb(self):
-        return rpc.RequestOp(request_delete_range=rpc.DeleteRangeRequest(
-            key=_key_bytes(self.key), range_end=self.range_end or b""))
-
-
-@dataclasses.dataclass(frozen=True)
-class Get:
-    """Read ``key``, or the keys in ``[key, range_end)`` (at most ``limit``,
-    0 = no limit), inside a transaction.  ``descending`` sorts by key from the
-    highest (costly on wide ranges, see the module docstring)."""
-
-    key: str
-    range_end: bytes | None = None
-    limit: int = 0
-    descending: bool = False
-    keys_only: bool = False
-
-    def __post_init__(self) -> None:
-        _key_bytes(self.key)
-        assert self.range_end is None or isinstance(self.range_end, bytes)
-        assert isinstance(self.limit, int) and self.limit >= 0
-
-    @classmethod
-    def prefix(cls, prefix: str, limit: int = 0, descending: bool = False, keys_only: bool = False) -> "Get":
-        """Read the keys that start with ``prefix``."""
-        return cls(prefix, prefix_end(_key_bytes(prefix)), limit, descending, keys_only)
-
-    def _pb(self, revision: int = 0):
-        return rpc.RangeRequest(
-            key=_key_bytes(self.key),
-            range_end=self.range_end or b"",
-            limit=self.limit,
-            revision=revision,
-            sort_order=rpc.RangeRequest.DESCEND if self.descending else rpc.RangeRequest.NONE,
-            sort_target=rpc.RangeRequest.KEY,
-            keys_only=self.keys_only,
-        )
-
-
-Op = Union[Put, Delete, Get]
-
-
-@dataclasses.dataclass(frozen=True)
-class Page:
-    """The result of a :class:`Get`: ``items`` sorted as asked, and ``more``
-    when the limit cut the range short."""
-
-    items: list[tuple[str, Versioned]]
-    more: bool
-
-
-@dataclasses.dataclass(frozen=True)
-class TxnResult:
-    """A successful transaction: ``revision`` is the store revision after it
-    (for a write, the mod_revision of every key it put), and ``results``
-    has one entry per op: ``None`` for a Put, the number of deleted keys for
-    a Delete, a :class:`Page` for a Get."""
-
-    revision: int
-    results: tuple
-
-
-# --------------------------------------------------------------------------
-# Watches
-
-
-class EventType(enum.Enum):
-    PUT = "PUT"
-    DELETE = "DELETE"
-
-
-@dataclasses.dataclass(frozen=True)
-class WatchEvent:
-    """One change seen by a watch.  For a DELETE, ``value`` is empty and
-    ``mod_revision`` is the revision of the deletion."""
-
-    type: EventType
-    key: str
-    value: bytes
-    mod_revision: int
-    create_revision: int
-    version: int
-    lease: int
-
-
-def _to_watch_event(ev) -> WatchEvent:
-    kind = EventType.DELETE if isinstance(ev, etcd_events.DeleteEvent) else EventType.PUT
-    return WatchEvent(
-        type=kind,
-        key=bytes(ev.key).decode("utf-8"),
-        value=bytes(ev.value),
-        mod_revision=ev.mod_revision,
-        create_revision=ev.create_revision,
-        version=ev.version,
-        lease=ev.lease,
-    )
-
-
-class WatchStream:
-    """Iterator form of a watch (see :meth:`MetadataStore.watch_prefix_iter`).
-
-    Events are queued as they arrive (unbounded: consume them).  ``next()``
-    blocks; :meth:`get` takes a timeout.  After :meth:`cancel`, iteration
-    stops; if the watch failed, iteration raises the translated error.
-    """
-
-    _END = object()
-
-    def __init__(self) -> None:
-        self._queue: "queue.Queue[object]" = queue.Queue()
-        self._cancel: Callable[[], None] | None = None
-        self._done = False
-
-    def _on_event(self, ev: WatchEvent) -> None:
-        self._queue.put(ev)
-
-    def _on_error(self, err: MetadataError) -> None:
-        self._queue.put(err)
-
-    def get(self, timeout: float | None = None) -> WatchEvent:
-        """The next event; raises ``TimeoutError`` if none came in time,
-        ``StopIteration`` after cancel, or the watch's error."""
-        if self._done:
-            raise StopIteration
-        try:
-            item = self._queue.get(timeout=timeout)
-        except queue.Empty:
-            raise TimeoutError("no watch event within the timeout") from None
-        if item is self._END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, MetadataError):
-            self._done = True
-            raise item
-        assert isinstance(item, WatchEvent)
-        return item
-
-    def __iter__(self) -> "WatchStream":
-        return self
-
-    def __next__(self) -> WatchEvent:
-        return self.get()
-
-    def cancel(self) -> None:
-        """Stop the watch; pending events are still delivered first."""
-        if self._cancel is not None:
-            self._cancel()
-            self._cancel = None
-            self._queue.put(self._END)
-
-    def __enter__(self) -> "WatchStream":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.cancel()
-
-
-class _Watch:
-    """One watch of :meth:`MetadataStore.watch_prefix` / ``watch_key``, which
-    outlives etcd going away (a restart, a dropped connection).
-
-    The etcd3 client ends a watch when its stream breaks.  This one is then
-    created again, with backoff, from :attr:`next_revision`: the revision
-    after the last event delivered (etcd never splits one revision's events
-    across responses), so no event is lost or delivered twice.  The resume
-    runs on a thread of its own, like the keep-alives: etcd3 delivers every
-    watch's events on one shared thread, from which no watch can be created.
-
-    What cannot be resumed ends the watch, reported once through
-    ``on_error``: the history from ``next_revision`` was compacted
-    (Compacted: the caller must re-read, then watch again), the store was
-    closed, or etcd refused the watch for good.
-    """
-
-    def __init__(self, store: "MetadataStore", key: bytes, range_end: bytes | None,
-                 callback: Callable[[WatchEvent], None], on_error: Callable[[MetadataError], None] | None,
-                 next_revision: int) -> None:
-        assert callable(callback) and next_revision > 0
-        self._store = store
-        self._key, self._range_end = key, range_end
-        self._callback, self._on_error = callback, on_error
-        self.next_revision = next_revision  # the first revision not delivered yet
-        self._lock = threading.Lock()
-        self._generation = 0                # the etcd watch whose responses count
-        self._watch_id: int | None = None
-        self._done = False                  # cancelled or ended: no more events
-        self._wake = threading.Event()      # cuts a resume's backoff short (cancel, store closed)
-
-    def start(self) -> None:
-        """Creates the etcd watch; its errors go to the caller."""
-        self._watch_id = self._store._add_watch(self._key, functools.partial(self._on_response, 0),
-                                                self._range_end, self.next_revision)
-
-    def cancel(self) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-            watch_id, self._watch_id = self._watch_id, None
-        self._wake.set()
-        self._store._forget_watch(self)
-        self._store._cancel_watch(watch_id)
-
-    # -- on etcd3's watch thread --------------------------------------------
-
-    def _on_response(self, generation: int, response) -> None:
-        if self._done or generation != self._generation:
-            return  # cancelled, or an etcd watch since replaced
-        if response is None or isinstance(response, BaseException):
-            # The stream ended: an error, or None when it closed.
-            err = (MetadataUnavailable("etcd watch stream closed") if response is None
-                   else self._store._translate(response))
-            if isinstance(err, MetadataUnavailable) and not self._store._closed:
-                self._generation += 1  # whatever the broken watch still says is stale
-                threading.Thread(target=self._resume, args=(err,), daemon=True,
-                                 name=f"etcd-watch-resume-{self._key[-24:]!r}").start()
-            else:
-                self._end(err)
-            return
-        for ev in response.events:
-            if self._done:
-                return
-            try:
-                self._callback(_to_watch_event(ev))
-            except Exception:
-                _log.exception("watch callback failed")
-            self.next_revision = max(self.next_revision, ev.mod_revision + 1)
-
-    # -- on the resume thread -----------------------------------------------
-
-    def _resume(self, cause: MetadataError) -> None:
-        """Creates the etcd watch again from ``next_revision``, until it
-        works, the watch is cancelled, or it cannot be resumed."""
-        _log.info("watch on %r interrupted (%s): resuming from revision %d", self._key, cause,
-                  self.next_revision)
-        delay = WATCH_RESUME_BACKOFF
-        while not self._done:
-            if self._store._closed:
-                self._end(MetadataUnavailable(f"the store was closed ({cause})"))
-                return
-            generation = self._generation
-            try:
-                watch_id = self._store._add_watch(self._key, functools.partial(self._on_response, generation),
-                                                  self._range_end, self.next_revision)
-            except MetadataUnavailable as err:
-                cause = err
-            except Exception as err:  # Compacted, or refused for good
-                self._end(self._store._translate(err))
-                return
-            else:
-                with self._lock:
-                    cancelled = self._done
-                    if not cancelled:
-                        self._watch_id = watch_id
-                if cancelled:  # while it was being created
-                    self._store._cancel_watch(watch_id)
-                    return
-                _log.info("watch on %r resumed from revision %d", self._key, self.next_revision)
-                return
-            self._wake.wait(delay)
-            delay = min(2 * delay, WATCH_RESUME_BACKOFF_MAX)
-
-    def _end(self, err: MetadataError) -> None:
-        with self._lock:
-            if self._done:
-                return
-            self._done = True
-        self._store._forget_watch(self)
-        if self._on_error is None:
-            _log.warning("watch on %r ended: %s", self._key, err)
-            return
-        try:
-            self._on_error(err)
-        except Exception:
-            _log.exception("watch on_error callback failed")
-
-
-# --------------------------------------------------------------------------
-# Leases
-
-
-class Lease:
-    """An etcd lease.  Keys put with it vanish when it expires or is revoked.
-
-    ``id`` is etcd's lease id, ``ttl`` the TTL etcd granted (etcd may raise a
-    requested TTL to its minimum, about 2 s with default settings).
-    """
-
-    def __init__(self, store: "MetadataStore", lease_id: int, ttl: int) -> None:
-        assert lease_id > 0 and ttl > 0
-        self._store = store
-        self.id = lease_id
-        self.ttl = ttl
-
-    def refresh(self) -> int:
-        """Renew the lease; returns the new TTL.  Raises ``LeaseExpired``."""
-        return self._store._lease_refresh(self.id)
-
-    def revoke(self) -> bool:
-        """Revoke the lease (deleting its keys).  Returns False if it was
-        already gone."""
-        return self._store._lease_revoke(self.id)
-
-    def remaining(self) -> int:
-        """Seconds left before expiry; -1 if the lease is gone."""
-        return self._store._lease_ttl(self.id)
-
-    def keep_alive(self, on_lost: "Callable[[MetadataError], None] | None" = None,
-                   interval: float | None = None) -> "KeepAlive":
-        """Start a :class:`KeepAlive` thread for this lease."""
-        return KeepAlive(self, on_lost=on_lost, interval=interval)
-
-    def __repr__(self) -> str:
-        return f"Lease(id={self.id:#x}, ttl={self.ttl})"
-
-
-class KeepAlive:
-    """A daemon thread that refreshes a lease every ``interval`` (default
-    ttl/3) seconds.
-
-    It reports loss once, through ``on_lost(error)`` (called on the
-    keep-alive thread) and :attr:`lost`, when etcd says the lease is gone, or
-    when no refresh succeeded for a whole TTL (etcd unreachable: the lease
-    must be presumed expired).  After a loss the thread exits.
-    """
-
-    def __init__(self, lease: Lease, on_lost: "Callable[[MetadataError], None] | None" = None,
-                 interval: float | None = None) -> None:
-        assert isinstance(lease, Lease)
-        assert interval is None or 0 < interval < lease.ttl, "interval must be below the TTL"
-        self.lease = lease
-        self._on_lost = on_lost
-        self._interval = interval if interval is not None else lease.ttl / 3.0
-        self._stop = threading.Event()
-        self._lost = threading.Event()
-        self.error: MetadataError | None = None
-        self._cond = threading.Condition()
-        self.refreshes = 0
-        # The lease was granted (or last refreshed) no earlier than now.
-        self._last_ok = time.monotonic()
-        self._thread = threading.Thread(target=self._run, name=f"keepalive-{lease.id:x}", daemon=True)
-        lease._store._register_keepalive(self)
-        self._thread.start()
-
-    @property
-    def lost(self) -> bool:
-        """True once the lease was reported lost."""
-        return self._lost.is_set()
-
-    @property
-    def running(self) -> bool:
-        return self._thread.is_alive()
-
-    def _run(self) -> None:
-        delay = self._interval
-        while not self._stop.wait(delay):
-            started = time.monotonic()
-            try:
-                self.lease.refresh()
-            except LeaseExpired as err:
-                self._report_lost(err)
-                return
-            except MetadataError as err:
-                if time.monotonic() - self._last_ok >= self.lease.ttl:
-                    self._report_lost(LeaseExpired(self.lease.id, f"lease {self.lease.id:#x} presumed expired: "
-                                                                   f"no refresh for {self.lease.ttl}s ({err})"))
-                    return
-                _log.warning("lease %#x refresh failed, retrying: %s", self.lease.id, err)
-                # Retry sooner than the normal interval, but never spin.
-                delay = max(min(self._interval, 0.25), 0.05)
-                continue
-            except Exception as err:  # pragma: no cover - a bug; do not die silently
-                _log.exception("lease %#x keep-alive crashed", self.lease.id)
-                self._report_lost(MetadataError(f"keep-alive crashed: {err!r}"))
-                return
-            self._last_ok = started
-            delay = self._interval
-            with self._cond:
-                self.refreshes += 1
-                self._cond.notify_all()
-
-    def _report_lost(self, err: MetadataError) -> None:
-        self.error = err
-        self._lost.set()
-        with self._cond:
-            self._cond.notify_all()
-        if self._on_lost is not None:
-            try:
-                self._on_lost(err)
-            except Exception:  # pragma: no cover
-                _log.exception("on_lost callback failed")
-
-    def wait_refreshes(self, count: int, timeout: float) -> bool:
-        """Wait until at least ``count`` refreshes succeeded (or loss)."""
-        assert count >= 0 and timeout >= 0
-        with self._cond:
-            return self._cond.wait_for(lambda: self.refreshes >= count or self.lost, timeout) and not self.lost
-
-    def wait_lost(self, timeout: float) -> bool:
-        """Wait until the lease is reported lost; True if it was."""
-        return self._lost.wait(timeout)
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop refreshing (does not revoke the lease).  Idempotent."""
-        self._stop.set()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout)
-        self.lease._store._unregister_keepalive(self)
 
 
 # --------------------------------------------------------------------------
@@ -713,7 +164,7 @@ class MetadataStore:
             raise self._translate(exc) from exc
         self._keepalives: set[KeepAlive] = set()
         self._ka_lock = threading.Lock()
-        self._watches: set[_Watch] = set()
+        self._watches: set[Watch] = set()
         self._watch_lock = threading.Lock()
         self._closed = False
 
@@ -799,7 +250,7 @@ class MetadataStore:
     def get_with_revision(self, key: str, revision: int | None = None) -> tuple[Versioned | None, int]:
         """Like :meth:`get`, plus the store revision the read saw."""
         assert revision is None or revision > 0
-        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=_key_bytes(key), revision=revision or 0))
+        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=key_bytes(key), revision=revision or 0))
         value = Versioned._from_kv(resp.kvs[0]) if resp.kvs else None
         return value, resp.header.revision
 
@@ -825,9 +276,9 @@ class MetadataStore:
         """Like :meth:`range`, plus the store revision of the snapshot (watch
         from ``revision + 1`` to follow the prefix without a gap)."""
         holder: list[int] = []
-        pb = _key_bytes(prefix)
+        pb = key_bytes(prefix)
         items = list(self._scan(pb, prefix_end(pb), limit=limit,
-                                start_after=None if start_after is None else _key_bytes(start_after),
+                                start_after=None if start_after is None else key_bytes(start_after),
                                 keys_only=keys_only, page_size=page_size, revision=revision, rev_out=holder))
         return items, (holder[0] if holder else (revision or self.current_revision()))
 
@@ -835,17 +286,17 @@ class MetadataStore:
                    keys_only: bool = False, page_size: int | None = None,
                    revision: int | None = None) -> Iterator[tuple[str, Versioned]]:
         """Generator form of :meth:`range` (fetches pages lazily)."""
-        pb = _key_bytes(prefix)
+        pb = key_bytes(prefix)
         return self._scan(pb, prefix_end(pb), limit=limit,
-                          start_after=None if start_after is None else _key_bytes(start_after),
+                          start_after=None if start_after is None else key_bytes(start_after),
                           keys_only=keys_only, page_size=page_size, revision=revision)
 
     def iter_key_range(self, start: str, end: str | bytes, *, limit: int | None = None,
                        keys_only: bool = False, page_size: int | None = None,
                        revision: int | None = None) -> Iterator[tuple[str, Versioned]]:
         """The keys in ``[start, end)``, ascending, paged like :meth:`range`."""
-        end_b = end if isinstance(end, bytes) else _key_bytes(end)
-        return self._scan(_key_bytes(start), end_b, limit=limit, start_after=None, keys_only=keys_only,
+        end_b = end if isinstance(end, bytes) else key_bytes(end)
+        return self._scan(key_bytes(start), end_b, limit=limit, start_after=None, keys_only=keys_only,
                           page_size=page_size, revision=revision)
 
     def _scan(self, start: bytes, end: bytes, *, limit: int | None, start_after: bytes | None,
@@ -881,14 +332,14 @@ class MetadataStore:
 
     def count(self, prefix: str) -> int:
         """The number of keys starting with ``prefix`` (count_only)."""
-        pb = _key_bytes(prefix)
+        pb = key_bytes(prefix)
         resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=pb, range_end=prefix_end(pb), count_only=True))
         return resp.count
 
     def count_range(self, start: str, end: str | bytes, revision: int | None = None) -> int:
         """The number of keys in ``[start, end)`` (count_only)."""
-        end_b = end if isinstance(end, bytes) else _key_bytes(end)
-        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=_key_bytes(start), range_end=end_b,
+        end_b = end if isinstance(end, bytes) else key_bytes(end)
+        resp = self._unary("kvstub", "Range", rpc.RangeRequest(key=key_bytes(start), range_end=end_b,
                                                                  count_only=True, revision=revision or 0))
         return resp.count
 
@@ -898,7 +349,7 @@ class MetadataStore:
         """Unconditional write; returns the new mod_revision."""
         lid = _lease_id(lease)
         assert isinstance(value, bytes), "values are bytes"
-        resp = self._unary("kvstub", "Put", rpc.PutRequest(key=_key_bytes(key), value=value, lease=lid), lid)
+        resp = self._unary("kvstub", "Put", rpc.PutRequest(key=key_bytes(key), value=value, lease=lid), lid)
         return resp.header.revision
 
     def create(self, key: str, value: bytes, lease: "Lease | int | None" = None) -> int:
@@ -922,7 +373,7 @@ class MetadataStore:
         """Delete ``key``; returns whether it existed.  With
         ``mod_revision``, only at that version (else ``BadVersion``)."""
         if mod_revision is None:
-            resp = self._unary("kvstub", "DeleteRange", rpc.DeleteRangeRequest(key=_key_bytes(key)))
+            resp = self._unary("kvstub", "DeleteRange", rpc.DeleteRangeRequest(key=key_bytes(key)))
             return resp.deleted > 0
         try:
             result = self.txn([mod_revision_is(key, mod_revision)], [Delete(key)])
@@ -950,7 +401,7 @@ class MetadataStore:
         assert len(ops) <= 128, "etcd allows at most 128 ops per txn"
         cmp_keys = list(dict.fromkeys(c.key for c in compares))
         success = [o._pb() if not isinstance(o, Get) else rpc.RequestOp(request_range=o._pb()) for o in ops]
-        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=_key_bytes(k))) for k in cmp_keys]
+        failure = [rpc.RequestOp(request_range=rpc.RangeRequest(key=key_bytes(k))) for k in cmp_keys]
         lease = next((o.lease for o in ops if isinstance(o, Put) and o.lease), 0)
         resp = self._unary("kvstub", "Txn", rpc.TxnRequest(
             compare=[c._pb() for c in compares], success=success, failure=failure), lease)
@@ -1014,14 +465,14 @@ class MetadataStore:
         from the revision of the read + 1), ``MetadataUnavailable`` when the
         store was closed.
         """
-        pb = _key_bytes(prefix)
+        pb = key_bytes(prefix)
         return self._watch(pb, prefix_end(pb), callback, start_revision, on_error)
 
     def watch_key(self, key: str, callback: Callable[[WatchEvent], None], *,
                   start_revision: int | None = None,
                   on_error: Callable[[MetadataError], None] | None = None) -> Callable[[], None]:
         """Like :meth:`watch_prefix`, for one key."""
-        return self._watch(_key_bytes(key), None, callback, start_revision, on_error)
+        return self._watch(key_bytes(key), None, callback, start_revision, on_error)
 
     def watch_prefix_iter(self, prefix: str, *, start_revision: int | None = None) -> WatchStream:
         """Iterator form of :meth:`watch_prefix`: a :class:`WatchStream`."""
@@ -1038,7 +489,7 @@ class MetadataStore:
         # "From now" is pinned to a revision, so that a resume knows where
         # the watch started when no event came before etcd went away.
         first = start_revision if start_revision is not None else self.current_revision() + 1
-        watch = _Watch(self, key, range_end, callback, on_error, first)
+        watch = Watch(self, key, range_end, callback, on_error, first)
         with self._watch_lock:
             self._watches.add(watch)
         try:
@@ -1069,7 +520,7 @@ class MetadataStore:
         except Exception as exc:  # the watch is gone with its stream anyway
             _log.debug("cancel_watch failed: %r", exc)
 
-    def _forget_watch(self, watch: _Watch) -> None:
+    def _forget_watch(self, watch: Watch) -> None:
         with self._watch_lock:
             self._watches.discard(watch)
 

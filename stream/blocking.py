@@ -16,7 +16,8 @@ import weakref
 from typing import Iterator
 
 from stream import errors as err
-from stream.client import BackgroundLoop, ClientConfig
+from stream.client import ClientConfig
+from stream.sync_client import BackgroundLoop
 from stream.position import Position, Record
 from stream.record_batch import RecordBatch
 from stream.stream import READ_AHEAD_BYTES, AsyncStreamClient, AsyncStreamReader, AsyncStreamWriter, StreamConfig

@@ -20,7 +20,8 @@ EXPECTED_FIGURES = {"appends_100", "appends_1024", "appends_65536", "open_loop_p
                     "open_loop_p999", "tail_read", "catchup_read", "takeover@200", "takeover@200+50", "replay",
                     "one_bookie_100", "one_bookie_1024", "one_bookie_65536", "index_memory",
                     "catchup_read_1024", "striped_read_e4qw2_1024", "striped_read_e4qw2_65536",
-                    "striped_read_e5qw3_1024", "striped_read_e5qw3_65536", "open_loop_p99_beside_reader"}
+                    "striped_read_e5qw3_1024", "striped_read_e5qw3_65536", "open_loop_p99_beside_reader",
+                    "open_loop_p99_beside_bounded_reader"}
 
 
 def _positive(x) -> bool:
@@ -112,6 +113,10 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         assert {t["met"] for t in figs[key]["read_targets"].values()} <= {True, False}
     assert {"qw_eq_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
     assert {"alone"} == figs["open_loop_p99_beside_reader"]["ceilings"].keys()
+    bounded = figs["open_loop_p99_beside_bounded_reader"]
+    alone = figs["open_loop_p99_beside_reader"]["ceilings"]["alone"]["value"]
+    assert bounded["ceilings"]["alone"]["value"] == alone  # the one open loop alone, before both readers
+    assert "bounded at 100 MB/s" in bounded["label"] and bounded["reader"]["mb_per_s"] > 0
 
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000

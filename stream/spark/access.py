@@ -21,7 +21,8 @@ from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment, LedgerMode, LedgerState
 from metadata.tls import CLIENT_SETTINGS, TlsConfigError, client_security
 from stream import errors as err
-from stream.client import BackgroundLoop, BookKeeperClient
+from stream.client import BookKeeperClient
+from stream.sync_client import BackgroundLoop
 from stream.ledger import LedgerHandle, read_lac_covering
 from stream.log import read_ledger_list
 from stream.record_batch import RecordBatch
