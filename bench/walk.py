@@ -1,8 +1,9 @@
 """`bookstream bench walk`: the reader's record walk in-process, the C walk
 (bookie/_records.c) beside the Python one (``bookie.entry._sparse_runs_py``)
-on the same frames in the same run (issue 18).
+on the same frames in the same run (issue 18); and a striped bookie's
+stripe view built in C (bookie/_stripe.c) beside the Python build.
 
-    bookstream bench walk [--sizes 100,1024,65536] [--frame-mb 4] [--repeat 15] [--out walk.json]
+    bookstream bench walk [--sizes 100,1024,65536] [--frame-mb 4] [--repeat 15] [--view-ids 131072] [--out walk.json]
 
 A frame of ``--frame-mb`` MiB of entries of each size, walked ``--repeat``
 times by each walk (checksums verified, runs made, as a reader's
@@ -10,6 +11,11 @@ times by each walk (checksums verified, runs made, as a reader's
 record and per byte, and the C walk's speed as a multiple of the Python
 walk's.  No I/O, no other process: what the walk alone costs a reader's
 thread.
+
+The view: the index of one bookie of an E4 Qw2 ledger holding
+``--view-ids`` ids (runs of 2 ids, 1 KiB records back to back), its view of
+everything it holds built from scratch (what the bookie does, its event
+loop held, when a catch-up's second frame asks for it).
 """
 from __future__ import annotations
 
@@ -30,6 +36,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--sizes", type=int_list, default=[100, 1024, 65536])
     p.add_argument("--frame-mb", type=float, default=4.0, help="MiB of records per frame walked")
     p.add_argument("--repeat", type=int, default=15, help="walks of the frame per walk and size (the best counts)")
+    p.add_argument("--view-ids", type=int, default=1 << 17,
+                   help="ids held by the striped bookie whose view is built (0: no view figures)")
     p.add_argument("--out", type=Path, default=None)
     p.set_defaults(func=cmd_walk)
 
@@ -70,8 +78,43 @@ def cmd_walk(args: argparse.Namespace) -> int:
         print(f"{size:>6} B: " + ", ".join(f"{w} {row[w]['ns_per_record']:,.0f} ns/record ({row[w]['gb_per_s']:.2f} GB/s)"
                                           for w in walks)
               + (f"; C {row['c_over_python']:.1f}x the Python walk" if "c" in row else ""))
+    view = view_build(args.view_ids, max(1, args.repeat // 3)) if args.view_ids else None
     if args.out:
         crc = E._NATIVE.CRC if E.NATIVE else None
         args.out.write_text(json.dumps({"benchmark": "walk", "command": " ".join(sys.argv), "crc": crc,
-                                        "results": rows}, indent=2) + "\n")
+                                        "results": rows, "view": view}, indent=2) + "\n")
     return 0
+
+
+def view_build(held: int, repeat: int) -> dict:
+    """The best build time of the view (the C build where it was built, and the Python one)."""
+    from bookie import striped_read as S
+    from bookie.index import LedgerIndex, pack_location
+
+    index = LedgerIndex()
+    e = loc = 0
+    for _ in range(held // 2):   # bookie 1 of E4 Qw2: ids 4k and 4k + 1
+        for eid in (e, e + 1):
+            index.put(eid, pack_location(1, loc), 1084)
+            loc += 1084
+        e += 4
+    runs = list(index._runs.values())
+    builds = {"python": lambda v: [v._extend_py(r.start, r.locs, r.lens) for r in runs]}
+    if S._stripe is not None:
+        builds["c"] = lambda v: v.fill(runs)
+    out: dict = {"ids": held, "runs": len(runs)}
+    for name, build in builds.items():
+        best = float("inf")
+        for _ in range(repeat):
+            view = S.StripeView(4, 0b0011)
+            t0 = time.perf_counter()
+            build(view)
+            best = min(best, time.perf_counter() - t0)
+        assert len(view.ids) == held // 2 * 2
+        out[name] = {"ms": best * 1e3, "ns_per_id": best / held * 1e9}
+    if "c" in out:
+        out["c_over_python"] = out["python"]["ms"] / out["c"]["ms"]
+    print(f"stripe view of {held:,} ids: " + ", ".join(f"{w} {out[w]['ms']:.1f} ms ({out[w]['ns_per_id']:.0f} ns/id)"
+                                                       for w in builds)
+          + (f"; C {out['c_over_python']:.1f}x the Python build" if "c" in out else ""))
+    return out

@@ -121,11 +121,12 @@ class LedgerIndex:
         if self._asked != (stripe, residues, self._version):
             self._asked = (stripe, residues, self._version)
             return None
-        from bookie.striped_read import StripeView
+        from bookie.striped_read import MAX_VIEW_IDS, StripeView
 
+        if self._count > MAX_VIEW_IDS:
+            return None   # (the run walk: no pause of the bookie to build it, no memory held)
         view = StripeView(stripe, residues)
-        for run in self._runs.values():
-            view.extend(run.start, run.locs, run.lens)
+        view.fill(self._runs.values())
         view.version = self._version
         self._views = {k: v for k, v in self._views.items() if v.version == self._version}
         if len(self._views) >= 8:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bookie import entry as E
 from bookie import striped_read
@@ -151,3 +153,100 @@ def test_the_views_of_a_bookie_stay_within_their_budget(s):
     assert set(idx._views) == {(4, 0b0011)}               # the least recently used went
     assert sum(v.nbytes for v in idx._views.values()) == s.stripe_views.held
     assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
+
+
+def _python_fill(stripe: int, residues: int, runs, gap: int) -> striped_read.StripeView:
+    view = striped_read.StripeView(stripe, residues)
+    view.gap_bytes = gap
+    for run in runs:
+        view._extend_py(run.start, run.locs, run.lens)
+    return view
+
+
+def _arrays(view):
+    return [list(a) for a in (view.ids, view.locs, view.lens, view.ends, view.seams, view.breaks)]
+
+
+_move = st.one_of(st.integers(0, 6000), st.sampled_from([699, 700, 701, 4095, 4096, 4097]))
+_run_shape = st.tuples(st.integers(1, 9), st.integers(0, 7),   # ids in the run, ids skipped before it
+                       st.lists(st.tuples(st.integers(0, 3), _move), min_size=9, max_size=9))
+
+
+@pytest.mark.skipif(striped_read._stripe is None, reason="bookie._stripe not built")
+@settings(max_examples=400, deadline=None)
+@given(st.integers(0, 40), st.lists(_run_shape, max_size=30), st.integers(1, 6), st.data(),
+       st.sampled_from([0, 700, striped_read.GAP_BYTES]))
+def test_the_c_build_of_a_view_is_the_python_build(first, shapes, stripe, data, gap):
+    """Runs of ids with gaps between them; records adjacent on disk, apart
+    by a little, apart past the gap, backwards, or in the next segment."""
+    from array import array
+
+    from bookie.index import OFFSET_BITS, Run
+    residues = data.draw(st.integers(1, (1 << stripe) - 1))
+    runs, eid, loc = [], first, 5 << OFFSET_BITS
+    for count, skipped, moves in shapes:
+        eid += skipped
+        locs, lens = array("Q"), array("I")
+        for kind, n in moves[:count]:
+            ln = 60 + n % 3000
+            loc = {0: loc, 1: loc + n, 2: max(0, loc - n), 3: (loc >> OFFSET_BITS) + 1 << OFFSET_BITS}[kind]
+            locs.append(loc)
+            lens.append(ln)
+            loc += ln
+        runs.append(Run(eid, locs, lens))
+        eid += count
+    view = striped_read.StripeView(stripe, residues)
+    view.gap_bytes = gap
+    view.fill(runs)
+    want = _arrays(_python_fill(stripe, residues, runs, gap))
+    assert _arrays(view) == want
+    # and built in two goes: the runs up to a cut, then the rest (as appends extend it), as tuples
+    cut = data.draw(st.integers(0, len(runs)))
+    view = striped_read.StripeView(stripe, residues)
+    view.gap_bytes = gap
+    view.fill(runs[:cut])
+    for run in runs[cut:]:
+        view.extend(run.start, run.locs, run.lens)
+    assert _arrays(view) == want
+
+
+@pytest.mark.skipif(striped_read._stripe is None, reason="bookie._stripe not built")
+def test_the_c_build_refuses_what_is_not_a_run():
+    from array import array
+
+    from bookie.index import Run
+    fill = striped_read._stripe.fill
+    good = Run(0, array("Q", [1, 2]), array("I", [1, 1]))
+    assert fill([good], 2, b"\1\0", 0, 0, 0, 0)[0] == array("q", [0]).tobytes()
+    assert fill([(0, good.locs, good.lens)], 2, b"\1\0", 0, 0, 0, 0)[0] == array("q", [0]).tobytes()
+    with pytest.raises(ValueError):
+        fill([good], 3, b"\1\0", 0, 0, 0, 0)       # a flag per residue
+    with pytest.raises(ValueError):
+        fill([good], 2, b"\1\0", 0, -1, 0, 0)      # a count below 0
+    with pytest.raises(TypeError):
+        fill([Run(0, array("I", [1]), array("I", [1]))], 1, b"\1", 0, 0, 0, 0)   # locations of 8 bytes
+    with pytest.raises(TypeError):
+        fill([(0, array("Q", [1]), array("Q", [1]))], 1, b"\1", 0, 0, 0, 0)      # lengths of 4
+    with pytest.raises(ValueError):
+        fill([Run(0, array("Q", [1, 2]), array("I", [1]))], 1, b"\1", 0, 0, 0, 0)
+    with pytest.raises(ValueError):
+        fill([(0, good.locs)], 1, b"\1", 0, 0, 0, 0)
+    with pytest.raises(AttributeError):
+        fill([object()], 1, b"\1", 0, 0, 0, 0)
+    with pytest.raises(TypeError):
+        fill([("0", good.locs, good.lens)], 1, b"\1", 0, 0, 0, 0)
+
+
+def test_a_ledger_past_the_view_bound_is_read_by_the_run_walk(s, monkeypatch):
+    """No view (no pause of the bookie to build one) past MAX_VIEW_IDS: the
+    records are the same."""
+    monkeypatch.setattr(striped_read, "MAX_VIEW_IDS", 500)
+    held = [e for e in range(2000) if held_by(e, 2, 4)]
+    asyncio.run(add(s, held))
+    idx = s.core.ledgers[LID].index
+    for _ in range(3):
+        assert read_all(s, 0, 9999, 20_000, 4, 0b0001) == [e for e in held if e % 4 == 0]
+    assert not idx._views
+    monkeypatch.setattr(striped_read, "MAX_VIEW_IDS", 1000)
+    assert read_all(s, 0, 9999, 20_000, 4, 0b0001) == [e for e in held if e % 4 == 0]
+    assert (4, 0b0001) in idx._views

@@ -411,6 +411,9 @@ def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
         assert r["python"]["ns_per_record"] > 0 and r["c"]["ns_per_record"] > 0
         assert r["c_over_python"] == r["python"]["ns_per_record"] / r["c"]["ns_per_record"]
     assert doc["crc"] in ("vpclmul", "pclmul", "slicing-by-8") and "x the Python walk" in proc.stdout
+    v = doc["view"]
+    assert v["ids"] == 131072 and v["runs"] == 65536 and v["c"]["ms"] > 0 and v["python"]["ms"] > 0
+    assert v["c_over_python"] == v["python"]["ms"] / v["c"]["ms"] and "x the Python build" in proc.stdout
 
 
 @pytest.mark.parametrize("keep", [False, True])
