@@ -99,7 +99,7 @@ def view_build(held: int, repeat: int) -> dict:
             loc += 1084
         e += 4
     runs = list(index._runs.values())
-    builds = {"python": lambda v: [v._extend_py(r.start, r.locs, r.lens) for r in runs]}
+    builds = {"python": lambda v: v._fill_py(runs, -1)}
     if S._stripe is not None:
         builds["c"] = lambda v: v.fill(runs)
     out: dict = {"ids": held, "runs": len(runs)}

@@ -86,13 +86,16 @@ run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
 }
 
 PyDoc_STRVAR(fill_doc,
-"fill(runs, stripe, want, gap_bytes, count, total, prev) -> (ids, locs, lens, ends, seams, breaks)\n\n"
+"fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
+"    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
 "What StripeView.extend (bookie/striped_read.py) appends to a view's arrays for\n"
 "the ids of `runs` (bookie.index.Run or (start, locs array('Q'), lens\n"
-"array('I')), ascending, above every id of the view) whose residue mod `stripe`\n"
-"is wanted (`want`: bytes, one per residue, nonzero = wanted), the view holding\n"
-"`count` ids of `total` bytes, its last ending at `prev` on disk: the bytes of\n"
-"array('q'), ('Q'), ('I'), ('Q'), ('q'), ('q') to append.");
+"array('I')), ascending, above every id of the view) from `first` on whose\n"
+"residue mod `stripe` is wanted (`want`: bytes, one per residue, nonzero =\n"
+"wanted), the view holding `count` ids of `total` bytes, its last ending at\n"
+"`prev` on disk: the bytes of array('q'), ('Q'), ('I'), ('Q'), ('q'), ('q') to\n"
+"append.  It walks at most `max_ids` ids of the runs (wanted or not; -1: no\n"
+"bound): `stop` is the id it stopped at, -1 when it walked every run.");
 
 static PyObject *
 fill(PyObject *self, PyObject *args)
@@ -100,12 +103,13 @@ fill(PyObject *self, PyObject *args)
     PyObject *runs, *seq = NULL, *out = NULL;
     Py_buffer want;
     Py_ssize_t stripe;
-    long long k;                     /* ids in the view so far */
+    long long k, first, max_ids, stop = -1;       /* k: ids in the view so far */
     unsigned long long gap, total, prev;   /* bytes so far; where the last record ends on disk */
     Buf ids = {0}, locs = {0}, lens = {0}, ends = {0}, seams = {0}, breaks = {0};
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "Ony*KLKK:fill", &runs, &stripe, &want, &gap, &k, &total, &prev))
+    if (!PyArg_ParseTuple(args, "Ony*KLKKLL:fill", &runs, &stripe, &want, &gap, &k, &total, &prev, &first,
+                          &max_ids))
         return NULL;
     if (stripe <= 0 || want.len != stripe || k < 0) {
         PyErr_SetString(PyExc_ValueError, "want must hold one byte per residue of a stripe > 0");
@@ -116,7 +120,8 @@ fill(PyObject *self, PyObject *args)
         goto done;
     const char *wanted = want.buf;
     Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
-    for (Py_ssize_t r = 0; r < n_runs; r++) {
+    long long walked = 0;
+    for (Py_ssize_t r = 0; r < n_runs && stop < 0; r++) {
         PyObject *start_obj, *locs_obj, *lens_obj;
         if (run_parts(PySequence_Fast_GET_ITEM(seq, r), &start_obj, &locs_obj, &lens_obj) < 0)
             goto done;
@@ -145,9 +150,14 @@ fill(PyObject *self, PyObject *args)
         }
         const uint64_t *rl = vl.buf;
         const uint32_t *rn = vn.buf;
-        Py_ssize_t res = (Py_ssize_t)(((start % stripe) + stripe) % stripe);
+        Py_ssize_t j = first > start ? (Py_ssize_t)(first - start < n ? first - start : n) : 0;
+        Py_ssize_t res = (Py_ssize_t)((((start + j) % stripe) + stripe) % stripe);
         int bad = 0;
-        for (Py_ssize_t j = 0; j < n && !bad; j++, res = res + 1 == stripe ? 0 : res + 1) {
+        for (; j < n && !bad; j++, res = res + 1 == stripe ? 0 : res + 1) {
+            if (walked++ == max_ids) {
+                stop = start + j;
+                break;
+            }
             if (!wanted[res])
                 continue;
             uint64_t loc = rl[j];
@@ -173,7 +183,7 @@ fill(PyObject *self, PyObject *args)
             goto done;
     }
 #define B(b) ((b).p ? (b).p : ""), (b).len   /* (y# makes None of NULL) */
-    out = Py_BuildValue("(y#y#y#y#y#y#)", B(ids), B(locs), B(lens), B(ends), B(seams), B(breaks));
+    out = Py_BuildValue("(y#y#y#y#y#y#L)", B(ids), B(locs), B(lens), B(ends), B(seams), B(breaks), stop);
 #undef B
 done:
     Py_XDECREF(seq);

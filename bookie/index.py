@@ -96,37 +96,52 @@ class LedgerIndex:
         self._last: Run | None = None  # the run with the highest start: the append fast path
         self._version = 0   # bumped by every change (the stripe views' validity)
         self._views: dict = {}  # (stripe, residues) -> bookie.striped_read.StripeView
-        self._asked = None  # the last view asked for and not built: (stripe, residues, version)
+        self._asked: dict = {}  # (stripe, residues) -> the version at its last ask
 
     def _appended(self, first: int, locs, lens) -> None:
-        """Appends at the end keep the current stripe views current."""
+        """Appends at the end keep the current stripe views current: one
+        open to the end takes them, one whose window ends below is unchanged."""
         v0 = self._version
         self._version += 1
         for view in self._views.values():
             if view.version == v0:
-                view.extend(first, locs, lens)
+                if view.hi is None:
+                    view.extend(first, locs, lens)
                 view.version = self._version
 
     def drop_view(self, stripe: int, residues: int, view) -> None:
         if self._views.get((stripe, residues)) is view:
             del self._views[(stripe, residues)]
 
-    def stripe_view(self, stripe: int, residues: int):
-        """The current StripeView of a filter (bookie/striped_read.py), or
-        None: built when asked a second time with no change in between."""
+    def stripe_view(self, stripe: int, residues: int, first: int):
+        """The current StripeView of a filter (bookie/striped_read.py) whose
+        window holds `first`, or None: built from `first` over at most
+        ``VIEW_WINDOW_IDS`` ids when asked a second time for that filter,
+        with no change in between unless the window ends below the ledger's
+        end (a catch-up's next window at once, a writer appending or not)."""
         key = (stripe, residues)
         view = self._views.get(key)
-        if view is not None and view.version == self._version:
+        if view is not None and view.version == self._version and view.covers(first):
             return view
-        if self._asked != (stripe, residues, self._version):
-            self._asked = (stripe, residues, self._version)
-            return None
-        from bookie.striped_read import MAX_VIEW_IDS, StripeView
+        from bookie.striped_read import VIEW_WINDOW_IDS, StripeView
 
-        if self._count > MAX_VIEW_IDS:
-            return None   # (the run walk: no pause of the bookie to build it, no memory held)
-        view = StripeView(stripe, residues)
-        view.fill(self._runs.values())
+        runs = self._runs
+        i = max(runs.bisect_right(first) - 1, 0)
+        asked, self._asked[key] = self._asked.get(key), self._version
+        if asked is None or asked != self._version and i + VIEW_WINDOW_IDS >= len(runs):
+            # asked once, or the ledger changed since and the window would
+            # reach its end: the run walk (a tail reader builds no view per
+            # frame); a window ending below the end outlives appends
+            if len(self._asked) > 8:
+                self._asked = {key: self._version}
+            return None
+        view = StripeView(stripe, residues, first)
+        # (at most a window's worth of runs: each holds at least one id)
+        stop = view.fill(runs.values()[i:i + VIEW_WINDOW_IDS], VIEW_WINDOW_IDS)
+        if stop >= 0:
+            view.hi = stop
+        elif i + VIEW_WINDOW_IDS < len(runs):
+            view.hi = runs.peekitem(i + VIEW_WINDOW_IDS)[0]
         view.version = self._version
         self._views = {k: v for k, v in self._views.items() if v.version == self._version}
         if len(self._views) >= 8:

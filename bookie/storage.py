@@ -380,7 +380,7 @@ class Storage:
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last, 0
         if stripe:  # bookie/striped_read.py
-            view = st.index.stripe_view(stripe, residues)
+            view = st.index.stripe_view(stripe, residues, first)
             if view is not None:
                 self.stripe_views.used(st.index, view)
                 out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at)

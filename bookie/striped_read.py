@@ -16,9 +16,11 @@ appends at its end (the writer's usual case) and drops it on any other
 change (``LedgerIndex.stripe_view``); it builds one only when asked twice
 for the same filter with no change in between, so a ledger being written
 and read at its tail keeps the run walk and never pays a build per frame.
-The build is one pass in C over the index's runs (``StripeView.fill``,
-bookie/_stripe.c), and only for ledgers of at most ``MAX_VIEW_IDS`` ids:
-it holds the bookie's event loop while it runs.
+A view covers a window of the ledger from the first id read, of at most
+``VIEW_WINDOW_IDS`` of the index's ids (or to its end, and then it takes
+the appends): its build, one pass in C over the index's runs
+(``StripeView.fill``, bookie/_stripe.c), holds the bookie's event loop,
+and a frame of a range read stops at the window's end.
 
 Both walks read the wanted records close together on disk in one pread
 (gaps of at most ``GAP_BYTES``) and slice them out.
@@ -46,11 +48,11 @@ if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
 # pread (and slices them out) rather than one pread each: small records
 # cost more per syscall than per byte, large ones the other way round.
 GAP_BYTES = 4 << 10
-# A view is built only for a ledger whose index holds at most this many
-# ids: the build pauses the bookie's event loop (about 115 ns an id in C
-# here, 600 in Python: bookie/_stripe.c) and a view holds 28 bytes an id.
-# A larger ledger is read by the run walk.
-MAX_VIEW_IDS = 1 << 20
+# A view covers a window of at most this many of the index's ids from the
+# first id read: its build holds the bookie's event loop (about 70-120 ns an
+# id in C here, 600 in Python: bookie/_stripe.c) and it holds 28 bytes an
+# id; a read past the window builds the next one.
+VIEW_WINDOW_IDS = 1 << 16
 
 
 def wanted(stripe: int, residues: int) -> list[bool]:
@@ -59,73 +61,87 @@ def wanted(stripe: int, residues: int) -> list[bool]:
 
 
 class StripeView:
-    """The held ids of one (stripe, residues) filter in id order, as flat
-    arrays: their ids, locations and lengths; ``ends``: the running total
-    of the lengths (``ends[k]``: the bytes of records 0..k), so a read's
-    byte cut is a bisection; ``breaks``: the positions k whose record does
-    not follow record k - 1 on disk within ``gap_bytes`` in one journal
-    segment (the spans a read preads, each in one call); ``seams``: the
-    positions k whose record does not begin where record k - 1 ends (the
-    pieces a span's wanted bytes are sliced out in: a seam per record when
-    a filter skips every other one, a seam per journal record when it takes
-    all a bookie holds)."""
+    """The held ids of one (stripe, residues) filter in ``[lo, hi)`` in id
+    order (``hi`` None: to the ledger's end, the view then taking the ids
+    appended), as flat arrays: their ids, locations and lengths; ``ends``:
+    the running total of the lengths (``ends[k]``: the bytes of records
+    0..k), so a read's byte cut is a bisection; ``breaks``: the positions k
+    whose record does not follow record k - 1 on disk within ``gap_bytes``
+    in one journal segment (the spans a read preads, each in one call);
+    ``seams``: the positions k whose record does not begin where record k -
+    1 ends (the pieces a span's wanted bytes are sliced out in: a seam per
+    record when a filter skips every other one, a seam per journal record
+    when it takes all a bookie holds)."""
 
-    __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "ids", "locs", "lens", "ends", "breaks",
-                 "seams")
+    __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "lo", "hi", "ids", "locs", "lens", "ends",
+                 "breaks", "seams")
 
-    def __init__(self, stripe: int, residues: int):
+    def __init__(self, stripe: int, residues: int, lo: int = 0):
         self.stripe, self.residues = stripe, residues
         self.gap_bytes = GAP_BYTES   # (read once: a view's spans keep one rule)
         self.want = wanted(stripe, residues)
         self.version = -1
+        self.lo, self.hi = lo, None
         self.ids, self.locs, self.lens = array("q"), array("Q"), array("I")
         self.ends, self.breaks, self.seams = array("Q"), array("q"), array("q")
 
+    def covers(self, entry_id: int) -> bool:
+        return self.lo <= entry_id and (self.hi is None or entry_id < self.hi)
+
     def extend(self, start: int, locs, lens) -> None:
         """Adds consecutive held ids from `start` (above every id held)."""
+        if not isinstance(locs, array):  # (an index's single put)
+            locs, lens = array("Q", locs), array("I", lens)
         self.fill(((start, locs, lens),))
 
-    def fill(self, runs) -> None:
-        """Adds the ids of a ledger's index runs (``bookie.index.Run`` or
-        (start, locs, lens), ascending, above every id held): one pass in C
-        where ``bookie._stripe`` was built (600 ns an id in Python: a view
-        of 131,072 ids paused the bookie's event loop for 78 ms), else
-        ``_extend_py`` run by run."""
+    def fill(self, runs, max_ids: int = -1) -> int:
+        """Adds the ids from ``lo`` of a ledger's index runs
+        (``bookie.index.Run`` or (start, locs, lens), ascending, above every
+        id held), walking at most `max_ids` of their ids (-1: all): one pass
+        in C where ``bookie._stripe`` was built (600 ns an id in Python: a
+        view of 131,072 ids held the bookie's event loop for 78 ms), else
+        ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
+        if not isinstance(runs, (list, tuple)):
+            runs = list(runs)
         if _stripe is None:
-            for run in runs:
-                if isinstance(run, tuple):
-                    self._extend_py(*run)
-                else:
-                    self._extend_py(run.start, run.locs, run.lens)
-            return
+            return self._fill_py(runs, max_ids)
         k = len(self.ids)
-        parts = _stripe.fill(runs if isinstance(runs, (list, tuple)) else list(runs), self.stripe, bytes(self.want),
-                             self.gap_bytes, k, self.ends[-1] if k else 0, self.locs[-1] + self.lens[-1] if k else 0)
+        *parts, stop = _stripe.fill(runs, self.stripe, bytes(self.want), self.gap_bytes, k,
+                                    self.ends[-1] if k else 0, self.locs[-1] + self.lens[-1] if k else 0,
+                                    self.lo, max_ids)
         for arr, data in zip((self.ids, self.locs, self.lens, self.ends, self.seams, self.breaks), parts):
             arr.frombytes(data)
+        return stop
 
-    def _extend_py(self, start: int, locs, lens) -> None:
-        """``extend`` in Python, id by id (where bookie._stripe was not built)."""
+    def _fill_py(self, runs, max_ids: int) -> int:
+        """``fill`` in Python, id by id (where bookie._stripe was not built)."""
         stripe, want, gap = self.stripe, self.want, self.gap_bytes
         ids, vl, vn, ends, breaks, seams = self.ids, self.locs, self.lens, self.ends, self.breaks, self.seams
         k = len(ids)
         total = ends[-1] if k else 0
         prev = vl[-1] + vn[-1] if k else -1   # where the last held record ends on disk
-        for j in range(len(locs)):
-            e = start + j
-            if want[e % stripe]:
-                loc, ln = locs[j], lens[j]
-                if k and loc != prev:
-                    seams.append(k)
-                    if not 0 <= loc - prev <= gap:   # (another segment: a location 2^OFFSET_BITS apart)
-                        breaks.append(k)
-                ids.append(e)
-                vl.append(loc)
-                vn.append(ln)
-                total += ln
-                ends.append(total)
-                prev = loc + ln
-                k += 1
+        walked = 0
+        for run in runs:
+            start, locs, lens = run if isinstance(run, tuple) else (run.start, run.locs, run.lens)
+            for j in range(min(max(0, self.lo - start), len(locs)), len(locs)):
+                e = start + j
+                if walked == max_ids:
+                    return e
+                walked += 1
+                if want[e % stripe]:
+                    loc, ln = locs[j], lens[j]
+                    if k and loc != prev:
+                        seams.append(k)
+                        if not 0 <= loc - prev <= gap:   # (another segment: a location 2^OFFSET_BITS apart)
+                            breaks.append(k)
+                    ids.append(e)
+                    vl.append(loc)
+                    vn.append(ln)
+                    total += ln
+                    ends.append(total)
+                    prev = loc + ln
+                    k += 1
+        return -1
 
     @property
     def nbytes(self) -> int:
@@ -217,9 +233,12 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at
     span with gaps sliced out piece by piece (between ``view.seams``) by
     ``map`` over the arrays."""
     ids, locs, lens, ends = view.ids, view.locs, view.lens, view.ends
+    clipped = view.hi is not None and last >= view.hi   # (the view's window ends first: a frame stops there)
+    if clipped:
+        last = view.hi - 1
     i, j = bisect_left(ids, first), bisect_right(ids, last)
     if i >= j:
-        return [], None, False, 0
+        return [], view.hi if clipped else None, clipped, 0
     stop = bisect_right(ends, (ends[i - 1] if i else 0) + max_bytes, i, j)
     stop = max(stop, i + 1)   # (at least one record)
     full = stop < j
@@ -241,4 +260,6 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at
         stops = map(sub, map(add, map(locs.__getitem__, lasts), map(lens.__getitem__, lasts)), repeat(s0))
         mv = memoryview(data)
         out.append(b"".join(map(mv.__getitem__, map(slice, starts, stops))))
+    if not full and clipped:
+        return out, view.hi, True, stop - i
     return out, ids[stop] if full else None, full, stop - i

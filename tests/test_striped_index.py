@@ -6,6 +6,7 @@ when the index changes otherwise (a gap filled, a range deleted)."""
 from __future__ import annotations
 
 import asyncio
+from array import array
 
 import pytest
 from hypothesis import given, settings
@@ -46,12 +47,18 @@ def by_run_walk(s: Storage, first: int, last: int, max_bytes: int, stripe: int, 
 
 
 def read_all(s: Storage, first: int, last: int, max_bytes: int, stripe: int, residues: int) -> list[int]:
-    """Frame by frame as the server does; each frame checked against the run walk."""
+    """Frame by frame as the server does; each frame checked against the run
+    walk: the same frame, or (a view's window ended first) a frame ending at
+    the window's end with every record the run walk has up to there."""
     got, nxt = [], first
     while True:
         status, recs, through, count = s.read_sparse(LID, nxt, last, max_bytes, stripe, residues)
-        assert status is Status.OK and count == len(ids_of(recs))
+        assert status is Status.OK and count == len(ids_of(recs)) and nxt <= through <= last
         ref_recs, ref_through = by_run_walk(s, nxt, last, max_bytes, stripe, residues)
+        if through < ref_through:
+            view = s.core.ledgers[LID].index._views[(stripe, residues)]
+            assert through == view.hi - 1
+            ref_recs, ref_through = by_run_walk(s, nxt, through, max_bytes, stripe, residues)
         assert (b"".join(recs), through) == (b"".join(ref_recs), ref_through)
         got.extend(ids_of(recs))
         if through >= last:
@@ -106,7 +113,7 @@ def test_the_view_follows_appends_and_is_dropped_on_other_changes(s):
     # appends at the end: the same view, kept current
     more = [e for e in range(2000, 2400) if held_by(e, 2, 4)]
     asyncio.run(add(s, more))
-    assert idx.stripe_view(4, 0b0001) is view
+    assert idx.stripe_view(4, 0b0001, 0) is view
     held += more
     assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
     # an id below the end (a gap filled, as a re-replication would): the view is dropped
@@ -114,7 +121,7 @@ def test_the_view_follows_appends_and_is_dropped_on_other_changes(s):
     held = sorted(held + [2])
     assert 2 in read_all(s, 0, 9999, 1 << 20, 4, 0b0101)
     assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == wanted(held, 0, 9999)
-    assert idx.stripe_view(4, 0b0001) is not view
+    assert idx.stripe_view(4, 0b0001, 0) is not view
     # a range deleted: nothing of it comes back
     status, _ = asyncio.run(s.delete(LID, (100, 799)))
     assert status is Status.OK
@@ -155,12 +162,11 @@ def test_the_views_of_a_bookie_stay_within_their_budget(s):
     assert read_all(s, 0, 9999, 1 << 20, 4, 0b0001) == [e for e in held if e % 4 == 0]
 
 
-def _python_fill(stripe: int, residues: int, runs, gap: int) -> striped_read.StripeView:
-    view = striped_read.StripeView(stripe, residues)
+def _python_fill(stripe: int, residues: int, runs, gap: int, lo: int = 0,
+                 max_ids: int = -1) -> tuple[striped_read.StripeView, int]:
+    view = striped_read.StripeView(stripe, residues, lo)
     view.gap_bytes = gap
-    for run in runs:
-        view._extend_py(run.start, run.locs, run.lens)
-    return view
+    return view, view._fill_py(runs, max_ids)
 
 
 def _arrays(view):
@@ -197,8 +203,8 @@ def test_the_c_build_of_a_view_is_the_python_build(first, shapes, stripe, data, 
         eid += count
     view = striped_read.StripeView(stripe, residues)
     view.gap_bytes = gap
-    view.fill(runs)
-    want = _arrays(_python_fill(stripe, residues, runs, gap))
+    assert view.fill(runs) == -1
+    want = _arrays(_python_fill(stripe, residues, runs, gap)[0])
     assert _arrays(view) == want
     # and built in two goes: the runs up to a cut, then the rest (as appends extend it), as tuples
     cut = data.draw(st.integers(0, len(runs)))
@@ -208,6 +214,17 @@ def test_the_c_build_of_a_view_is_the_python_build(first, shapes, stripe, data, 
     for run in runs[cut:]:
         view.extend(run.start, run.locs, run.lens)
     assert _arrays(view) == want
+    # a window: from an id `lo` on, at most `max_ids` ids walked
+    lo = data.draw(st.integers(0, eid + 2))
+    max_ids = data.draw(st.integers(-1, 60))
+    view = striped_read.StripeView(stripe, residues, lo)
+    view.gap_bytes = gap
+    stop = view.fill(runs, max_ids)
+    ref, ref_stop = _python_fill(stripe, residues, runs, gap, lo, max_ids)
+    assert (_arrays(view), stop) == (_arrays(ref), ref_stop)
+    held = [r.start + j for r in runs for j in range(len(r.locs)) if r.start + j >= lo]
+    assert stop == (held[max_ids] if 0 <= max_ids < len(held) else -1)
+    assert list(view.ids) == [e for e in held[:None if max_ids < 0 else max_ids] if residues >> e % stripe & 1]
 
 
 @pytest.mark.skipif(striped_read._stripe is None, reason="bookie._stripe not built")
@@ -215,38 +232,117 @@ def test_the_c_build_refuses_what_is_not_a_run():
     from array import array
 
     from bookie.index import Run
-    fill = striped_read._stripe.fill
+
+    def fill(runs, stripe, want, count=0):
+        return striped_read._stripe.fill(runs, stripe, want, 0, count, 0, 0, 0, -1)
     good = Run(0, array("Q", [1, 2]), array("I", [1, 1]))
-    assert fill([good], 2, b"\1\0", 0, 0, 0, 0)[0] == array("q", [0]).tobytes()
-    assert fill([(0, good.locs, good.lens)], 2, b"\1\0", 0, 0, 0, 0)[0] == array("q", [0]).tobytes()
+    assert fill([good], 2, b"\1\0")[0] == array("q", [0]).tobytes()
+    assert fill([(0, good.locs, good.lens)], 2, b"\1\0")[0] == array("q", [0]).tobytes()
     with pytest.raises(ValueError):
-        fill([good], 3, b"\1\0", 0, 0, 0, 0)       # a flag per residue
+        fill([good], 3, b"\1\0")       # a flag per residue
     with pytest.raises(ValueError):
-        fill([good], 2, b"\1\0", 0, -1, 0, 0)      # a count below 0
+        fill([good], 2, b"\1\0", -1)   # a count below 0
     with pytest.raises(TypeError):
-        fill([Run(0, array("I", [1]), array("I", [1]))], 1, b"\1", 0, 0, 0, 0)   # locations of 8 bytes
+        fill([Run(0, array("I", [1]), array("I", [1]))], 1, b"\1")   # locations of 8 bytes
     with pytest.raises(TypeError):
-        fill([(0, array("Q", [1]), array("Q", [1]))], 1, b"\1", 0, 0, 0, 0)      # lengths of 4
+        fill([(0, array("Q", [1]), array("Q", [1]))], 1, b"\1")      # lengths of 4
+    with pytest.raises(TypeError):
+        fill([(0, (1,), (1,))], 1, b"\1")                            # arrays, not tuples
     with pytest.raises(ValueError):
-        fill([Run(0, array("Q", [1, 2]), array("I", [1]))], 1, b"\1", 0, 0, 0, 0)
+        fill([Run(0, array("Q", [1, 2]), array("I", [1]))], 1, b"\1")
     with pytest.raises(ValueError):
-        fill([(0, good.locs)], 1, b"\1", 0, 0, 0, 0)
+        fill([(0, good.locs)], 1, b"\1")
     with pytest.raises(AttributeError):
-        fill([object()], 1, b"\1", 0, 0, 0, 0)
+        fill([object()], 1, b"\1")
     with pytest.raises(TypeError):
-        fill([("0", good.locs, good.lens)], 1, b"\1", 0, 0, 0, 0)
+        fill([("0", good.locs, good.lens)], 1, b"\1")
 
 
-def test_a_ledger_past_the_view_bound_is_read_by_the_run_walk(s, monkeypatch):
-    """No view (no pause of the bookie to build one) past MAX_VIEW_IDS: the
-    records are the same."""
-    monkeypatch.setattr(striped_read, "MAX_VIEW_IDS", 500)
-    held = [e for e in range(2000) if held_by(e, 2, 4)]
+@pytest.mark.parametrize("qw", [2, 1])   # (Qw 1: runs of one id, a window ends between runs)
+@pytest.mark.parametrize("window", [1, 7, 300])
+def test_a_view_covers_a_window_and_a_read_past_it_builds_the_next(s, monkeypatch, window, qw):
+    """Windows of VIEW_WINDOW_IDS of the index's ids from the first id read:
+    frames stop at a window's end (read_all checks each against the run
+    walk), a read's last window is open to the end, appends reach only the one
+    open to the end, and a view never holds more than its window."""
+    monkeypatch.setattr(striped_read, "VIEW_WINDOW_IDS", window)
+    held = [e for e in range(2000) if held_by(e, qw, 4)]
     asyncio.run(add(s, held))
     idx = s.core.ledgers[LID].index
-    for _ in range(3):
-        assert read_all(s, 0, 9999, 20_000, 4, 0b0001) == [e for e in held if e % 4 == 0]
-    assert not idx._views
-    monkeypatch.setattr(striped_read, "MAX_VIEW_IDS", 1000)
-    assert read_all(s, 0, 9999, 20_000, 4, 0b0001) == [e for e in held if e % 4 == 0]
-    assert (4, 0b0001) in idx._views
+    seen = []
+    real = striped_read.read_view
+
+    def spy(view, *a):
+        seen.append(view)
+        return real(view, *a)
+    monkeypatch.setattr(striped_read, "read_view", spy)
+    for first in (0, 555):
+        for _ in range(2):
+            assert read_all(s, first, 9999, 3_000, 4, 0b0011) == [e for e in held if e >= first]
+    assert seen and all(sum(1 for e in held if v.lo <= e < (v.hi or 1 << 60)) <= window for v in seen)
+    assert len({(v.lo, v.hi) for v in seen}) > 2 and {v.hi is None for v in seen} == {True, False}
+    last = idx._views[(4, 0b0011)]
+    assert last.hi is None   # (the last window read is open to the end)
+    more = [e for e in range(2000, 2100) if held_by(e, qw, 4)]
+    asyncio.run(add(s, more))
+    assert idx.stripe_view(4, 0b0011, last.lo) is last and list(last.ids)[-len(more):] == more
+    if window < 100:  # a read that ends in a closed window: appends leave that one as it was
+        read_all(s, 0, 100, 3_000, 4, 0b0011)
+        closed = idx._views[(4, 0b0011)]
+        ids = list(closed.ids)
+        assert closed.hi is not None and ids
+        asyncio.run(add(s, [e for e in range(2100, 2200) if held_by(e, qw, 4)]))
+        assert idx.stripe_view(4, 0b0011, ids[0]) is closed and list(closed.ids) == ids
+
+
+def test_single_puts_at_the_end_extend_an_open_view():
+    """``LedgerIndex.put`` (one id: at the end of the last run, or a new
+    run past it) hands the view its ids as tuples."""
+    from bookie.index import LedgerIndex, pack_location
+    idx = LedgerIndex()
+    for e in range(400):
+        if held_by(e, 2, 4):
+            idx.put(e, pack_location(1, e * 100), 100)
+    assert idx.stripe_view(4, 0b0011, 0) is None   # (asked once)
+    view = idx.stripe_view(4, 0b0011, 0)
+    idx.put(400, pack_location(1, 40_000), 100)    # a new run past the end
+    idx.put(401, pack_location(1, 40_100), 100)    # at the end of the last run
+    assert idx.stripe_view(4, 0b0011, 0) is view and list(view.ids)[-3:] == [397, 400, 401]
+    assert list(view.ends)[-1] == 100 * len(view.ids)
+
+
+def test_filters_asked_in_turn_each_get_a_view_and_a_far_window_outlives_appends():
+    """A bookie asked for two filters in turn (a striped reader's arcs turn
+    by block) builds each on its second ask; a window far below the end is
+    built though the ledger was appended to between the asks (it cannot be
+    changed by appends), one reaching the end is not (a tail reader)."""
+    from bookie.index import LedgerIndex, pack_location
+    idx = LedgerIndex()
+    for e in range(4000):
+        if held_by(e, 3, 5, bookie=4):
+            idx.put(e, pack_location(1, e * 100), 100)
+    a, b = 0b10001, 0b10011   # (it holds residues 4, 0, 1)
+    assert idx.stripe_view(5, a, 0) is None and idx.stripe_view(5, b, 0) is None
+    va, vb = idx.stripe_view(5, a, 0), idx.stripe_view(5, b, 0)
+    assert va is not None and vb is not None and idx.stripe_view(5, a, 0) is va
+    assert set(e % 5 for e in va.ids) == {4, 0} and set(e % 5 for e in vb.ids) == {4, 0, 1}
+
+    small = LedgerIndex()
+    end = 0
+    for end in range(0, 4000, 5):
+        small.put_run(end, array("Q", [end * 100, end * 100 + 100]), array("I", [100, 100]))
+    old, striped_read.VIEW_WINDOW_IDS = striped_read.VIEW_WINDOW_IDS, 100   # (800 runs of 2 ids)
+    try:
+        for first in (0, 3990):
+            got = []
+            for _ in range(2):   # appends before each ask
+                small.put_run(end + 5, array("Q", [0, 100]), array("I", [100, 100]))
+                end += 5
+                got.append(small.stripe_view(5, 0b00011, first))
+            assert got[0] is None
+            if first == 0:   # far below the end: built at the second ask
+                assert got[1] is not None and got[1].hi is not None and len(got[1].ids) == 100
+            else:            # its window would reach the end: none
+                assert got[1] is None
+    finally:
+        striped_read.VIEW_WINDOW_IDS = old
