@@ -3,7 +3,8 @@
 on the same frames in the same run (issue 18); and a striped bookie's
 stripe view built in C (bookie/_stripe.c) beside the Python build.
 
-    bookstream bench walk [--sizes 100,1024,65536] [--frame-mb 4] [--repeat 15] [--view-ids 131072] [--out walk.json]
+    bookstream bench walk [--sizes 100,1024,65536] [--frame-mb 4] [--repeat 15] [--view-ids 131072]
+                          [--catchup-ids 2097152] [--out walk.json]
 
 A frame of ``--frame-mb`` MiB of entries of each size, walked ``--repeat``
 times by each walk (checksums verified, runs made, as a reader's
@@ -14,8 +15,10 @@ thread.
 
 The view: the index of one bookie of an E4 Qw2 ledger holding
 ``--view-ids`` ids (runs of 2 ids, 1 KiB records back to back), its view of
-everything it holds built from scratch (what the bookie does, its event
-loop held, when a catch-up's second frame asks for it).
+everything it holds built from scratch; and a catch-up through a bookie
+holding ``--catchup-ids`` ids, its views built window by window as a
+reader's frames ask (``LedgerIndex.stripe_view``): the longest build is how
+long the bookie's event loop is held, adds included.
 """
 from __future__ import annotations
 
@@ -38,6 +41,9 @@ def add_parser(bsub) -> None:
     p.add_argument("--repeat", type=int, default=15, help="walks of the frame per walk and size (the best counts)")
     p.add_argument("--view-ids", type=int, default=1 << 17,
                    help="ids held by the striped bookie whose view is built (0: no view figures)")
+    p.add_argument("--catchup-ids", type=int, default=1 << 21,
+                   help="ids held by the striped bookie a catch-up reads through, window by window "
+                        "(the longest view build is how long its event loop is held; 0: not measured)")
     p.add_argument("--out", type=Path, default=None)
     p.set_defaults(func=cmd_walk)
 
@@ -79,25 +85,63 @@ def cmd_walk(args: argparse.Namespace) -> int:
                                           for w in walks)
               + (f"; C {row['c_over_python']:.1f}x the Python walk" if "c" in row else ""))
     view = view_build(args.view_ids, max(1, args.repeat // 3)) if args.view_ids else None
+    windows = view_windows(args.catchup_ids) if args.catchup_ids else None
     if args.out:
         crc = E._NATIVE.CRC if E.NATIVE else None
         args.out.write_text(json.dumps({"benchmark": "walk", "command": " ".join(sys.argv), "crc": crc,
-                                        "results": rows, "view": view}, indent=2) + "\n")
+                                        "results": rows, "view": view, "windows": windows}, indent=2) + "\n")
     return 0
+
+
+def _striped_index(held: int):
+    """The index of bookie 1 of an E4 Qw2 ledger holding `held` ids (4k and
+    4k + 1, 1 KiB records back to back), and the id past its last."""
+    from array import array
+
+    from bookie.index import LedgerIndex, pack_location
+
+    index = LedgerIndex()
+    e = loc = 0
+    for _ in range(held // 2):
+        index.put_run(e, array("Q", [pack_location(1, loc), pack_location(1, loc + 1084)]), array("I", [1084, 1084]),
+                      adjacent=True)
+        loc += 2168
+        e += 4
+    return index, e
+
+
+def view_windows(held: int) -> dict:
+    """A catch-up's asks of a striped bookie's views (``LedgerIndex.stripe_view``)
+    from its first id to its last, window by window: the longest call (a
+    build: the bookie's event loop held), beside one build of the whole
+    ledger's view in one pass of the same C (or Python) code."""
+    from bookie import striped_read as S
+
+    index, end = _striped_index(held)
+    longest, calls, first = 0.0, 0, 0
+    while first < end:
+        t0 = time.perf_counter()
+        view = index.stripe_view(4, 0b0011, first)
+        longest = max(longest, time.perf_counter() - t0)
+        calls += 1
+        if view is not None:
+            first = end if view.hi is None else view.hi
+    whole = S.StripeView(4, 0b0011)
+    t0 = time.perf_counter()
+    whole.fill(index._runs.values())
+    out = {"ids": held, "window_ids": S.VIEW_WINDOW_IDS, "calls": calls, "longest_ms": longest * 1e3,
+           "whole_ledger_ms": (time.perf_counter() - t0) * 1e3, "c": S._stripe is not None}
+    print(f"a catch-up of a striped bookie holding {held:,} ids, views in windows of {out['window_ids']:,} ids: "
+          f"longest call {out['longest_ms']:.1f} ms of {calls}; the whole ledger's view in one build "
+          f"{out['whole_ledger_ms']:.0f} ms")
+    return out
 
 
 def view_build(held: int, repeat: int) -> dict:
     """The best build time of the view (the C build where it was built, and the Python one)."""
     from bookie import striped_read as S
-    from bookie.index import LedgerIndex, pack_location
 
-    index = LedgerIndex()
-    e = loc = 0
-    for _ in range(held // 2):   # bookie 1 of E4 Qw2: ids 4k and 4k + 1
-        for eid in (e, e + 1):
-            index.put(eid, pack_location(1, loc), 1084)
-            loc += 1084
-        e += 4
+    index, _ = _striped_index(held)
     runs = list(index._runs.values())
     builds = {"python": lambda v: v._fill_py(runs, -1)}
     if S._stripe is not None:

@@ -401,7 +401,7 @@ def test_profile_of_a_catch_up_read_samples_the_reader_and_every_bookie(tmp_path
 def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     out = tmp_path / "walk.json"
     proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "walk", "--sizes", "100,2000",
-                           "--frame-mb", "0.05", "--repeat", "2", "--out", str(out)],
+                           "--frame-mb", "0.05", "--repeat", "2", "--catchup-ids", "100000", "--out", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     doc = json.loads(out.read_text())
@@ -414,6 +414,9 @@ def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     v = doc["view"]
     assert v["ids"] == 131072 and v["runs"] == 65536 and v["c"]["ms"] > 0 and v["python"]["ms"] > 0
     assert v["c_over_python"] == v["python"]["ms"] / v["c"]["ms"] and "x the Python build" in proc.stdout
+    w = doc["windows"]
+    assert w["ids"] == 100000 and w["window_ids"] == 1 << 14 and w["c"]
+    assert w["calls"] >= 100000 // (1 << 14) + 1 and 0 < w["longest_ms"] and w["whole_ledger_ms"] > 0
 
 
 @pytest.mark.parametrize("keep", [False, True])
