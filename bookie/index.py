@@ -88,13 +88,14 @@ Removed = list[tuple[int, int]]
 class LedgerIndex:
     """The index of one ledger."""
 
-    __slots__ = ("_runs", "_count", "_last", "_version", "_views", "_asked", "__weakref__")
+    __slots__ = ("_runs", "_count", "_last", "_version", "_reshaped", "_views", "_asked", "__weakref__")
 
     def __init__(self) -> None:
         self._runs: SortedDict = SortedDict()
         self._count = 0
         self._last: Run | None = None  # the run with the highest start: the append fast path
         self._version = 0   # bumped by every change (the stripe views' validity)
+        self._reshaped = 0  # the version of the last change but an append at the end
         self._views: dict = {}  # (stripe, residues) -> bookie.striped_read.StripeView
         self._asked: dict = {}  # (stripe, residues) -> the version at its last ask
 
@@ -117,8 +118,9 @@ class LedgerIndex:
         """The current StripeView of a filter (bookie/striped_read.py) whose
         window holds `first`, or None: built from `first` over at most
         ``VIEW_WINDOW_IDS`` ids when asked a second time for that filter,
-        with no change in between unless the window ends below the ledger's
-        end (a catch-up's next window at once, a writer appending or not)."""
+        with no change in between, or only appends and a window that ends
+        below the ledger's end (a catch-up's next window at once, a writer
+        appending or not)."""
         key = (stripe, residues)
         view = self._views.get(key)
         if view is not None and view.version == self._version and view.covers(first):
@@ -128,10 +130,10 @@ class LedgerIndex:
         runs = self._runs
         i = max(runs.bisect_right(first) - 1, 0)
         asked, self._asked[key] = self._asked.get(key), self._version
-        if asked is None or asked != self._version and i + VIEW_WINDOW_IDS >= len(runs):
-            # asked once, or the ledger changed since and the window would
-            # reach its end: the run walk (a tail reader builds no view per
-            # frame); a window ending below the end outlives appends
+        if asked is None or asked != self._version and (self._reshaped > asked or i + VIEW_WINDOW_IDS >= len(runs)):
+            # asked once, or changed since: the run walk (a tail reader builds
+            # no view per frame), but for appends only below a window that
+            # ends below the ledger's end (appends cannot change it)
             if len(self._asked) > 8:
                 self._asked = {key: self._version}
             return None
@@ -178,6 +180,7 @@ class LedgerIndex:
             self._appended(entry_id, (loc,), (length,))
             return None
         self._version += 1
+        self._reshaped = self._version
         i = runs.bisect_right(entry_id) - 1
         run = runs.peekitem(i)[1] if i >= 0 else None
         if run is not None and entry_id < run.end:
@@ -309,6 +312,7 @@ class LedgerIndex:
         if first > last or not self._runs:
             return removed
         self._version += 1
+        self._reshaped = self._version
         runs = self._runs
         i = max(runs.bisect_right(first) - 1, 0)
         affected = [r for r in runs.values()[i:] if r.start <= last and r.end > first]

@@ -6,21 +6,21 @@ asks it for the ids of some residues mod `stripe` only.  Walking the runs
 costs a slice of two arrays per run and a test per held id, in Python:
 about 8x the CPU per returned entry of a Qw = E range read.
 
-``StripeView``: the held ids of one (stripe, residues) filter, with their
-locations, lengths, running byte totals and the places where they stop
-being close on disk, in flat arrays: a read bisects to `first`, bisects its
-byte cut and preads span by span, with no Python step per record (a
-striped bookie's CPU per byte served was about 3x a Qw = E bookie's with a
-step per record; issue 18).  The index keeps a view up to date through
-appends at its end (the writer's usual case) and drops it on any other
-change (``LedgerIndex.stripe_view``); it builds one only when asked twice
-for the same filter with no change in between, so a ledger being written
-and read at its tail keeps the run walk and never pays a build per frame.
-A view covers a window of the ledger from the first id read, of at most
-``VIEW_WINDOW_IDS`` of the index's ids (or to its end, and then it takes
-the appends): its build, one pass in C over the index's runs
-(``StripeView.fill``, bookie/_stripe.c), holds the bookie's event loop,
-and a frame of a range read stops at the window's end.
+``StripeView``: the held ids of one (stripe, residues) filter in a window
+of the ledger, with their locations, lengths, running byte totals and the
+places where they stop being close on disk, in flat arrays: a read bisects
+to `first`, bisects its byte cut and preads span by span, with no Python
+step per record (a striped bookie's CPU per byte served was about 3x a Qw
+= E bookie's with a step per record; issue 18).  A view covers a window
+from the first id read, of at most ``VIEW_WINDOW_IDS`` of the index's ids
+(or to its end, and then it takes the appends): its build, one pass in C
+over the index's runs (``StripeView.fill``, bookie/_stripe.c), holds the
+bookie's event loop, and a frame of a range read stops at the window's
+end.  The index drops a view on any change but an append at its end
+(``LedgerIndex.stripe_view``), and builds one when a filter is asked for a
+second time with no change in between, or only appends and a window
+ending below the ledger's end: a ledger being written and read at its
+tail keeps the run walk and never pays a build per frame.
 
 Both walks read the wanted records close together on disk in one pread
 (gaps of at most ``GAP_BYTES``) and slice them out.

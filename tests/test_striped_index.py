@@ -346,3 +346,23 @@ def test_filters_asked_in_turn_each_get_a_view_and_a_far_window_outlives_appends
                 assert got[1] is None
     finally:
         striped_read.VIEW_WINDOW_IDS = old
+
+
+def test_a_far_window_is_not_built_when_the_ledger_changed_otherwise_since_the_ask():
+    """A gap filled or a range deleted between the two asks: the run walk."""
+    from bookie.index import LedgerIndex, pack_location
+    old, striped_read.VIEW_WINDOW_IDS = striped_read.VIEW_WINDOW_IDS, 100
+    try:
+        for change in ("put", "delete"):
+            idx = LedgerIndex()
+            for e in range(0, 4000, 5):
+                idx.put_run(e, array("Q", [e * 100, e * 100 + 100]), array("I", [100, 100]))
+            assert idx.stripe_view(5, 0b00011, 0) is None
+            if change == "put":
+                idx.put(2, pack_location(1, 7), 100)
+            else:
+                idx.delete_range(3000, 3004)
+            assert idx.stripe_view(5, 0b00011, 0) is None   # (changed since: asked once again)
+            assert idx.stripe_view(5, 0b00011, 0) is not None
+    finally:
+        striped_read.VIEW_WINDOW_IDS = old
