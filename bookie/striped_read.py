@@ -14,7 +14,7 @@ step per record (a striped bookie's CPU per byte served was about 3x a Qw
 = E bookie's with a step per record; issue 18).  A view covers a window
 from the first id read, of at most ``VIEW_WINDOW_IDS`` of the index's ids
 (or to its end, and then it takes the appends): its build, one pass in C
-over the index's runs (``StripeView.fill``, bookie/_stripe.c), holds the
+over the index's runs (``StripeView.fill``, bookie/_spans.c), holds the
 bookie's event loop, and a frame of a range read stops at the window's
 end.  The index drops a view on any change but an append at its end
 (``LedgerIndex.stripe_view``), and builds one when a filter is asked for a
@@ -27,7 +27,6 @@ Both walks read the wanted records close together on disk in one pread
 """
 from __future__ import annotations
 
-import os
 import weakref
 from array import array
 from bisect import bisect_left, bisect_right
@@ -35,14 +34,8 @@ from collections import OrderedDict
 from itertools import repeat
 from operator import add, sub
 
-from bookie.index import OFFSET_BITS
+from bookie.index import OFFSET_BITS, spans_c
 
-try:  # the view's build in C (bookie/_stripe.c); BOOKSTREAM_PURE_PYTHON=1 asks for Python
-    from bookie import _stripe
-except ImportError:  # not built (no compiler where it was installed)
-    _stripe = None
-if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
-    _stripe = None
 
 # A striped read takes wanted records this close together on disk in one
 # pread (and slices them out) rather than one pread each: small records
@@ -99,15 +92,15 @@ class StripeView:
         """Adds the ids from ``lo`` of a ledger's index runs
         (``bookie.index.Run`` or (start, locs, lens), ascending, above every
         id held), walking at most `max_ids` of their ids (-1: all): one pass
-        in C where ``bookie._stripe`` was built (600 ns an id in Python: a
+        in C where ``bookie._spans`` was built (600 ns an id in Python: a
         view of 131,072 ids held the bookie's event loop for 78 ms), else
         ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
         if not isinstance(runs, (list, tuple)):
             runs = list(runs)
-        if _stripe is None:
+        if spans_c is None:
             return self._fill_py(runs, max_ids)
         k = len(self.ids)
-        *parts, stop = _stripe.fill(runs, self.stripe, bytes(self.want), self.gap_bytes, k,
+        *parts, stop = spans_c.stripe_fill(runs, self.stripe, bytes(self.want), self.gap_bytes, k,
                                     self.ends[-1] if k else 0, self.locs[-1] + self.lens[-1] if k else 0,
                                     self.lo, max_ids)
         for arr, data in zip((self.ids, self.locs, self.lens, self.ends, self.seams, self.breaks), parts):
@@ -115,7 +108,7 @@ class StripeView:
         return stop
 
     def _fill_py(self, runs, max_ids: int) -> int:
-        """``fill`` in Python, id by id (where bookie._stripe was not built)."""
+        """``fill`` in Python, id by id (where bookie._spans was not built)."""
         stripe, want, gap = self.stripe, self.want, self.gap_bytes
         ids, vl, vn, ends, breaks, seams = self.ids, self.locs, self.lens, self.ends, self.breaks, self.seams
         k = len(ids)

@@ -107,3 +107,59 @@ def test_runs_from_slices_what_the_index_holds(puts, first, last):
     held = [(s + k, locs[k], lens[k]) for s, locs, lens in ix.runs_from(first, last, skip_gaps=True)
             for k in range(len(locs))]
     assert held == [(e, loc, ln) for e, loc, ln in ix.iter_all() if first <= e <= last]
+
+
+def _python_breaks(locs, lens, first: int) -> list[int]:
+    return [k for k in range(max(first, 1), len(locs)) if locs[k] != locs[k - 1] + lens[k - 1]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0, 0, 0, 1, 2]), st.integers(1, 5000)), max_size=60), st.integers(0, 70),
+       st.integers(0, 70))
+def test_a_runs_breaks_are_where_its_records_stop_following_each_other(steps, first, grown):
+    """``Run.breaks_after`` (in C where bookie._spans was built) against the
+    rule written out: found for the whole run, kept as it grows, and found
+    again from a changed position."""
+    from array import array
+
+    from bookie.index import Run, spans_c
+    locs, lens, loc = array("Q"), array("I"), pack_location(3, 0)
+    for kind, n in steps:   # 0: the next record follows; 1: a gap; 2: backwards
+        loc = {0: loc, 1: loc + n, 2: max(0, loc - n)}[kind]
+        locs.append(loc)
+        lens.append(n)
+        loc += n
+    run = Run(0, locs, lens)
+    breaks, i = run.breaks_after(first)
+    want = _python_breaks(locs, lens, 0)
+    assert list(breaks) == want and i == sum(1 for k in want if k <= first)
+    if spans_c is not None:
+        from array import array as arr
+        got = arr("I")
+        got.frombytes(spans_c.run_breaks(locs, lens, first))
+        assert list(got) == _python_breaks(locs, lens, first)
+    for _ in range(grown % 7):   # appends, then a change in the middle
+        run.locs.append(loc + 3)
+        run.lens.append(9)
+        loc += 12
+    assert list(run.breaks_after(0)[0]) == _python_breaks(run.locs, run.lens, 0)
+    if len(run.locs) > 2:
+        k = grown % len(run.locs)
+        run.locs[k] = pack_location(4, k)
+        run.changed(k)
+        assert list(run.breaks_after(0)[0]) == _python_breaks(run.locs, run.lens, 0)
+
+
+def test_run_breaks_refuses_what_is_not_a_run():
+    from array import array
+
+    import pytest
+
+    from bookie.index import spans_c
+    if spans_c is None:
+        pytest.skip("bookie._spans not built")
+    with pytest.raises(TypeError):
+        spans_c.run_breaks(array("I", [1]), array("I", [1]), 0)
+    with pytest.raises(ValueError):
+        spans_c.run_breaks(array("Q", [1, 2]), array("I", [1]), 0)
+    assert spans_c.run_breaks(array("Q"), array("I"), 0) == b""

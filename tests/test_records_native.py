@@ -31,12 +31,12 @@ def test_the_native_walk_is_built_and_used():
     assert E.NATIVE and E.sparse_runs is _records.sparse_runs and E.decode_sparse is _records.decode_sparse
     assert _records.CRC in ("vpclmul", "pclmul", "slicing-by-8")
     from bookie import striped_read
-    assert striped_read._stripe is not None   # and a striped bookie's view build (bookie/_stripe.c)
+    assert striped_read.spans_c is not None   # and a bookie's index walks (bookie/_spans.c)
 
 
 def test_pure_python_can_be_asked_for():
     out = subprocess.run([sys.executable, "-c", "from bookie import entry as E, striped_read as S; "
-                          "print(E.NATIVE, E.sparse_runs.__name__, S._stripe)"],
+                          "print(E.NATIVE, E.sparse_runs.__name__, S.spans_c)"],
                          env={**os.environ, "BOOKSTREAM_PURE_PYTHON": "1"}, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "_sparse_runs_py", "None"]
 

@@ -178,7 +178,7 @@ _run_shape = st.tuples(st.integers(1, 9), st.integers(0, 7),   # ids in the run,
                        st.lists(st.tuples(st.integers(0, 3), _move), min_size=9, max_size=9))
 
 
-@pytest.mark.skipif(striped_read._stripe is None, reason="bookie._stripe not built")
+@pytest.mark.skipif(striped_read.spans_c is None, reason="bookie._spans not built")
 @settings(max_examples=400, deadline=None)
 @given(st.integers(0, 40), st.lists(_run_shape, max_size=30), st.integers(1, 6), st.data(),
        st.sampled_from([0, 700, striped_read.GAP_BYTES]))
@@ -227,14 +227,14 @@ def test_the_c_build_of_a_view_is_the_python_build(first, shapes, stripe, data, 
     assert list(view.ids) == [e for e in held[:None if max_ids < 0 else max_ids] if residues >> e % stripe & 1]
 
 
-@pytest.mark.skipif(striped_read._stripe is None, reason="bookie._stripe not built")
+@pytest.mark.skipif(striped_read.spans_c is None, reason="bookie._spans not built")
 def test_the_c_build_refuses_what_is_not_a_run():
     from array import array
 
     from bookie.index import Run
 
     def fill(runs, stripe, want, count=0):
-        return striped_read._stripe.fill(runs, stripe, want, 0, count, 0, 0, 0, -1)
+        return striped_read.spans_c.stripe_fill(runs, stripe, want, 0, count, 0, 0, 0, -1)
     good = Run(0, array("Q", [1, 2]), array("I", [1, 1]))
     assert fill([good], 2, b"\1\0")[0] == array("q", [0]).tobytes()
     assert fill([(0, good.locs, good.lens)], 2, b"\1\0")[0] == array("q", [0]).tobytes()

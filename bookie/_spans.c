@@ -1,5 +1,6 @@
-/* bookie._stripe: a striped bookie's stripe view built in C
- * (bookie/striped_read.py StripeView.fill).
+/* bookie._spans: walks of a bookie's index in C: a striped bookie's stripe
+ * view (bookie/striped_read.py StripeView.fill) and where a run's records
+ * stop following each other on disk (bookie/index.py Run.breaks_after).
  *
  * A view holds, for one (stripe, residues) filter, the ids a bookie holds
  * with their locations and lengths in flat arrays, built from the ledger's
@@ -86,7 +87,7 @@ run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
 }
 
 PyDoc_STRVAR(fill_doc,
-"fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
+"stripe_fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
 "    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
 "What StripeView.extend (bookie/striped_read.py) appends to a view's arrays for\n"
 "the ids of `runs` (bookie.index.Run or (start, locs array('Q'), lens\n"
@@ -108,7 +109,7 @@ fill(PyObject *self, PyObject *args)
     Buf ids = {0}, locs = {0}, lens = {0}, ends = {0}, seams = {0}, breaks = {0};
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "Ony*KLKKLL:fill", &runs, &stripe, &want, &gap, &k, &total, &prev, &first,
+    if (!PyArg_ParseTuple(args, "Ony*KLKKLL:stripe_fill", &runs, &stripe, &want, &gap, &k, &total, &prev, &first,
                           &max_ids))
         return NULL;
     if (stripe <= 0 || want.len != stripe || k < 0) {
@@ -197,18 +198,64 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(run_breaks_doc,
+"run_breaks(locs, lens, first) -> bytes\n\n"
+"The positions k >= max(first, 1) of a run (`locs` array('Q'), `lens`\n"
+"array('I')) whose record does not begin where record k - 1 ends on disk, as\n"
+"the bytes of an array('I') (bookie/index.py Run.breaks_after).");
+
+static PyObject *
+run_breaks(PyObject *self, PyObject *args)
+{
+    PyObject *locs_obj, *lens_obj, *out = NULL;
+    Py_ssize_t first;
+    Py_buffer vl, vn;
+    Buf breaks = {0};
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOn:run_breaks", &locs_obj, &lens_obj, &first))
+        return NULL;
+    if (run_array(locs_obj, "locs", 8, &vl) < 0)
+        return NULL;
+    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
+        PyBuffer_Release(&vl);
+        return NULL;
+    }
+    Py_ssize_t n = vl.len / 8;
+    if (vn.len / 4 != n || n > UINT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
+        goto done;
+    }
+    const uint64_t *l = vl.buf;
+    const uint32_t *ln = vn.buf;
+    for (Py_ssize_t k = first > 1 ? first : 1; k < n; k++) {
+        if (l[k] != l[k - 1] + ln[k - 1]) {
+            uint32_t kk = (uint32_t)k;
+            if (buf_put(&breaks, &kk, 4) < 0)
+                goto done;
+        }
+    }
+    out = PyBytes_FromStringAndSize(breaks.p ? breaks.p : "", breaks.len);
+done:
+    PyBuffer_Release(&vl);
+    PyBuffer_Release(&vn);
+    PyMem_Free(breaks.p);
+    return out;
+}
+
 static PyMethodDef methods[] = {
-    {"fill", fill, METH_VARARGS, fill_doc},
+    {"stripe_fill", fill, METH_VARARGS, fill_doc},
+    {"run_breaks", run_breaks, METH_VARARGS, run_breaks_doc},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module_def = {
-    PyModuleDef_HEAD_INIT, "bookie._stripe",
-    "A striped bookie's stripe view built in C (bookie/striped_read.py).", -1, methods, NULL, NULL, NULL, NULL,
+    PyModuleDef_HEAD_INIT, "bookie._spans",
+    "Walks of a bookie's index in C (bookie/index.py, bookie/striped_read.py).", -1, methods, NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC
-PyInit__stripe(void)
+PyInit__spans(void)
 {
     return PyModule_Create(&module_def);
 }
