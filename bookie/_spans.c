@@ -1,6 +1,10 @@
 /* bookie._spans: walks of a bookie's index in C: a striped bookie's stripe
- * view (bookie/striped_read.py StripeView.fill) and where a run's records
- * stop following each other on disk (bookie/index.py Run.breaks_after).
+ * view (bookie/striped_read.py StripeView.fill), where a run's records
+ * stop following each other on disk (bookie/index.py Run.breaks_after), and
+ * a ledger's runs as a checkpoint stores them (LedgerIndex.runs_image).
+ * Each runs on the bookie's event loop, over as much of the index as it is
+ * asked: a striped ledger's index is a run per Qw ids, a Python step per run
+ * or per id there held the loop for seconds on long streams.
  *
  * A view holds, for one (stripe, residues) filter, the ids a bookie holds
  * with their locations and lengths in flat arrays, built from the ledger's
@@ -243,9 +247,73 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(runs_image_doc,
+"runs_image(runs) -> bytes\n\n"
+"A ledger's index runs (bookie.index.Run or (start, locs array('Q'), lens\n"
+"array('I'))) as a checkpoint stores them (bookie/storage.py _CKP_RUN): per\n"
+"run its start (u64) and count (u32), little-endian, then its locations and\n"
+"lengths as stored.");
+
+static PyObject *
+runs_image(PyObject *self, PyObject *runs)
+{
+    PyObject *seq, *out = NULL;
+    Buf image = {0};
+
+    (void)self;
+    seq = PySequence_Fast(runs, "runs must be a sequence");
+    if (seq == NULL)
+        return NULL;
+    Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t r = 0; r < n_runs; r++) {
+        PyObject *start_obj, *locs_obj, *lens_obj;
+        if (run_parts(PySequence_Fast_GET_ITEM(seq, r), &start_obj, &locs_obj, &lens_obj) < 0)
+            goto done;
+        unsigned long long start = PyLong_AsUnsignedLongLong(start_obj);
+        Py_DECREF(start_obj);
+        Py_buffer vl, vn;
+        int got = 0;
+        if (!(start == (unsigned long long)-1 && PyErr_Occurred()) && run_array(locs_obj, "locs", 8, &vl) == 0) {
+            got = 1;
+            if (run_array(lens_obj, "lens", 4, &vn) == 0)
+                got = 2;
+        }
+        Py_DECREF(locs_obj);
+        Py_DECREF(lens_obj);
+        if (got < 2) {
+            if (got)
+                PyBuffer_Release(&vl);
+            goto done;
+        }
+        Py_ssize_t n = vl.len / 8;
+        int bad = vn.len / 4 != n || n > UINT32_MAX;
+        if (bad)
+            PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+        uint64_t s64 = start;
+        uint32_t c32 = (uint32_t)n;
+        if (!bad)
+            bad = buf_put(&image, &s64, 8) < 0 || buf_put(&image, &c32, 4) < 0 || buf_put(&image, vl.buf, vl.len) < 0 ||
+                  buf_put(&image, vn.buf, vn.len) < 0;
+#else
+#error "runs_image writes the checkpoint's little-endian form from memory"
+#endif
+        PyBuffer_Release(&vl);
+        PyBuffer_Release(&vn);
+        if (bad)
+            goto done;
+    }
+    out = PyBytes_FromStringAndSize(image.p ? image.p : "", image.len);
+done:
+    Py_DECREF(seq);
+    PyMem_Free(image.p);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"stripe_fill", fill, METH_VARARGS, fill_doc},
     {"run_breaks", run_breaks, METH_VARARGS, run_breaks_doc},
+    {"runs_image", runs_image, METH_O, runs_image_doc},
     {NULL, NULL, 0, NULL},
 };
 

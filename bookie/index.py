@@ -16,6 +16,8 @@ then costs per disk span, not per entry.
 from __future__ import annotations
 
 import os
+import struct
+import sys
 from array import array
 from bisect import bisect_left, bisect_right
 from itertools import compress
@@ -30,6 +32,7 @@ except ImportError:  # not built (no compiler where it was installed)
     spans_c = None
 if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
     spans_c = None
+_LITTLE = sys.byteorder == "little"   # (the arrays' memory is the checkpoint's form)
 
 OFFSET_BITS = 40
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
@@ -348,6 +351,18 @@ class LedgerIndex:
 
     def runs(self) -> list[tuple[int, bytes, bytes]]:
         return [(r.start, r.locs.tobytes(), r.lens.tobytes()) for r in self._runs.values()]
+
+    def runs_image(self) -> tuple[int, bytes]:
+        """(how many runs, their checkpoint form: per run its start (u64)
+        and count (u32), then its locations and lengths, little-endian), in
+        one C pass where bookie._spans was built (a striped ledger's million
+        runs: 0.8 s of the bookie's loop in Python)."""
+        runs = list(self._runs.values())
+        if spans_c is not None and _LITTLE:
+            return len(runs), spans_c.runs_image(runs)
+        head = struct.Struct("<QI")
+        return len(runs), b"".join(head.pack(r.start, len(r.locs)) + r.locs.tobytes() + r.lens.tobytes()
+                                   for r in runs)
 
     @classmethod
     def from_runs(cls, runs: list[tuple[int, bytes, bytes]]) -> "LedgerIndex":

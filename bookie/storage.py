@@ -527,12 +527,9 @@ class Storage:
     def _snapshot(self, pos: JournalPosition) -> bytes:
         parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
         for lid, st in self.core.ledgers.items():
-            runs = st.index.runs()
-            parts.append(_CKP_LEDGER.pack(lid, st.term, int(st.fenced), st.lac, st.lafr, len(runs)))
-            for start, locs, lens in runs:
-                parts.append(_CKP_RUN.pack(start, len(lens) // 4))
-                parts.append(locs)
-                parts.append(lens)
+            n_runs, image = st.index.runs_image()   # (_CKP_RUN, its locations, its lengths: per run)
+            parts.append(_CKP_LEDGER.pack(lid, st.term, int(st.fenced), st.lac, st.lafr, n_runs))
+            parts.append(image)
         # Then the verifiers of the ledgers that have one (a section an
         # earlier bookie's loader, which stops after the ledgers, ignores).
         keyed = [(lid, st.verifier) for lid, st in self.core.ledgers.items() if st.verifier]

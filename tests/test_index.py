@@ -163,3 +163,45 @@ def test_run_breaks_refuses_what_is_not_a_run():
     with pytest.raises(ValueError):
         spans_c.run_breaks(array("Q", [1, 2]), array("I", [1]), 0)
     assert spans_c.run_breaks(array("Q"), array("I"), 0) == b""
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**40), st.integers(1, 40), st.integers(0, 2**40), st.integers(1, 2**32 - 1)),
+                max_size=20))
+def test_the_runs_image_is_the_checkpoints_form_of_the_runs(puts):
+    """Per run: start (u64) and count (u32) little-endian, then its
+    locations and lengths (bookie/storage.py _CKP_RUN), in C or not."""
+    import struct
+
+    from bookie import index as I
+    idx = LedgerIndex()
+    for first, count, loc, ln in puts:   # (runs of consecutive ids, overlapping or not)
+        for e in range(first, first + count):
+            idx.put(e, loc + e, ln)
+    want = b"".join(struct.pack("<QI", start, len(lens) // 4) + locs + lens for start, locs, lens in idx.runs())
+    assert idx.runs_image() == (len(idx.runs()), want)
+    native, I.spans_c = I.spans_c, None
+    try:
+        assert idx.runs_image() == (len(idx.runs()), want)
+    finally:
+        I.spans_c = native
+
+
+def test_runs_image_refuses_what_is_not_a_run():
+    from array import array
+
+    import pytest
+
+    from bookie.index import spans_c
+    if spans_c is None:
+        pytest.skip("bookie._spans not built")
+    assert spans_c.runs_image([(2**64 - 1, array("Q", [5]), array("I", [6]))]) == (
+        b"\xff" * 8 + b"\1\0\0\0" + b"\5" + b"\0" * 7 + b"\6\0\0\0")
+    with pytest.raises(ValueError):
+        spans_c.runs_image([(0, array("Q", [1, 2]), array("I", [1]))])
+    with pytest.raises(OverflowError):
+        spans_c.runs_image([(-1, array("Q", [1]), array("I", [1]))])
+    with pytest.raises(TypeError):
+        spans_c.runs_image([(0, array("I", [1]), array("I", [1]))])
+    with pytest.raises(TypeError):
+        spans_c.runs_image(5)
