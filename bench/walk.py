@@ -18,7 +18,10 @@ The view: the index of one bookie of an E4 Qw2 ledger holding
 everything it holds built from scratch; and a catch-up through a bookie
 holding ``--catchup-ids`` ids, its views built window by window as a
 reader's frames ask (``LedgerIndex.stripe_view``): the longest build is how
-long the bookie's event loop is held, adds included.
+long the bookie's event loop is held, adds included; then that index's
+checkpoint image (``LedgerIndex.runs_image``) and the first breaks of one
+run of as many entries (``Run.breaks_after``, as after a restart), each with
+the C walks and with their Python fallbacks.
 """
 from __future__ import annotations
 
@@ -134,6 +137,43 @@ def view_windows(held: int) -> dict:
     print(f"a catch-up of a striped bookie holding {held:,} ids, views in windows of {out['window_ids']:,} ids: "
           f"longest call {out['longest_ms']:.1f} ms of {calls}; the whole ledger's view in one build "
           f"{out['whole_ledger_ms']:.0f} ms")
+    out["checkpoint_image"] = _c_and_python(lambda: index.runs_image(), "checkpoint image of its runs")
+    run = _one_run(held)
+
+    def breaks():
+        run.checked = 0
+        del run.breaks[:]
+        run.breaks_after(0)
+    out["run_breaks"] = _c_and_python(breaks, f"first breaks of one run of {held:,} entries")
+    return out
+
+
+def _one_run(n: int):
+    from array import array
+
+    from bookie.index import Run
+    return Run(0, array("Q", range(0, n * 1084, 1084)), array("I", [1084]) * n)
+
+
+def _c_and_python(fn, what: str) -> dict:
+    """The time of `fn` with the index's C walks and without them (the
+    Python fallbacks: bookie.index.spans_c set aside), each on the bookie's
+    loop when a bookie runs it."""
+    from bookie import index as I
+
+    out = {}
+    native = I.spans_c
+    for name, mod in (("c", native), ("python", None)):
+        if name == "c" and mod is None:
+            continue
+        I.spans_c = mod
+        try:
+            t0 = time.perf_counter()
+            fn()
+            out[name + "_ms"] = (time.perf_counter() - t0) * 1e3
+        finally:
+            I.spans_c = native
+    print(f"{what}: " + ", ".join(f"{k[:-3]} {v:.0f} ms" for k, v in out.items()))
     return out
 
 

@@ -417,6 +417,8 @@ def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     w = doc["windows"]
     assert w["ids"] == 100000 and w["window_ids"] == 1 << 14 and w["c"]
     assert w["calls"] >= 100000 // (1 << 14) + 1 and 0 < w["longest_ms"] and w["whole_ledger_ms"] > 0
+    for key in ("checkpoint_image", "run_breaks"):
+        assert w[key]["c_ms"] > 0 and w[key]["python_ms"] > 0
 
 
 @pytest.mark.parametrize("keep", [False, True])
