@@ -2,7 +2,9 @@
 cluster (issue 12.6).
 
 The test starts `bookstream standalone` as a user would, on free ports
-(`--etcd-port`, `--base-port 0`), and rewrites only the README's etcd
+(`--etcd-port 0`, `--base-port 0`: chosen by the processes that bind them,
+not picked here and bound later, which another process may take between
+the two), and rewrites only the README's etcd
 address (127.0.0.1:2379) to the one it got.  The blocks run in README order
 in one interpreter and one namespace (a later block may use what an earlier
 one made, as a reader following the README would), each compiled under its
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import textwrap
@@ -54,19 +55,13 @@ _DRIVER = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_readme_python_examples_run_against_standalone(tmp_path):
     blocks = python_blocks((REPO / "README.md").read_text())
     assert len(blocks) >= 7  # produce, consume, tail, take-over, batches, classic ledger, log
     assert all(README_ADDRESS in code for _, code in blocks if "Client(" in code)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bookstream.cli", "standalone", "--data-dir", str(tmp_path / "sa"),
-         "--etcd-port", str(_free_port()), "--base-port", "0", "--log-level", "WARNING"],
+         "--etcd-port", "0", "--base-port", "0", "--log-level", "WARNING"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=REPO,
         start_new_session=True)
     out = Output(proc)
