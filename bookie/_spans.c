@@ -90,6 +90,36 @@ run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
     return 0;
 }
 
+/* A run's start (an entry id: >= 0) and its two arrays as buffers of as
+ * many items (released by the caller), or an error. */
+static int
+run_views(PyObject *run, long long *start, Py_buffer *vl, Py_buffer *vn)
+{
+    PyObject *start_obj, *locs_obj, *lens_obj;
+    if (run_parts(run, &start_obj, &locs_obj, &lens_obj) < 0)
+        return -1;
+    *start = PyLong_AsLongLong(start_obj);
+    Py_DECREF(start_obj);
+    int got = 0;
+    if (*start < 0 && !PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "a run's start must be an entry id (>= 0)");
+    else if (!PyErr_Occurred() && run_array(locs_obj, "locs", 8, vl) == 0) {
+        got = 1;
+        if (run_array(lens_obj, "lens", 4, vn) == 0)
+            got = 2;
+    }
+    Py_DECREF(locs_obj);
+    Py_DECREF(lens_obj);
+    if (got == 2 && (vn->len / 4 != vl->len / 8 || vl->len / 8 > UINT32_MAX)) {
+        PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
+        PyBuffer_Release(vn);
+        got = 1;
+    }
+    if (got == 1)
+        PyBuffer_Release(vl);
+    return got == 2 ? 0 : -1;
+}
+
 PyDoc_STRVAR(fill_doc,
 "stripe_fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
 "    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
@@ -127,32 +157,11 @@ fill(PyObject *self, PyObject *args)
     Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
     long long walked = 0;
     for (Py_ssize_t r = 0; r < n_runs && stop < 0; r++) {
-        PyObject *start_obj, *locs_obj, *lens_obj;
-        if (run_parts(PySequence_Fast_GET_ITEM(seq, r), &start_obj, &locs_obj, &lens_obj) < 0)
-            goto done;
-        long long start = PyLong_AsLongLong(start_obj);
-        Py_DECREF(start_obj);
+        long long start;
         Py_buffer vl, vn;
-        int got = 0;
-        if (!(start == -1 && PyErr_Occurred()) && run_array(locs_obj, "locs", 8, &vl) == 0) {
-            got = 1;
-            if (run_array(lens_obj, "lens", 4, &vn) == 0)
-                got = 2;
-        }
-        Py_DECREF(locs_obj);
-        Py_DECREF(lens_obj);
-        if (got < 2) {
-            if (got)
-                PyBuffer_Release(&vl);
+        if (run_views(PySequence_Fast_GET_ITEM(seq, r), &start, &vl, &vn) < 0)
             goto done;
-        }
         Py_ssize_t n = vl.len / 8;
-        if (vn.len / 4 != n) {
-            PyBuffer_Release(&vl);
-            PyBuffer_Release(&vn);
-            PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length");
-            goto done;
-        }
         const uint64_t *rl = vl.buf;
         const uint32_t *rn = vn.buf;
         Py_ssize_t j = first > start ? (Py_ssize_t)(first - start < n ? first - start : n) : 0;
@@ -266,34 +275,16 @@ runs_image(PyObject *self, PyObject *runs)
         return NULL;
     Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t r = 0; r < n_runs; r++) {
-        PyObject *start_obj, *locs_obj, *lens_obj;
-        if (run_parts(PySequence_Fast_GET_ITEM(seq, r), &start_obj, &locs_obj, &lens_obj) < 0)
-            goto done;
-        unsigned long long start = PyLong_AsUnsignedLongLong(start_obj);
-        Py_DECREF(start_obj);
+        long long start;
         Py_buffer vl, vn;
-        int got = 0;
-        if (!(start == (unsigned long long)-1 && PyErr_Occurred()) && run_array(locs_obj, "locs", 8, &vl) == 0) {
-            got = 1;
-            if (run_array(lens_obj, "lens", 4, &vn) == 0)
-                got = 2;
-        }
-        Py_DECREF(locs_obj);
-        Py_DECREF(lens_obj);
-        if (got < 2) {
-            if (got)
-                PyBuffer_Release(&vl);
+        if (run_views(PySequence_Fast_GET_ITEM(seq, r), &start, &vl, &vn) < 0)
             goto done;
-        }
         Py_ssize_t n = vl.len / 8;
-        int bad = vn.len / 4 != n || n > UINT32_MAX;
-        if (bad)
-            PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
+        int bad = 0;
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-        uint64_t s64 = start;
+        uint64_t s64 = (uint64_t)start;
         uint32_t c32 = (uint32_t)n;
-        if (!bad)
-            bad = buf_put(&image, &s64, 8) < 0 || buf_put(&image, &c32, 4) < 0 || buf_put(&image, vl.buf, vl.len) < 0 ||
+        bad = buf_put(&image, &s64, 8) < 0 || buf_put(&image, &c32, 4) < 0 || buf_put(&image, vl.buf, vl.len) < 0 ||
                   buf_put(&image, vn.buf, vn.len) < 0;
 #else
 #error "runs_image writes the checkpoint's little-endian form from memory"

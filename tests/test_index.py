@@ -195,12 +195,14 @@ def test_runs_image_refuses_what_is_not_a_run():
     from bookie.index import spans_c
     if spans_c is None:
         pytest.skip("bookie._spans not built")
-    assert spans_c.runs_image([(2**64 - 1, array("Q", [5]), array("I", [6]))]) == (
-        b"\xff" * 8 + b"\1\0\0\0" + b"\5" + b"\0" * 7 + b"\6\0\0\0")
+    assert spans_c.runs_image([(2**63 - 1, array("Q", [5]), array("I", [6]))]) == (
+        b"\xff" * 7 + b"\x7f" + b"\1\0\0\0" + b"\5" + b"\0" * 7 + b"\6\0\0\0")
     with pytest.raises(ValueError):
         spans_c.runs_image([(0, array("Q", [1, 2]), array("I", [1]))])
+    with pytest.raises(ValueError):
+        spans_c.runs_image([(-1, array("Q", [1]), array("I", [1]))])   # (an entry id)
     with pytest.raises(OverflowError):
-        spans_c.runs_image([(-1, array("Q", [1]), array("I", [1]))])
+        spans_c.runs_image([(2**63, array("Q", [1]), array("I", [1]))])
     with pytest.raises(TypeError):
         spans_c.runs_image([(0, array("I", [1]), array("I", [1]))])
     with pytest.raises(TypeError):
