@@ -13,7 +13,7 @@ from metadata.errors import LeaseExpired, MetadataError
 if TYPE_CHECKING:
     from metadata.store import MetadataStore
 
-_log = logging.getLogger("metadata.store")
+_log = logging.getLogger("metadata.store")  # (the store's logger, as before the split)
 
 
 class Lease:

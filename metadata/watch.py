@@ -19,7 +19,7 @@ from metadata.errors import MetadataError, MetadataUnavailable
 if TYPE_CHECKING:
     from metadata.store import MetadataStore
 
-_log = logging.getLogger("metadata.store")
+_log = logging.getLogger("metadata.store")  # (the store's logger, as before the split)
 
 # A watch broken by etcd going away is re-created after this many seconds,
 # doubling up to the maximum (about gRPC's own reconnect backoff, see metadata.store).
