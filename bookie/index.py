@@ -127,10 +127,10 @@ class LedgerIndex:
         if self._views.get((stripe, residues)) is view:
             del self._views[(stripe, residues)]
 
-    def stripe_view(self, stripe: int, residues: int, first: int):
+    def stripe_view(self, stripe: int, residues: int, first: int, window: int | None = None):
         """The current StripeView of a filter (bookie/striped_read.py) whose
         window holds `first`, or None: built from `first` over at most
-        ``VIEW_WINDOW_IDS`` ids when asked a second time for that filter,
+        `window` ids (``VIEW_WINDOW_IDS``) when asked a second time for that filter,
         with no change in between, or only appends and a window that ends
         below the ledger's end (a catch-up's next window at once, a writer
         appending or not)."""
@@ -140,10 +140,11 @@ class LedgerIndex:
             return view
         from bookie.striped_read import VIEW_WINDOW_IDS, StripeView
 
+        window = VIEW_WINDOW_IDS if window is None else window
         runs = self._runs
         i = max(runs.bisect_right(first) - 1, 0)
         asked, self._asked[key] = self._asked.get(key), self._version
-        if asked is None or asked != self._version and (self._reshaped > asked or i + VIEW_WINDOW_IDS >= len(runs)):
+        if asked is None or asked != self._version and (self._reshaped > asked or i + window >= len(runs)):
             # asked once, or changed since: the run walk (a tail reader builds
             # no view per frame), but for appends only below a window that
             # ends below the ledger's end (appends cannot change it)
@@ -152,11 +153,11 @@ class LedgerIndex:
             return None
         view = StripeView(stripe, residues, first)
         # (at most a window's worth of runs: each holds at least one id)
-        stop = view.fill(runs.values()[i:i + VIEW_WINDOW_IDS], VIEW_WINDOW_IDS)
+        stop = view.fill(runs.values()[i:i + window], window)
         if stop >= 0:
             view.hi = stop
-        elif i + VIEW_WINDOW_IDS < len(runs):
-            view.hi = runs.peekitem(i + VIEW_WINDOW_IDS)[0]
+        elif i + window < len(runs):
+            view.hi = runs.peekitem(i + window)[0]
         view.version = self._version
         self._views = {k: v for k, v in self._views.items() if v.version == self._version}
         if len(self._views) >= 8:

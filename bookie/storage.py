@@ -69,6 +69,13 @@ class StorageConfig:
     disk_usage_margin: float = 0.05
     max_storage_bytes: int = 0
     compaction_threshold: float = 0.5      # compact segments less live than this
+    # A stripe view's window in the index's ids (bookie/striped_read.py): the
+    # longest its build holds the loop, and the most a view holds.
+    stripe_view_window_ids: int = striped_read.VIEW_WINDOW_IDS
+
+    def __post_init__(self) -> None:
+        if self.stripe_view_window_ids < 1:   # (a window of none: a read would never pass it)
+            raise ValueError(f"stripe_view_window_ids must be >= 1, got {self.stripe_view_window_ids}")
 
 
 class Storage:
@@ -380,7 +387,7 @@ class Storage:
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last, 0
         if stripe:  # bookie/striped_read.py
-            view = st.index.stripe_view(stripe, residues, first)
+            view = st.index.stripe_view(stripe, residues, first, self.config.stripe_view_window_ids)
             if view is not None:
                 self.stripe_views.used(st.index, view)
                 out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at)

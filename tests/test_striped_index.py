@@ -261,11 +261,11 @@ def test_the_c_build_refuses_what_is_not_a_run():
 @pytest.mark.parametrize("qw", [2, 1])   # (Qw 1: runs of one id, a window ends between runs)
 @pytest.mark.parametrize("window", [1, 7, 300])
 def test_a_view_covers_a_window_and_a_read_past_it_builds_the_next(s, monkeypatch, window, qw):
-    """Windows of VIEW_WINDOW_IDS of the index's ids from the first id read:
+    """Windows of `stripe_view_window_ids` of the index's ids from the first id read:
     frames stop at a window's end (read_all checks each against the run
     walk), a read's last window is open to the end, appends reach only the one
     open to the end, and a view never holds more than its window."""
-    monkeypatch.setattr(striped_read, "VIEW_WINDOW_IDS", window)
+    s.config.stripe_view_window_ids = window   # (bookie --stripe-view-window-ids)
     held = [e for e in range(2000) if held_by(e, qw, 4)]
     asyncio.run(add(s, held))
     idx = s.core.ledgers[LID].index
@@ -366,3 +366,9 @@ def test_a_far_window_is_not_built_when_the_ledger_changed_otherwise_since_the_a
             assert idx.stripe_view(5, 0b00011, 0) is not None
     finally:
         striped_read.VIEW_WINDOW_IDS = old
+
+
+def test_a_window_of_no_id_is_refused():
+    from bookie.storage import StorageConfig
+    with pytest.raises(ValueError):
+        StorageConfig(stripe_view_window_ids=0)

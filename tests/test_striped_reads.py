@@ -60,9 +60,12 @@ async def counters(procs) -> dict:
     return out
 
 
+@pytest.mark.parametrize("window", [None, 7], ids=["windows-default", "windows-of-7"])
 @pytest.mark.parametrize("e,qw,bookies", [(4, 2, 4), (5, 3, 6)], ids=["E4-Qw2", "E5-Qw3"])
-def test_striped_reads_return_every_entry_in_order_across_rolls_each_served_once(own, e, qw, bookies):
-    procs = own.start(bookies)
+def test_striped_reads_return_every_entry_in_order_across_rolls_each_served_once(own, e, qw, bookies, window):
+    """(Windows of 7 ids: the bookies' stripe views cover a few ids each,
+    frames end at their ends, and the reader goes on.)"""
+    procs = own.start(bookies, () if window is None else ("--stripe-view-window-ids", str(window)))
     name = sname()
     payloads = [b"p%d-" % i + b"x" * (i % 97) for i in range(1500)]
 
