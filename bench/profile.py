@@ -43,6 +43,8 @@ def add_parser(bsub) -> None:
     p.add_argument("--size", type=int, default=100)
     p.add_argument("--seconds", type=float, default=5.0)
     p.add_argument("--mb", type=int, default=256, help="reads: the stream's size, written first")
+    p.add_argument("--ensemble", default="3/3", help="reads: the stream's E/Qw (Qa 2; E > Qw: a striped read), "
+                                                       "on max(3, E) bookies")
     p.add_argument("--window", type=int, default=1000)
     p.add_argument("--batch", type=int, default=100, help="appends per call (1: append_async per record)")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
@@ -100,8 +102,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     tune_process()
     exe = py_spy()
     reads = args.workload == "reads"
+    e, qw = (int(x) for x in args.ensemble.split("/"))
     base = Path(tempfile.mkdtemp(prefix="bookstream-profile-", dir=args.dir))
-    cluster = Standalone(base / "cluster", bookies=3, base_port=0, log_level="WARNING",
+    cluster = Standalone(base / "cluster", bookies=max(3, e) if reads else 3, base_port=0, log_level="WARNING",
                          bookie_args=args.bookie_args).start()
     client = "reader" if reads else "client"
     targets = {client: os.getpid()}
@@ -115,8 +118,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
                                      max_pending_adds=max(10_000, args.window * 2)) as sc:
             name = f"profile-{os.getpid()}"
             if reads:
-                print(f"writing {args.mb} MiB of {args.size} B entries", file=sys.stderr)
-                await single.stream_fill(sc, name, args.size, args.mb)
+                from bench.reads import fill
+
+                print(f"writing {args.mb} MiB of {args.size} B entries, E{e} Qw{qw}", file=sys.stderr)
+                await fill(sc, name, e, qw, args.size, args.mb)
             before = {n: cpu_seconds(pid) for n, pid in targets.items()}
             spies = [subprocess.Popen([exe, "record", "--pid", str(pid), "--rate", str(args.rate), "--format", "raw",
                                        "--output", str(raws[n]), "--nonblocking",
