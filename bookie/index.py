@@ -114,13 +114,18 @@ class LedgerIndex:
 
     def _appended(self, first: int, locs, lens) -> None:
         """Appends at the end keep the current stripe views current: one
-        open to the end takes them, one whose window ends below is unchanged."""
+        open to the end takes them, and closes below them once it holds its
+        window's worth (a view never grows past its window, however long a
+        writer goes on); one whose window ends below is unchanged."""
         v0 = self._version
         self._version += 1
         for view in self._views.values():
             if view.version == v0:
                 if view.hi is None:
-                    view.extend(first, locs, lens)
+                    if len(view.ids) + len(locs) > view.window:
+                        view.hi = first
+                    else:
+                        view.extend(first, locs, lens)
                 view.version = self._version
 
     def drop_view(self, stripe: int, residues: int, view) -> None:
@@ -152,6 +157,7 @@ class LedgerIndex:
                 self._asked = {key: self._version}
             return None
         view = StripeView(stripe, residues, first)
+        view.window = window
         # (at most a window's worth of runs: each holds at least one id; the
         # keys' islice and dict lookups, twice as fast as a slice of values())
         stop = view.fill(list(map(runs.__getitem__, runs.islice(i, i + window))), window)

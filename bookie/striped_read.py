@@ -67,8 +67,8 @@ class StripeView:
     record when a filter skips every other one, a seam per journal record
     when it takes all a bookie holds)."""
 
-    __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "lo", "hi", "ids", "locs", "lens", "ends",
-                 "breaks", "seams")
+    __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "lo", "hi", "window", "ids", "locs", "lens",
+                 "ends", "breaks", "seams")
 
     def __init__(self, stripe: int, residues: int, lo: int = 0):
         self.stripe, self.residues = stripe, residues
@@ -76,6 +76,7 @@ class StripeView:
         self.want = wanted(stripe, residues)
         self.version = -1
         self.lo, self.hi = lo, None
+        self.window = VIEW_WINDOW_IDS   # (the most ids it takes: appends past it close it)
         self.ids, self.locs, self.lens = array("q"), array("Q"), array("I")
         self.ends, self.breaks, self.seams = array("Q"), array("q"), array("q")
 

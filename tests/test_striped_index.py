@@ -284,15 +284,22 @@ def test_a_view_covers_a_window_and_a_read_past_it_builds_the_next(s, monkeypatc
     last = idx._views[(4, 0b0011)]
     assert last.hi is None   # (the last window read is open to the end)
     more = [e for e in range(2000, 2100) if held_by(e, qw, 4)]
+    held_before = len(last.ids)
     asyncio.run(add(s, more))
-    assert idx.stripe_view(4, 0b0011, last.lo) is last and list(last.ids)[-len(more):] == more
+    assert idx.stripe_view(4, 0b0011, last.lo, window) is last
+    if held_before + len(more) <= window:   # taken by the open window
+        assert list(last.ids)[-len(more):] == more and last.hi is None
+    else:                                     # or it closes below them (each frame of appends: up to 64 ids)
+        assert last.hi is not None and len(last.ids) <= window and last.hi <= more[-1]
+        assert [e for e in list(last.ids) if e >= 2000] == [e for e in more if e < last.hi]
+    assert read_all(s, 0, 9999, 3_000, 4, 0b0011) == held + more
     if window < 100:  # a read that ends in a closed window: appends leave that one as it was
         read_all(s, 0, 100, 3_000, 4, 0b0011)
         closed = idx._views[(4, 0b0011)]
         ids = list(closed.ids)
         assert closed.hi is not None and ids
         asyncio.run(add(s, [e for e in range(2100, 2200) if held_by(e, qw, 4)]))
-        assert idx.stripe_view(4, 0b0011, ids[0]) is closed and list(closed.ids) == ids
+        assert idx.stripe_view(4, 0b0011, ids[0], window) is closed and list(closed.ids) == ids
 
 
 def test_single_puts_at_the_end_extend_an_open_view():
@@ -372,3 +379,20 @@ def test_a_window_of_no_id_is_refused():
     from bookie.storage import StorageConfig
     with pytest.raises(ValueError):
         StorageConfig(stripe_view_window_ids=0)
+
+
+def test_an_open_window_takes_appends_until_it_holds_its_window_then_closes_below_them():
+    from bookie.index import LedgerIndex, pack_location
+    idx = LedgerIndex()
+    for e in range(0, 12, 4):   # ids 0, 1, 4, 5, 8, 9
+        idx.put_run(e, array("Q", [e * 100, e * 100 + 100]), array("I", [100, 100]))
+    assert idx.stripe_view(4, 0b0011, 0, 10) is None
+    view = idx.stripe_view(4, 0b0011, 0, 10)
+    assert view.hi is None and list(view.ids) == [0, 1, 4, 5, 8, 9]
+    idx.put_run(12, array("Q", [1200, 1300]), array("I", [100, 100]))
+    assert view.hi is None and list(view.ids)[-2:] == [12, 13]          # 8 ids: taken
+    idx.put_run(16, array("Q", [1600, 1700]), array("I", [100, 100]))
+    assert view.hi is None and len(view.ids) == 10                       # 10: still taken
+    idx.put(20, pack_location(0, 2000), 100)
+    assert view.hi == 20 and len(view.ids) == 10                         # past its window: closed below 20
+    assert idx.stripe_view(4, 0b0011, 0, 10) is view and not view.covers(20)
