@@ -120,7 +120,7 @@ run_views(PyObject *run, long long *start, Py_buffer *vl, Py_buffer *vn)
     return got == 2 ? 0 : -1;
 }
 
-PyDoc_STRVAR(fill_doc,
+PyDoc_STRVAR(stripe_fill_doc,
 "stripe_fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
 "    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
 "What StripeView.extend (bookie/striped_read.py) appends to a view's arrays for\n"
@@ -133,7 +133,7 @@ PyDoc_STRVAR(fill_doc,
 "bound): `stop` is the id it stopped at, -1 when it walked every run.");
 
 static PyObject *
-fill(PyObject *self, PyObject *args)
+stripe_fill(PyObject *self, PyObject *args)
 {
     PyObject *runs, *seq = NULL, *out = NULL;
     Py_buffer want;
@@ -259,7 +259,7 @@ done:
 PyDoc_STRVAR(runs_image_doc,
 "runs_image(runs) -> bytes\n\n"
 "A ledger's index runs (bookie.index.Run or (start, locs array('Q'), lens\n"
-"array('I'))) as a checkpoint stores them (bookie/storage.py _CKP_RUN): per\n"
+"array('I'))) as a checkpoint stores them (bookie/index.py RUN_HEAD): per\n"
 "run its start (u64) and count (u32), little-endian, then its locations and\n"
 "lengths as stored.");
 
@@ -305,7 +305,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"stripe_fill", fill, METH_VARARGS, fill_doc},
+    {"stripe_fill", stripe_fill, METH_VARARGS, stripe_fill_doc},
     {"run_breaks", run_breaks, METH_VARARGS, run_breaks_doc},
     {"runs_image", runs_image, METH_O, runs_image_doc},
     {NULL, NULL, 0, NULL},

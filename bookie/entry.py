@@ -16,12 +16,12 @@ the unchecked fields sat between the header and the payload).
 """
 from __future__ import annotations
 
-import os
 import struct
 from array import array
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple
 
+from bookie import native
 from bookie.crc import crc32
 
 # payload_len, checksum, req_flags, term | ledger_id, entry_id, lac, lafr, data_flags, origin
@@ -530,11 +530,8 @@ def _sparse_runs_py(buf: bytes | memoryview, ledger_id: int, after: int, start: 
 def _native_walk():
     """bookie._records (bookie/_records.c), bound to this module's
     exceptions; None where it was not built or BOOKSTREAM_PURE_PYTHON=1."""
-    if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
-        return None
-    try:
-        from bookie import _records
-    except ImportError:   # (not built: no compiler where it was installed)
+    _records = native("_records")
+    if _records is None:
         return None
     _records.bind(MalformedEntry, ChecksumMismatch, Entry)
     return _records

@@ -15,7 +15,6 @@ then costs per disk span, not per entry.
 """
 from __future__ import annotations
 
-import os
 import struct
 import sys
 from array import array
@@ -26,13 +25,13 @@ from typing import Iterator
 
 from sortedcontainers import SortedDict
 
-try:  # the index's walks in C (bookie/_spans.c); BOOKSTREAM_PURE_PYTHON=1 asks for Python
-    from bookie import _spans as spans_c
-except ImportError:  # not built (no compiler where it was installed)
-    spans_c = None
-if os.environ.get("BOOKSTREAM_PURE_PYTHON", "") not in ("", "0"):
-    spans_c = None
+from bookie import native
+
+spans_c = native("_spans")   # the index's walks in C (bookie/_spans.c), or None: the Python code here
 _LITTLE = sys.byteorder == "little"   # (the arrays' memory is the checkpoint's form)
+# A run in a checkpoint (bookie/storage.py): its start and count, then its
+# locations and lengths as the arrays hold them.
+RUN_HEAD = struct.Struct("<QI")
 
 OFFSET_BITS = 40
 OFFSET_MASK = (1 << OFFSET_BITS) - 1
@@ -156,8 +155,7 @@ class LedgerIndex:
             if len(self._asked) > 8:
                 self._asked = {key: self._version}
             return None
-        view = StripeView(stripe, residues, first)
-        view.window = window
+        view = StripeView(stripe, residues, first, window)
         # (at most a window's worth of runs: each holds at least one id; the
         # keys' islice and dict lookups, twice as fast as a slice of values())
         stop = view.fill(list(map(runs.__getitem__, runs.islice(i, i + window))), window)
@@ -368,8 +366,7 @@ class LedgerIndex:
         runs = list(self._runs.values())
         if spans_c is not None and _LITTLE:
             return len(runs), spans_c.runs_image(runs)
-        head = struct.Struct("<QI")
-        return len(runs), b"".join(head.pack(r.start, len(r.locs)) + r.locs.tobytes() + r.lens.tobytes()
+        return len(runs), b"".join(RUN_HEAD.pack(r.start, len(r.locs)) + r.locs.tobytes() + r.lens.tobytes()
                                    for r in runs)
 
     @classmethod

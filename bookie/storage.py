@@ -31,7 +31,7 @@ from bookie import entry as E
 from bookie import striped_read
 from bookie.crc import crc32
 from bookie.core import VERIFIER_SIZE, Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
-from bookie.index import LedgerIndex, Removed, pack_location, unpack_location
+from bookie.index import RUN_HEAD, LedgerIndex, Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
     LAC_BODY,
@@ -50,7 +50,6 @@ log = logging.getLogger(__name__)
 CHECKPOINT_MAGIC = b"BKSTCKP1"
 _CKP_HEAD = struct.Struct("<8sQQQ")        # magic, segment, offset, ledgers
 _CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
-_CKP_RUN = struct.Struct("<QI")            # start, count
 
 
 class StorageFormatError(RuntimeError):
@@ -534,7 +533,7 @@ class Storage:
     def _snapshot(self, pos: JournalPosition) -> bytes:
         parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
         for lid, st in self.core.ledgers.items():
-            n_runs, image = st.index.runs_image()   # (_CKP_RUN, its locations, its lengths: per run)
+            n_runs, image = st.index.runs_image()   # (RUN_HEAD, its locations, its lengths: per run)
             parts.append(_CKP_LEDGER.pack(lid, st.term, int(st.fenced), st.lac, st.lafr, n_runs))
             parts.append(image)
         # Then the verifiers of the ledgers that have one (a section an
@@ -607,8 +606,8 @@ class Storage:
             p += _CKP_LEDGER.size
             runs = []
             for _ in range(nruns):
-                start, count = _CKP_RUN.unpack_from(data, p)
-                p += _CKP_RUN.size
+                start, count = RUN_HEAD.unpack_from(data, p)
+                p += RUN_HEAD.size
                 locs = data[p : p + 8 * count]
                 p += 8 * count
                 lens = data[p : p + 4 * count]

@@ -70,13 +70,13 @@ class StripeView:
     __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "lo", "hi", "window", "ids", "locs", "lens",
                  "ends", "breaks", "seams")
 
-    def __init__(self, stripe: int, residues: int, lo: int = 0):
+    def __init__(self, stripe: int, residues: int, lo: int = 0, window: int = VIEW_WINDOW_IDS):
         self.stripe, self.residues = stripe, residues
         self.gap_bytes = GAP_BYTES   # (read once: a view's spans keep one rule)
         self.want = wanted(stripe, residues)
         self.version = -1
         self.lo, self.hi = lo, None
-        self.window = VIEW_WINDOW_IDS   # (the most ids it takes: appends past it close it)
+        self.window = window   # (the most ids it takes: appends past it close it)
         self.ids, self.locs, self.lens = array("q"), array("Q"), array("I")
         self.ends, self.breaks, self.seams = array("Q"), array("q"), array("q")
 

@@ -170,7 +170,7 @@ def test_run_breaks_refuses_what_is_not_a_run():
                 max_size=20))
 def test_the_runs_image_is_the_checkpoints_form_of_the_runs(puts):
     """Per run: start (u64) and count (u32) little-endian, then its
-    locations and lengths (bookie/storage.py _CKP_RUN), in C or not."""
+    locations and lengths (bookie/index.py RUN_HEAD), in C or not."""
     import struct
 
     from bookie import index as I
