@@ -514,7 +514,10 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------
 
-    def pread(self, seg: int, offset: int, length: int) -> bytes:
+    def read_fd(self, seg: int) -> int:
+        """The segment's file, open for reading (kept until the segment is
+        removed or the journal closed: a caller that holds it across an
+        await dups it)."""
         fd = self._read_fds.get(seg)
         if fd is None:
             with self._lock:
@@ -522,7 +525,10 @@ class Journal:
                 if fd is None:
                     fd = os.open(self.path(seg), os.O_RDONLY)
                     self._read_fds[seg] = fd
-        data = os.pread(fd, length, offset)
+        return fd
+
+    def pread(self, seg: int, offset: int, length: int) -> bytes:
+        data = os.pread(self.read_fd(seg), length, offset)
         if len(data) != length:
             raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
         return data

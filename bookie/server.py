@@ -44,6 +44,12 @@ class BookieConfig:
     # The address registered for clients, when they reach the bookie through
     # something in front of it (the fault suite's proxies); default host:port.
     advertise_address: str = ""
+    # The read port (bookie/read_port.py): 0 any free port, None none (and
+    # none with TLS).  Registered as host:port, or as advertise_read_address;
+    # with advertise_address set and no advertise_read_address, not at all
+    # (clients reach the bookie through something in front of it).
+    read_port: int | None = 0
+    advertise_read_address: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
     # Unacknowledged bytes one add stream may have in flight before the
     # bookie stops reading it (back-pressure).
@@ -141,6 +147,15 @@ def register(service: "BookieService", server) -> None:
             by_method[method] = _refusing_undecodable(handler, response_cls)
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, by_method),))
     server.add_registered_method_handlers(name, by_method)
+
+
+def range_request_problem(request) -> str:
+    """What makes a ReadRangeRequest one no bookie serves ("" if nothing)."""
+    first, last, stripe, residues = request.first_entry, request.last_entry, request.stripe, request.residues
+    if first < 0 or last < first or request.flags & ~pb.READ_FENCE or (stripe or residues) and not (
+            request.sparse and 0 < stripe <= 64 and 0 < residues < 1 << stripe):
+        return "bad range, flags or stripe"
+    return ""
 
 
 class BookieService(pb_grpc.BookieServicer):
@@ -289,9 +304,9 @@ class BookieService(pb_grpc.BookieServicer):
         self.read_range_requests += 1
         first, last = request.first_entry, request.last_entry
         stripe, residues = request.stripe, request.residues
-        if first < 0 or last < first or request.flags & ~pb.READ_FENCE or (stripe or residues) and not (
-                request.sparse and 0 < stripe <= 64 and 0 < residues < 1 << stripe):
-            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message="bad range, flags or stripe")
+        problem = range_request_problem(request)
+        if problem:
+            yield pb.ReadRangeResponse(status=Status.BAD_REQUEST, message=problem)
             return
         try:  # a recovery read: term and fence admitted as for ReadEntry, before anything is read
             status, term = await self._fence_if_asked(request, first)
@@ -302,11 +317,12 @@ class BookieService(pb_grpc.BookieServicer):
         if status is not Status.OK:
             yield pb.ReadRangeResponse(status=status, term=term)
             return
-        frame_bytes = min(request.max_frame_bytes or self.config.read_frame_bytes, MAX_MESSAGE_BYTES // 2)
+        frame_bytes = self.frame_bytes(request)
         if request.sparse:
-            async for resp in self._read_sparse(request.ledger_id, first, last, frame_bytes, stripe, residues,
-                                                request.reader_verifies):
-                yield resp
+            for out in self.sparse_frames(request.ledger_id, first, last, frame_bytes, stripe, residues,
+                                          request.reader_verifies):
+                # (the frame built here, one copy of the records: serialize_range_response passes it on)
+                yield wire.encode_range_frame(*out) if type(out) is tuple else out
             return
         nxt = first
         while nxt <= last:
@@ -329,20 +345,30 @@ class BookieService(pb_grpc.BookieServicer):
                 return
             nxt = after
 
-    async def _read_sparse(self, ledger_id: int, first: int, last: int, frame_bytes: int,
-                           stripe: int = 0, residues: int = 0, reader_verifies: bool = False):
-        """Sparse frames (proto/bookie.proto ReadRangeResponse): each vouches
-        for the absence of the ids up to its `through` that it and the
-        earlier frames did not return (with a stripe filter: of the ids it
-        selects).  An entry failing its checksum ends
-        the stream with CHECKSUM_MISMATCH after the good entries below it,
-        unless the reader checks them itself (``reader_verifies``: served
-        as stored, a quarter of a 1 KiB range read's CPU saved)."""
+    def frame_bytes(self, request) -> int:
+        """A range read's frame size: as asked, else the bookie's default."""
+        return min(request.max_frame_bytes or self.config.read_frame_bytes, MAX_MESSAGE_BYTES // 2)
+
+    def sparse_frames(self, ledger_id: int, first: int, last: int, frame_bytes: int,
+                      stripe: int = 0, residues: int = 0, reader_verifies: bool = False, read_at=None):
+        """A sparse range read's frames (proto/bookie.proto ReadRangeResponse),
+        for ReadRange and the read port (bookie/read_port.py): each a tuple
+        (status, records, count, through, term), ``wire.encode_range_frame``'s
+        arguments, or a ``ReadRangeResponse`` that ends the read.  Each
+        vouches for the absence of the ids up to its `through` that it and
+        the earlier frames did not return (with a stripe filter: of the ids
+        it selects).  An entry failing its checksum ends the stream with
+        CHECKSUM_MISMATCH after the good entries below it, unless the reader
+        checks them itself (``reader_verifies``: served as stored, a quarter
+        of a 1 KiB range read's CPU saved; ``read_at``, with it only: what
+        stands for a span of records, ``Storage.read_sparse``).  Each frame
+        is read from storage when the one before it has been taken."""
         nxt = first
         while True:
             try:
                 status, recs, through, count = self.storage.read_sparse(ledger_id, nxt, last, frame_bytes,
-                                                                        stripe, residues)
+                                                                        stripe, residues,
+                                                                        read_at if reader_verifies else None)
                 if reader_verifies:  # the count from the index walk: the records served as stored
                     bad, size = None, sum(map(len, recs))
                 else:
@@ -359,13 +385,12 @@ class BookieService(pb_grpc.BookieServicer):
                 if count:
                     self.read_range_entries += count
                     self.metrics.range_frame(count, good_end)
-                    yield wire.encode_range_frame(Status.OK, (recs[0][:good_end],), count, bad.entry_id - 1, term)
+                    yield Status.OK, (recs[0][:good_end],), count, bad.entry_id - 1, term
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
             self.read_range_entries += count
             self.metrics.range_frame(count, size)
-            # (the frame built here, one copy of the records: serialize_range_response passes it on)
-            yield wire.encode_range_frame(status, recs, count, through, term)
+            yield status, recs, count, through, term
             if status is not Status.OK or through >= last:
                 return
             nxt = through + 1
@@ -504,11 +529,23 @@ class BookieServer:
         self.registration = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
+        self.read_port = None   # bookie/read_port.py ReadPort, once started
         self._tasks: list[asyncio.Task] = []
 
     @property
     def address(self) -> str:
         return self.config.advertise_address or f"{self.config.host}:{self.port}"
+
+    @property
+    def read_address(self) -> str:
+        """Where clients reach the read port ("" when there is none to reach)."""
+        if self.read_port is None:
+            return ""
+        if self.config.advertise_read_address:
+            return self.config.advertise_read_address
+        if self.config.advertise_address:
+            return ""
+        return f"{self.config.host}:{self.read_port.port}"
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -532,6 +569,10 @@ class BookieServer:
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
         await self.server.start()
+        if self.config.read_port is not None and not tls:
+            from bookie.read_port import ReadPort
+            self.read_port = ReadPort(service, self.config.host, self.config.read_port)
+            await self.read_port.start()
         if not self.config.bookie_id:
             self.config.bookie_id = self.address
         if self._registration_factory is not None:
@@ -576,6 +617,8 @@ class BookieServer:
     async def stop(self, grace: float = 2.0) -> None:
         for t in self._tasks:
             t.cancel()
+        if self.read_port is not None:
+            await self.read_port.stop()
         if self.server is not None:
             await self.server.stop(grace)
         try:

@@ -372,7 +372,7 @@ class Storage:
         return Status.OK, out, nxt
 
     def read_sparse(self, ledger_id: int, first: int, last: int, max_bytes: int,
-                    stripe: int = 0, residues: int = 0) -> tuple[Status, list[bytes], int, int]:
+                    stripe: int = 0, residues: int = 0, read_at=None) -> tuple[Status, list, int, int]:
         """Reads every entry the bookie holds in [first, last], skipping the
         ids it does not hold: at most `max_bytes`, but always at least one
         entry.  Returns (status, records, through, how many records): every
@@ -381,7 +381,11 @@ class Storage:
         in it, at a readable location, until that change is durable and
         applied).  With `stripe` > 0 only the ids e with bit (e mod stripe)
         set in `residues` are read and vouched for (a striped reader's
-        share).  NO_SUCH_LEDGER when the bookie does not know the ledger."""
+        share).  NO_SUCH_LEDGER when the bookie does not know the ledger.
+        ``read_at(location, length)`` makes each span of adjacent records
+        (default: its bytes, a pread; the read port takes the locations,
+        ``span_at``, and sends them from the files)."""
+        read_at = read_at or self._read_at
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], last, 0
@@ -389,16 +393,17 @@ class Storage:
             view = st.index.stripe_view(stripe, residues, first, self.config.stripe_view_window_ids)
             if view is not None:
                 self.stripe_views.used(st.index, view)
-                out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, self._read_at)
+                out, nxt, full, count = striped_read.read_view(view, first, last, max_bytes, read_at)
             else:
                 out, nxt, full, count = striped_read.read_runs(st.index.runs_from(first, last, skip_gaps=True),
-                                                               max_bytes, stripe, residues, self._read_at,
+                                                               max_bytes, stripe, residues, read_at,
                                                                striped_read.GAP_BYTES)
         else:
-            out, nxt, full, count = self._read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes)
+            out, nxt, full, count = self._read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes,
+                                                    read_at)
         return Status.OK, out, nxt - 1 if full else last, count
 
-    def _read_runs(self, slices, max_bytes: int) -> tuple[list[bytes], int | None, bool, int]:
+    def _read_runs(self, slices, max_bytes: int, read_at=None) -> tuple[list[bytes], int | None, bool, int]:
         """Reads the records of index run slices (``LedgerIndex.run_slices``)
         in order, at most `max_bytes` but at least one record, records
         adjacent on disk in one pread.  Returns (records, the id after the
@@ -406,6 +411,7 @@ class Storage:
         records).  Costs per disk span (``Run.breaks_after``), not per record:
         within a span record k ends where record k+1 begins, so its bytes
         are a difference of locations and the cut a bisection."""
+        read_at = read_at or self._read_at
         out, size, count, nxt = [], 0, 0, None
         span_loc, span_len = -1, 0  # the bytes being gathered for one pread
         for run, lo, hi in slices:
@@ -430,25 +436,25 @@ class Storage:
                         if m > a:
                             if loc != span_loc + span_len:
                                 if span_len:
-                                    out.append(self._read_at(span_loc, span_len))
+                                    out.append(read_at(span_loc, span_len))
                                 span_loc, span_len = loc, 0
                             span_len += locs[m] - loc
                             count += m - a
                         if span_len:
-                            out.append(self._read_at(span_loc, span_len))
+                            out.append(read_at(span_loc, span_len))
                         return out, start + m, True, count
                 if loc == span_loc + span_len:
                     span_len += ln
                 else:
                     if span_len:
-                        out.append(self._read_at(span_loc, span_len))
+                        out.append(read_at(span_loc, span_len))
                     span_loc, span_len = loc, ln
                 size += ln
                 count += b - a
                 a = b
             nxt = start + hi
         if span_len:
-            out.append(self._read_at(span_loc, span_len))
+            out.append(read_at(span_loc, span_len))
         return out, nxt, False, count
 
     # -- LAC long poll ------------------------------------------------------------------

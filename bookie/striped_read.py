@@ -178,9 +178,18 @@ def _spans_out(spans, read_at) -> list[bytes]:
         if len(pieces) == 1 or sum(ln for _, ln in pieces) == end - s0:
             out.append(data)
         else:
-            mv = memoryview(data)
-            out.append(b"".join([mv[loc - s0:loc - s0 + ln] for loc, ln in pieces]))
+            out.append(_cut(data, [loc - s0 for loc, _ in pieces], [loc - s0 + ln for loc, ln in pieces]))
     return out
+
+
+def _cut(data, starts, stops):
+    """The pieces ``data[start:stop]`` of a span read with its gaps, joined:
+    bytes; or, from the read port's ``read_at`` (a span of a file, not its
+    bytes: bookie/read_port.py), its ``cut``, the pieces to send."""
+    if type(data) is not bytes:
+        return data.cut(starts, stops)
+    mv = memoryview(data)
+    return b"".join(map(mv.__getitem__, map(slice, starts, stops)))
 
 
 def _add(spans, loc: int, ln: int, gap_bytes: int) -> None:
@@ -253,8 +262,7 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at
         lasts.append(b - 1)
         starts = list(map(sub, map(locs.__getitem__, firsts), repeat(s0)))
         stops = map(sub, map(add, map(locs.__getitem__, lasts), map(lens.__getitem__, lasts)), repeat(s0))
-        mv = memoryview(data)
-        out.append(b"".join(map(mv.__getitem__, map(slice, starts, stops))))
+        out.append(_cut(data, starts, stops))
     if not full and clipped:
         return out, view.hi, True, stop - i
     return out, ids[stop] if full else None, full, stop - i

@@ -142,13 +142,20 @@ def encode_range_frame(status: int, records: list[bytes] | tuple[bytes, ...], co
     ``records`` concatenated: one copy of them, straight into the frame (a
     bookie building the message and serializing it copied each frame
     twice more)."""
-    size = sum(map(len, records))
+    head, tail = range_frame_parts(status, sum(map(len, records)), count, through, term)
+    return b"".join((head, *records, tail))
+
+
+def range_frame_parts(status: int, size: int, count: int = 0, through: int = 0, term: int = 0) -> tuple[bytes, bytes]:
+    """The bytes of ``encode_range_frame``'s frame before and after its
+    ``size`` bytes of records: a bookie's read port (bookie/read_port.py)
+    sends the records between them from the journal's files."""
     head = ((_RANGE_STATUS_TAG + varint(status & (1 << 64) - 1) if status else b"")
             + (_RANGE_ENTRIES_TAG + varint(size) if size else b""))
     tail = ((_RANGE_COUNT_TAG + varint(count) if count else b"")
             + (_RANGE_THROUGH_TAG + varint(through & (1 << 64) - 1) if through else b"")
             + (_RANGE_TERM_TAG + varint(term) if term else b""))
-    return b"".join((head, *records, tail))
+    return head, tail
 
 
 def serialize_range_response(resp) -> bytes:

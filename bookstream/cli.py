@@ -61,6 +61,13 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0: any free port")
     p.add_argument("--advertise-address", default="", help="HOST:PORT registered for clients (default: where it listens)")
+    p.add_argument("--read-port", type=int, default=0,
+                   help="the read port (plain range reads, records sent by sendfile; not with TLS): "
+                        "0 any free port, registered for clients")
+    p.add_argument("--no-read-port", action="store_true", help="no read port: clients read over gRPC")
+    p.add_argument("--advertise-read-address", default="",
+                   help="HOST:PORT of the read port registered for clients (default: where it listens; "
+                        "with --advertise-address: none registered)")
     p.add_argument("--bookie-id", help="default: generated once and kept in the data dir")
     p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)
@@ -120,6 +127,8 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         host=args.host,
         port=args.port,
         advertise_address=args.advertise_address,
+        read_port=None if args.no_read_port else args.read_port,
+        advertise_read_address=args.advertise_read_address,
         bookie_id=bookie_id_for(args.data_dir, args.bookie_id),
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,
@@ -165,6 +174,7 @@ def _registration_factory(args: argparse.Namespace):
         reg = mpb.BookieRegistration(
             bookie_id=server.config.bookie_id,
             address=server.address,
+            read_address=server.read_address,
             read_only=server.storage.read_only,
             free_bytes=free,
             total_bytes=total,
@@ -206,7 +216,9 @@ async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid()}
+    info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid(),
+            "read_port": server.read_port.port if server.read_port else None,
+            "read_address": server.read_address}
     http = None
     if args.admin_port is not None:
         from bookstream.admin_http import AdminHttp

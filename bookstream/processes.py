@@ -162,6 +162,8 @@ class BookieProcess(ServedProcess):
         self.extra_args = list(extra_args or [])
         self.log_level = log_level
         self.address: str | None = None
+        self.read_address = ""      # its read port's, as registered ("" none: bookie/read_port.py)
+        self._read_port = 0         # kept across restarts, as the port is
         self.bookie_id: str | None = None
         self.admin_address: str | None = None
         self.admin_scheme = "http"
@@ -171,6 +173,8 @@ class BookieProcess(ServedProcess):
                "--port", str(self.port), "--log-level", self.log_level]
         if self.etcd:
             cmd += ["--etcd", self.etcd, "--cluster", self.cluster]
+        if self._read_port and "--read-port" not in self.extra_args:
+            cmd += ["--read-port", str(self._read_port)]
         return cmd + self.extra_args
 
     def describe(self) -> str:
@@ -185,6 +189,8 @@ class BookieProcess(ServedProcess):
         self.admin_scheme = info.get("admin_scheme", "http")  # https with --admin-tls
         if self.port == 0:  # keep the port across restarts of this process object
             self.port = int(self.address.rsplit(":", 1)[1])
+        self.read_address = info.get("read_address") or ""
+        self._read_port = info.get("read_port") or 0
         self.start_draining()
         return self
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import AsyncIterator
 
 import grpc
@@ -20,6 +21,7 @@ from bookie.core import Status
 from bookie.server import MAX_MESSAGE_BYTES
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
+from stream.read_port_client import ReadPortClient, ReadPortUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +82,17 @@ class BookieUnavailable(ConnectionError):
     retriable = True
 
 
+# A read port that could not be reached is not tried again for this long
+# (its reads go over gRPC meanwhile).
+READ_PORT_RETRY_S = 10.0
+
+
 class BookieClient:
-    def __init__(self, address: str, tls=None):
+    def __init__(self, address: str, tls=None, read_address: str = ""):
         self.address = address
+        # bookie/read_port.py: a reader's plain range reads (never over TLS)
+        self.read_port = ReadPortClient(read_address) if read_address and tls is None else None
+        self._read_port_down_until = 0.0
         self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if tls is None else
                         grpc.aio.secure_channel(address, tls.channel_credentials(),
                                                 options=CHANNEL_OPTIONS + tls.channel_options()))
@@ -216,6 +226,23 @@ class BookieClient:
                                   flags=pb.READ_FENCE if fence else 0, sparse=sparse,
                                   stripe=stripe, residues=residues, master_key=master_key,
                                   reader_verifies=reader_verifies)
+        if (self.read_port is not None and raw and sparse and reader_verifies and not term and not fence
+                and time.monotonic() >= self._read_port_down_until):
+            frames = self._read_port_range(req, frame_timeout)
+            try:
+                first_frame = await frames.__anext__()
+            except ReadPortUnavailable as e:
+                log.warning("%s: read port %s unreachable (%s): reads over gRPC for %.0f s", self.address,
+                            self.read_port.address, e, READ_PORT_RETRY_S)
+                self._read_port_down_until = time.monotonic() + READ_PORT_RETRY_S
+            else:
+                try:
+                    yield first_frame
+                    async for resp in frames:
+                        yield resp
+                finally:
+                    await frames.aclose()
+                return
         call = (self._read_range_raw if raw else self.stub.ReadRange)(req)
         try:
             while True:
@@ -228,6 +255,24 @@ class BookieClient:
         finally:
             if not call.done():
                 call.cancel()
+
+    async def _read_port_range(self, req: pb.ReadRangeRequest, frame_timeout: float | None):
+        frames = self.read_port.read_range(req)
+        try:
+            while True:
+                try:
+                    resp = await asyncio.wait_for(frames.__anext__(), frame_timeout)
+                except StopAsyncIteration:
+                    return
+                except ReadPortUnavailable as e:
+                    if e.connecting:
+                        raise   # (read_range reads over gRPC instead)
+                    raise BookieUnavailable(f"{self.address}: read port: {e}") from e
+                except (ConnectionError, wire.MalformedFrame) as e:
+                    raise BookieUnavailable(f"{self.address}: read port: {e}") from e
+                yield resp
+        finally:
+            await frames.aclose()
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None,
                      timeout: float | None = 30.0, master_key: bytes = b"") -> pb.DeleteResponse:
@@ -249,5 +294,7 @@ class BookieClient:
                 await asyncio.wait_for(asyncio.shield(self._stream_task), 2.0)
             except (asyncio.TimeoutError, Exception):
                 self._stream_task.cancel()
+        if self.read_port is not None:
+            self.read_port.close()
         await self.channel.close()
 

@@ -71,6 +71,7 @@ class ClientConfig:
     writer_lease_ttl: int = 10             # a stream writer's lease-bound registration (stream/writer_lease.py)
     metrics: Any = None                    # a stream.metrics.ClientMetrics; default: ClientMetrics.default()
     tls: Any = None                        # metadata.tls.TlsFiles: TLS to the bookies (ca verifies them; cert+key: mTLS)
+    read_port: bool = True                 # range reads over the bookies' read ports where registered (not with tls)
     etcd_tls: Any = None                   # metadata.tls.TlsFiles: TLS to etcd
     etcd_auth: Any = None                  # metadata.tls.EtcdAuth: etcd user and password
     trace_path: str = ""                   # write the protocol steps here (NDJSON, stream/tracing.py): tests only
@@ -126,7 +127,7 @@ class BookKeeperClient:
         self.ledgers = LedgerStore(self.store, cluster)
         self.registry = BookieRegistry(self.store, cluster)
         self.placement = get_policy(self.config.placement)
-        self._addresses: dict[str, str] = {}
+        self._addresses: dict[str, tuple[str, str]] = {}   # bookie id: (address, read port's address)
         self._registered_at: dict[str, int] = {}  # bookie -> generation of the registration seen
         self._registration_seen: dict[str, tuple[int, int]] = {}  # bookie -> (create revision, started_ms)
         self._tasks: set[asyncio.Future] = set()
@@ -297,7 +298,7 @@ class BookKeeperClient:
             regs.append(r)
             gen = self._generation(bookie_id, v, r.started_ms)
             revisions[bookie_id] = gen
-            self._set_address(r.bookie_id, r.address, gen)
+            self._set_address(r.bookie_id, r.address, gen, r.read_address)
         regs.sort(key=lambda m: m.bookie_id)
         self.health.on_registrations(revisions)
         if not writable_only or regs:
@@ -344,13 +345,15 @@ class BookKeeperClient:
                 pass  # the default until the next read
         return self.max_entry_size
 
-    def _set_address(self, bookie_id: str, address: str, registered: int = 0) -> None:
-        """A bookie's address from its registration.  A new address, or a
-        new registration (a restart: a higher create revision), gets a fresh
-        channel: the old one may be backing off from the dead process."""
+    def _set_address(self, bookie_id: str, address: str, registered: int = 0, read_address: str = "") -> None:
+        """A bookie's address (and its read port's) from its registration.
+        A new address, or a new registration (a restart: a higher create
+        revision), gets a fresh channel: the old one may be backing off from
+        the dead process."""
         known = self._registered_at.get(bookie_id, 0)
-        if self._addresses.get(bookie_id) != address or (known and registered > known):
-            self._addresses[bookie_id] = address
+        addresses = (address, read_address if self.config.read_port else "")
+        if self._addresses.get(bookie_id) != addresses or (known and registered > known):
+            self._addresses[bookie_id] = addresses
             old = self._bookies.pop(bookie_id, None)
             if old is not None:
                 self._spawn(old.close())
@@ -375,10 +378,10 @@ class BookKeeperClient:
         if bc is None:
             if self._closed:
                 return None
-            addr = self._addresses.get(bookie_id)
-            if addr is None:
+            addrs = self._addresses.get(bookie_id)
+            if addrs is None:
                 return None
-            bc = self._bookies[bookie_id] = BookieClient(addr, self.config.tls)
+            bc = self._bookies[bookie_id] = BookieClient(addrs[0], self.config.tls, addrs[1])
         return bc
 
     async def bookie(self, bookie_id: str) -> BookieClient | None:

@@ -39,11 +39,12 @@ TMPFS_SEGMENT = 4 << 20      # journal segments of the tmpfs bookie (so several 
 
 
 class Bookie:
-    """One bookie slot: its process, its proxy, its state in the nemesis's eyes."""
+    """One bookie slot: its process, its proxies, its state in the nemesis's eyes."""
 
     def __init__(self, index: int, proc: BookieProcess, proxy: BookieProxy, tmpfs: bool,
-                 etcd_proxy: BookieProxy):
+                 etcd_proxy: BookieProxy, read_proxy: BookieProxy):
         self.index, self.proc, self.proxy, self.tmpfs = index, proc, proxy, tmpfs
+        self.read_proxy = read_proxy  # in front of its read port (bookie/read_port.py): partitioned with proxy
         self.etcd_proxy = etcd_proxy  # this bookie's only way to etcd: partitions it from etcd alone
         self.state = "up"   # up / killed / stopped
         self.filler: Path | None = None
@@ -140,14 +141,17 @@ class FaultCluster:
             tmpfs = i == self.tmpfs_bookie and self._mount_tmpfs(data)
             port = _free_port()
             proxy = BookieProxy(self.ploop, port, self.client_pids)
+            read_port = _free_port()
+            read_proxy = BookieProxy(self.ploop, read_port, self.client_pids)
             etcd_proxy = BookieProxy(self.ploop, self.etcd.client_port, lambda: [])
             extra = ["--registration-ttl", str(self.ttl), "--advertise-address", proxy.address,
+                     "--read-port", str(read_port), "--advertise-read-address", read_proxy.address,
                      "--disk-check-interval", "0.5"]
             if tmpfs:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
             proc = BookieProcess(data, port=port, etcd=etcd_proxy.address, cluster=self.name, extra_args=extra)
-            slots.append(Bookie(i, proc, proxy, tmpfs, etcd_proxy))
+            slots.append(Bookie(i, proc, proxy, tmpfs, etcd_proxy, read_proxy))
         with ThreadPoolExecutor(len(slots)) as ex:
             list(ex.map(lambda b: b.proc.start(), slots))
         self.bookies = slots
@@ -181,6 +185,7 @@ class FaultCluster:
                 pass
             b.proc.kill()
             b.proxy.close()
+            b.read_proxy.close()
             b.etcd_proxy.close()
         try:
             if self.etcd_state == "stopped":
@@ -289,11 +294,12 @@ class FaultCluster:
             b.filler = None
 
     def partition(self, i: int, mode: str, pids=None) -> None:
-        p = self.bookies[i].proxy
-        (p.blackhole if mode == "blackhole" else p.cut)(pids)
+        for p in (self.bookies[i].proxy, self.bookies[i].read_proxy):
+            (p.blackhole if mode == "blackhole" else p.cut)(pids)
 
     def heal(self, i: int) -> None:
         self.bookies[i].proxy.heal()
+        self.bookies[i].read_proxy.heal()
 
     def partition_from_etcd(self, i: int, mode: str) -> None:
         """Bookie ``i`` alone loses etcd (its registration's lease runs out
@@ -337,6 +343,7 @@ class FaultCluster:
     def describe(self) -> dict:
         return {"etcd": self.etcd.endpoint, "cluster": self.name,
                 "bookies": [{"index": b.index, "id": b.proc.bookie_id, "proxy": b.proxy.address,
+                             "read_proxy": b.read_proxy.address,
                              "listen": b.proc.port, "tmpfs": b.tmpfs} for b in self.bookies]}
 
 

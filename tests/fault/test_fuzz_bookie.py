@@ -21,6 +21,8 @@ CI runs the same ones every time); ``FUZZ_RANDOM=1`` draws new ones each run.
 from __future__ import annotations
 
 import os
+import socket
+import struct
 
 import grpc
 import pytest
@@ -287,6 +289,107 @@ def test_undecodable_requests(bookie, method, data):
         assert [r.status for r in resps] == [Status.BAD_REQUEST], resps
     else:
         assert all(getattr(r, "status", 0) in STATUSES for r in resps)
+
+
+# -- the read port (bookie/read_port.py) -------------------------------------------------
+
+PORT_LENGTH = struct.Struct("<I")
+
+
+def read_port_exchange(address: str, payload: bytes) -> list[pb.ReadRangeResponse] | None:
+    """Sends ``payload`` to the read port and reads one answer (frames up to
+    the one that ends it, proto/bookie.proto via bookie/read_port.py), then
+    closes; None if the bookie closed the connection without an answer."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(payload)
+        f = s.makefile("rb")
+        out = []
+        while True:
+            try:
+                head = f.read(4)
+            except ConnectionResetError:   # (closed with bytes unread: a reset, not an end)
+                head = b""
+            if not head:
+                return None if not out else pytest.fail(f"connection closed mid-answer after {out}")
+            n, = PORT_LENGTH.unpack(head)
+            body = f.read(n)
+            assert len(body) == n
+            r = pb.ReadRangeResponse.FromString(body)
+            out.append(r)
+            if r.status != Status.OK or r.through >= last_of(payload):
+                return out
+
+
+def last_of(payload: bytes) -> int:
+    try:
+        return pb.ReadRangeRequest.FromString(payload[4:]).last_entry
+    except DecodeError:
+        return I64_MAX
+
+
+@st.composite
+def stripes(draw):
+    """(stripe, residues): none, a valid filter, or anything."""
+    kind = draw(st.sampled_from(["none", "valid", "valid", "any"]))
+    if kind == "none":
+        return 0, 0
+    if kind == "valid":
+        stripe = draw(st.integers(1, 64))
+        return stripe, draw(st.integers(1, (1 << stripe) - 1))
+    return draw(st.integers(0, 70)), draw(st.integers(0, U64))
+
+
+@FUZZ
+@given(req=targeted(), first=entry_ids, last=entry_ids, sparse=st.booleans(), verifies=st.booleans(),
+       frame=st.one_of(st.sampled_from([0, 1, 53, 200]), st.integers(0, (1 << 32) - 1)),
+       filt=stripes(), plain=st.booleans(), near=st.booleans())
+def test_read_port_reads(bookie, req, first, last, sparse, verifies, frame, filt, plain, near):
+    """Any ReadRangeRequest on the read port: a plain one (sparse, verified
+    by the reader, no term, no flags) gets ReadRange's frames byte for byte;
+    any other one BAD_REQUEST, alone.  (Half the draws are plain, half of
+    those of the baseline's ids.)"""
+    lid, term, flags = req
+    stripe, residues = filt
+    if plain:
+        sparse, verifies, term, flags = True, True, 0, 0
+        if near:
+            lid, first, last = BASE, min(abs(first), BASE_COUNT + 2), min(abs(first), BASE_COUNT + 2) + abs(last) % 30
+    request = pb.ReadRangeRequest(ledger_id=lid, first_entry=first, last_entry=last, term=term, flags=flags,
+                                  sparse=sparse, reader_verifies=verifies, max_frame_bytes=frame,
+                                  stripe=stripe, residues=residues)
+    body = request.SerializeToString()
+    got = read_port_exchange(bookie.proc.read_address, PORT_LENGTH.pack(len(body)) + body)
+    assert got and all(r.status in STATUSES for r in got)
+    plain = sparse and verifies and not term and not flags
+    over_grpc = list(bookie.stub.ReadRange(request, timeout=30))
+    if not plain or over_grpc[0].status == Status.BAD_REQUEST:
+        assert [r.status for r in got] == [Status.BAD_REQUEST], got
+        return
+    assert got == over_grpc
+
+
+@FUZZ
+@given(data=st.one_of(st.binary(max_size=80), st.sampled_from([b"\x12\xff\xff\xff\xff\x0f", b"\x0b", b"\x08"])),
+       declared=st.one_of(st.none(), st.integers(0, (1 << 32) - 1)))
+def test_read_port_junk(bookie, data, declared):
+    """Bytes that are no ReadRangeRequest get one BAD_REQUEST frame (or, if
+    they parse, an answer); a length over the bound closes the connection
+    unanswered; a length longer than what follows waits (the test closes)."""
+    n = len(data) if declared is None else declared
+    payload = PORT_LENGTH.pack(n) + data
+    if n > len(data):
+        if n > 64 << 10:
+            assert read_port_exchange(bookie.proc.read_address, payload) is None
+        return
+    try:
+        req = pb.ReadRangeRequest.FromString(data)
+    except DecodeError:
+        req = None
+    got = read_port_exchange(bookie.proc.read_address, payload)
+    assert got and all(r.status in STATUSES for r in got)
+    if req is None:
+        assert [r.status for r in got] == [Status.BAD_REQUEST]
 
 
 # -- the add stream -------------------------------------------------------------------

@@ -1,0 +1,277 @@
+"""A bookie's read port: a reader's range reads over plain TCP, the records
+sent from the journal's files by ``sendfile`` (issue 18).
+
+Over gRPC a range read's records are copied from the page cache into a
+frame, by gRPC into its buffers and HTTP/2 frames, and on the reader out of
+them again; in a catch-up read of 64 KiB entries the reader spent half its
+time in gRPC's receive and the bookie most of its time sending.  Here the
+kernel moves the records from the page cache to the socket, and the reader
+receives each frame straight into its buffer.
+
+The port answers the reads a reader makes (``stream.ledger_read``) and
+nothing else: sparse, checked by the reader (``reader_verifies``), with no
+term and no flags.  A recovery's reads, which carry a term and may fence,
+stay on gRPC, where the term is admitted; so does everything over TLS (a
+bookie with TLS opens no read port), and a bookie behind a proxy registers
+none unless told where it is reached (``--advertise-read-address``).
+
+Wire, on one connection, one read at a time:
+
+- request: a 4-byte little-endian length (at most ``MAX_REQUEST_BYTES``),
+  then a ``ReadRangeRequest`` (proto/bookie.proto);
+- answer: frames, each a 4-byte little-endian length, then a
+  ``ReadRangeResponse``: byte for byte ReadRange's frames
+  (``BookieService.sparse_frames``, ``wire.encode_range_frame``), read by
+  the same ``wire.decode_range_frame``.  The answer ends with the frame
+  whose status is not OK or whose ``through`` reaches ``last_entry``; the
+  connection then takes the next request.  A request the port does not
+  serve (undecodable, a bad range, a term, flags, not sparse, not checked
+  by the reader) is answered by one BAD_REQUEST frame.  A length over the
+  bound, or a reader that takes nothing for ``SEND_TIMEOUT`` seconds,
+  closes the connection.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+from bookie import wire
+from bookie.core import Status
+from bookie.index import unpack_location
+from bookie.server import range_request_problem
+from bookstream_pb import bookie_pb2 as pb
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bookie.server import BookieService
+
+log = logging.getLogger(__name__)
+
+LENGTH = struct.Struct("<I")
+MAX_REQUEST_BYTES = 64 << 10
+MAX_CONNECTIONS = 1024
+SEND_TIMEOUT = 60.0
+
+
+class FileSpan:
+    """Records adjacent in one journal segment, by location (what
+    ``Storage.read_sparse`` gives the read port instead of their bytes)."""
+
+    __slots__ = ("loc", "length")
+
+    def __init__(self, loc: int, length: int):
+        self.loc, self.length = loc, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def cut(self, starts, stops) -> "Pieces":
+        """The pieces ``[start, stop)`` of this span (a striped read's
+        records with gaps between them: bookie/striped_read.py ``_cut``)."""
+        loc = self.loc
+        return Pieces([FileSpan(loc + a, b - a) for a, b in zip(starts, stops)])
+
+
+class Pieces:
+    """Spans sent one after the other."""
+
+    __slots__ = ("spans", "length")
+
+    def __init__(self, spans: list[FileSpan]):
+        self.spans, self.length = spans, sum(s.length for s in spans)
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def plain_read_problem(request: pb.ReadRangeRequest) -> str:
+    """Why the read port does not serve ``request`` ("" if it does)."""
+    problem = range_request_problem(request)
+    if problem:
+        return problem
+    if request.term or request.flags or not request.sparse or not request.reader_verifies:
+        return "the read port serves sparse reads the reader verifies, with no term and no flags"
+    return ""
+
+
+class ReadPort:
+    """The read port of a bookie's service: ``start`` listens, ``stop``
+    closes it and every connection."""
+
+    def __init__(self, service: "BookieService", host: str, port: int = 0):
+        self.service, self.host, self.port = service, host, port
+        self._listener: socket.socket | None = None
+        self._accepting: asyncio.Task | None = None
+        self._connections: set[asyncio.Task] = set()
+
+    async def start(self) -> int:
+        """Listens; returns the port."""
+        infos = socket.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        family, _, _, _, addr = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(addr)
+            sock.listen(128)
+        except OSError:
+            sock.close()
+            raise
+        sock.setblocking(False)
+        self._listener = sock
+        self.port = sock.getsockname()[1]
+        self._accepting = asyncio.create_task(self._accept(), name="read-port")
+        return self.port
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._accepting, *self._connections) if t is not None]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                conn, _ = await loop.sock_accept(self._listener)
+            except OSError as e:  # (out of fds, ...: the port stays up)
+                log.warning("read port: accept failed: %s", e)
+                await asyncio.sleep(0.1)
+                continue
+            if len(self._connections) >= MAX_CONNECTIONS:
+                conn.close()
+                continue
+            conn.setblocking(False)
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            t = asyncio.create_task(self._serve(conn))
+            self._connections.add(t)
+            t.add_done_callback(self._connections.discard)
+
+    async def _serve(self, conn: socket.socket) -> None:
+        try:
+            while True:
+                head = await _recv_exactly(conn, LENGTH.size)
+                if head is None:
+                    return
+                n, = LENGTH.unpack(head)
+                if n > MAX_REQUEST_BYTES:
+                    log.info("read port: a request of %d bytes: closing the connection", n)
+                    return
+                body = await _recv_exactly(conn, n) if n else b""
+                if body is None:
+                    return
+                await self._answer(conn, body)
+        except (ConnectionError, asyncio.TimeoutError) as e:
+            log.debug("read port: connection ended: %s", e)
+        except OSError as e:
+            log.info("read port: connection ended: %s", e)
+        finally:
+            conn.close()
+
+    async def _answer(self, conn: socket.socket, body: bytes) -> None:
+        service = self.service
+        service.read_range_requests += 1
+        try:
+            request = pb.ReadRangeRequest.FromString(body)
+            problem = plain_read_problem(request)
+        except Exception as e:  # DecodeError, or anything else protobuf raises on junk
+            problem = f"undecodable ReadRangeRequest: {e}"
+        if problem:
+            await _send_bytes(conn, _framed(pb.ReadRangeResponse(status=Status.BAD_REQUEST,
+                                                                  message=problem).SerializeToString()))
+            return
+        frames = service.sparse_frames(request.ledger_id, request.first_entry, request.last_entry,
+                                       service.frame_bytes(request), request.stripe, request.residues,
+                                       reader_verifies=True, read_at=FileSpan)
+        journal = service.storage.journal
+        try:
+            await self._send_frames(conn, frames, journal)
+        finally:
+            frames.close()
+
+    async def _send_frames(self, conn: socket.socket, frames, journal) -> None:
+        for out in frames:
+            if type(out) is not tuple:
+                await _send_bytes(conn, _framed(out.SerializeToString()))
+                return
+            status, recs, count, through, term = out
+            size = sum(map(len, recs))
+            head, tail = wire.range_frame_parts(status, size, count, through, term)
+            # The segments' files, held for the frame: a segment removed
+            # meanwhile (gc) stays readable through its descriptor.
+            fds: dict[int, int] = {}
+            try:
+                parts = [LENGTH.pack(len(head) + size + len(tail)) + head]
+                for rec in recs:
+                    if type(rec) is bytes:
+                        parts.append(rec)
+                        continue
+                    for span in (rec.spans if type(rec) is Pieces else (rec,)):
+                        seg, off = unpack_location(span.loc)
+                        fd = fds.get(seg)
+                        if fd is None:
+                            fd = fds[seg] = os.dup(journal.read_fd(seg))
+                        if parts:
+                            await _send_bytes(conn, b"".join(parts))
+                            parts = []
+                        await _send_file(conn, fd, off, span.length)
+                parts.append(tail)
+                await _send_bytes(conn, b"".join(parts))
+            finally:
+                for fd in fds.values():
+                    os.close(fd)
+
+
+def _framed(message: bytes) -> bytes:
+    return LENGTH.pack(len(message)) + message
+
+
+async def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes, or None at the end of the stream before the first."""
+    loop = asyncio.get_running_loop()
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = await loop.sock_recv_into(conn, view[got:])
+        if not k:
+            if got:
+                raise ConnectionError("connection closed within a request")
+            return None
+        got += k
+    return bytes(buf)
+
+
+async def _send_bytes(conn: socket.socket, data: bytes) -> None:
+    await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, data), SEND_TIMEOUT)
+
+
+async def _writable(conn: socket.socket) -> None:
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+    fd = conn.fileno()
+    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    try:
+        await asyncio.wait_for(fut, SEND_TIMEOUT)
+    finally:
+        loop.remove_writer(fd)
+
+
+async def _send_file(conn: socket.socket, fd: int, offset: int, count: int) -> None:
+    """``count`` bytes of the file ``fd`` from ``offset`` to ``conn``, by
+    the kernel (``os.sendfile``: no copy into this process)."""
+    out = conn.fileno()
+    while count:
+        try:
+            n = os.sendfile(out, fd, offset, count)
+        except BlockingIOError:
+            await _writable(conn)
+            continue
+        if not n:
+            raise OSError(f"journal segment ended at {offset} with {count} bytes of records to send")
+        offset += n
+        count -= n
