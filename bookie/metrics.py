@@ -61,7 +61,7 @@ class BookieMetrics:
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)
         # labelled children looked up once (a labels() call costs more than the observation);
         # these are exported at 0 from the start (the dashboard's series)
-        self._latency = {m: self.read_latency.labels(m) for m in ("ReadEntry", "ReadRange")}
+        self._latency = {m: self.read_latency.labels(m) for m in ("ReadEntry", "ReadRange", "ReadPort")}
         self._requests: dict = {}
         self._refusals: dict = {}
         for st in ("INVALID_TERM", "FENCED"):

@@ -37,6 +37,7 @@ import logging
 import os
 import socket
 import struct
+import time
 from typing import TYPE_CHECKING
 
 from bookie import wire
@@ -54,6 +55,8 @@ LENGTH = struct.Struct("<I")
 MAX_REQUEST_BYTES = 64 << 10
 MAX_CONNECTIONS = 1024
 SEND_TIMEOUT = 60.0
+SENDFILE_MIN_BYTES = 32 << 10   # a span shorter than this is read and sent with its neighbours
+METHOD = "ReadPort"   # its answers in the bookie's metrics (bookie/metrics.py), beside ReadRange's
 
 
 class FileSpan:
@@ -72,16 +75,16 @@ class FileSpan:
         """The pieces ``[start, stop)`` of this span (a striped read's
         records with gaps between them: bookie/striped_read.py ``_cut``)."""
         loc = self.loc
-        return Pieces([FileSpan(loc + a, b - a) for a, b in zip(starts, stops)])
+        return Pieces(self, [FileSpan(loc + a, b - a) for a, b in zip(starts, stops)])
 
 
 class Pieces:
-    """Spans sent one after the other."""
+    """The pieces of a span (``whole``), sent one after the other."""
 
-    __slots__ = ("spans", "length")
+    __slots__ = ("whole", "spans", "length")
 
-    def __init__(self, spans: list[FileSpan]):
-        self.spans, self.length = spans, sum(s.length for s in spans)
+    def __init__(self, whole: FileSpan, spans: list[FileSpan]):
+        self.whole, self.spans, self.length = whole, spans, sum(s.length for s in spans)
 
     def __len__(self) -> int:
         return self.length
@@ -174,17 +177,30 @@ class ReadPort:
             conn.close()
 
     async def _answer(self, conn: socket.socket, body: bytes) -> None:
-        service = self.service
+        """One request's answer; its metrics as ReadRange's, under the
+        method name ReadPort."""
+        service, request = self.service, None
         service.read_range_requests += 1
+        t0 = time.perf_counter()
         try:
-            request = pb.ReadRangeRequest.FromString(body)
-            problem = plain_read_problem(request)
-        except Exception as e:  # DecodeError, or anything else protobuf raises on junk
-            problem = f"undecodable ReadRangeRequest: {e}"
-        if problem:
-            await _send_bytes(conn, _framed(pb.ReadRangeResponse(status=Status.BAD_REQUEST,
-                                                                  message=problem).SerializeToString()))
-            return
+            try:
+                request = pb.ReadRangeRequest.FromString(body)
+                problem = plain_read_problem(request)
+            except Exception as e:  # DecodeError, or anything else protobuf raises on junk
+                problem = f"undecodable ReadRangeRequest: {e}"
+            if problem:
+                await self._send_refusal(conn, pb.ReadRangeResponse(status=Status.BAD_REQUEST, message=problem))
+                return
+            await self._read(conn, request)
+        finally:
+            service.metrics.answered(METHOD, request, time.perf_counter() - t0)
+
+    async def _send_refusal(self, conn: socket.socket, resp: pb.ReadRangeResponse) -> None:
+        self.service.metrics.response(METHOD, resp)
+        await _send_bytes(conn, _framed(resp.SerializeToString()))
+
+    async def _read(self, conn: socket.socket, request: pb.ReadRangeRequest) -> None:
+        service = self.service
         frames = service.sparse_frames(request.ledger_id, request.first_entry, request.last_entry,
                                        service.frame_bytes(request), request.stripe, request.residues,
                                        reader_verifies=True, read_at=FileSpan)
@@ -197,34 +213,63 @@ class ReadPort:
     async def _send_frames(self, conn: socket.socket, frames, journal) -> None:
         for out in frames:
             if type(out) is not tuple:
-                await _send_bytes(conn, _framed(out.SerializeToString()))
+                await self._send_refusal(conn, out)
                 return
             status, recs, count, through, term = out
             size = sum(map(len, recs))
             head, tail = wire.range_frame_parts(status, size, count, through, term)
-            # The segments' files, held for the frame: a segment removed
-            # meanwhile (gc) stays readable through its descriptor.
-            fds: dict[int, int] = {}
+            # The segments' files, held for the frame from when it was read
+            # from the index: a segment removed meanwhile (gc) stays
+            # readable through its descriptor (a segment's bytes never change).
+            fds = {}
             try:
-                parts = [LENGTH.pack(len(head) + size + len(tail)) + head]
                 for rec in recs:
-                    if type(rec) is bytes:
-                        parts.append(rec)
-                        continue
-                    for span in (rec.spans if type(rec) is Pieces else (rec,)):
-                        seg, off = unpack_location(span.loc)
-                        fd = fds.get(seg)
-                        if fd is None:
-                            fd = fds[seg] = os.dup(journal.read_fd(seg))
-                        if parts:
-                            await _send_bytes(conn, b"".join(parts))
-                            parts = []
-                        await _send_file(conn, fd, off, span.length)
-                parts.append(tail)
-                await _send_bytes(conn, b"".join(parts))
+                    if type(rec) is not bytes:
+                        seg = unpack_location((rec.whole if type(rec) is Pieces else rec).loc)[0]
+                        if seg not in fds:
+                            fds[seg] = os.dup(journal.read_fd(seg))
+                await _send_frame(conn, LENGTH.pack(len(head) + size + len(tail)) + head, recs, tail, fds)
             finally:
                 for fd in fds.values():
                     os.close(fd)
+
+
+async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes, fds: dict[int, int]) -> None:
+    """A frame: ``head``, the records (bytes, a FileSpan or Pieces each),
+    ``tail``.  Spans of at least SENDFILE_MIN_BYTES go by sendfile; shorter
+    ones (and pieces shorter than that on average, a striped read's records
+    around the ones it skips) are read and sent with what is around them:
+    a sendfile per few KiB costs more than the copy it saves."""
+    parts = [head]
+    for rec in recs:
+        if type(rec) is bytes:
+            parts.append(rec)
+            continue
+        whole = rec.whole if type(rec) is Pieces else rec
+        seg, off = unpack_location(whole.loc)
+        fd = fds[seg]
+        if type(rec) is Pieces and rec.length < SENDFILE_MIN_BYTES * len(rec.spans):
+            mv = memoryview(_pread(fd, whole.length, off))
+            base = whole.loc
+            parts.extend(mv[p.loc - base:p.loc - base + p.length] for p in rec.spans)
+            continue
+        for span in (rec.spans if type(rec) is Pieces else (rec,)):
+            off = unpack_location(span.loc)[1]
+            if span.length < SENDFILE_MIN_BYTES:
+                parts.append(_pread(fd, span.length, off))
+                continue
+            await _send_bytes(conn, b"".join(parts))
+            parts = []
+            await _send_file(conn, fd, off, span.length)
+    parts.append(tail)
+    await _send_bytes(conn, b"".join(parts))
+
+
+def _pread(fd: int, length: int, offset: int) -> bytes:
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise OSError(f"short read of a journal segment at {offset}: {len(data)} of {length} bytes")
+    return data
 
 
 def _framed(message: bytes) -> bytes:

@@ -66,6 +66,9 @@ def test_the_read_port_sends_readranges_frames_byte_for_byte(bookies):
             for i in range(0, 400, 4):   # ledgers 22 and 23 interleaved, 4 ids at a time
                 assert (await c.add(b"".join(rec(22, k, 90 + k % 7) for k in range(i, i + 4)))).status == OK
                 assert (await c.add(b"".join(rec(23, k, 40) for k in range(i, i + 4)))).status == OK
+            for i in range(40):   # records of 40 KiB with a small one of another ledger between each two
+                assert (await c.add(rec(25, i, 40 << 10))).status == OK
+                assert (await c.add(rec(26, i, 100))).status == OK
             held = [i for i in range(200) if i % 5 != 2]
             assert (await c.add(b"".join(rec(24, i, 300) for i in held))).status == OK
         finally:
@@ -78,6 +81,9 @@ def test_the_read_port_sends_readranges_frames_byte_for_byte(bookies):
             (22, 3, 390, {"stripe": 4, "residues": 0b1001, "max_frame_bytes": 700}),
             (22, 0, 399, {"stripe": 5, "residues": 0b10101}),
             (23, 0, 399, {"max_frame_bytes": 1000}),
+            (25, 0, 39, {}),
+            (25, 0, 39, {"stripe": 1, "residues": 1}),      # one span, its pieces sent by sendfile
+            (25, 1, 38, {"stripe": 3, "residues": 0b101, "max_frame_bytes": 200_000}),
             (24, 0, 199, {}),
             (24, 0, 199, {"stripe": 5, "residues": 0b11011}),
             (99, 0, 10, {}),
