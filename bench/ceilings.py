@@ -331,11 +331,16 @@ async def _serve(host: str, port: int, journal_dir: str | None = None) -> None:
     register(_empty_servicer(journal_dir), server)
     bound = server.add_insecure_port(f"{host}:{port}")
     await server.start()
+    from bench.read_port_ceiling import EmptyReadPort
+
+    read_port = EmptyReadPort(host)
+    await read_port.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(CEILING_READY + json.dumps({"address": f"{host}:{bound}", "pid": os.getpid()}), flush=True)
+    print(CEILING_READY + json.dumps({"address": f"{host}:{bound}", "read_address": f"{host}:{read_port.port}",
+                                      "pid": os.getpid()}), flush=True)
     await stop.wait()
     await server.stop(0)
 
@@ -349,6 +354,7 @@ class EmptyServerProcess(ServedProcess):
         super().__init__(data_dir)
         self.journal = journal
         self.address: str | None = None
+        self.read_address: str | None = None   # its read port (bench/read_port_ceiling.py)
 
     def command(self) -> list[str]:
         journal = ["--journal", str(Path(self.data_dir) / "journal")] if self.journal else []
@@ -360,7 +366,8 @@ class EmptyServerProcess(ServedProcess):
     def start(self, timeout: float = 30.0) -> "EmptyServerProcess":
         self.spawn()
         line = self.wait_for_line(lambda s: s.startswith(CEILING_READY), timeout)
-        self.address = json.loads(line[len(CEILING_READY):])["address"]
+        info = json.loads(line[len(CEILING_READY):])
+        self.address, self.read_address = info["address"], info["read_address"]
         self.start_draining()
         return self
 
@@ -448,7 +455,7 @@ async def range_read_rate(client, size: int, seconds: float, say=lambda msg: Non
 
 async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int], seconds: float,
                        window: int = 8, ack_quorum: int = 2, progress=None,
-                       open_loop: dict | None = None) -> dict:
+                       open_loop: dict | None = None, read_address: str = "") -> dict:
     """Loopback gRPC with empty handlers, from this process.
 
     - unary: sequential `Info` calls (latency) and a window of 64 in flight (calls/s);
@@ -456,7 +463,8 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
       `ack_quorum` acks: the round trip under an append, with no disk;
     - add: `add_rates`;
     - read: range reads from one server in 1 MiB frames (as the reader asks):
-      entries/s and MB/s;
+      entries/s and MB/s; read_port: the same from ``read_address``, an
+      empty server's read port (bench/read_port_ceiling.py);
     - open_loop, given `open_loop_floor`'s size, seconds and rate: the
       latency gRPC alone gives the open loop's load.
     """
@@ -499,6 +507,10 @@ async def grpc_ceiling(addresses: list[str], sizes: list[int], batches: list[int
         for size in sizes:
             out["add"].extend(await add_rates(clients, size, batches, seconds, window, say))
             out["read"].append(await range_read_rate(c0, size, seconds, say))
+            if read_address:
+                from bench.read_port_ceiling import read_port_rate
+
+                out.setdefault("read_port", []).append(await read_port_rate(read_address, size, seconds, say))
     finally:
         for c in clients:
             await c.close()

@@ -161,18 +161,24 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
     return rows
 
 
-def range_read_ceilings(base: Path, sizes: list[int], seconds: float, say=print) -> dict[int, dict]:
-    """The gRPC range-read ceiling per entry size (`ceilings.range_read_rate`),
-    from one empty server started and stopped here."""
+def range_read_ceilings(base: Path, sizes: list[int], seconds: float, say=print) -> dict[str, dict[int, dict]]:
+    """The range-read ceilings per entry size, from one empty server started
+    and stopped here: "grpc" (`ceilings.range_read_rate`) and "read_port"
+    (`read_port_ceiling.read_port_rate`)."""
     from bench.ceilings import range_read_rate, start_empty_servers
+    from bench.read_port_ceiling import read_port_rate
     from stream.bookie_client import BookieClient
 
     server = start_empty_servers(base, 1)[0]
 
-    async def go() -> dict[int, dict]:
+    async def go() -> dict[str, dict[int, dict]]:
         client = BookieClient(server.address)
         try:
-            return {size: await range_read_rate(client, size, seconds, say) for size in sizes}
+            out: dict[str, dict[int, dict]] = {"grpc": {}, "read_port": {}}
+            for size in sizes:
+                out["grpc"][size] = await range_read_rate(client, size, seconds, say)
+                out["read_port"][size] = await read_port_rate(server.read_address, size, seconds, say)
+            return out
         finally:
             await client.close()
 
@@ -182,11 +188,13 @@ def range_read_ceilings(base: Path, sizes: list[int], seconds: float, say=print)
         server.stop()
 
 
-def versus_ceilings(rows: list[dict], ceilings: dict[int, dict]) -> None:
-    """Each catch-up row's MB/s ÷ the ceiling of its entry size (``vs_ceiling``)."""
+def versus_ceilings(rows: list[dict], ceilings: dict[str, dict[int, dict]]) -> None:
+    """Each catch-up row's MB/s ÷ the gRPC range read's of its entry size
+    (``vs_ceiling``) and ÷ the read port's (``vs_read_port_ceiling``)."""
     for row in rows:
-        c = ceilings.get(row["entry_bytes"])
-        row["vs_ceiling"] = row["mb_per_s"] / c["mb_per_s"] if c and c["mb_per_s"] else None
+        for key, name in (("vs_ceiling", "grpc"), ("vs_read_port_ceiling", "read_port")):
+            c = ceilings.get(name, {}).get(row["entry_bytes"])
+            row[key] = row["mb_per_s"] / c["mb_per_s"] if c and c["mb_per_s"] else None
 
 
 def start_reader(etcd: str, cluster: str, name: str, seconds: float, nice: int = 0,
@@ -250,7 +258,8 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
                 for row in results["catchup"]:
                     if row["vs_ceiling"] is not None:
                         print(f"catch-up read E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: "
-                              f"{row['vs_ceiling']:.2f} of the gRPC range-read ceiling")
+                              f"{row['vs_ceiling']:.2f} of the gRPC range-read ceiling, "
+                              f"{row['vs_read_port_ceiling']:.2f} of the read port's")
             if args.open_loop_rate:
                 ref = [r for r in results["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])

@@ -207,7 +207,8 @@ def phase_grpc_ceiling(base: Path, p: dict, say) -> dict:
     servers = start_empty_servers(base / "empty", 3)
     try:
         return asyncio.run(grpc_ceiling([s.address for s in servers], int_list(p["sizes"]), int_list(p["grpc_batches"]),
-                                        p["ceiling_seconds"], progress=say, open_loop=_open_loop_params(p)))
+                                        p["ceiling_seconds"], progress=say, open_loop=_open_loop_params(p),
+                                        read_address=servers[0].read_address))
     finally:
         for s in servers:
             s.stop()
@@ -537,9 +538,7 @@ def build_figures(doc: dict) -> list[dict]:
                 ("catchup_read", "catch-up read, {} B", max(reads, key=lambda x: x["entry_bytes"]), "mb_per_s",
                  "MB/s")):
             size = r["entry_bytes"]
-            g = _by_size(grpc.get("read"), size)
-            ceilings = {"grpc": _ref(r[metric], g[metric], f"empty server, range read in {g['frame_bytes']:,} B "
-                                     f"frames", unit=unit)} if g else {}
+            ceilings = _read_ceilings(grpc, size, r[metric], metric, unit)
             j = _by_size(js.get("reads"), size)
             peer = _ref(r[metric], j[metric], "JetStream ordered consumer") if j else None
             add(key, label.format(size), unit, "higher", r[metric], ceilings, peer, entries=r["entries"],
@@ -552,9 +551,7 @@ def build_figures(doc: dict) -> list[dict]:
             size = r["entry_bytes"]
             if size < 1024 or size == big:
                 continue
-            g = _by_size(grpc.get("read"), size)
-            ceilings = {"grpc": _ref(r["mb_per_s"], g["mb_per_s"], f"empty server, range read in "
-                                     f"{g['frame_bytes']:,} B frames", unit="MB/s")} if g else {}
+            ceilings = _read_ceilings(grpc, size, r["mb_per_s"], "mb_per_s", "MB/s")
             j = _by_size(js.get("reads"), size)
             peer = _ref(r["mb_per_s"], j["mb_per_s"], "JetStream ordered consumer") if j else None
             add(f"catchup_read_{size}", f"catch-up read, {size} B", "MB/s", "higher", r["mb_per_s"], ceilings, peer,
@@ -589,6 +586,20 @@ def build_figures(doc: dict) -> list[dict]:
         add("index_memory", "index memory", "B/entry", "lower", idx["bytes_per_entry"], {}, None,
             bytes_per_entry=idx["bytes_per_entry"])
     return figs
+
+
+def _read_ceilings(grpc: dict, size: int, value: float, metric: str, unit: str) -> dict:
+    """A read figure's ceilings: an empty server's gRPC range read and its
+    read port's (bench/read_port_ceiling.py), at the figure's entry size."""
+    out = {}
+    g = _by_size(grpc.get("read"), size)
+    if g:
+        out["grpc"] = _ref(value, g[metric], f"empty server, range read in {g['frame_bytes']:,} B frames", unit=unit)
+    rp = _by_size(grpc.get("read_port"), size)
+    if rp:
+        out["read_port"] = _ref(value, rp[metric], f"empty server's read port (sendfile), "
+                                f"{rp['frame_bytes']:,} B frames", unit=unit)
+    return out
 
 
 def _fmt(v, unit: str = "") -> str:

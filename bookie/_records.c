@@ -626,7 +626,39 @@ bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(frame_buffer_doc,
+"frame_buffer(n) -> (bytes, memoryview): a new bytes object of n bytes, not yet filled, and a\n"
+"writable view of them: a reader receives a frame into the view (no zero-fill, no copy to bytes\n"
+"afterwards), releases the view, then hands out the bytes.  The bytes must not be used before\n"
+"then, and the view not after (stream/read_port_client.py).");
+
+static PyObject *
+frame_buffer(PyObject *module, PyObject *arg)
+{
+    Py_ssize_t n = PyLong_AsSsize_t(arg);
+    if (n == -1 && PyErr_Occurred())
+        return NULL;
+    if (n < 0) {
+        PyErr_SetString(PyExc_ValueError, "frame_buffer: a negative size");
+        return NULL;
+    }
+    /* (n == 0 gives the shared empty bytes: a view of no bytes cannot write to it) */
+    PyObject *b = PyBytes_FromStringAndSize(NULL, n);
+    if (b == NULL)
+        return NULL;
+    PyObject *view = PyMemoryView_FromMemory(PyBytes_AS_STRING(b), n, n ? PyBUF_WRITE : PyBUF_READ);
+    if (view == NULL) {
+        Py_DECREF(b);
+        return NULL;
+    }
+    PyObject *out = PyTuple_Pack(2, b, view);
+    Py_DECREF(b);
+    Py_DECREF(view);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"frame_buffer", frame_buffer, METH_O, frame_buffer_doc},
     {"sparse_runs", (PyCFunction)(void (*)(void))sparse_runs, METH_VARARGS | METH_KEYWORDS, sparse_runs_doc},
     {"decode_sparse", (PyCFunction)(void (*)(void))decode_sparse, METH_VARARGS | METH_KEYWORDS, decode_sparse_doc},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},

@@ -16,7 +16,7 @@ import collections
 import struct
 from typing import AsyncIterator
 
-from bookie import wire
+from bookie import native, wire
 from bookie.core import Status
 from bookstream_pb import bookie_pb2 as pb
 
@@ -24,6 +24,18 @@ LENGTH = struct.Struct("<I")
 MAX_IDLE = 4
 MAX_FRAME_BYTES = 64 << 20     # a frame longer than this is no bookie's: the connection is dropped
 QUEUED_FRAMES = 2              # frames received ahead of the reader before the socket is left unread
+
+
+def _frame_buffer_py(n: int) -> tuple[bytearray, memoryview]:
+    buf = bytearray(n)
+    return buf, memoryview(buf)
+
+
+_records = native("_records")
+# (bytes, a writable view of them) to receive a frame into: in C, a bytes
+# object filled in place (no zero-fill, no copy: a fifth of a 64 KiB
+# catch-up's reader CPU); else a bytearray, copied to bytes once full.
+frame_buffer = _records.frame_buffer if _records is not None else _frame_buffer_py
 
 
 class ReadPortUnavailable(ConnectionError):
@@ -45,7 +57,8 @@ class _Connection(asyncio.BufferedProtocol):
         self.error: BaseException | None = None
         self._waiter: asyncio.Future | None = None
         self._head = bytearray(LENGTH.size)
-        self._buf = self._head          # being filled: the length, or a frame
+        self._buf = self._head          # being filled: the length, or a frame (frame_buffer's)
+        self._view = memoryview(self._head)
         self._got = 0
         self._paused = False
 
@@ -57,11 +70,11 @@ class _Connection(asyncio.BufferedProtocol):
         self.transport = transport
 
     def get_buffer(self, sizehint: int):
-        return memoryview(self._buf)[self._got:]
+        return self._view[self._got:]
 
     def buffer_updated(self, nbytes: int) -> None:
         self._got += nbytes
-        if self._got < len(self._buf):
+        if self._got < len(self._view):
             return
         if self._buf is self._head:
             n, = LENGTH.unpack(self._head)
@@ -69,11 +82,13 @@ class _Connection(asyncio.BufferedProtocol):
                 self._fail(ReadPortUnavailable(f"a frame of {n} bytes"))
                 self.transport.close()
                 return
-            self._buf, self._got = bytearray(n), 0
+            (self._buf, self._view), self._got = frame_buffer(n), 0
             if n:
                 return
-        self.frames.append(bytes(self._buf))
-        self._buf, self._got = self._head, 0
+        self._view.release()   # (filled: no more writes into the frame's bytes)
+        frame = self._buf
+        self.frames.append(frame if type(frame) is bytes else bytes(frame))
+        self._buf, self._view, self._got = self._head, memoryview(self._head), 0
         if len(self.frames) >= QUEUED_FRAMES and not self._paused:
             self._paused = True
             self.transport.pause_reading()

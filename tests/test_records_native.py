@@ -204,3 +204,29 @@ def test_bad_arguments_are_refused():
         _records.sparse_runs(buf, LID, 0, 0, None, ())
     with pytest.raises(TypeError):
         _records.crc32(buf, 0, 1, 2)
+
+
+def test_frame_buffer_gives_new_bytes_and_a_view_that_fills_them():
+    """The read port client's receive buffer (stream/read_port_client.py):
+    each call a new bytes object, filled through its view, unshared; the
+    view released, the bytes stay."""
+    from stream import read_port_client
+
+    assert read_port_client.frame_buffer is _records.frame_buffer
+    for n in (1, 2, 7, 4096, 1 << 20):
+        b, view = _records.frame_buffer(n)
+        b2, view2 = _records.frame_buffer(n)
+        assert type(b) is bytes and len(b) == n and not view.readonly and len(view) == n and b is not b2
+        data = os.urandom(n)
+        view[: n // 2] = data[: n // 2]
+        view[n // 2:] = data[n // 2:]
+        view2[:] = bytes(n)
+        view.release()
+        assert b == data and b2 == bytes(n)
+    b, view = _records.frame_buffer(0)
+    assert b == b"" and len(view) == 0 and view.readonly   # (the shared empty bytes: no way to write to it)
+    assert b"" == bytes()
+    with pytest.raises(ValueError):
+        _records.frame_buffer(-1)
+    with pytest.raises(TypeError):
+        _records.frame_buffer("8")
