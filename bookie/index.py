@@ -100,7 +100,7 @@ Removed = list[tuple[int, int]]
 class LedgerIndex:
     """The index of one ledger."""
 
-    __slots__ = ("_runs", "_count", "_last", "_version", "_reshaped", "_views", "_asked", "__weakref__")
+    __slots__ = ("_runs", "_count", "_last", "_version", "_reshaped", "_views", "_spare", "_asked", "__weakref__")
 
     def __init__(self) -> None:
         self._runs: SortedDict = SortedDict()
@@ -108,7 +108,11 @@ class LedgerIndex:
         self._last: Run | None = None  # the run with the highest start: the append fast path
         self._version = 0   # bumped by every change (the stripe views' validity)
         self._reshaped = 0  # the version of the last change but an append at the end
-        self._views: dict = {}  # (stripe, residues) -> bookie.striped_read.StripeView
+        self._views: dict = {}  # (stripe, residues) -> bookie.striped_read.StripeView, the latest built
+        # (stripe, residues) -> up to SPARE_VIEWS earlier windows of the filter, the most recent last:
+        # concurrent reads of one filter at different places (a reader's read-ahead chunks) each keep
+        # theirs, instead of building in turn over each other's
+        self._spare: dict = {}
         self._asked: dict = {}  # (stripe, residues) -> the version at its last ask
 
     def _appended(self, first: int, locs, lens) -> None:
@@ -118,7 +122,7 @@ class LedgerIndex:
         writer goes on); one whose window ends below is unchanged."""
         v0 = self._version
         self._version += 1
-        for view in self._views.values():
+        for view in self._all_views():
             if view.version == v0:
                 if view.hi is None:
                     if len(view.ids) + len(locs) > view.window:
@@ -127,9 +131,18 @@ class LedgerIndex:
                         view.extend(first, locs, lens)
                 view.version = self._version
 
+    def _all_views(self):
+        yield from self._views.values()
+        for spare in self._spare.values():
+            yield from spare
+
     def drop_view(self, stripe: int, residues: int, view) -> None:
-        if self._views.get((stripe, residues)) is view:
-            del self._views[(stripe, residues)]
+        key = (stripe, residues)
+        if self._views.get(key) is view:
+            del self._views[key]
+        spare = self._spare.get(key)
+        if spare and view in spare:
+            spare.remove(view)
 
     def stripe_view(self, stripe: int, residues: int, first: int, window: int | None = None):
         """The current StripeView of a filter (bookie/striped_read.py) whose
@@ -142,7 +155,16 @@ class LedgerIndex:
         view = self._views.get(key)
         if view is not None and view.version == self._version and view.covers(first):
             return view
-        from bookie.striped_read import VIEW_WINDOW_IDS, StripeView
+        spare = self._spare.get(key)
+        for view in reversed(spare or ()):
+            if view.version == self._version and view.covers(first):
+                spare.remove(view)   # (the view last used is the filter's latest: _views)
+                old = self._views.get(key)
+                if old is not None and old.version == self._version:
+                    spare.append(old)
+                self._views[key] = view
+                return view
+        from bookie.striped_read import SPARE_VIEWS, VIEW_WINDOW_IDS, StripeView
 
         window = VIEW_WINDOW_IDS if window is None else window
         runs = self._runs
@@ -156,17 +178,28 @@ class LedgerIndex:
                 self._asked = {key: self._version}
             return None
         view = StripeView(stripe, residues, first, window)
-        # (at most a window's worth of runs: each holds at least one id; the
-        # keys' islice and dict lookups, twice as fast as a slice of values())
-        stop = view.fill(list(map(runs.__getitem__, runs.islice(i, i + window))), window)
+        # (about a window's worth of runs, at the first run's length: a
+        # striped ledger's runs are of Qw ids; fewer ids than the window is a
+        # smaller window.  The keys' islice and dict lookups, twice as fast as
+        # a slice of values())
+        n = min(window, window // max(1, len(runs.peekitem(i)[1].locs) if runs else 1) + 1)
+        stop = view.fill(list(map(runs.__getitem__, runs.islice(i, i + n))), window)
         if stop >= 0:
             view.hi = stop
-        elif i + window < len(runs):
-            view.hi = runs.peekitem(i + window)[0]
+        elif i + n < len(runs):
+            view.hi = runs.peekitem(i + n)[0]
         view.version = self._version
-        self._views = {k: v for k, v in self._views.items() if v.version == self._version}
+        v = self._version
+        old = self._views.get(key)
+        self._views = {k: x for k, x in self._views.items() if x.version == v}
+        self._spare = {k: live for k, xs in self._spare.items() if (live := [x for x in xs if x.version == v])}
         if len(self._views) >= 8:
             self._views.clear()
+            self._spare.clear()
+        if old is not None and old.version == v:
+            spare = self._spare.setdefault(key, [])
+            spare.append(old)
+            del spare[:max(0, len(spare) - SPARE_VIEWS)]
         self._views[key] = view
         return view
 

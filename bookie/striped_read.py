@@ -47,6 +47,9 @@ GAP_BYTES = 4 << 10
 # a window, 7.5 at 2^15, 15 at 2^16; the whole ledger at once, in Python,
 # 1.3 s) and it holds 28 bytes an id; a read past the window builds the next.
 VIEW_WINDOW_IDS = 1 << 14
+# Windows of one filter kept besides its latest (LedgerIndex.stripe_view):
+# a reader's chunks in flight at once each read in a window of their own.
+SPARE_VIEWS = 3
 
 
 def wanted(stripe: int, residues: int) -> list[bool]:
@@ -68,7 +71,7 @@ class StripeView:
     when it takes all a bookie holds)."""
 
     __slots__ = ("stripe", "residues", "want", "gap_bytes", "version", "lo", "hi", "window", "ids", "locs", "lens",
-                 "ends", "breaks", "seams")
+                 "ends", "breaks", "seams", "__weakref__")
 
     def __init__(self, stripe: int, residues: int, lo: int = 0, window: int = VIEW_WINDOW_IDS):
         self.stripe, self.residues = stripe, residues
@@ -147,8 +150,9 @@ class StripeView:
 class ViewBudget:
     """Bounds the bytes held in stripe views across a bookie's ledgers
     (``StripeView.nbytes``): the views used least recently are dropped from
-    their indexes past `max_bytes` (never the one just used).  Indexes are
-    held weakly: a deleted ledger's views go with it."""
+    their indexes past `max_bytes` (never the one just used).  Indexes and
+    views are held weakly: a deleted ledger's views go with it, and so does
+    a window its index let go.""" 
 
     def __init__(self, max_bytes: int = 48 << 20):
         self.max_bytes = max_bytes
@@ -156,18 +160,21 @@ class ViewBudget:
         self._lru: OrderedDict = OrderedDict()  # (id(index), key) -> (weakref to index, view, bytes counted)
 
     def used(self, index, view: StripeView) -> None:
-        k = (id(index), view.stripe, view.residues)
+        k = (id(index), id(view))
         old = self._lru.pop(k, None)
         if old is not None:
             self.held -= old[2]
         size = view.nbytes
-        self._lru[k] = (weakref.ref(index), view, size)
+        self._lru[k] = (weakref.ref(index), weakref.ref(view), size)
         self.held += size
+        if self.held > self.max_bytes:   # first the views their indexes let go (an older window replaced)
+            for dead in [k for k, (_, vref, _) in self._lru.items() if vref() is None]:
+                self.held -= self._lru.pop(dead)[2]
         while self.held > self.max_bytes and len(self._lru) > 1:
-            _, (ref, v, counted) = self._lru.popitem(last=False)
+            _, (ref, vref, counted) = self._lru.popitem(last=False)
             self.held -= counted
-            idx = ref()
-            if idx is not None:
+            idx, v = ref(), vref()
+            if idx is not None and v is not None:
                 idx.drop_view(v.stripe, v.residues, v)
 
 

@@ -94,6 +94,7 @@ def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw, gap,
             want = [e for e in held if first <= e <= last and residues >> (e % n) & 1]
             st = s.core.ledgers[LID]
             st.index._views.clear()
+            st.index._spare.clear()
             assert read_all(s, first, last, max_bytes, n, residues) == want
             assert read_all(s, first, last, max_bytes, n, residues) == want
             assert (n, residues) in st.index._views  # asked twice, index unchanged: the view served
@@ -396,3 +397,41 @@ def test_an_open_window_takes_appends_until_it_holds_its_window_then_closes_belo
     idx.put(20, pack_location(0, 2000), 100)
     assert view.hi == 20 and len(view.ids) == 10                         # past its window: closed below 20
     assert idx.stripe_view(4, 0b0011, 0, 10) is view and not view.covers(20)
+
+
+@pytest.mark.parametrize("spares", [striped_read.SPARE_VIEWS, 0])
+def test_reads_of_one_filter_at_different_places_keep_their_windows(s, monkeypatch, spares):
+    """Three reads of one filter in flight at once, far apart (a reader's
+    read-ahead chunks), their frames served in turn: each window is built
+    once, where with one view a filter they rebuilt each other's at every
+    frame.  (``spares`` 0: the count of the old way, which the first must beat.)"""
+    monkeypatch.setattr(striped_read, "SPARE_VIEWS", spares)
+    s.config.stripe_view_window_ids = 60
+    held = [e for e in range(3000) if held_by(e, 2, 4)]
+    asyncio.run(add(s, held))
+    builds = []
+    real = striped_read.StripeView.fill
+
+    def spy(view, *a):
+        builds.append(view.lo)
+        return real(view, *a)
+    monkeypatch.setattr(striped_read.StripeView, "fill", spy)
+    reads = {start: start for start in (0, 1000, 2000)}   # each read's next id; it ends at start + 799
+    got = {start: [] for start in reads}
+    while reads:
+        for start in list(reads):
+            nxt, last = reads[start], start + 799
+            status, recs, through, _ = s.read_sparse(LID, nxt, last, 2_000, 4, 0b0011)
+            assert status is Status.OK
+            got[start].extend(ids_of(recs))
+            if through >= last:
+                del reads[start]
+            else:
+                reads[start] = through + 1
+    for start, ids in got.items():
+        assert ids == [e for e in held if start <= e <= start + 799 and e % 4 in (0, 1)]
+    needed = sum(-(-len(ids) // 60) for ids in got.values())   # windows of 60 ids over each read
+    if spares:
+        assert len(builds) <= needed + 1   # each built once (+1: the filter's first frame took the run walk)
+    else:
+        assert len(builds) > 5 * needed    # rebuilt at nearly every frame

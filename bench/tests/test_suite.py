@@ -52,6 +52,8 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     assert {r["entry_bytes"] for r in grpc["add"]} == {100, 1024, 65536}
     assert all(_positive(r["messages_per_s"]) and _positive(r["entries_per_s"]) for r in grpc["add"])
     assert all(_positive(r["mb_per_s"]) for r in grpc["read"])
+    assert {r["entry_bytes"] for r in grpc["read_port"]} == {100, 1024, 65536}   # the read port's ceiling
+    assert all(_positive(r["mb_per_s"]) for r in grpc["read_port"])
     assert {(r["for"], r["entry_bytes"]) for r in doc["ceilings"]["disk"]} == {
         ("appends", 100), ("appends", 1024), ("appends", 65536), ("open_loop", 1024)}
     assert all(_positive(r["writes_per_s"]) and r["writers"] == 3 for r in doc["ceilings"]["disk"])
@@ -111,6 +113,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         assert figs[key]["target"]["met"] in (True, False)
     for key in ("catchup_read", "catchup_read_1024"):
         assert {t["met"] for t in figs[key]["read_targets"].values()} <= {True, False}
+        assert {"grpc", "read_port"} <= figs[key]["ceilings"].keys()
     assert {"qw_eq_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
     assert {"alone"} == figs["open_loop_p99_beside_reader"]["ceilings"].keys()
     bounded = figs["open_loop_p99_beside_bounded_reader"]
@@ -151,10 +154,28 @@ def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
         headers = list(E.iter_headers(frames[0].entries))
         assert len(headers) == frames[0].count and headers[0].payload_len == 100
 
-        r = asyncio.run(ceilings.grpc_ceiling([server.address], [1024], [1, 10], 0.1))
+        r = asyncio.run(ceilings.grpc_ceiling([server.address], [1024], [1, 10], 0.1,
+                                              read_address=server.read_address))
         assert _positive(r["unary"]["calls_per_s"]) and _positive(r["rtt"]["p50_ms"])
         assert [row["batch"] for row in r["add"]] == [1, 10]
-        assert all(_positive(row["entries_per_s"]) for row in r["add"] + r["read"])
+        assert all(_positive(row["entries_per_s"]) for row in r["add"] + r["read"] + r["read_port"])
+
+        # its read port: the same frames as its ReadRange, as the read port sends them (bookie/read_port.py)
+        from bookstream_pb import bookie_pb2 as pb
+        from stream.read_port_client import ReadPortClient
+
+        async def over_port():
+            port = ReadPortClient(server.read_address)
+            try:
+                req = pb.ReadRangeRequest(ledger_id=100, first_entry=0, last_entry=9999, max_frame_bytes=64 << 10,
+                                          sparse=True, reader_verifies=True)
+                return [f async for f in port.read_range(req)]
+            finally:
+                port.close()
+
+        got = asyncio.run(over_port())
+        assert sum(f.count for f in got) == 10_000 and got[-1].through == 9999
+        assert [bytes(f.entries) for f in got][:-1] == [bytes(f.entries) for f in frames][:-1]
     finally:
         server.stop()
     assert not server.alive()
