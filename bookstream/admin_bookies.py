@@ -17,13 +17,15 @@ def bookies() -> None:
 
 
 def _registration_row(r) -> dict:
-    return {"bookie_id": r.bookie_id, "address": r.address, "state": "readonly" if r.read_only else "writable",
+    return {"bookie_id": r.bookie_id, "address": r.address, "read_address": r.read_address,
+            "state": "readonly" if r.read_only else "writable",
             "free_bytes": r.free_bytes, "total_bytes": r.total_bytes,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.started_ms / 1000)) if r.started_ms else None}
 
 
 LIST_COLUMNS = [
-    Column("bookie_id", "bookie"), Column("address", "address"), Column("state", "state"),
+    Column("bookie_id", "bookie"), Column("address", "address"), Column("read_address", "read port"),
+    Column("state", "state"),
     Column("free_bytes", "free", human_bytes, "right"), Column("total_bytes", "total", human_bytes, "right"),
     Column("started", "started"),
 ]

@@ -51,6 +51,8 @@ def test_bookies_list_info_and_sanity(env, shared):
     rows = js(env, "bookies", "list")
     assert [r["bookie_id"] for r in rows] == ids and {r["state"] for r in rows} == {"writable"}
     assert {r["address"] for r in rows} == {b.address for b in shared.bookies}
+    assert {r["read_address"] for r in rows} == {b.read_address for b in shared.bookies} and all(
+        r["read_address"] for r in rows)   # (bookie/read_port.py)
     assert [r["bookie_id"] for r in js(env, "bookies", "list", "--writable")] == ids
     assert js(env, "bookies", "list", "--readonly") == []
     table = bs(env, "bookies", "list").stdout
