@@ -59,6 +59,9 @@ def add_parsers(bsub) -> None:
     r.add_argument("--read-api", choices=("batch", "records"), default="batch",
                    help="the catch-up reader's API: read_batch (batch: a RecordBatch, nothing per record) "
                         "or read (records: a Record per record)")
+    r.add_argument("--spread", action="store_true",
+                   help="a Qw = E stream's chunks read from each bookie in turn (the reader's `spread`) instead of "
+                        "one bookie per reader: the reference for striped reads, served by several bookies too")
     r.add_argument("--ceiling-seconds", type=float, default=1.0,
                    help="the gRPC range-read ceiling per entry size, measured first (0: not measured)")
     r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
@@ -124,7 +127,7 @@ def disk_reads(pids: list[int]) -> int:
 
 
 async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int]], mb: int, reads: int,
-                          say=print, bookie_pids: list[int] = (), api: str = "batch") -> list[dict]:
+                          say=print, bookie_pids: list[int] = (), api: str = "batch", spread: bool = False) -> list[dict]:
     """Step 1 of the module doc: a row per (ensemble, size) with every read
     and the best; `vs_qw_eq_e`: MB/s ÷ the reference ensemble's, same size;
     per read, `disk_fraction`: the bookies' reads from the disk (page-cache
@@ -133,7 +136,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
 
     async def one(name: str, size: int) -> dict:
         before = disk_reads(bookie_pids)
-        r = await single.stream_read_all(sc, name, size, api)
+        r = await single.stream_read_all(sc, name, size, api, spread)
         r["disk_fraction"] = (disk_reads(bookie_pids) - before) / max(1, r["entries"] * size)
         return r
 
@@ -146,7 +149,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
             best = max(runs, key=lambda r: r["mb_per_s"])
             # (`written` > `entries`: the bookies' LAC lags the closed writer's; see NOTES, session 6)
             row = {"ensemble": e, "write_quorum": qw, "ack_quorum": 2, "entry_bytes": size, "stream": name,
-                   "read_api": api,
+                   "read_api": api, "spread": spread,
                    "written": written, "entries": best["entries"], "entries_per_s": best["entries_per_s"], "mb_per_s": best["mb_per_s"],
                    "runs": runs}
             rows.append(row)
@@ -252,7 +255,7 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             results["catchup"] = await catchup_figures(sc, tag, sizes, shapes, args.mb, args.reads,
                                                        bookie_pids=[b.proc.pid for b in cluster.bookies],
-                                                       api=args.read_api)
+                                                       api=args.read_api, spread=args.spread)
             if results.get("ceilings"):
                 versus_ceilings(results["catchup"], results["ceilings"])
                 for row in results["catchup"]:

@@ -509,7 +509,7 @@ async def stream_fill(sc, name: str, size: int, mb: int) -> None:
 READ_APIS = ("batch", "records")
 
 
-async def stream_read_all(sc, name: str, size: int, api: str = "batch") -> dict:
+async def stream_read_all(sc, name: str, size: int, api: str = "batch", spread: bool = False) -> dict:
     """Reads stream `name` from the start to its end, as a reader catching up
     does: entries/s and MB/s.  ``api``: "batch" reads with ``read_batch``
     (a RecordBatch: the records in the frames read, nothing per record),
@@ -519,6 +519,7 @@ async def stream_read_all(sc, name: str, size: int, api: str = "batch") -> dict:
     if api not in READ_APIS:
         raise ValueError(f"read api {api!r}: one of {READ_APIS}")
     rd = await sc.open_reader(name, Position.EARLIEST)
+    rd.spread = spread   # (Qw = E: each chunk from the next bookie, instead of one bookie per reader)
     n = nbytes = 0
     t0 = time.perf_counter()
     try:
