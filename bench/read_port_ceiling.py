@@ -3,17 +3,17 @@ wire and its sendfile), measured as ``ceilings.range_read_rate`` measures
 gRPC's range read.
 
 `EmptyReadPort` runs beside `EmptyBookie` in `python -m bench.ceilings
-serve`: it holds no ledgers, reads a request's ``ledger_id`` as the entry
-size to serve, and sends frames of prebuilt entry records from a file (in
-the page cache) by ``sendfile``, with the bookie's own frame parts and send
-helpers.  `read_port_rate` reads them with the client's own
+serve`: the bookie's `ReadPort` (its listener, connections and requests)
+holding no ledgers; it reads a request's ``ledger_id`` as the entry size to
+serve and sends frames of prebuilt entry records from a file (in the page
+cache) by ``sendfile``, with the bookie's own frame parts and send helpers.
+`read_port_rate` reads them with the client's own
 `stream.read_port_client.ReadPortClient`.  So the figure is the transport
 alone: TCP on loopback, the kernel's copy, the reader's receive of each
 frame into its buffer, and no index, storage or walk.
 """
 from __future__ import annotations
 
-import asyncio
 import os
 import socket
 import tempfile
@@ -21,74 +21,42 @@ import time
 
 from bookie import entry as E
 from bookie import wire
-from bookie.read_port import LENGTH, _recv_exactly, _send_bytes, _send_file
+from bookie.read_port import LENGTH, ReadPort, _send_bytes, _send_file
 
 RANGE_FRAME_BYTES = 1 << 20   # (stream.ledger_read's, as the reader asks)
 
 
-class EmptyReadPort:
+class EmptyReadPort(ReadPort):
     def __init__(self, host: str = "127.0.0.1"):
-        self.host = host
-        self.port = 0
+        super().__init__(None, host, 0)
         self._files: dict[tuple[int, int], tuple[int, int]] = {}   # (size, frame bytes): (fd, records per frame)
-        self._listener: socket.socket | None = None
-        self._tasks: set[asyncio.Task] = set()
-
-    async def start(self) -> int:
-        sock = socket.socket()
-        sock.bind((self.host, 0))
-        sock.listen(64)
-        sock.setblocking(False)
-        self._listener, self.port = sock, sock.getsockname()[1]
-        self._tasks.add(asyncio.create_task(self._accept()))
-        return self.port
-
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, _ = await loop.sock_accept(self._listener)
-            conn.setblocking(False)
-            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            t = asyncio.create_task(self._serve(conn))
-            self._tasks.add(t)
-            t.add_done_callback(self._tasks.discard)
 
     def _records(self, size: int, frame_bytes: int) -> tuple[int, int]:
         key = (size, frame_bytes)
         if key not in self._files:
             per = max(1, frame_bytes // (size + E.HEADER_SIZE))
-            f = tempfile.TemporaryFile()
-            f.write(E.encode(1, 0, os.urandom(size)) * per)
-            f.flush()
-            self._files[key] = (os.dup(f.fileno()), per)
-            f.close()
+            with tempfile.TemporaryFile() as f:
+                f.write(E.encode(1, 0, os.urandom(size)) * per)
+                f.flush()
+                self._files[key] = (os.dup(f.fileno()), per)
         return self._files[key]
 
-    async def _serve(self, conn: socket.socket) -> None:
+    async def _answer(self, conn: socket.socket, body: bytes) -> None:
         from bookstream_pb import bookie_pb2 as pb
 
-        try:
-            while True:
-                head = await _recv_exactly(conn, LENGTH.size)
-                if head is None:
-                    return
-                req = pb.ReadRangeRequest.FromString(await _recv_exactly(conn, LENGTH.unpack(head)[0]))
-                size = req.ledger_id
-                fd, per = self._records(size, req.max_frame_bytes or RANGE_FRAME_BYTES)
-                first, last = req.first_entry, req.last_entry
-                while first <= last:
-                    n = min(per, last - first + 1)
-                    nbytes = n * (size + E.HEADER_SIZE)
-                    through = first + n - 1
-                    h, t = wire.range_frame_parts(0, nbytes, n, through)
-                    await _send_bytes(conn, LENGTH.pack(len(h) + nbytes + len(t)) + h)
-                    await _send_file(conn, fd, 0, nbytes)
-                    await _send_bytes(conn, t)
-                    first = through + 1
-        except (ConnectionError, OSError):
-            return
-        finally:
-            conn.close()
+        req = pb.ReadRangeRequest.FromString(body)
+        size = req.ledger_id
+        fd, per = self._records(size, req.max_frame_bytes or RANGE_FRAME_BYTES)
+        first, last = req.first_entry, req.last_entry
+        while first <= last:
+            n = min(per, last - first + 1)
+            nbytes = n * (size + E.HEADER_SIZE)
+            through = first + n - 1
+            h, t = wire.range_frame_parts(0, nbytes, n, through)
+            await _send_bytes(conn, LENGTH.pack(len(h) + nbytes + len(t)) + h)
+            await _send_file(conn, fd, 0, nbytes)
+            await _send_bytes(conn, t)
+            first = through + 1
 
 
 async def read_port_rate(address: str, size: int, seconds: float, say=lambda msg: None) -> dict:

@@ -157,17 +157,7 @@ class ReadPort:
 
     async def _serve(self, conn: socket.socket) -> None:
         try:
-            while True:
-                head = await _recv_exactly(conn, LENGTH.size)
-                if head is None:
-                    return
-                n, = LENGTH.unpack(head)
-                if n > MAX_REQUEST_BYTES:
-                    log.info("read port: a request of %d bytes: closing the connection", n)
-                    return
-                body = await _recv_exactly(conn, n) if n else b""
-                if body is None:
-                    return
+            async for body in _requests(conn):
                 await self._answer(conn, body)
         except (ConnectionError, asyncio.TimeoutError) as e:
             log.debug("read port: connection ended: %s", e)
@@ -270,6 +260,23 @@ def _pread(fd: int, length: int, offset: int) -> bytes:
     if len(data) != length:
         raise OSError(f"short read of a journal segment at {offset}: {len(data)} of {length} bytes")
     return data
+
+
+async def _requests(conn: socket.socket):
+    """The requests' bytes, one after the other, until the connection ends
+    (or sends a length over MAX_REQUEST_BYTES)."""
+    while True:
+        head = await _recv_exactly(conn, LENGTH.size)
+        if head is None:
+            return
+        n, = LENGTH.unpack(head)
+        if n > MAX_REQUEST_BYTES:
+            log.info("read port: a request of %d bytes: closing the connection", n)
+            return
+        body = await _recv_exactly(conn, n) if n else b""
+        if body is None:
+            return
+        yield body
 
 
 def _framed(message: bytes) -> bytes:
