@@ -27,7 +27,8 @@ Wire, on one connection, one read at a time:
   connection then takes the next request.  A request the port does not
   serve (undecodable, a bad range, a term, flags, not sparse, not checked
   by the reader) is answered by one BAD_REQUEST frame.  A length over the
-  bound, or a reader that takes nothing for ``SEND_TIMEOUT`` seconds,
+  bound, a reader that takes nothing for ``SEND_TIMEOUT`` seconds, a
+  request cut midway for as long, or no request for ``IDLE_TIMEOUT``,
   closes the connection.
 """
 from __future__ import annotations
@@ -54,7 +55,8 @@ log = logging.getLogger(__name__)
 LENGTH = struct.Struct("<I")
 MAX_REQUEST_BYTES = 64 << 10
 MAX_CONNECTIONS = 1024
-SEND_TIMEOUT = 60.0
+SEND_TIMEOUT = 60.0     # a reader that takes nothing this long: its connection is closed
+IDLE_TIMEOUT = 300.0    # a connection with no request this long is closed (the client's kept ones reconnect)
 SENDFILE_MIN_BYTES = 32 << 10   # a span shorter than this is read and sent with its neighbours
 METHOD = "ReadPort"   # its answers in the bookie's metrics (bookie/metrics.py), beside ReadRange's
 
@@ -264,16 +266,18 @@ def _pread(fd: int, length: int, offset: int) -> bytes:
 
 async def _requests(conn: socket.socket):
     """The requests' bytes, one after the other, until the connection ends
-    (or sends a length over MAX_REQUEST_BYTES)."""
+    (or sends a length over MAX_REQUEST_BYTES).  asyncio.TimeoutError when
+    no request comes for IDLE_TIMEOUT, or one stops coming in midway for
+    SEND_TIMEOUT: a connection held open for nothing is not kept."""
     while True:
-        head = await _recv_exactly(conn, LENGTH.size)
+        head = await asyncio.wait_for(_recv_exactly(conn, LENGTH.size), IDLE_TIMEOUT)
         if head is None:
             return
         n, = LENGTH.unpack(head)
         if n > MAX_REQUEST_BYTES:
             log.info("read port: a request of %d bytes: closing the connection", n)
             return
-        body = await _recv_exactly(conn, n) if n else b""
+        body = await asyncio.wait_for(_recv_exactly(conn, n), SEND_TIMEOUT) if n else b""
         if body is None:
             return
         yield body

@@ -329,3 +329,36 @@ def test_unavailable_is_what_a_broken_read_port_raises(bookies):
         finally:
             await c.close()
     run(go())
+
+
+def test_a_connection_that_asks_nothing_or_stops_midway_is_not_kept(monkeypatch):
+    """The read port's request loop (``bookie.read_port._requests``) on a
+    socket pair: requests come out whole; no request for IDLE_TIMEOUT, or
+    a request cut midway for SEND_TIMEOUT, ends it (the port then closes
+    the connection); a length over the bound ends it at once."""
+    from bookie import read_port
+
+    monkeypatch.setattr(read_port, "IDLE_TIMEOUT", 0.2)
+    monkeypatch.setattr(read_port, "SEND_TIMEOUT", 0.2)
+
+    async def go():
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        try:
+            b.sendall(framed(b"one") + framed(b"") + framed(b"three"))
+            reqs = read_port._requests(a)
+            assert [await reqs.__anext__() for _ in range(3)] == [b"one", b"", b"three"]
+            with pytest.raises(asyncio.TimeoutError):   # nothing more asked
+                await reqs.__anext__()
+            reqs = read_port._requests(a)
+            b.sendall(LENGTH.pack(10) + b"abc")            # a request cut midway
+            with pytest.raises(asyncio.TimeoutError):
+                await reqs.__anext__()
+            reqs = read_port._requests(a)
+            b.sendall(LENGTH.pack(read_port.MAX_REQUEST_BYTES + 1))
+            with pytest.raises(StopAsyncIteration):
+                await reqs.__anext__()
+        finally:
+            a.close()
+            b.close()
+    run(go())
