@@ -134,10 +134,17 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
     misses) ÷ the bytes read."""
     from bench import single
 
+    from bench.profile import cpu_seconds
+
+    def cpu() -> float:   # this process (the reader) and the bookies
+        return time.process_time() + sum(cpu_seconds(p) for p in bookie_pids)
+
     async def one(name: str, size: int) -> dict:
-        before = disk_reads(bookie_pids)
+        before, cpu0 = disk_reads(bookie_pids), cpu()
         r = await single.stream_read_all(sc, name, size, api, spread)
-        r["disk_fraction"] = (disk_reads(bookie_pids) - before) / max(1, r["entries"] * size)
+        nbytes = max(1, r["entries"] * size)
+        r["disk_fraction"] = (disk_reads(bookie_pids) - before) / nbytes
+        r["cpu_s_per_gb"] = (cpu() - cpu0) / (nbytes / 1e9)   # the reader's and the bookies' CPU per GB read
         return r
 
     rows = []
@@ -153,7 +160,9 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
                    "written": written, "entries": best["entries"], "entries_per_s": best["entries_per_s"], "mb_per_s": best["mb_per_s"],
                    "runs": runs}
             rows.append(row)
-            every = ", ".join("%.0f (from disk %.2f)" % (r["mb_per_s"], r["disk_fraction"]) for r in runs)
+            row["cpu_s_per_gb"] = best["cpu_s_per_gb"]
+            every = ", ".join("%.0f (from disk %.2f, %.2f CPU s/GB)" % (r["mb_per_s"], r["disk_fraction"],
+                                                                        r["cpu_s_per_gb"]) for r in runs)
             say(f"catch-up read E{e} Qw{qw}, {size} B: {best['entries']:,} entries, best of {reads} "
                 f"{best['entries_per_s']:,.0f} entries/s, {best['mb_per_s']:.1f} MB/s (all: {every} MB/s)")
     ref_e, ref_qw = shapes[0]

@@ -503,6 +503,7 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     assert {(r["ensemble"], r["entry_bytes"]) for r in rows} == {(3, 1024), (3, 65536), (4, 1024), (4, 65536)}
     for r in rows:
         assert r["entries"] == r["written"] and _positive(r["vs_ceiling"]) and r["read_api"] == "batch"
+        assert _positive(r["cpu_s_per_gb"]) and all(_positive(run["cpu_s_per_gb"]) for run in r["runs"])
         for key, name in (("vs_ceiling", "grpc"), ("vs_read_port_ceiling", "read_port")):
             ceil = res["ceilings"][name][str(r["entry_bytes"])]
             assert r[key] == pytest.approx(r["mb_per_s"] / ceil["mb_per_s"])
