@@ -231,6 +231,8 @@ class BookieClient:
             frames = self._read_port_range(req, frame_timeout)
             try:
                 first_frame = await frames.__anext__()
+            except StopAsyncIteration:   # (no frame: not what a bookie answers, but nothing to yield)
+                return
             except ReadPortUnavailable as e:
                 log.warning("%s: read port %s unreachable (%s): reads over gRPC for %.0f s", self.address,
                             self.read_port.address, e, READ_PORT_RETRY_S)
