@@ -87,11 +87,19 @@ class BookieUnavailable(ConnectionError):
 READ_PORT_RETRY_S = 10.0
 
 
+def _read_port_client(read_address: str) -> ReadPortClient | None:
+    try:
+        return ReadPortClient(read_address)
+    except ValueError as e:   # (a registration's bad address: gRPC alone)
+        log.warning("%s", e)
+        return None
+
+
 class BookieClient:
     def __init__(self, address: str, tls=None, read_address: str = ""):
         self.address = address
         # bookie/read_port.py: a reader's plain range reads (never over TLS)
-        self.read_port = ReadPortClient(read_address) if read_address and tls is None else None
+        self.read_port = _read_port_client(read_address) if read_address and tls is None else None
         self._read_port_down_until = 0.0
         self.channel = (grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS) if tls is None else
                         grpc.aio.secure_channel(address, tls.channel_credentials(),

@@ -64,7 +64,9 @@ class _Connection(asyncio.BufferedProtocol):
 
     @property
     def usable(self) -> bool:
-        return self.error is None and self.transport is not None and not self.transport.is_closing()
+        """Open, and between answers (nothing received beyond the last one)."""
+        return (self.error is None and self.transport is not None and not self.transport.is_closing()
+                and not self.frames and self._buf is self._head and not self._got)
 
     def connection_made(self, transport) -> None:
         self.transport = transport

@@ -195,12 +195,17 @@ def test_a_read_port_nobody_answers_sends_the_read_over_grpc(bookies):
 
     async def go():
         c = BookieClient(b.address, read_address=f"127.0.0.1:{free_port()}")
+        bad = BookieClient(b.address, read_address="no port here")   # (a registration's junk: gRPC alone)
         try:
+            assert bad.read_port is None
             assert (await c.add(b"".join(rec(51, i, 100) for i in range(20)))).status == OK
             frames = [f async for f in c.read_range(51, 0, 19, sparse=True, raw=True, reader_verifies=True)]
             assert sum(f.count for f in frames) == 20 and c.read_port.frames_read == 0
+            frames = [f async for f in bad.read_range(51, 0, 19, sparse=True, raw=True, reader_verifies=True)]
+            assert sum(f.count for f in frames) == 20
         finally:
             await c.close()
+            await bad.close()
     run(go())
 
 
