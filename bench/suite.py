@@ -55,6 +55,7 @@ from pathlib import Path
 
 from bookie import entry as E
 from bench.single import int_list
+from bench.profile import cpu_seconds
 from bench.reads import phase_reads
 from bookstream.tuning import tune_process
 
@@ -238,13 +239,6 @@ def phase_journal_floor(base: Path, p: dict, say) -> dict:
         os.sync()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of a process, all its threads (/proc)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 class CpuMeter:
     """CPU used by this (client) process, the bookies and etcd between two
     points: what one append costs the machine, and so the appends/s the
@@ -256,7 +250,7 @@ class CpuMeter:
     def sample(self) -> dict[str, float]:
         out = {"client": time.process_time()}
         for k, pids in self.pids.items():
-            out[k] = sum(_cpu_seconds(p) for p in pids)
+            out[k] = sum(cpu_seconds(p) for p in pids)
         return out
 
     @staticmethod

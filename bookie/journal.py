@@ -163,6 +163,15 @@ class JournalWriteError(OSError):
     pass
 
 
+
+def pread_exactly(fd: int, length: int, offset: int, seg: int | str = "?") -> bytes:
+    """``length`` bytes of a segment's file from ``offset`` (OSError if it
+    ends first: a record the index points at is never cut short)."""
+    data = os.pread(fd, length, offset)
+    if len(data) != length:
+        raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
+    return data
+
 class Journal:
     """Segments under `directory`; one writer (this object), many readers."""
 
@@ -528,10 +537,7 @@ class Journal:
         return fd
 
     def pread(self, seg: int, offset: int, length: int) -> bytes:
-        data = os.pread(self.read_fd(seg), length, offset)
-        if len(data) != length:
-            raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
-        return data
+        return pread_exactly(self.read_fd(seg), length, offset, seg)
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 from bookie import wire
 from bookie.core import Status
 from bookie.index import unpack_location
+from bookie.journal import pread_exactly
 from bookie.server import range_request_problem
 from bookstream_pb import bookie_pb2 as pb
 
@@ -241,27 +242,20 @@ async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes,
         seg, off = unpack_location(whole.loc)
         fd = fds[seg]
         if type(rec) is Pieces and rec.length < SENDFILE_MIN_BYTES * len(rec.spans):
-            mv = memoryview(_pread(fd, whole.length, off))
+            mv = memoryview(pread_exactly(fd, whole.length, off, seg))
             base = whole.loc
             parts.extend(mv[p.loc - base:p.loc - base + p.length] for p in rec.spans)
             continue
         for span in (rec.spans if type(rec) is Pieces else (rec,)):
             off = unpack_location(span.loc)[1]
             if span.length < SENDFILE_MIN_BYTES:
-                parts.append(_pread(fd, span.length, off))
+                parts.append(pread_exactly(fd, span.length, off, seg))
                 continue
             await _send_bytes(conn, b"".join(parts))
             parts = []
             await _send_file(conn, fd, off, span.length)
     parts.append(tail)
     await _send_bytes(conn, b"".join(parts))
-
-
-def _pread(fd: int, length: int, offset: int) -> bytes:
-    data = os.pread(fd, length, offset)
-    if len(data) != length:
-        raise OSError(f"short read of a journal segment at {offset}: {len(data)} of {length} bytes")
-    return data
 
 
 async def _requests(conn: socket.socket):

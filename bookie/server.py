@@ -391,7 +391,7 @@ class BookieService(pb_grpc.BookieServicer):
             self.read_range_entries += count
             self.metrics.range_frame(count, size)
             yield status, recs, count, through, term
-            if status is not Status.OK or through >= last:
+            if wire.ends_sparse_read(status, through, last):
                 return
             nxt = through + 1
 

@@ -158,6 +158,14 @@ def range_frame_parts(status: int, size: int, count: int = 0, through: int = 0, 
     return head, tail
 
 
+def ends_sparse_read(status: int, through: int, last: int) -> bool:
+    """Whether a sparse range read's frame is its last (proto/bookie.proto
+    ReadRangeResponse): one with a status other than OK, or one vouching
+    up to the read's last id.  The bookie stops after it; the reader, over
+    gRPC or the read port (bookie/read_port.py), reads no further."""
+    return status != 0 or through >= last
+
+
 def serialize_range_response(resp) -> bytes:
     """The ReadRange method's serializer on the bookie: a frame the handler
     encoded itself (``encode_range_frame``) goes as it is, any other

@@ -13,6 +13,7 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator
 
 from bookie import entry as entry_codec
+from bookie import wire
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerState
 from stream import errors as err
@@ -167,7 +168,7 @@ class ReadPath:
                 if resp.stop > resp.start:  # (raw frames: the records are data[start:stop])
                     n, after = sink.put_frame(resp.data, resp.start, resp.stop, after, r)
                     delivered += n
-                if resp.status != Status.OK or resp.through >= r.last:
+                if wire.ends_sparse_read(resp.status, resp.through, r.last):
                     break
         except (BookieUnavailable, entry_codec.ChecksumMismatch, entry_codec.MalformedEntry) as e:
             log.info("ledger %s: range read from %s stopped: %s", lid, bid, e)

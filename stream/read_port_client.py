@@ -17,7 +17,6 @@ import struct
 from typing import AsyncIterator
 
 from bookie import native, wire
-from bookie.core import Status
 from bookstream_pb import bookie_pb2 as pb
 
 LENGTH = struct.Struct("<I")
@@ -177,7 +176,7 @@ class ReadPortClient:
                 data = await c.next_frame()
             while True:
                 resp = wire.decode_range_frame(data)
-                done = resp.status != Status.OK or resp.through >= request.last_entry
+                done = wire.ends_sparse_read(resp.status, resp.through, request.last_entry)
                 self.frames_read += 1
                 yield resp
                 if done:
