@@ -122,6 +122,7 @@ class BookieProxy:
         self.port = port or _free_port()
         self.client_pids = client_pids
         self.links: set[_Link] = set()
+        self.forwarded = 0   # connections forwarded to the target so far
         self.blocked: dict[str, object] = {}   # "blackhole"/"cut" -> None (all) or a set of pids
         self.server = None
         self.ploop.call(self._start())
@@ -152,6 +153,7 @@ class BookieProxy:
             c_writer.close()  # the bookie is down: so is the link
             return
         link = _Link(c_reader, c_writer, b_reader, b_writer, pid)
+        self.forwarded += 1
         self.links.add(link)
         link.tasks = [asyncio.create_task(self._pump(link, c_reader, b_writer)),
                       asyncio.create_task(self._pump(link, b_reader, c_writer))]

@@ -149,6 +149,8 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             "operations": dict(h.ops), "errors": dict(h.errors),
             "sessions": len(h.sessions), "final_records": None if final is None else len(final),
             "final_error": final_error, "context": context, "acks_after_heal": ok_after_heal,
+            # connections through the bookies' read port proxies (readers reading over the read port)
+            "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
             "anomalies": anomalies,
             "anomaly_counts": dict(Counter(a["kind"] for a in anomalies)),
             "new_anomalies": sum(1 for a in anomalies if a["known"] is None),

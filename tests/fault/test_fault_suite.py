@@ -32,7 +32,8 @@ def test_the_ci_seeds_cover_every_fault_kind():
 
 
 def _show(r: dict) -> None:
-    keys = ("seed", "seconds", "faults_done", "faults_skipped", "operations", "anomaly_counts", "acks_after_heal")
+    keys = ("seed", "seconds", "faults_done", "faults_skipped", "operations", "anomaly_counts", "acks_after_heal",
+            "read_port_connections")
     print(json.dumps({k: r.get(k) for k in keys}))
     for a in r.get("anomalies", []):
         print("  anomaly:", json.dumps(a)[:400])
@@ -46,6 +47,7 @@ def test_seeded_fault_run(seed, api, tmp_path):
     new = [a for a in r["anomalies"] if a["known"] is None]
     assert not new, f"seed {seed}: new anomalies (files in {tmp_path}): {json.dumps(new)[:3000]}"
     assert r["operations"].get("append_ok", 0) > 0 and r["final_records"] is not None
+    assert r["read_port_connections"] > 0   # the readers read through the bookies' read ports (and their proxies)
 
 
 def test_a_broken_recovery_rule_is_caught(tmp_path):
