@@ -53,7 +53,7 @@ class EmptyReadPort(ReadPort):
             nbytes = n * (size + E.HEADER_SIZE)
             through = first + n - 1
             h, t = wire.range_frame_parts(0, nbytes, n, through)
-            await _send_bytes(conn, LENGTH.pack(len(h) + nbytes + len(t)) + h)
+            await _send_bytes(conn, LENGTH.pack(len(h) + nbytes + len(t)) + h)   # (framed, its records sent after)
             await _send_file(conn, fd, 0, nbytes)
             await _send_bytes(conn, t)
             first = through + 1

@@ -159,12 +159,9 @@ class LedgerIndex:
         for view in reversed(spare or ()):
             if view.version == self._version and view.covers(first):
                 spare.remove(view)   # (the view last used is the filter's latest: _views)
-                old = self._views.get(key)
-                if old is not None and old.version == self._version:
-                    spare.append(old)
-                self._views[key] = view
+                self._make_latest(key, view, self._views.get(key))
                 return view
-        from bookie.striped_read import SPARE_VIEWS, VIEW_WINDOW_IDS, StripeView
+        from bookie.striped_read import VIEW_WINDOW_IDS, StripeView
 
         window = VIEW_WINDOW_IDS if window is None else window
         runs = self._runs
@@ -188,20 +185,27 @@ class LedgerIndex:
             view.hi = stop
         elif i + n < len(runs):
             view.hi = runs.peekitem(i + n)[0]
-        view.version = self._version
-        v = self._version
+        view.version = v = self._version
         old = self._views.get(key)
         self._views = {k: x for k, x in self._views.items() if x.version == v}
         self._spare = {k: live for k, xs in self._spare.items() if (live := [x for x in xs if x.version == v])}
         if len(self._views) >= 8:
             self._views.clear()
             self._spare.clear()
-        if old is not None and old.version == v:
+        self._make_latest(key, view, old)
+        return view
+
+    def _make_latest(self, key, view, old) -> None:
+        """``view`` becomes its filter's latest; ``old``, the latest before
+        it, if current, joins the spares (at most SPARE_VIEWS, the oldest
+        going)."""
+        from bookie.striped_read import SPARE_VIEWS
+
+        if old is not None and old.version == self._version:
             spare = self._spare.setdefault(key, [])
             spare.append(old)
             del spare[:max(0, len(spare) - SPARE_VIEWS)]
         self._views[key] = view
-        return view
 
     def __len__(self) -> int:
         return self._count

@@ -53,7 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger(__name__)
 
-LENGTH = struct.Struct("<I")
+LENGTH = struct.Struct("<I")   # before each request and each frame (stream/read_port_client.py reads them)
 MAX_REQUEST_BYTES = 64 << 10
 MAX_CONNECTIONS = 1024
 SEND_TIMEOUT = 60.0     # a reader that takes nothing this long: its connection is closed
@@ -190,7 +190,7 @@ class ReadPort:
 
     async def _send_refusal(self, conn: socket.socket, resp: pb.ReadRangeResponse) -> None:
         self.service.metrics.response(METHOD, resp)
-        await _send_bytes(conn, _framed(resp.SerializeToString()))
+        await _send_bytes(conn, framed(resp.SerializeToString()))
 
     async def _read(self, conn: socket.socket, request: pb.ReadRangeRequest) -> None:
         service = self.service
@@ -277,7 +277,8 @@ async def _requests(conn: socket.socket):
         yield body
 
 
-def _framed(message: bytes) -> bytes:
+def framed(message: bytes) -> bytes:
+    """A request or a frame as the port's wire carries it: its length, then it."""
     return LENGTH.pack(len(message)) + message
 
 

@@ -152,12 +152,12 @@ class ViewBudget:
     (``StripeView.nbytes``): the views used least recently are dropped from
     their indexes past `max_bytes` (never the one just used).  Indexes and
     views are held weakly: a deleted ledger's views go with it, and so does
-    a window its index let go.""" 
+    a window its index let go."""
 
     def __init__(self, max_bytes: int = 48 << 20):
         self.max_bytes = max_bytes
         self.held = 0
-        self._lru: OrderedDict = OrderedDict()  # (id(index), key) -> (weakref to index, view, bytes counted)
+        self._lru: OrderedDict = OrderedDict()  # (id(index), id(view)) -> (weakrefs to both, bytes counted)
 
     def used(self, index, view: StripeView) -> None:
         k = (id(index), id(view))

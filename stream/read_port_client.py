@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import struct
 from typing import AsyncIterator
 
 from bookie import native, wire
+from bookie.read_port import LENGTH, framed
 from bookstream_pb import bookie_pb2 as pb
 
-LENGTH = struct.Struct("<I")
 MAX_IDLE = 4
 MAX_FRAME_BYTES = 64 << 20     # a frame longer than this is no bookie's: the connection is dropped
 QUEUED_FRAMES = 2              # frames received ahead of the reader before the socket is left unread
@@ -160,11 +159,11 @@ class ReadPortClient:
         the one with status not OK or ``through`` at ``last_entry``.  A kept
         connection that fails before its first frame (the bookie restarted
         since) is replaced once."""
-        body = request.SerializeToString()
+        message = framed(request.SerializeToString())
         c, pooled = await self._connection()
         done = False
         try:
-            c.transport.write(LENGTH.pack(len(body)) + body)
+            c.transport.write(message)
             try:
                 data = await c.next_frame()
             except ReadPortUnavailable:
@@ -172,7 +171,7 @@ class ReadPortClient:
                     raise
                 c.close()
                 c, _ = await self._connection(pooled=False)
-                c.transport.write(LENGTH.pack(len(body)) + body)
+                c.transport.write(message)
                 data = await c.next_frame()
             while True:
                 resp = wire.decode_range_frame(data)
