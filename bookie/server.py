@@ -46,8 +46,9 @@ class BookieConfig:
     advertise_address: str = ""
     # The read port (bookie/read_port.py): 0 any free port, None none (and
     # none with TLS).  Registered as host:port, or as advertise_read_address;
-    # with advertise_address set and no advertise_read_address, not at all
-    # (clients reach the bookie through something in front of it).
+    # with advertise_address set and no advertise_read_address, not opened
+    # (clients reach the bookie through something in front of it, which
+    # does not say where they would reach this port: none left open unnamed).
     read_port: int | None = 0
     advertise_read_address: str = ""
     storage: StorageConfig = field(default_factory=StorageConfig)
@@ -541,11 +542,7 @@ class BookieServer:
         """Where clients reach the read port ("" when there is none to reach)."""
         if self.read_port is None:
             return ""
-        if self.config.advertise_read_address:
-            return self.config.advertise_read_address
-        if self.config.advertise_address:
-            return ""
-        return f"{self.config.host}:{self.read_port.port}"
+        return self.config.advertise_read_address or f"{self.config.host}:{self.read_port.port}"
 
     async def start(self) -> None:
         t0 = time.monotonic()
@@ -569,7 +566,8 @@ class BookieServer:
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
         await self.server.start()
-        if self.config.read_port is not None and not tls:
+        cfg = self.config
+        if cfg.read_port is not None and not tls and (cfg.advertise_read_address or not cfg.advertise_address):
             from bookie.read_port import ReadPort
             self.read_port = ReadPort(service, self.config.host, self.config.read_port)
             await self.read_port.start()

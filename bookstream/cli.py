@@ -67,7 +67,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-read-port", action="store_true", help="no read port: clients read over gRPC")
     p.add_argument("--advertise-read-address", default="",
                    help="HOST:PORT of the read port registered for clients (default: where it listens; "
-                        "with --advertise-address: none registered)")
+                        "with --advertise-address and without this: no read port)")
     p.add_argument("--bookie-id", help="default: generated once and kept in the data dir")
     p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)

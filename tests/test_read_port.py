@@ -259,6 +259,34 @@ def test_stream_readers_read_through_the_read_ports(own, ensemble):
     run(go())
 
 
+def test_a_bookie_behind_a_proxy_opens_a_read_port_only_where_told_how_clients_reach_it(own):
+    """With --advertise-address (clients reach the bookie through something
+    in front of it) and no --advertise-read-address, no read port is opened
+    (none left listening that no registration names); with both, the port
+    opens and the advertised address is registered."""
+    def listening(pid: int) -> set[int]:   # the TCP ports the process listens on (/proc: its sockets' inodes)
+        inodes = {os.readlink(f"/proc/{pid}/fd/{fd}")[8:-1] for fd in os.listdir(f"/proc/{pid}/fd")
+                  if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("socket:[")}
+        ports = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with open(table) as f:
+                for row in list(f)[1:]:
+                    col = row.split()
+                    if col[3] == "0A" and col[9] in inodes:   # (0A: LISTEN)
+                        ports.add(int(col[1].rsplit(":", 1)[1], 16))
+        return ports
+
+    front, grpc_port = f"127.0.0.1:{free_port()}", free_port()
+    hidden = own.start(1, extra_args=["--port", str(grpc_port), "--advertise-address", front])[-1]
+    assert hidden.address == front and hidden.read_address == "" and not hidden._read_port
+    assert listening(hidden.pid) == {grpc_port}
+    read_front, grpc_port = f"127.0.0.1:{free_port()}", free_port()
+    told = own.start(1, extra_args=["--port", str(grpc_port), "--advertise-address", front,
+                                    "--advertise-read-address", read_front])[-1]
+    assert told.read_address == read_front and told._read_port
+    assert listening(told.pid) == {grpc_port, told._read_port}
+
+
 def test_bookies_without_a_read_port_register_none(own):
     procs = own.start(3, extra_args=["--no-read-port"])
     assert not any(p.read_address for p in procs)
