@@ -62,6 +62,9 @@ def add_parsers(bsub) -> None:
     r.add_argument("--spread", action="store_true",
                    help="a Qw = E stream's chunks read from each bookie in turn (the reader's `spread`) instead of "
                         "one bookie per reader: the reference for striped reads, served by several bookies too")
+    r.add_argument("--one-core-reads", type=int, default=0,
+                   help="that many reads more of each stream with the reader and every bookie on one CPU: "
+                        "what a byte costs, striped or not, with no core idle and none shared more")
     r.add_argument("--ceiling-seconds", type=float, default=1.0,
                    help="the gRPC range-read ceiling per entry size, measured first (0: not measured)")
     r.add_argument("--open-loop-rate", type=float, default=10_000, help="0: no open loop")
@@ -126,26 +129,78 @@ def disk_reads(pids: list[int]) -> int:
     return total
 
 
+def _tasks(pid: int) -> list[int]:
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return []
+
+
+class OneCore:
+    """Every thread of the processes ``pids`` (the bookies) and of this one
+    (the reader) on one CPU while entered, as they were after: a read then
+    costs the machine what it takes, with no core idle beside it and none
+    shared among more processes than another read has (the per-byte figure
+    of a striped read against Qw = E, where on two cores Qw = E's reader
+    and bookie each have one and a striped read's reader and two or three
+    bookies share them)."""
+
+    def __init__(self, pids, cpu: int | None = None):
+        self.pids = [os.getpid(), *pids]
+        self.cpu = min(os.sched_getaffinity(0)) if cpu is None else cpu
+        self._saved: dict[int, set[int]] = {}
+
+    def __enter__(self) -> "OneCore":
+        for pid in self.pids:
+            for tid in _tasks(pid):
+                try:
+                    self._saved[tid] = os.sched_getaffinity(tid)
+                    os.sched_setaffinity(tid, {self.cpu})
+                except OSError:   # (a thread that ended meanwhile)
+                    pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for tid, cpus in self._saved.items():
+            try:
+                os.sched_setaffinity(tid, cpus)
+            except OSError:
+                pass
+        self._saved.clear()
+
+
 async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int]], mb: int, reads: int,
-                          say=print, bookie_pids: list[int] = (), api: str = "batch", spread: bool = False) -> list[dict]:
+                          say=print, bookie_pids: list[int] = (), api: str = "batch", spread: bool = False,
+                          one_core_reads: int = 0) -> list[dict]:
     """Step 1 of the module doc: a row per (ensemble, size) with every read
     and the best; `vs_qw_eq_e`: MB/s ÷ the reference ensemble's, same size;
     per read, `disk_fraction`: the bookies' reads from the disk (page-cache
-    misses) ÷ the bytes read."""
+    misses) ÷ the bytes read; `cpu_per_byte_vs_qw_eq_e`: the CPU per GB of
+    the best read ÷ the reference's.  ``one_core_reads``: that many reads
+    more of each stream with the reader and the bookies on one CPU
+    (`OneCore`), as `one_core` (and `one_core_vs_qw_eq_e`)."""
     from bench import single
 
     from bench.profile import cpu_seconds
 
-    def cpu() -> float:   # this process (the reader) and the bookies
-        return time.process_time() + sum(cpu_seconds(p) for p in bookie_pids)
+    def cpu() -> tuple[float, float]:   # this process (the reader), the bookies
+        return time.process_time(), sum(cpu_seconds(p) for p in bookie_pids)
 
     async def one(name: str, size: int) -> dict:
-        before, cpu0 = disk_reads(bookie_pids), cpu()
+        before, (reader0, bookies0) = disk_reads(bookie_pids), cpu()
         r = await single.stream_read_all(sc, name, size, api, spread)
         nbytes = max(1, r["entries"] * size)
+        reader1, bookies1 = cpu()
         r["disk_fraction"] = (disk_reads(bookie_pids) - before) / nbytes
-        r["cpu_s_per_gb"] = (cpu() - cpu0) / (nbytes / 1e9)   # the reader's and the bookies' CPU per GB read
+        # the reader's and the bookies' CPU per GB read, and the reader's alone
+        r["reader_cpu_s_per_gb"] = (reader1 - reader0) / (nbytes / 1e9)
+        r["cpu_s_per_gb"] = r["reader_cpu_s_per_gb"] + (bookies1 - bookies0) / (nbytes / 1e9)
         return r
+
+    def line(runs: list[dict]) -> str:
+        return ", ".join("%.0f (from disk %.2f, %.2f CPU s/GB, the reader's %.2f; %d reads, %d frames over read "
+                         "ports)" % (r["mb_per_s"], r["disk_fraction"], r["cpu_s_per_gb"], r["reader_cpu_s_per_gb"],
+                                     r["read_port_requests"], r["read_port_frames"]) for r in runs)
 
     rows = []
     for e, qw in shapes:
@@ -161,15 +216,24 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
                    "runs": runs}
             rows.append(row)
             row["cpu_s_per_gb"] = best["cpu_s_per_gb"]
-            every = ", ".join("%.0f (from disk %.2f, %.2f CPU s/GB)" % (r["mb_per_s"], r["disk_fraction"],
-                                                                        r["cpu_s_per_gb"]) for r in runs)
+            row["reader_cpu_s_per_gb"] = best["reader_cpu_s_per_gb"]
             say(f"catch-up read E{e} Qw{qw}, {size} B: {best['entries']:,} entries, best of {reads} "
-                f"{best['entries_per_s']:,.0f} entries/s, {best['mb_per_s']:.1f} MB/s (all: {every} MB/s)")
+                f"{best['entries_per_s']:,.0f} entries/s, {best['mb_per_s']:.1f} MB/s (all: {line(runs)} MB/s)")
+            if one_core_reads:
+                with OneCore(bookie_pids) as pin:
+                    ones = [await one(name, size) for _ in range(one_core_reads)]
+                best1 = max(ones, key=lambda r: r["mb_per_s"])
+                row["one_core"] = {"cpu": pin.cpu, "mb_per_s": best1["mb_per_s"], "cpu_s_per_gb": best1["cpu_s_per_gb"],
+                                   "entries_per_s": best1["entries_per_s"], "runs": ones}
+                say(f"  on one CPU (the reader and the bookies): best {best1['mb_per_s']:.1f} MB/s (all: {line(ones)} MB/s)")
     ref_e, ref_qw = shapes[0]
     for row in rows:
         ref = next(r for r in rows if (r["ensemble"], r["write_quorum"]) == (ref_e, ref_qw)
                    and r["entry_bytes"] == row["entry_bytes"])
         row["vs_qw_eq_e"] = row["mb_per_s"] / ref["mb_per_s"] if ref["mb_per_s"] else None
+        row["cpu_per_byte_vs_qw_eq_e"] = row["cpu_s_per_gb"] / ref["cpu_s_per_gb"] if ref["cpu_s_per_gb"] else None
+        if "one_core" in row and ref["one_core"]["mb_per_s"]:
+            row["one_core_vs_qw_eq_e"] = row["one_core"]["mb_per_s"] / ref["one_core"]["mb_per_s"]
     return rows
 
 
@@ -264,7 +328,8 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             results["catchup"] = await catchup_figures(sc, tag, sizes, shapes, args.mb, args.reads,
                                                        bookie_pids=[b.proc.pid for b in cluster.bookies],
-                                                       api=args.read_api, spread=args.spread)
+                                                       api=args.read_api, spread=args.spread,
+                                                       one_core_reads=args.one_core_reads)
             if results.get("ceilings"):
                 versus_ceilings(results["catchup"], results["ceilings"])
                 for row in results["catchup"]:
@@ -354,7 +419,7 @@ def phase_reads(base: Path, p: dict, say) -> dict:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             out["catchup"] = await catchup_figures(sc, tag, _int_list(p["reads_sizes"]), shapes, p["reads_mb"], 2,
                                                    say=say, bookie_pids=[b.proc.pid for b in cluster.bookies],
-                                                   api=p["read_api"])
+                                                   api=p["read_api"], one_core_reads=p.get("reads_one_core", 0))
             if p["open_loop_rate"]:
                 ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
@@ -386,11 +451,27 @@ def add_figures(rd: dict, add, _ref, _stalls) -> None:
         ceilings = {"qw_eq_e": _ref(r["mb_per_s"], ref["mb_per_s"], f"the same catch-up of a stream of "
                                     f"E{ref['ensemble']} Qw{ref['write_quorum']}, same size, same cluster",
                                     unit="MB/s")} if ref else {}
+        # What a byte costs: the CPU per GB (the reader's and the bookies')
+        # against Qw = E's, and the same reads on one CPU (bench.reads.OneCore).
+        per_byte = {"cpu_s_per_gb": r.get("cpu_s_per_gb"), "qw_eq_e_cpu_s_per_gb": ref and ref.get("cpu_s_per_gb"),
+                    "cpu_per_byte_vs_qw_eq_e": r.get("cpu_per_byte_vs_qw_eq_e"),
+                    "one_core_mb_per_s": (r.get("one_core") or {}).get("mb_per_s"),
+                    "qw_eq_e_one_core_mb_per_s": ((ref or {}).get("one_core") or {}).get("mb_per_s"),
+                    "one_core_vs_qw_eq_e": r.get("one_core_vs_qw_eq_e")}
         add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}",
             f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B", "MB/s", "higher",
             r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
             mb_per_s=r["mb_per_s"], entry_bytes=r["entry_bytes"], ensemble=r["ensemble"],
-            write_quorum=r["write_quorum"])
+            write_quorum=r["write_quorum"], per_byte=per_byte)
+        one, ref_one = r.get("one_core"), (ref or {}).get("one_core")
+        if one:
+            add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}_one_core",
+                f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B, the reader and the "
+                f"bookies on one CPU", "MB/s", "higher", one["mb_per_s"],
+                {"qw_eq_e": _ref(one["mb_per_s"], ref_one["mb_per_s"], f"the same on one CPU, E{ref['ensemble']} "
+                                 f"Qw{ref['write_quorum']}", unit="MB/s")} if ref_one else {},
+                None, mb_per_s=one["mb_per_s"], cpu_s_per_gb=one["cpu_s_per_gb"], entry_bytes=r["entry_bytes"],
+                ensemble=r["ensemble"], write_quorum=r["write_quorum"])
     for key, ol in (("open_loop_p99_beside_reader", rd.get("open_loop")),
                     ("open_loop_p99_beside_bounded_reader", rd.get("open_loop_bounded"))):
         if not ol:

@@ -24,6 +24,7 @@ import shutil
 import sys
 import tempfile
 import time
+from operator import sub
 from pathlib import Path
 
 from bookie import entry as E
@@ -520,6 +521,7 @@ async def stream_read_all(sc, name: str, size: int, api: str = "batch", spread: 
         raise ValueError(f"read api {api!r}: one of {READ_APIS}")
     rd = await sc.open_reader(name, Position.EARLIEST)
     rd.spread = spread   # (Qw = E: each chunk from the next bookie, instead of one bookie per reader)
+    ports0 = _read_port_counts(sc.bk)
     n = nbytes = 0
     t0 = time.perf_counter()
     try:
@@ -540,8 +542,15 @@ async def stream_read_all(sc, name: str, size: int, api: str = "batch", spread: 
     finally:
         await rd.close()
     el = time.perf_counter() - t0
+    requests, frames = map(sub, _read_port_counts(sc.bk), ports0)
     return {"entry_bytes": size, "entries": n, "entries_per_s": n / el, "mb_per_s": nbytes / el / 1e6,
-            "read_api": api}
+            "read_api": api, "read_port_requests": requests, "read_port_frames": frames}
+
+
+def _read_port_counts(bk) -> tuple[int, int]:
+    """(range reads, frames) over the bookies' read ports so far, by this client."""
+    ports = [bc.read_port for bc in bk._bookies.values() if bc.read_port is not None]
+    return sum(p.requests for p in ports), sum(p.frames_read for p in ports)
 
 
 async def stream_open_loop(sc, name: str, size: int, seconds: float, rate: float) -> dict:

@@ -85,12 +85,12 @@ FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=400
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
             settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3",
-            read_api="batch", reads_reader_rate_mb=100.0)
+            read_api="batch", reads_reader_rate_mb=100.0, reads_one_core=2)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,
              settle_seconds=0.0, settle_max_seconds=5.0, reads_mb=2, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3",
-             read_api="batch", reads_reader_rate_mb=100.0)
+             read_api="batch", reads_reader_rate_mb=100.0, reads_one_core=1)
 
 
 def add_parsers(bsub) -> None:

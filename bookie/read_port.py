@@ -77,17 +77,20 @@ class FileSpan:
     def cut(self, starts, stops) -> "Pieces":
         """The pieces ``[start, stop)`` of this span (a striped read's
         records with gaps between them: bookie/striped_read.py ``_cut``)."""
-        loc = self.loc
-        return Pieces(self, [FileSpan(loc + a, b - a) for a, b in zip(starts, stops)])
+        return Pieces(self, starts, stops)
 
 
 class Pieces:
-    """The pieces of a span (``whole``), sent one after the other."""
+    """The pieces of a span (``whole``), sent one after the other: bytes
+    ``[starts[k], stops[k])`` of it, offsets from its first byte (lists of
+    ints: no object per piece, a striped read's short arc sending a piece
+    per few records)."""
 
-    __slots__ = ("whole", "spans", "length")
+    __slots__ = ("whole", "starts", "stops", "length")
 
-    def __init__(self, whole: FileSpan, spans: list[FileSpan]):
-        self.whole, self.spans, self.length = whole, spans, sum(s.length for s in spans)
+    def __init__(self, whole: FileSpan, starts, stops):
+        self.whole, self.starts, self.stops = whole, list(starts), list(stops)
+        self.length = sum(self.stops) - sum(self.starts)
 
     def __len__(self) -> int:
         return self.length
@@ -238,22 +241,21 @@ async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes,
         if type(rec) is bytes:
             parts.append(rec)
             continue
-        whole = rec.whole if type(rec) is Pieces else rec
+        pieces = type(rec) is Pieces
+        whole = rec.whole if pieces else rec
         seg, off = unpack_location(whole.loc)
         fd = fds[seg]
-        if type(rec) is Pieces and rec.length < SENDFILE_MIN_BYTES * len(rec.spans):
+        if pieces and rec.length < SENDFILE_MIN_BYTES * len(rec.starts):
             mv = memoryview(pread_exactly(fd, whole.length, off, seg))
-            base = whole.loc
-            parts.extend(mv[p.loc - base:p.loc - base + p.length] for p in rec.spans)
+            parts.extend(map(mv.__getitem__, map(slice, rec.starts, rec.stops)))
             continue
-        for span in (rec.spans if type(rec) is Pieces else (rec,)):
-            off = unpack_location(span.loc)[1]
-            if span.length < SENDFILE_MIN_BYTES:
-                parts.append(pread_exactly(fd, span.length, off, seg))
+        for a, b in (zip(rec.starts, rec.stops) if pieces else ((0, whole.length),)):
+            if b - a < SENDFILE_MIN_BYTES:
+                parts.append(pread_exactly(fd, b - a, off + a, seg))
                 continue
             await _send_bytes(conn, b"".join(parts))
             parts = []
-            await _send_file(conn, fd, off, span.length)
+            await _send_file(conn, fd, off + a, b - a)
     parts.append(tail)
     await _send_bytes(conn, b"".join(parts))
 

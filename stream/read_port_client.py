@@ -137,6 +137,7 @@ class ReadPortClient:
         self.address, self._host, self._port = address, host.strip("[]"), int(port)
         self._idle: list[_Connection] = []
         self.frames_read = 0     # frames taken over this port (tests, stats)
+        self.requests = 0        # range reads asked over it (stats)
         self._closed = False
 
     async def _connection(self, pooled: bool = True) -> tuple[_Connection, bool]:
@@ -160,6 +161,7 @@ class ReadPortClient:
         connection that fails before its first frame (the bookie restarted
         since) is replaced once."""
         message = framed(request.SerializeToString())
+        self.requests += 1
         c, pooled = await self._connection()
         done = False
         try:

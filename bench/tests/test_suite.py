@@ -21,7 +21,9 @@ EXPECTED_FIGURES = {"appends_100", "appends_1024", "appends_65536", "open_loop_p
                     "one_bookie_100", "one_bookie_1024", "one_bookie_65536", "index_memory",
                     "catchup_read_1024", "striped_read_e4qw2_1024", "striped_read_e4qw2_65536",
                     "striped_read_e5qw3_1024", "striped_read_e5qw3_65536", "open_loop_p99_beside_reader",
-                    "open_loop_p99_beside_bounded_reader"}
+                    "open_loop_p99_beside_bounded_reader", "striped_read_e4qw2_1024_one_core",
+                    "striped_read_e4qw2_65536_one_core", "striped_read_e5qw3_1024_one_core",
+                    "striped_read_e5qw3_65536_one_core"}
 
 
 def _positive(x) -> bool:
@@ -115,6 +117,10 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
         assert {t["met"] for t in figs[key]["read_targets"].values()} <= {True, False}
         assert {"grpc", "read_port"} <= figs[key]["ceilings"].keys()
     assert {"qw_eq_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
+    per_byte = figs["striped_read_e5qw3_1024"]["per_byte"]   # what a striped byte costs against Qw = E's
+    assert _positive(per_byte["cpu_per_byte_vs_qw_eq_e"]) and _positive(per_byte["one_core_vs_qw_eq_e"])
+    assert per_byte["one_core_mb_per_s"] == figs["striped_read_e5qw3_1024_one_core"]["value"]
+    assert {"qw_eq_e"} == figs["striped_read_e5qw3_1024_one_core"]["ceilings"].keys()
     assert {"alone"} == figs["open_loop_p99_beside_reader"]["ceilings"].keys()
     bounded = figs["open_loop_p99_beside_bounded_reader"]
     alone = figs["open_loop_p99_beside_reader"]["ceilings"]["alone"]["value"]
@@ -484,6 +490,27 @@ def test_the_open_loop_warms_up_before_it_records():
     assert r["completed"] == 300 and r["failed"] == 0 and len(calls) == 400
 
 
+def test_one_core_pins_every_thread_of_the_reader_and_the_bookies_and_restores_them():
+    """`bench.reads.OneCore`: while entered, every thread of the given
+    processes and of this one runs on one CPU; after, as before."""
+    from bench.reads import OneCore, _tasks
+
+    child = subprocess.Popen([sys.executable, "-c", "import threading, sys; threading.Thread(target=sys.stdin.read)"
+                              ".start(); print('up', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "up\n"
+        pids = [os.getpid(), child.pid]
+        before = {t: os.sched_getaffinity(t) for p in pids for t in _tasks(p)}
+        assert len(_tasks(child.pid)) >= 2
+        with OneCore([child.pid]) as pin:
+            assert {t: os.sched_getaffinity(t) for p in pids for t in _tasks(p)} == {t: {pin.cpu} for t in before}
+        assert {t: os.sched_getaffinity(t) for t in before} == before
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
 def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_path):
     """`bench reads` measures the gRPC range-read ceiling of each entry size
     in the same run and gives every catch-up read as a fraction of it."""
@@ -491,7 +518,7 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     proc = subprocess.run(
         [sys.executable, "-m", "bookstream.cli", "bench", "reads", "--ensembles", "3/3,4/2", "--sizes", "1024,65536",
          "--mb", "1", "--reads", "1", "--bookies", "4", "--open-loop-rate", "0", "--ceiling-seconds", "0.2",
-         "--dir", str(tmp_path), "--out", str(out)],
+         "--one-core-reads", "1", "--dir", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     res = json.loads(out.read_text())["results"]
@@ -507,4 +534,11 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
         for key, name in (("vs_ceiling", "grpc"), ("vs_read_port_ceiling", "read_port")):
             ceil = res["ceilings"][name][str(r["entry_bytes"])]
             assert r[key] == pytest.approx(r["mb_per_s"] / ceil["mb_per_s"])
+        assert all(run["read_port_requests"] > 0 and run["read_port_frames"] >= run["read_port_requests"]
+                   for run in r["runs"])   # (the reads went over the bookies' read ports)
+        one = r["one_core"]   # the same stream read again, the reader and the bookies on one CPU
+        assert one["runs"][0]["entries"] == r["entries"] and _positive(one["mb_per_s"])
+        ref = next(x for x in rows if x["ensemble"] == 3 and x["entry_bytes"] == r["entry_bytes"])
+        assert r["one_core_vs_qw_eq_e"] == pytest.approx(one["mb_per_s"] / ref["one_core"]["mb_per_s"])
+        assert r["cpu_per_byte_vs_qw_eq_e"] == pytest.approx(r["cpu_s_per_gb"] / ref["cpu_s_per_gb"])
     assert "of the gRPC range-read ceiling" in proc.stdout and "of the read port's" in proc.stdout
