@@ -19,6 +19,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -61,11 +62,50 @@ run_array(PyObject *arr, const char *name, Py_ssize_t itemsize, Py_buffer *view)
     return 0;
 }
 
+/* The slots' offsets of one class whose `start`, `locs` and `lens` are
+ * __slots__ (bookie.index.Run), found once: a striped ledger's window lists
+ * a run per Qw ids, and three attribute lookups a run were most of a build. */
+static PyTypeObject *slot_type;
+static Py_ssize_t slot_off[3];
+
+static int
+find_slots(PyTypeObject *type, PyObject *const names[3])
+{
+    Py_ssize_t off[3];
+    for (int i = 0; i < 3; i++) {
+        PyObject *d = PyObject_GetAttr((PyObject *)type, names[i]);
+        if (d == NULL) {
+            PyErr_Clear();
+            return 0;
+        }
+        int member = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
+                     ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                     ((PyMemberDescrObject *)d)->d_common.d_type == type;
+        off[i] = member ? ((PyMemberDescrObject *)d)->d_member->offset : -1;
+        Py_DECREF(d);
+        if (!member)
+            return 0;
+    }
+    Py_XSETREF(slot_type, (PyTypeObject *)Py_NewRef(type));
+    memcpy(slot_off, off, sizeof off);
+    return 1;
+}
+
 /* A run's (start, locs, lens): a bookie.index.Run or such a tuple (new references). */
 static int
 run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
 {
     static PyObject *s_start, *s_locs, *s_lens;
+    if (Py_TYPE(run) == slot_type) {
+        PyObject *const *got[3] = {(PyObject **)((char *)run + slot_off[0]), (PyObject **)((char *)run + slot_off[1]),
+                                   (PyObject **)((char *)run + slot_off[2])};
+        if (*got[0] != NULL && *got[1] != NULL && *got[2] != NULL) {
+            *start = Py_NewRef(*got[0]);
+            *locs = Py_NewRef(*got[1]);
+            *lens = Py_NewRef(*got[2]);
+            return 0;
+        }   /* (a slot unset: the attribute lookups below raise AttributeError) */
+    }
     if (PyTuple_Check(run)) {
         if (PyTuple_GET_SIZE(run) != 3) {
             PyErr_SetString(PyExc_ValueError, "a run as a tuple is (start, locs, lens)");
@@ -80,6 +120,10 @@ run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
                             (s_locs = PyUnicode_InternFromString("locs")) == NULL ||
                             (s_lens = PyUnicode_InternFromString("lens")) == NULL))
         return -1;
+    if (Py_TYPE(run) != slot_type && PyType_HasFeature(Py_TYPE(run), Py_TPFLAGS_HEAPTYPE)) {   /* (a class) */
+        PyObject *const names[3] = {s_start, s_locs, s_lens};
+        find_slots(Py_TYPE(run), names);
+    }
     *locs = *lens = NULL;
     if ((*start = PyObject_GetAttr(run, s_start)) == NULL || (*locs = PyObject_GetAttr(run, s_locs)) == NULL ||
         (*lens = PyObject_GetAttr(run, s_lens)) == NULL) {
@@ -121,7 +165,7 @@ run_views(PyObject *run, long long *start, Py_buffer *vl, Py_buffer *vn)
 }
 
 PyDoc_STRVAR(stripe_fill_doc,
-"stripe_fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids)\n"
+"stripe_fill(runs, stripe, want, gap_bytes, count, total, prev, first, max_ids, lookup=None)\n"
 "    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
 "What StripeView.extend (bookie/striped_read.py) appends to a view's arrays for\n"
 "the ids of `runs` (bookie.index.Run or (start, locs array('Q'), lens\n"
@@ -130,12 +174,31 @@ PyDoc_STRVAR(stripe_fill_doc,
 "wanted), the view holding `count` ids of `total` bytes, its last ending at\n"
 "`prev` on disk: the bytes of array('q'), ('Q'), ('I'), ('Q'), ('q'), ('q') to\n"
 "append.  It walks at most `max_ids` ids of the runs (wanted or not; -1: no\n"
-"bound): `stop` is the id it stopped at, -1 when it walked every run.");
+"bound): `stop` is the id it stopped at, -1 when it walked every run.  `runs`\n"
+"may be any iterable; with `lookup` (a dict) its items are keys, each run\n"
+"`lookup[key]` (a window's runs straight from the index's SortedDict and its\n"
+"keys' islice: no list of them made first).");
+
+/* Room for `n` items of `size` bytes, so a build of a known bound grows no buffer. */
+static int
+buf_reserve(Buf *b, Py_ssize_t n, Py_ssize_t size)
+{
+    if (n <= 0 || b->cap >= n * size)
+        return 0;
+    char *p = PyMem_Realloc(b->p, (size_t)(n * size));
+    if (p == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    b->p = p;
+    b->cap = n * size;
+    return 0;
+}
 
 static PyObject *
 stripe_fill(PyObject *self, PyObject *args)
 {
-    PyObject *runs, *seq = NULL, *out = NULL;
+    PyObject *runs, *lookup = Py_None, *it = NULL, *out = NULL;
     Py_buffer want;
     Py_ssize_t stripe;
     long long k, first, max_ids, stop = -1;       /* k: ids in the view so far */
@@ -143,23 +206,40 @@ stripe_fill(PyObject *self, PyObject *args)
     Buf ids = {0}, locs = {0}, lens = {0}, ends = {0}, seams = {0}, breaks = {0};
 
     (void)self;
-    if (!PyArg_ParseTuple(args, "Ony*KLKKLL:stripe_fill", &runs, &stripe, &want, &gap, &k, &total, &prev, &first,
-                          &max_ids))
+    if (!PyArg_ParseTuple(args, "Ony*KLKKLL|O:stripe_fill", &runs, &stripe, &want, &gap, &k, &total, &prev, &first,
+                          &max_ids, &lookup))
         return NULL;
     if (stripe <= 0 || want.len != stripe || k < 0) {
         PyErr_SetString(PyExc_ValueError, "a stripe > 0, one byte of want per residue, a count >= 0");
         goto done;
     }
-    seq = PySequence_Fast(runs, "runs must be a sequence");
-    if (seq == NULL)
+    if (lookup != Py_None && !PyDict_Check(lookup)) {
+        PyErr_SetString(PyExc_TypeError, "lookup must be a dict (the index's runs by first id) or None");
+        goto done;
+    }
+    it = PyObject_GetIter(runs);
+    if (it == NULL)
+        goto done;
+    Py_ssize_t bound = max_ids < 0 ? 0 : max_ids < (1 << 16) ? (Py_ssize_t)max_ids : (1 << 16);
+    if (buf_reserve(&ids, bound, 8) < 0 || buf_reserve(&locs, bound, 8) < 0 || buf_reserve(&lens, bound, 4) < 0 ||
+        buf_reserve(&ends, bound, 8) < 0)
         goto done;
     const char *wanted = want.buf;
-    Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
     long long walked = 0;
-    for (Py_ssize_t r = 0; r < n_runs && stop < 0; r++) {
+    PyObject *item;
+    while (stop < 0 && (item = PyIter_Next(it)) != NULL) {
         long long start;
         Py_buffer vl, vn;
-        if (run_views(PySequence_Fast_GET_ITEM(seq, r), &start, &vl, &vn) < 0)
+        PyObject *run = item;
+        if (lookup != Py_None && (run = PyDict_GetItemWithError(lookup, item)) == NULL) {   /* (borrowed) */
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, item);
+            Py_DECREF(item);
+            goto done;
+        }
+        int got = run_views(run, &start, &vl, &vn);
+        Py_DECREF(item);
+        if (got < 0)
             goto done;
         Py_ssize_t n = vl.len / 8;
         const uint64_t *rl = vl.buf;
@@ -196,11 +276,13 @@ stripe_fill(PyObject *self, PyObject *args)
         if (bad)
             goto done;
     }
+    if (PyErr_Occurred())   /* (the iteration's own error) */
+        goto done;
 #define B(b) ((b).p ? (b).p : ""), (b).len   /* (y# makes None of NULL) */
     out = Py_BuildValue("(y#y#y#y#y#y#L)", B(ids), B(locs), B(lens), B(ends), B(seams), B(breaks), stop);
 #undef B
 done:
-    Py_XDECREF(seq);
+    Py_XDECREF(it);
     PyBuffer_Release(&want);
     PyMem_Free(ids.p);
     PyMem_Free(locs.p);

@@ -177,10 +177,10 @@ class LedgerIndex:
         view = StripeView(stripe, residues, first, window)
         # (about a window's worth of runs, at the first run's length: a
         # striped ledger's runs are of Qw ids; fewer ids than the window is a
-        # smaller window.  The keys' islice and dict lookups, twice as fast as
-        # a slice of values())
+        # smaller window.  The keys' islice, each run looked up by the build
+        # itself: no list of a window's runs made first)
         n = min(window, window // max(1, len(runs.peekitem(i)[1].locs) if runs else 1) + 1)
-        stop = view.fill(list(map(runs.__getitem__, runs.islice(i, i + n))), window)
+        stop = view.fill(runs.islice(i, i + n), window, lookup=runs)
         if stop >= 0:
             view.hi = stop
         elif i + n < len(runs):

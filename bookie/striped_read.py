@@ -92,21 +92,20 @@ class StripeView:
             locs, lens = array("Q", locs), array("I", lens)
         self.fill(((start, locs, lens),))
 
-    def fill(self, runs, max_ids: int = -1) -> int:
+    def fill(self, runs, max_ids: int = -1, lookup: dict | None = None) -> int:
         """Adds the ids from ``lo`` of a ledger's index runs
         (``bookie.index.Run`` or (start, locs, lens), ascending, above every
-        id held), walking at most `max_ids` of their ids (-1: all): one pass
-        in C where ``bookie._spans`` was built (600 ns an id in Python: a
-        view of 131,072 ids held the bookie's event loop for 78 ms), else
-        ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
-        if not isinstance(runs, (list, tuple)):
-            runs = list(runs)
+        id held; with ``lookup``, ``runs`` gives their keys in it: the
+        index's SortedDict), walking at most `max_ids` of their ids (-1:
+        all): one pass in C where ``bookie._spans`` was built (600 ns an id
+        in Python: a view of 131,072 ids held the bookie's event loop for 78
+        ms), else ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
         if spans_c is None:
-            return self._fill_py(runs, max_ids)
+            return self._fill_py(list(runs) if lookup is None else [lookup[key] for key in runs], max_ids)
         k = len(self.ids)
         *parts, stop = spans_c.stripe_fill(runs, self.stripe, bytes(self.want), self.gap_bytes, k,
                                     self.ends[-1] if k else 0, self.locs[-1] + self.lens[-1] if k else 0,
-                                    self.lo, max_ids)
+                                    self.lo, max_ids, lookup)
         for arr, data in zip((self.ids, self.locs, self.lens, self.ends, self.seams, self.breaks), parts):
             arr.frombytes(data)
         return stop

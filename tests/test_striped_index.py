@@ -257,6 +257,23 @@ def test_the_c_build_refuses_what_is_not_a_run():
         fill([object()], 1, b"\1")
     with pytest.raises(TypeError):
         fill([("0", good.locs, good.lens)], 1, b"\1")
+    with pytest.raises(AttributeError):   # (a Run whose slots were never set)
+        fill([Run.__new__(Run)], 1, b"\1")
+
+    class Sub(Run):   # (a subclass: its attributes looked up, not its parent's slots read)
+        __slots__ = ("locs",)
+    sub = Sub(0, array("Q", [1, 2]), array("I", [1, 1]))
+    assert fill([sub], 2, b"\1\0") == fill([good], 2, b"\1\0")
+    runs = {0: good, 4: Run(4, array("Q", [9]), array("I", [3]))}
+    assert fill(iter(runs.values()), 2, b"\1\1") == fill(list(runs.values()), 2, b"\1\1")   # any iterable
+    via_keys = striped_read.spans_c.stripe_fill(iter([0, 4]), 2, b"\1\1", 0, 0, 0, 0, 0, -1, runs)
+    assert via_keys == fill(list(runs.values()), 2, b"\1\1")
+    with pytest.raises(KeyError):
+        striped_read.spans_c.stripe_fill([0, 5], 2, b"\1\1", 0, 0, 0, 0, 0, -1, runs)
+    with pytest.raises(TypeError):
+        striped_read.spans_c.stripe_fill([0], 2, b"\1\1", 0, 0, 0, 0, 0, -1, list(runs.values()))
+    with pytest.raises(TypeError):
+        fill(5, 1, b"\1")   # (not iterable)
 
 
 @pytest.mark.parametrize("qw", [2, 1])   # (Qw 1: runs of one id, a window ends between runs)
@@ -412,9 +429,9 @@ def test_reads_of_one_filter_at_different_places_keep_their_windows(s, monkeypat
     builds = []
     real = striped_read.StripeView.fill
 
-    def spy(view, *a):
+    def spy(view, *a, **kw):
         builds.append(view.lo)
-        return real(view, *a)
+        return real(view, *a, **kw)
     monkeypatch.setattr(striped_read.StripeView, "fill", spy)
     reads = {start: start for start in (0, 1000, 2000)}   # each read's next id; it ends at start + 799
     got = {start: [] for start in reads}
