@@ -62,66 +62,81 @@ run_array(PyObject *arr, const char *name, Py_ssize_t itemsize, Py_buffer *view)
     return 0;
 }
 
-/* The slots' offsets of one class whose `start`, `locs` and `lens` are
- * __slots__ (bookie.index.Run), found once: a striped ledger's window lists
- * a run per Qw ids, and three attribute lookups a run were most of a build. */
+/* The slots' offsets of one class whose `start`, `locs`, `lens` (and
+ * `ids`, if it has that slot) are __slots__ (bookie.index.Run), found once:
+ * a window of runs of Qw ids made three attribute lookups a run most of a
+ * build. */
 static PyTypeObject *slot_type;
-static Py_ssize_t slot_off[3];
+static Py_ssize_t slot_off[4];   /* slot_off[3] -1: no `ids` slot */
 
 static int
-find_slots(PyTypeObject *type, PyObject *const names[3])
+member_offset(PyTypeObject *type, PyObject *name, Py_ssize_t *off)
 {
-    Py_ssize_t off[3];
-    for (int i = 0; i < 3; i++) {
-        PyObject *d = PyObject_GetAttr((PyObject *)type, names[i]);
-        if (d == NULL) {
-            PyErr_Clear();
-            return 0;
-        }
-        int member = Py_IS_TYPE(d, &PyMemberDescr_Type) &&
-                     ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
-                     ((PyMemberDescrObject *)d)->d_common.d_type == type;
-        off[i] = member ? ((PyMemberDescrObject *)d)->d_member->offset : -1;
-        Py_DECREF(d);
-        if (!member)
-            return 0;
+    PyObject *d = PyObject_GetAttr((PyObject *)type, name);
+    if (d == NULL) {
+        PyErr_Clear();
+        return 0;
     }
-    Py_XSETREF(slot_type, (PyTypeObject *)Py_NewRef(type));
-    memcpy(slot_off, off, sizeof off);
-    return 1;
+    int member = Py_IS_TYPE(d, &PyMemberDescr_Type) && ((PyMemberDescrObject *)d)->d_member->type == T_OBJECT_EX &&
+                 ((PyMemberDescrObject *)d)->d_common.d_type == type;
+    if (member)
+        *off = ((PyMemberDescrObject *)d)->d_member->offset;
+    Py_DECREF(d);
+    return member;
 }
 
-/* A run's (start, locs, lens): a bookie.index.Run or such a tuple (new references). */
-static int
-run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
+static void
+find_slots(PyTypeObject *type, PyObject *const names[4])
 {
-    static PyObject *s_start, *s_locs, *s_lens;
+    Py_ssize_t off[4] = {-1, -1, -1, -1};
+    for (int i = 0; i < 3; i++)
+        if (!member_offset(type, names[i], &off[i]))
+            return;
+    member_offset(type, names[3], &off[3]);
+    Py_XSETREF(slot_type, (PyTypeObject *)Py_NewRef(type));
+    memcpy(slot_off, off, sizeof off);
+}
+
+/* A run's (start, locs, lens, ids): a bookie.index.Run or such a tuple
+ * (new references; *ids NULL for a run of consecutive ids: no `ids`, or
+ * None). */
+static int
+run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens, PyObject **ids)
+{
+    static PyObject *s_start, *s_locs, *s_lens, *s_ids;
+    *ids = NULL;
     if (Py_TYPE(run) == slot_type) {
-        PyObject *const *got[3] = {(PyObject **)((char *)run + slot_off[0]), (PyObject **)((char *)run + slot_off[1]),
-                                   (PyObject **)((char *)run + slot_off[2])};
-        if (*got[0] != NULL && *got[1] != NULL && *got[2] != NULL) {
-            *start = Py_NewRef(*got[0]);
-            *locs = Py_NewRef(*got[1]);
-            *lens = Py_NewRef(*got[2]);
+        PyObject *got[3] = {*(PyObject **)((char *)run + slot_off[0]), *(PyObject **)((char *)run + slot_off[1]),
+                            *(PyObject **)((char *)run + slot_off[2])};
+        PyObject *gi = slot_off[3] >= 0 ? *(PyObject **)((char *)run + slot_off[3]) : Py_None;
+        if (got[0] != NULL && got[1] != NULL && got[2] != NULL && gi != NULL) {
+            *start = Py_NewRef(got[0]);
+            *locs = Py_NewRef(got[1]);
+            *lens = Py_NewRef(got[2]);
+            *ids = gi == Py_None ? NULL : Py_NewRef(gi);
             return 0;
         }   /* (a slot unset: the attribute lookups below raise AttributeError) */
     }
     if (PyTuple_Check(run)) {
-        if (PyTuple_GET_SIZE(run) != 3) {
-            PyErr_SetString(PyExc_ValueError, "a run as a tuple is (start, locs, lens)");
+        Py_ssize_t n = PyTuple_GET_SIZE(run);
+        if (n != 3 && n != 4) {
+            PyErr_SetString(PyExc_ValueError, "a run as a tuple is (start, locs, lens) or (start, locs, lens, ids)");
             return -1;
         }
         *start = Py_NewRef(PyTuple_GET_ITEM(run, 0));
         *locs = Py_NewRef(PyTuple_GET_ITEM(run, 1));
         *lens = Py_NewRef(PyTuple_GET_ITEM(run, 2));
+        if (n == 4 && PyTuple_GET_ITEM(run, 3) != Py_None)
+            *ids = Py_NewRef(PyTuple_GET_ITEM(run, 3));
         return 0;
     }
     if (s_start == NULL && ((s_start = PyUnicode_InternFromString("start")) == NULL ||
                             (s_locs = PyUnicode_InternFromString("locs")) == NULL ||
-                            (s_lens = PyUnicode_InternFromString("lens")) == NULL))
+                            (s_lens = PyUnicode_InternFromString("lens")) == NULL ||
+                            (s_ids = PyUnicode_InternFromString("ids")) == NULL))
         return -1;
     if (Py_TYPE(run) != slot_type && PyType_HasFeature(Py_TYPE(run), Py_TPFLAGS_HEAPTYPE)) {   /* (a class) */
-        PyObject *const names[3] = {s_start, s_locs, s_lens};
+        PyObject *const names[4] = {s_start, s_locs, s_lens, s_ids};
         find_slots(Py_TYPE(run), names);
     }
     *locs = *lens = NULL;
@@ -131,37 +146,78 @@ run_parts(PyObject *run, PyObject **start, PyObject **locs, PyObject **lens)
         Py_XDECREF(*locs);
         return -1;
     }
+    PyObject *i = PyObject_GetAttr(run, s_ids);
+    if (i == NULL && PyErr_ExceptionMatches(PyExc_AttributeError))
+        PyErr_Clear();   /* (no `ids`: consecutive) */
+    else if (i == NULL) {
+        Py_DECREF(*start);
+        Py_DECREF(*locs);
+        Py_DECREF(*lens);
+        return -1;
+    }
+    if (i == Py_None)
+        Py_CLEAR(i);
+    *ids = i;
     return 0;
 }
 
-/* A run's start (an entry id: >= 0) and its two arrays as buffers of as
- * many items (released by the caller), or an error. */
+/* A run's start (an entry id: >= 0) and its arrays as buffers of as many
+ * items (released by the caller; `vi` only where *gapped is set: a run
+ * listing its ids), or an error. */
 static int
-run_views(PyObject *run, long long *start, Py_buffer *vl, Py_buffer *vn)
+run_views(PyObject *run, long long *start, Py_buffer *vl, Py_buffer *vn, Py_buffer *vi, int *gapped)
 {
-    PyObject *start_obj, *locs_obj, *lens_obj;
-    if (run_parts(run, &start_obj, &locs_obj, &lens_obj) < 0)
+    PyObject *start_obj, *locs_obj, *lens_obj, *ids_obj;
+    *gapped = 0;
+    if (run_parts(run, &start_obj, &locs_obj, &lens_obj, &ids_obj) < 0)
         return -1;
     *start = PyLong_AsLongLong(start_obj);
     Py_DECREF(start_obj);
-    int got = 0;
+    int got = 0, want = ids_obj != NULL ? 3 : 2;
     if (*start < 0 && !PyErr_Occurred())
         PyErr_SetString(PyExc_ValueError, "a run's start must be an entry id (>= 0)");
     else if (!PyErr_Occurred() && run_array(locs_obj, "locs", 8, vl) == 0) {
         got = 1;
-        if (run_array(lens_obj, "lens", 4, vn) == 0)
+        if (run_array(lens_obj, "lens", 4, vn) == 0) {
             got = 2;
+            if (ids_obj != NULL && run_array(ids_obj, "ids", 8, vi) == 0)
+                got = 3;
+        }
     }
     Py_DECREF(locs_obj);
     Py_DECREF(lens_obj);
-    if (got == 2 && (vn->len / 4 != vl->len / 8 || vl->len / 8 > UINT32_MAX)) {
-        PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
-        PyBuffer_Release(vn);
-        got = 1;
+    Py_XDECREF(ids_obj);
+    if (got == want && (vn->len / 4 != vl->len / 8 || vl->len / 8 > UINT32_MAX || (want == 3 && vi->len != vl->len))) {
+        PyErr_SetString(PyExc_ValueError, "a run's locs, lens (and ids) differ in length (or pass 2^32 entries)");
+        if (want == 3)
+            PyBuffer_Release(vi);
+        got = 2;
+        want = -1;
     }
-    if (got == 1)
+    if (got == want) {
+        *gapped = want == 3;
+        return 0;
+    }
+    if (got >= 2)
+        PyBuffer_Release(vn);
+    if (got >= 1)
         PyBuffer_Release(vl);
-    return got == 2 ? 0 : -1;
+    return -1;
+}
+
+/* The first position k of ids[0..n) with ids[k] >= id (ascending ids). */
+static Py_ssize_t
+lower_bound(const int64_t *ids, Py_ssize_t n, long long id)
+{
+    Py_ssize_t lo = 0, hi = n;
+    while (lo < hi) {
+        Py_ssize_t mid = lo + (hi - lo) / 2;
+        if (ids[mid] < id)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo;
 }
 
 PyDoc_STRVAR(stripe_fill_doc,
@@ -229,7 +285,8 @@ stripe_fill(PyObject *self, PyObject *args)
     PyObject *item;
     while (stop < 0 && (item = PyIter_Next(it)) != NULL) {
         long long start;
-        Py_buffer vl, vn;
+        Py_buffer vl, vn, vi;
+        int gapped;
         PyObject *run = item;
         if (lookup != Py_None && (run = PyDict_GetItemWithError(lookup, item)) == NULL) {   /* (borrowed) */
             if (!PyErr_Occurred())
@@ -237,19 +294,30 @@ stripe_fill(PyObject *self, PyObject *args)
             Py_DECREF(item);
             goto done;
         }
-        int got = run_views(run, &start, &vl, &vn);
+        int got = run_views(run, &start, &vl, &vn, &vi, &gapped);
         Py_DECREF(item);
         if (got < 0)
             goto done;
         Py_ssize_t n = vl.len / 8;
         const uint64_t *rl = vl.buf;
         const uint32_t *rn = vn.buf;
-        Py_ssize_t j = first > start ? (Py_ssize_t)(first - start < n ? first - start : n) : 0;
-        Py_ssize_t res = (Py_ssize_t)((((start + j) % stripe) + stripe) % stripe);
+        const int64_t *ri = gapped ? vi.buf : NULL;   /* a gapped run's ids (else start + j) */
+        Py_ssize_t j = ri ? lower_bound(ri, n, first)
+                          : first > start ? (Py_ssize_t)(first - start < n ? first - start : n) : 0;
         int bad = 0;
-        for (; j < n && !bad; j++, res = res + 1 == stripe ? 0 : res + 1) {
+        int64_t last_e = -1;
+        Py_ssize_t res = 0;   /* e mod stripe, kept as e steps (a division an id cost more than the rest) */
+        for (; j < n && !bad; j++) {
+            int64_t e = ri ? ri[j] : start + j;
+            if (last_e >= 0 && e - last_e >= 0 && e - last_e < stripe) {
+                res += (Py_ssize_t)(e - last_e);
+                if (res >= stripe)
+                    res -= stripe;
+            } else
+                res = (Py_ssize_t)(((e % stripe) + stripe) % stripe);
+            last_e = e;
             if (walked++ == max_ids) {
-                stop = start + j;
+                stop = e;
                 break;
             }
             if (!wanted[res])
@@ -264,13 +332,14 @@ stripe_fill(PyObject *self, PyObject *args)
                 if (loc - prev > gap)
                     bad |= buf_put(&breaks, &kk, 8);
             }
-            int64_t e = start + j;
             total += ln;
             bad |= buf_put(&ids, &e, 8) | buf_put(&locs, &loc, 8) | buf_put(&lens, &ln, 4) |
                    buf_put(&ends, &total, 8);
             prev = loc + ln;
             k++;
         }
+        if (gapped)
+            PyBuffer_Release(&vi);
         PyBuffer_Release(&vl);
         PyBuffer_Release(&vn);
         if (bad)
@@ -358,11 +427,19 @@ runs_image(PyObject *self, PyObject *runs)
     Py_ssize_t n_runs = PySequence_Fast_GET_SIZE(seq);
     for (Py_ssize_t r = 0; r < n_runs; r++) {
         long long start;
-        Py_buffer vl, vn;
-        if (run_views(PySequence_Fast_GET_ITEM(seq, r), &start, &vl, &vn) < 0)
+        Py_buffer vl, vn, vi;
+        int gapped;
+        if (run_views(PySequence_Fast_GET_ITEM(seq, r), &start, &vl, &vn, &vi, &gapped) < 0)
             goto done;
         Py_ssize_t n = vl.len / 8;
         int bad = 0;
+        if (gapped) {   /* (its image is its pieces': gapped_image) */
+            PyBuffer_Release(&vi);
+            PyBuffer_Release(&vl);
+            PyBuffer_Release(&vn);
+            PyErr_SetString(PyExc_ValueError, "a gapped run (listing its ids): gapped_image");
+            goto done;
+        }
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
         uint64_t s64 = (uint64_t)start;
         uint32_t c32 = (uint32_t)n;
@@ -386,7 +463,73 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(gapped_image_doc,
+"gapped_image(ids, locs, lens) -> (count, bytes)\n\n"
+"A gapped run (bookie/index.py Run.ids: its ids array('q'), ascending, with\n"
+"their locations array('Q') and lengths array('I')) as runs_image writes\n"
+"runs: each piece of consecutive ids a run, and how many pieces.");
+
+static PyObject *
+gapped_image(PyObject *self, PyObject *args)
+{
+    PyObject *ids_obj, *locs_obj, *lens_obj, *out = NULL;
+    Py_buffer vi, vl, vn;
+    Buf image = {0};
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO:gapped_image", &ids_obj, &locs_obj, &lens_obj))
+        return NULL;
+    if (run_array(ids_obj, "ids", 8, &vi) < 0)
+        return NULL;
+    if (run_array(locs_obj, "locs", 8, &vl) < 0) {
+        PyBuffer_Release(&vi);
+        return NULL;
+    }
+    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
+        PyBuffer_Release(&vi);
+        PyBuffer_Release(&vl);
+        return NULL;
+    }
+    Py_ssize_t n = vi.len / 8, count = 0;
+    const int64_t *ids = vi.buf;
+    const char *l = vl.buf, *ln = vn.buf;
+    if (vl.len / 8 != n || vn.len / 4 != n) {
+        PyErr_SetString(PyExc_ValueError, "a run's ids, locs and lens differ in length");
+        goto done;
+    }
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    for (Py_ssize_t a = 0, b; a < n; a = b, count++) {
+        if (ids[a] < 0 || (a && ids[a] <= ids[a - 1])) {
+            PyErr_SetString(PyExc_ValueError, "a gapped run's ids must be entry ids (>= 0), ascending");
+            goto done;
+        }
+        for (b = a + 1; b < n && ids[b] == ids[b - 1] + 1; b++)
+            ;
+        uint64_t s64 = (uint64_t)ids[a];
+        uint32_t c32 = (uint32_t)(b - a);
+        if (b - a > UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "a piece of 2^32 entries");
+            goto done;
+        }
+        if (buf_put(&image, &s64, 8) < 0 || buf_put(&image, &c32, 4) < 0 || buf_put(&image, l + 8 * a, 8 * (b - a)) < 0 ||
+            buf_put(&image, ln + 4 * a, 4 * (b - a)) < 0)
+            goto done;
+    }
+    out = Py_BuildValue("(ny#)", count, image.p ? image.p : "", image.len);
+#else
+    (void)ids; (void)l; (void)ln;
+    PyErr_SetString(PyExc_NotImplementedError, "gapped_image writes the arrays' memory: little-endian only");
+#endif
+done:
+    PyBuffer_Release(&vi);
+    PyBuffer_Release(&vl);
+    PyBuffer_Release(&vn);
+    PyMem_Free(image.p);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"gapped_image", gapped_image, METH_VARARGS, gapped_image_doc},
     {"stripe_fill", stripe_fill, METH_VARARGS, stripe_fill_doc},
     {"run_breaks", run_breaks, METH_VARARGS, run_breaks_doc},
     {"runs_image", runs_image, METH_O, runs_image_doc},

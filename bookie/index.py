@@ -12,6 +12,16 @@ on disk (``Run.breaks_after``: the positions where a range read starts a new
 pread, found for the whole run at C speed and kept while the run only
 grows; 4 bytes a break, one per journal record a run spans): a range read
 then costs per disk span, not per entry.
+
+A striped bookie (E > Qw) holds Qw of every E ids: runs of consecutive ids
+would be a run per Qw ids, a Python object, two arrays and a SortedDict
+entry each (150-220 bytes an entry, against 12).  An id past the end of a
+short run (at most ``SHORT_RUN`` ids) or of a *gapped* run joins that run
+instead, which then lists its ids too (``Run.ids``: 20 bytes an entry): a
+striped bookie's share of a ledger is one run.  A gapped run shows itself
+to range reads as its consecutive pieces (``Run.pieces``), and to a
+checkpoint too (the image has one form: runs of consecutive ids), and an
+index loaded from an image joins them again as its puts would have.
 """
 from __future__ import annotations
 
@@ -19,7 +29,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_left, bisect_right
-from itertools import compress
+from itertools import compress, islice, repeat
 from operator import add, ne
 from typing import Iterator
 
@@ -47,22 +57,55 @@ def unpack_location(loc: int) -> tuple[int, int]:
     return loc >> OFFSET_BITS, loc & OFFSET_MASK
 
 
-class Run:
-    __slots__ = ("start", "locs", "lens", "checked", "breaks")
+SHORT_RUN = 64   # an id past the end of a run this short (or of a gapped run) joins it (see the module doc)
 
-    def __init__(self, start: int, locs: array | None = None, lens: array | None = None):
+
+class Run:
+    __slots__ = ("start", "locs", "lens", "checked", "breaks", "ids")
+
+    def __init__(self, start: int, locs: array | None = None, lens: array | None = None, ids: array | None = None):
         self.start = start
         self.locs = locs if locs is not None else array("Q")
         self.lens = lens if lens is not None else array("I")
         # breaks: the positions k (0 < k < checked) whose record does not
         # begin where record k-1 ends on disk; appends keep them valid
+        # (a consecutive run's: a gapped run's pieces find their own)
         self.checked = 0
         self.breaks = array("I")
+        self.ids = ids   # None: the ids start, start + 1, ...; else array('q') of them, ascending, ids[0] == start
 
     @property
     def end(self) -> int:
         """One past the last entry id of the run."""
-        return self.start + len(self.locs)
+        ids = self.ids
+        return ids[-1] + 1 if ids is not None else self.start + len(self.locs)
+
+    def position(self, entry_id: int) -> int:
+        """The position of ``entry_id`` in the run, -1 if it holds none."""
+        ids = self.ids
+        if ids is None:
+            k = entry_id - self.start
+            return k if 0 <= k < len(self.locs) else -1
+        k = bisect_left(ids, entry_id)
+        return k if k < len(ids) and ids[k] == entry_id else -1
+
+    def make_gapped(self) -> array:
+        """Lists the run's ids (if it did not), so ids with gaps may join it; returns them."""
+        if self.ids is None:
+            self.ids = array("q", range(self.start, self.start + len(self.locs)))
+            self.checked = 0
+            del self.breaks[:]
+        return self.ids
+
+    def pieces(self, first: int, last: int) -> Iterator["Run"]:
+        """A gapped run's ids in [first, last] as consecutive runs of their
+        own (copies of its arrays' slices), in order."""
+        ids = self.ids
+        a, b = bisect_left(ids, first), bisect_right(ids, last)
+        while a < b:
+            z = _consecutive_end(ids, a, b)
+            yield Run(ids[a], self.locs[a:z], self.lens[a:z])
+            a = z
 
     def changed(self, k: int) -> None:
         """Position k's location changed: the breaks at k and k+1 are
@@ -90,6 +133,31 @@ class Run:
             self.checked = n
         return self.breaks, bisect_right(self.breaks, lo)
 
+
+
+def _consecutive_end(ids: array, a: int, b: int) -> int:
+    """The first position k in (a, b) whose id is not ids[a] + (k - a), or
+    b: ids strictly ascend, so ids[k] - k never falls, and the positions
+    where it holds are a prefix (galloping, then halving: a few steps for a
+    striped run's pieces of Qw ids, however long the run)."""
+    base = ids[a] - a
+    lo, step = a + 1, 1   # every k < lo holds
+    while True:
+        k = lo + step - 1
+        if k >= b:
+            hi = b
+            break
+        if ids[k] - k != base:
+            hi = k
+            break
+        lo, step = k + 1, step * 2
+    while lo < hi:   # the first k in [lo, hi) that does not hold, else hi
+        mid = (lo + hi) // 2
+        if ids[mid] - mid != base:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 # What a removal hands back, so the caller can account for dead bytes:
@@ -167,7 +235,7 @@ class LedgerIndex:
         runs = self._runs
         i = max(runs.bisect_right(first) - 1, 0)
         asked, self._asked[key] = self._asked.get(key), self._version
-        if asked is None or asked != self._version and (self._reshaped > asked or i + window >= len(runs)):
+        if asked is None or asked != self._version and (self._reshaped > asked or self._reaches_end(i, first, window)):
             # asked once, or changed since: the run walk (a tail reader builds
             # no view per frame), but for appends only below a window that
             # ends below the ledger's end (appends cannot change it)
@@ -195,6 +263,21 @@ class LedgerIndex:
         self._make_latest(key, view, old)
         return view
 
+    def _reaches_end(self, i: int, first: int, window: int) -> bool:
+        """Whether a window of ``window`` held ids from ``first`` (its run at
+        index ``i``) would hold every id to the ledger's end (appends could
+        change it), counting runs from ``i`` until it knows."""
+        runs, more = self._runs, window
+        for key in runs.islice(i):
+            run = runs[key]
+            if run.ids is not None:
+                more -= len(run.ids) - bisect_left(run.ids, first)
+            else:
+                more -= max(0, run.end - max(first, run.start))
+            if more < 0:
+                return False
+        return True
+
     def _make_latest(self, key, view, old) -> None:
         """``view`` becomes its filter's latest; ``old``, the latest before
         it, if current, joins the spares (at most SPARE_VIEWS, the oldest
@@ -210,13 +293,15 @@ class LedgerIndex:
     def __len__(self) -> int:
         return self._count
 
-    def _run_containing(self, entry_id: int) -> Run | None:
+    def _locate(self, entry_id: int) -> tuple[Run | None, int]:
+        """The run whose span holds ``entry_id`` (or the last below it) and
+        the id's position in it (-1: not held)."""
         runs = self._runs
         i = runs.bisect_right(entry_id) - 1
         if i < 0:
-            return None
+            return None, -1
         run = runs.peekitem(i)[1]
-        return run if entry_id < run.end else None
+        return run, run.position(entry_id)
 
     def put(self, entry_id: int, loc: int, length: int) -> tuple[int, int] | None:
         """Sets the location of an entry; returns the one it replaced, if any."""
@@ -224,14 +309,21 @@ class LedgerIndex:
         if last is not None and entry_id == last.end:
             last.locs.append(loc)
             last.lens.append(length)
+            if last.ids is not None:
+                last.ids.append(entry_id)
             self._count += 1
             self._appended(entry_id, (loc,), (length,))
             return None
         runs = self._runs
-        if last is None or entry_id > last.end:  # a new run past the end (a striped bookie's appends)
-            run = self._last = runs[entry_id] = Run(entry_id)
-            run.locs.append(loc)
-            run.lens.append(length)
+        if last is None or entry_id > last.end:  # past the end (a striped bookie's appends)
+            if last is not None and (last.ids is not None or len(last.locs) <= SHORT_RUN):
+                last.make_gapped().append(entry_id)
+                last.locs.append(loc)
+                last.lens.append(length)
+            else:
+                run = self._last = runs[entry_id] = Run(entry_id)
+                run.locs.append(loc)
+                run.lens.append(length)
             self._count += 1
             self._appended(entry_id, (loc,), (length,))
             return None
@@ -239,14 +331,23 @@ class LedgerIndex:
         self._reshaped = self._version
         i = runs.bisect_right(entry_id) - 1
         run = runs.peekitem(i)[1] if i >= 0 else None
-        if run is not None and entry_id < run.end:
-            k = entry_id - run.start
-            old = (run.locs[k], run.lens[k])
-            run.locs[k] = loc
-            run.lens[k] = length
-            run.changed(k)
-            return old
-        if run is not None and entry_id == run.end:
+        if run is not None and entry_id < run.end:   # within the run's span
+            k = run.position(entry_id)
+            if k >= 0:
+                old = (run.locs[k], run.lens[k])
+                run.locs[k] = loc
+                run.lens[k] = length
+                run.changed(k)
+                return old
+            k = bisect_left(run.ids, entry_id)   # (a gapped run without it: in its place)
+            run.ids.insert(k, entry_id)
+            run.locs.insert(k, loc)
+            run.lens.insert(k, length)
+            self._count += 1
+            return None
+        if run is not None and (entry_id == run.end or run.ids is not None):   # (a gapped run takes it past a gap)
+            if run.ids is not None:
+                run.ids.append(entry_id)
             run.locs.append(loc)
             run.lens.append(length)
         else:
@@ -259,6 +360,8 @@ class LedgerIndex:
         if nxt_i < len(runs):
             nxt = runs.peekitem(nxt_i)[1]
             if nxt.start == run.end:  # the new entry closed a gap: merge
+                if run.ids is not None or nxt.ids is not None:
+                    run.make_gapped().extend(nxt.ids if nxt.ids is not None else range(nxt.start, nxt.end))
                 run.locs.extend(nxt.locs)
                 run.lens.extend(nxt.lens)
                 del runs[nxt.start]
@@ -272,9 +375,12 @@ class LedgerIndex:
         before it ends on disk (a run of one journal record): the run's
         breaks are kept as it is appended, not found at its next read."""
         last = self._last
-        if last is not None and first == last.end:
+        if locs and last is not None and (first == last.end or first > last.end and (
+                last.ids is not None or len(last.locs) <= SHORT_RUN)):   # onto the last run (see put)
             n = len(last.locs)
-            if adjacent and last.checked == n and locs:
+            if first > last.end or last.ids is not None:
+                last.make_gapped().extend(range(first, first + len(locs)))
+            elif adjacent and last.checked == n:
                 if locs[0] != last.locs[-1] + last.lens[-1]:
                     last.breaks.append(n)
                 last.checked = n + len(locs)
@@ -297,14 +403,13 @@ class LedgerIndex:
         return dead
 
     def get(self, entry_id: int) -> tuple[int, int] | None:
-        run = self._run_containing(entry_id)
-        if run is None:
+        run, k = self._locate(entry_id)
+        if k < 0:
             return None
-        k = entry_id - run.start
         return run.locs[k], run.lens[k]
 
     def __contains__(self, entry_id: int) -> bool:
-        return self._run_containing(entry_id) is not None
+        return self._locate(entry_id)[1] >= 0
 
     @property
     def first_entry(self) -> int:
@@ -324,7 +429,8 @@ class LedgerIndex:
 
     def run_slices(self, first: int, last: int, *, skip_gaps: bool = False) -> Iterator[tuple[Run, int, int]]:
         """``runs_from`` as (run, lo, hi): the run's positions [lo, hi), its
-        arrays not copied (a reader must not hold them across a change)."""
+        arrays not copied (a reader must not hold them across a change); a
+        gapped run as its consecutive pieces (``Run.pieces``: copies)."""
         runs = self._runs
         if first > last or not runs:
             return
@@ -336,6 +442,13 @@ class LedgerIndex:
             run = runs[key]
             if run.start > last:
                 return
+            if run.ids is not None:
+                for piece in run.pieces(first, last):
+                    if not skip_gaps and piece.start != expect:
+                        return
+                    yield piece, 0, len(piece.locs)
+                    expect = piece.end
+                continue
             lo, hi = max(first, run.start), min(last + 1, run.end)
             if lo >= hi:
                 continue  # the run before `first` ends below it
@@ -347,18 +460,15 @@ class LedgerIndex:
     def iter_from(self, first: int, last: int) -> Iterator[tuple[int, int, int]]:
         """(entry_id, loc, length) for consecutive ids from `first`, stopping
         at `last` or at the first id the index does not hold."""
-        eid = first
-        while eid <= last:
-            run = self._run_containing(eid)
-            if run is None:
-                return
-            stop = min(run.end, last + 1)
-            for k in range(eid - run.start, stop - run.start):
+        for run, lo, hi in self.run_slices(first, last):
+            for k in range(lo, hi):
                 yield run.start + k, run.locs[k], run.lens[k]
-            eid = stop
 
     def iter_all(self) -> Iterator[tuple[int, int, int]]:
         for run in list(self._runs.values()):
+            if run.ids is not None:
+                yield from zip(run.ids, run.locs, run.lens)
+                continue
             for k in range(len(run.locs)):
                 yield run.start + k, run.locs[k], run.lens[k]
 
@@ -373,15 +483,21 @@ class LedgerIndex:
         i = max(runs.bisect_right(first) - 1, 0)
         affected = [r for r in runs.values()[i:] if r.start <= last and r.end > first]
         for run in affected:
-            lo = max(first, run.start) - run.start
-            hi = min(last + 1, run.end) - run.start
+            if run.ids is not None:
+                lo, hi = bisect_left(run.ids, first), bisect_right(run.ids, last)
+            else:
+                lo = max(first, run.start) - run.start
+                hi = min(last + 1, run.end) - run.start
+            if lo >= hi:
+                continue   # (a gapped run holding none of them)
             removed.extend(zip(run.locs[lo:hi], run.lens[lo:hi]))
             del runs[run.start]
+            ids = run.ids
             if lo > 0:
-                runs[run.start] = Run(run.start, run.locs[:lo], run.lens[:lo])
+                runs[run.start] = Run(run.start, run.locs[:lo], run.lens[:lo], None if ids is None else ids[:lo])
             if hi < len(run.locs):
-                tail_start = run.start + hi
-                runs[tail_start] = Run(tail_start, run.locs[hi:], run.lens[hi:])
+                tail_start = run.start + hi if ids is None else ids[hi]
+                runs[tail_start] = Run(tail_start, run.locs[hi:], run.lens[hi:], None if ids is None else ids[hi:])
         self._count -= len(removed)
         self._last = runs.peekitem(-1)[1] if runs else None
         return removed
@@ -392,30 +508,75 @@ class LedgerIndex:
 
     # -- checkpoint form -----------------------------------------------------
 
+    def _consecutive_runs(self) -> Iterator[Run]:
+        """The runs, a gapped one as its consecutive pieces: the checkpoint's form."""
+        for run in self._runs.values():
+            if run.ids is None:
+                yield run
+            else:
+                yield from run.pieces(run.start, run.end - 1)
+
     def runs(self) -> list[tuple[int, bytes, bytes]]:
-        return [(r.start, r.locs.tobytes(), r.lens.tobytes()) for r in self._runs.values()]
+        return [(r.start, r.locs.tobytes(), r.lens.tobytes()) for r in self._consecutive_runs()]
 
     def runs_image(self) -> tuple[int, bytes]:
-        """(how many runs, their checkpoint form: per run its start (u64)
-        and count (u32), then its locations and lengths, little-endian), in
-        one C pass where bookie._spans was built (a striped ledger's million
-        runs: 0.8 s of the bookie's loop in Python)."""
+        """(how many runs, their checkpoint form: per run of consecutive ids
+        its start (u64) and count (u32), then its locations and lengths,
+        little-endian), in C passes where bookie._spans was built (a
+        striped ledger's million pieces: 0.8 s of the bookie's loop in
+        Python): one over the consecutive runs, one per gapped run."""
         runs = list(self._runs.values())
         if spans_c is not None and _LITTLE:
-            return len(runs), spans_c.runs_image(runs)
-        return len(runs), b"".join(RUN_HEAD.pack(r.start, len(r.locs)) + r.locs.tobytes() + r.lens.tobytes()
-                                   for r in runs)
+            count, parts, plain = 0, [], []
+            for run in runs:
+                if run.ids is None:
+                    plain.append(run)
+                    continue
+                if plain:
+                    count, _ = count + len(plain), parts.append(spans_c.runs_image(plain))
+                    plain = []
+                n, image = spans_c.gapped_image(run.ids, run.locs, run.lens)
+                count += n
+                parts.append(image)
+            if plain:
+                count += len(plain)
+                parts.append(spans_c.runs_image(plain))
+            return count, b"".join(parts)
+        count, parts = 0, []
+        for run in runs:
+            if run.ids is None:
+                count += 1
+                parts.append(RUN_HEAD.pack(run.start, len(run.locs)) + run.locs.tobytes() + run.lens.tobytes())
+                continue
+            ids, n = run.ids, len(run.ids)   # its pieces, cut where an id does not follow the one before
+            cuts = [0, *compress(range(1, n), map(ne, islice(ids, 1, None), map(add, ids, repeat(1)))), n]
+            lb, nb, pack = run.locs.tobytes(), run.lens.tobytes(), RUN_HEAD.pack
+            count += len(cuts) - 1
+            parts.append(b"".join(pack(ids[a], b - a) + lb[8 * a:8 * b] + nb[4 * a:4 * b]
+                                  for a, b in zip(cuts, cuts[1:])))
+        return count, b"".join(parts)
 
     @classmethod
     def from_runs(cls, runs: list[tuple[int, bytes, bytes]]) -> "LedgerIndex":
+        """The index of a checkpoint's runs (``runs``, ascending), a run
+        joining the one before it as ``put`` would have joined its ids
+        (past the end of a short or gapped run: gapped)."""
         idx = cls()
+        cur: Run | None = None
         for start, locs, lens in runs:
             la, le = array("Q"), array("I")
             la.frombytes(locs)
             le.frombytes(lens)
             if len(la) != len(le) or not la:
                 raise ValueError("corrupt index run")
-            idx._runs[start] = Run(start, la, le)
+            if cur is not None and (start == cur.end and cur.ids is None or start >= cur.end and (
+                    cur.ids is not None or len(cur.locs) <= SHORT_RUN)):
+                if start > cur.end or cur.ids is not None:
+                    cur.make_gapped().extend(range(start, start + len(la)))
+                cur.locs.extend(la)
+                cur.lens.extend(le)
+            else:
+                cur = idx._runs[start] = Run(start, la, le)
             idx._count += len(la)
         idx._last = idx._runs.peekitem(-1)[1] if idx._runs else None
         return idx

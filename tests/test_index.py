@@ -1,6 +1,8 @@
 """The run-based entry index against a dict (hypothesis), and its checkpoint form."""
 from __future__ import annotations
 
+import contextlib
+
 import hypothesis.strategies as st
 from hypothesis import given, settings
 
@@ -16,9 +18,39 @@ OPS = st.lists(
 )
 
 
+@contextlib.contextmanager
+def short_runs(n: int):
+    """bookie.index.SHORT_RUN set to ``n`` (0: no run ever gapped)."""
+    from bookie import index as I
+    saved, I.SHORT_RUN = I.SHORT_RUN, n
+    try:
+        yield
+    finally:
+        I.SHORT_RUN = saved
+
+
+def _check_shape(idx: LedgerIndex) -> None:
+    """Runs keyed by their first id, spans apart and ascending, a gapped
+    run's ids strictly ascending from its start, arrays of one length."""
+    end = -1
+    for key, run in idx._runs.items():
+        assert key == run.start and run.start >= end and len(run.locs) == len(run.lens) > 0
+        if run.ids is not None:
+            assert len(run.ids) == len(run.locs) and run.ids[0] == run.start
+            assert all(x < y for x, y in zip(run.ids, run.ids[1:]))
+        end = run.end
+
+
 @settings(max_examples=400, deadline=None)
-@given(OPS)
-def test_index_matches_a_dict(ops):
+@given(OPS, st.sampled_from([0, 2, 64]))
+def test_index_matches_a_dict(ops, short_run):
+    """Consecutive runs only (SHORT_RUN 0), and with ids past a short run's
+    end joining it as a gapped run (2, and the default: every run here)."""
+    with short_runs(short_run):
+        _index_matches_a_dict(ops)
+
+
+def _index_matches_a_dict(ops):
     idx, model = LedgerIndex(), {}
     for op, a, b in ops:
         if op == "put":
@@ -40,7 +72,11 @@ def test_index_matches_a_dict(ops):
         assert len(idx) == len(model)
         assert idx.last_entry == (max(model) if model else -1)
         assert idx.first_entry == (min(model) if model else -1)
+        _check_shape(idx)
     assert [(e, loc) for e, loc, _ in idx.iter_all()] == sorted(model.items())
+    for first, last in ((0, 70), (7, 33), (20, 20)):   # what range reads walk
+        held = [(s + k, locs[k]) for s, locs, _ in idx.runs_from(first, last, skip_gaps=True) for k in range(len(locs))]
+        assert held == sorted((e, loc) for e, loc in model.items() if first <= e <= last)
     for e in range(62):
         assert idx.get(e) == ((model[e], e + 1) if e in model else None)
     # consecutive reads stop at the first gap
@@ -51,9 +87,67 @@ def test_index_matches_a_dict(ops):
         expect.append(start)
         start += 1
     assert got == expect
-    # the checkpoint form round-trips
+    # the checkpoint form round-trips, in one form whatever the runs' shape
     again = LedgerIndex.from_runs(idx.runs())
     assert list(again.iter_all()) == list(idx.iter_all())
+    _check_shape(again)
+    assert again.runs() == idx.runs() and again.runs_image() == idx.runs_image()
+    assert all(len(locs) for _, locs, _ in idx.runs()) and all(  # (its runs: consecutive ids, apart)
+        s1 + len(l1) // 8 < s2 for (s1, l1, _), (s2, _, _) in zip(idx.runs(), idx.runs()[1:]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(1, 4), min_size=1, max_size=40), st.data())
+def test_the_end_of_a_gapped_runs_consecutive_piece(steps, data):
+    from array import array
+
+    from bookie.index import _consecutive_end
+    ids = array("q", [0])
+    for d in steps:
+        ids.append(ids[-1] + d)
+    a = data.draw(st.integers(0, len(ids) - 1))
+    b = data.draw(st.integers(a + 1, len(ids)))
+    z = a + 1
+    while z < b and ids[z] == ids[z - 1] + 1:
+        z += 1
+    assert _consecutive_end(ids, a, b) == z
+
+
+def test_a_striped_bookies_share_is_one_gapped_run_of_20_bytes_an_entry_and_checkpoints_as_before():
+    """A bookie of an E4 Qw2 ledger holds ids 4k+1, 4k+2: one gapped run
+    (ids, locations, lengths: 20 bytes an entry), where consecutive runs
+    were a run per two ids; its checkpoint image is the consecutive runs'
+    image, byte for byte, and loads as one gapped run again."""
+    import tracemalloc
+
+    def share(n):
+        idx = LedgerIndex()
+        for e in range(n):
+            if e % 4 in (1, 2):
+                idx.put(e, pack_location(1, e * 1100), 1100)
+        return idx
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        idx = share(200_000)
+        used = tracemalloc.get_traced_memory()[0] - base
+    finally:
+        tracemalloc.stop()
+    assert len(idx._runs) == 1 and len(idx) == 100_000 and used / len(idx) < 24
+    with short_runs(0):
+        plain = share(200_000)
+    assert len(plain._runs) == 50_000   # (the shape before: a run per Qw ids)
+    assert idx.runs_image() == plain.runs_image() == (50_000, plain.runs_image()[1])
+    again = LedgerIndex.from_runs(plain.runs())
+    assert len(again._runs) == 1 and list(again.iter_all()) == list(idx.iter_all())
+    assert idx.get(4 * 777 + 2) == (pack_location(1, (4 * 777 + 2) * 1100), 1100) and idx.get(4 * 777 + 3) is None
+    # an image whose runs meet (not written by runs_image, which merges them) loads whole too
+    from array import array
+    met = LedgerIndex.from_runs([(s, array("Q", [s] * n).tobytes(), array("I", [1] * n).tobytes())
+                                 for s, n in ((0, 1), (5, 1), (6, 2), (100, 1))])
+    _check_shape(met)
+    assert [e for e, _, _ in met.iter_all()] == [0, 5, 6, 7, 100] and met.get(7) == (6, 1)
 
 
 def test_sequential_entries_form_one_run_of_12_bytes_each():

@@ -6,6 +6,7 @@ when the index changes otherwise (a gap filled, a range deleted)."""
 from __future__ import annotations
 
 import asyncio
+import struct
 from array import array
 
 import pytest
@@ -226,6 +227,22 @@ def test_the_c_build_of_a_view_is_the_python_build(first, shapes, stripe, data, 
     held = [r.start + j for r in runs for j in range(len(r.locs)) if r.start + j >= lo]
     assert stop == (held[max_ids] if 0 <= max_ids < len(held) else -1)
     assert list(view.ids) == [e for e in held[:None if max_ids < 0 else max_ids] if residues >> e % stripe & 1]
+    # the same ids in gapped runs (bookie/index.py: a run listing its ids), joined at random: in C and in Python
+    joined, k = [], 0
+    while k < len(runs):
+        z = data.draw(st.integers(k + 1, len(runs)))
+        part = runs[k:z]
+        joined.append(Run(part[0].start, array("Q", [x for r in part for x in r.locs]),
+                          array("I", [x for r in part for x in r.lens]),
+                          array("q", [r.start + j for r in part for j in range(len(r.locs))])))
+        k = z
+    for build in ("fill", "_fill_py"):
+        view = striped_read.StripeView(stripe, residues)
+        view.gap_bytes = gap
+        assert getattr(view, build)(joined, -1) == -1 and _arrays(view) == want
+        view = striped_read.StripeView(stripe, residues, lo)
+        view.gap_bytes = gap
+        assert getattr(view, build)(joined, max_ids) == ref_stop and _arrays(view) == _arrays(ref)
 
 
 @pytest.mark.skipif(striped_read.spans_c is None, reason="bookie._spans not built")
@@ -274,6 +291,25 @@ def test_the_c_build_refuses_what_is_not_a_run():
         striped_read.spans_c.stripe_fill([0], 2, b"\1\1", 0, 0, 0, 0, 0, -1, list(runs.values()))
     with pytest.raises(TypeError):
         fill(5, 1, b"\1")   # (not iterable)
+    gapped = Run(0, array("Q", [1, 2]), array("I", [1, 1]), array("q", [0, 3]))
+    assert fill([gapped], 1, b"\1")[0] == array("q", [0, 3]).tobytes()
+    assert fill([(0, gapped.locs, gapped.lens, gapped.ids)], 1, b"\1") == fill([gapped], 1, b"\1")
+    with pytest.raises(ValueError):
+        fill([Run(0, array("Q", [1, 2]), array("I", [1, 1]), array("q", [0]))], 1, b"\1")   # an id per location
+    with pytest.raises(TypeError):
+        fill([(0, gapped.locs, gapped.lens, array("I", [0, 3]))], 1, b"\1")   # ids of 8 bytes
+    images = striped_read.spans_c.gapped_image
+    assert images(array("q", [4, 5, 9]), array("Q", [1, 2, 3]), array("I", [7, 8, 9])) == (
+        2, b"".join(struct.pack("<QI", s, n) for s, n in ((4, 2),))
+        + array("Q", [1, 2]).tobytes() + array("I", [7, 8]).tobytes()
+        + struct.pack("<QI", 9, 1) + array("Q", [3]).tobytes() + array("I", [9]).tobytes())
+    for bad in ((array("q", [4, 4]), array("Q", [1, 2]), array("I", [7, 8])),   # not ascending
+                (array("q", [-1]), array("Q", [1]), array("I", [7])),           # not an entry id
+                (array("q", [4]), array("Q", [1, 2]), array("I", [7]))):        # lengths differ
+        with pytest.raises(ValueError):
+            images(*bad)
+    with pytest.raises(ValueError):   # (its image is its pieces')
+        striped_read.spans_c.runs_image([gapped])
 
 
 @pytest.mark.parametrize("qw", [2, 1])   # (Qw 1: runs of one id, a window ends between runs)
