@@ -234,24 +234,29 @@ def cmd_bench_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-def index_bytes_per_entry(entries: int) -> dict:
+def index_bytes_per_entry(entries: int, stripe: tuple[int, int] | None = None) -> dict:
     """Memory of the bookie's entry index (bookie/index.py) for one ledger of
-    `entries` entries appended in order, as tracemalloc sees it."""
+    `entries` entries appended in order, as tracemalloc sees it; with
+    ``stripe`` (E, Qw), the share of one bookie of a striped ledger (Qw of
+    every E ids: `entries` of them)."""
     import tracemalloc
 
     from bookie.index import LedgerIndex, pack_location
 
+    e, qw = stripe or (1, 1)
     tracemalloc.start()
     try:
         before = tracemalloc.get_traced_memory()[0]
         idx = LedgerIndex()
         for i in range(entries):
-            idx.put(i, pack_location(0, i * 1076), 1076)
+            eid = i // qw * e + i % qw   # (residues 0..Qw-1 of every E ids)
+            idx.put(eid, pack_location(0, i * 1076), 1076)
         used = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
     assert len(idx) == entries
-    return {"entries": entries, "bytes": used, "bytes_per_entry": used / entries}
+    return {"entries": entries, "bytes": used, "bytes_per_entry": used / entries,
+            **({"ensemble": e, "write_quorum": qw} if stripe else {})}
 
 
 # -- the client benchmarks: ledgers and streams on a local cluster ----------------------------
