@@ -2,7 +2,7 @@
 writer's latency with a catch-up reader beside it (issue 18).
 
     bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3]
-                           [--bookies 5] [--reads 2] [--read-api batch|records]
+                           [--bookies 5] [--reads 2] [--read-api batch|records] [--one-core-reads 0]
                            [--open-loop-rate 10000] [--reader-rate-mb 0] [--out reads.json]
 
 On one local cluster (etcd + `--bookies` bookie processes, fsync on):
@@ -15,6 +15,9 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    the same run, and every read with the gRPC range-read ceiling of its
    entry size measured in the same run (`ceilings.range_read_rate`: one
    empty server streaming prebuilt frames; issue 18's target is 0.5 of it);
+   each read gives its CPU per GB (the reader's, and with the bookies'),
+   and with `--one-core-reads N` N more reads of each stream run with the
+   reader and every bookie on one CPU (`OneCore`: what a byte costs);
 2. with `--open-loop-rate`: the open loop (`single._open_loop`, 1 KiB) alone,
    then the same with a catch-up reader in another process reading the
    largest E = Qw stream over and over (`bench catchup-reader`): the p99 with

@@ -6,6 +6,10 @@
  * asked: a striped ledger's index is a run per Qw ids, a Python step per run
  * or per id there held the loop for seconds on long streams.
  *
+ * A striped bookie's share of a ledger is one gapped run (bookie/index.py:
+ * it lists its ids); gapped_image writes one as the consecutive runs of a
+ * checkpoint's image.
+ *
  * A view holds, for one (stripe, residues) filter, the ids a bookie holds
  * with their locations and lengths in flat arrays, built from the ledger's
  * index runs when a catch-up's second frame asks for it.  Built in Python,
@@ -225,7 +229,8 @@ PyDoc_STRVAR(stripe_fill_doc,
 "    -> (ids, locs, lens, ends, seams, breaks, stop)\n\n"
 "What StripeView.extend (bookie/striped_read.py) appends to a view's arrays for\n"
 "the ids of `runs` (bookie.index.Run or (start, locs array('Q'), lens\n"
-"array('I')), ascending, above every id of the view) from `first` on whose\n"
+"array('I')[, ids array('q')]): consecutive ids from start, or with ids a\n"
+"gapped run's), ascending, above every id of the view) from `first` on whose\n"
 "residue mod `stripe` is wanted (`want`: bytes, one per residue, nonzero =\n"
 "wanted), the view holding `count` ids of `total` bytes, its last ending at\n"
 "`prev` on disk: the bytes of array('q'), ('Q'), ('I'), ('Q'), ('q'), ('q') to\n"
@@ -309,8 +314,8 @@ stripe_fill(PyObject *self, PyObject *args)
         Py_ssize_t res = 0;   /* e mod stripe, kept as e steps (a division an id cost more than the rest) */
         for (; j < n && !bad; j++) {
             int64_t e = ri ? ri[j] : start + j;
-            if (last_e >= 0 && e - last_e >= 0 && e - last_e < stripe) {
-                res += (Py_ssize_t)(e - last_e);
+            if (last_e >= 0 && e >= last_e && (uint64_t)e - (uint64_t)last_e < (uint64_t)stripe) {
+                res += (Py_ssize_t)((uint64_t)e - (uint64_t)last_e);
                 if (res >= stripe)
                     res -= stripe;
             } else

@@ -569,7 +569,7 @@ class BookieServer:
         cfg = self.config
         if cfg.read_port is not None and not tls and (cfg.advertise_read_address or not cfg.advertise_address):
             from bookie.read_port import ReadPort
-            self.read_port = ReadPort(service, self.config.host, self.config.read_port)
+            self.read_port = ReadPort(service, cfg.host, cfg.read_port)
             await self.read_port.start()
         if not self.config.bookie_id:
             self.config.bookie_id = self.address

@@ -95,11 +95,12 @@ class StripeView:
     def fill(self, runs, max_ids: int = -1, lookup: dict | None = None) -> int:
         """Adds the ids from ``lo`` of a ledger's index runs
         (``bookie.index.Run``, consecutive or gapped, or (start, locs, lens
-        [, ids]), ascending, above every id held; with ``lookup``, ``runs`` gives their keys in it: the
-        index's SortedDict), walking at most `max_ids` of their ids (-1:
-        all): one pass in C where ``bookie._spans`` was built (600 ns an id
-        in Python: a view of 131,072 ids held the bookie's event loop for 78
-        ms), else ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
+        [, ids]), ascending, above every id held; with ``lookup``, ``runs``
+        gives their keys in it: the index's SortedDict), walking at most
+        `max_ids` of their ids (-1: all): one pass in C where
+        ``bookie._spans`` was built (600 ns an id in Python: a view of
+        131,072 ids held the bookie's event loop for 78 ms), else
+        ``_fill_py``.  Returns the id it stopped at, -1 past every run."""
         if spans_c is None:
             return self._fill_py(list(runs) if lookup is None else [lookup[key] for key in runs], max_ids)
         k = len(self.ids)
