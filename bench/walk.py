@@ -14,7 +14,8 @@ walk's.  No I/O, no other process: what the walk alone costs a reader's
 thread.
 
 The view: the index of one bookie of an E4 Qw2 ledger holding
-``--view-ids`` ids (runs of 2 ids, 1 KiB records back to back), its view of
+``--view-ids`` ids (two of every four, 1 KiB records back to back: one
+gapped run, bookie/index.py; a run per two ids before session 16), its view of
 everything it holds built from scratch; and a catch-up through a bookie
 holding ``--catchup-ids`` ids, its views built window by window as a
 reader's frames ask (``LedgerIndex.stripe_view``): the longest build is how
