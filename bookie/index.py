@@ -89,6 +89,20 @@ class Run:
         k = bisect_left(ids, entry_id)
         return k if k < len(ids) and ids[k] == entry_id else -1
 
+    def joins(self, first: int) -> bool:
+        """Whether ids from ``first`` on (at or past its end) join this run:
+        right after it, or past a gap after a short or gapped run."""
+        end = self.end
+        return first == end or first > end and (self.ids is not None or len(self.locs) <= SHORT_RUN)
+
+    def append(self, first: int, locs, lens) -> None:
+        """Appends consecutive ids from ``first`` (at or past its end; see
+        ``joins``), listing its ids from a gap on."""
+        if first != self.end or self.ids is not None:
+            self.make_gapped().extend(range(first, first + len(locs)))
+        self.locs.extend(locs)
+        self.lens.extend(lens)
+
     def make_gapped(self) -> array:
         """Lists the run's ids (if it did not), so ids with gaps may join it; returns them."""
         if self.ids is None:
@@ -316,10 +330,8 @@ class LedgerIndex:
             return None
         runs = self._runs
         if last is None or entry_id > last.end:  # past the end (a striped bookie's appends)
-            if last is not None and (last.ids is not None or len(last.locs) <= SHORT_RUN):
-                last.make_gapped().append(entry_id)
-                last.locs.append(loc)
-                last.lens.append(length)
+            if last is not None and last.joins(entry_id):
+                last.append(entry_id, (loc,), (length,))
             else:
                 run = self._last = runs[entry_id] = Run(entry_id)
                 run.locs.append(loc)
@@ -345,11 +357,8 @@ class LedgerIndex:
             run.lens.insert(k, length)
             self._count += 1
             return None
-        if run is not None and (entry_id == run.end or run.ids is not None):   # (a gapped run takes it past a gap)
-            if run.ids is not None:
-                run.ids.append(entry_id)
-            run.locs.append(loc)
-            run.lens.append(length)
+        if run is not None and run.joins(entry_id):
+            run.append(entry_id, (loc,), (length,))
         else:
             run = Run(entry_id)
             run.locs.append(loc)
@@ -375,17 +384,13 @@ class LedgerIndex:
         before it ends on disk (a run of one journal record): the run's
         breaks are kept as it is appended, not found at its next read."""
         last = self._last
-        if locs and last is not None and (first == last.end or first > last.end and (
-                last.ids is not None or len(last.locs) <= SHORT_RUN)):   # onto the last run (see put)
+        if locs and last is not None and last.joins(first):   # onto the last run
             n = len(last.locs)
-            if first > last.end or last.ids is not None:
-                last.make_gapped().extend(range(first, first + len(locs)))
-            elif adjacent and last.checked == n:
+            if adjacent and first == last.end and last.ids is None and last.checked == n:
                 if locs[0] != last.locs[-1] + last.lens[-1]:
                     last.breaks.append(n)
                 last.checked = n + len(locs)
-            last.locs.extend(locs)
-            last.lens.extend(lens)
+            last.append(first, locs, lens)
             self._count += len(locs)
             self._appended(first, locs, lens)
             return []
@@ -569,12 +574,8 @@ class LedgerIndex:
             le.frombytes(lens)
             if len(la) != len(le) or not la:
                 raise ValueError("corrupt index run")
-            if cur is not None and (start == cur.end and cur.ids is None or start >= cur.end and (
-                    cur.ids is not None or len(cur.locs) <= SHORT_RUN)):
-                if start > cur.end or cur.ids is not None:
-                    cur.make_gapped().extend(range(start, start + len(la)))
-                cur.locs.extend(la)
-                cur.lens.extend(le)
+            if cur is not None and cur.joins(start):
+                cur.append(start, la, le)
             else:
                 cur = idx._runs[start] = Run(start, la, le)
             idx._count += len(la)
