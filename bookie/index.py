@@ -174,6 +174,12 @@ def _consecutive_end(ids: array, a: int, b: int) -> int:
     return lo
 
 
+def _piece_cuts(ids: array) -> list[int]:
+    """Where a gapped run's pieces of consecutive ids begin, then its length
+    (C loops over the ids: no Python step per id)."""
+    return [0, *compress(range(1, len(ids)), map(ne, islice(ids, 1, None), map(add, ids, repeat(1)))), len(ids)]
+
+
 # What a removal hands back, so the caller can account for dead bytes:
 # a list of (packed location, length) pairs.
 Removed = list[tuple[int, int]]
@@ -513,16 +519,17 @@ class LedgerIndex:
 
     # -- checkpoint form -----------------------------------------------------
 
-    def _consecutive_runs(self) -> Iterator[Run]:
-        """The runs, a gapped one as its consecutive pieces: the checkpoint's form."""
-        for run in self._runs.values():
-            if run.ids is None:
-                yield run
-            else:
-                yield from run.pieces(run.start, run.end - 1)
-
     def runs(self) -> list[tuple[int, bytes, bytes]]:
-        return [(r.start, r.locs.tobytes(), r.lens.tobytes()) for r in self._consecutive_runs()]
+        """The checkpoint's form: (start, locations, lengths) per run of
+        consecutive ids, a gapped run as its pieces."""
+        out = []
+        for r in self._runs.values():
+            if r.ids is None:
+                out.append((r.start, r.locs.tobytes(), r.lens.tobytes()))
+                continue
+            ids, lb, nb, cuts = r.ids, r.locs.tobytes(), r.lens.tobytes(), _piece_cuts(r.ids)
+            out.extend((ids[a], lb[8 * a:8 * b], nb[4 * a:4 * b]) for a, b in zip(cuts, cuts[1:]))
+        return out
 
     def runs_image(self) -> tuple[int, bytes]:
         """(how many runs, their checkpoint form: per run of consecutive ids
@@ -530,15 +537,15 @@ class LedgerIndex:
         little-endian), in C passes where bookie._spans was built (a
         striped ledger's million pieces: 0.8 s of the bookie's loop in
         Python): one over the consecutive runs, one per gapped run."""
-        runs = list(self._runs.values())
         if spans_c is not None and _LITTLE:
             count, parts, plain = 0, [], []
-            for run in runs:
+            for run in self._runs.values():
                 if run.ids is None:
                     plain.append(run)
                     continue
                 if plain:
-                    count, _ = count + len(plain), parts.append(spans_c.runs_image(plain))
+                    count += len(plain)
+                    parts.append(spans_c.runs_image(plain))
                     plain = []
                 n, image = spans_c.gapped_image(run.ids, run.locs, run.lens)
                 count += n
@@ -547,15 +554,13 @@ class LedgerIndex:
                 count += len(plain)
                 parts.append(spans_c.runs_image(plain))
             return count, b"".join(parts)
-        count, parts = 0, []
-        for run in runs:
+        count, parts, pack = 0, [], RUN_HEAD.pack
+        for run in self._runs.values():
             if run.ids is None:
                 count += 1
-                parts.append(RUN_HEAD.pack(run.start, len(run.locs)) + run.locs.tobytes() + run.lens.tobytes())
+                parts.append(pack(run.start, len(run.locs)) + run.locs.tobytes() + run.lens.tobytes())
                 continue
-            ids, n = run.ids, len(run.ids)   # its pieces, cut where an id does not follow the one before
-            cuts = [0, *compress(range(1, n), map(ne, islice(ids, 1, None), map(add, ids, repeat(1)))), n]
-            lb, nb, pack = run.locs.tobytes(), run.lens.tobytes(), RUN_HEAD.pack
+            ids, lb, nb, cuts = run.ids, run.locs.tobytes(), run.lens.tobytes(), _piece_cuts(run.ids)
             count += len(cuts) - 1
             parts.append(b"".join(pack(ids[a], b - a) + lb[8 * a:8 * b] + nb[4 * a:4 * b]
                                   for a, b in zip(cuts, cuts[1:])))
