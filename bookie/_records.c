@@ -626,11 +626,124 @@ bind(PyObject *module, PyObject *args)
     Py_RETURN_NONE;
 }
 
+/* -- frame buffers ------------------------------------------------------------------ */
+
+/* A catch-up reader receives a frame of about a MiB at a time into a new bytes
+ * object: malloc gives such a block its own fresh pages (mmap, or the heap's
+ * top, trimmed again once free), which the kernel zero-fills as the receive
+ * first writes them.  Those page faults were 10-13 % of a catch-up reader's CPU
+ * (perf; NOTES, session 17).  So frames of FRAME_POOL_MIN..FRAME_POOL_MAX bytes
+ * come from a few bytes objects kept here and handed out again once nothing
+ * else holds them (their reference count is the pool's alone): a block of
+ * `cap` bytes serves a frame of n when n <= cap < 2n, its length set to n
+ * (what _PyBytes_Resize does, without the realloc).  Bytes nobody else holds
+ * cannot be seen changing.  The pool resets the bytes' cached hash, a field
+ * deprecated since 3.11: from Python 3.13 on it is left out (new bytes each
+ * time, as before). */
+#define FRAME_POOL_SLOTS 48
+#define FRAME_POOL_BYTES (32 << 20)   /* at most this much held (a reader's read-ahead, by default) */
+#define FRAME_POOL_MIN (64 << 10)
+#define FRAME_POOL_MAX (4 << 20)
+#define FRAME_POOL_GRAIN (64 << 10)
+
+#if PY_VERSION_HEX < 0x030D0000
+#define HAVE_FRAME_POOL 1
+#endif
+
+static struct { PyObject *bytes; Py_ssize_t cap; } frame_pool[FRAME_POOL_SLOTS];
+static Py_ssize_t frame_pool_held;   /* the caps of the bytes held */
+static unsigned long long frame_pool_reused, frame_pool_made;
+
+static void
+frame_pool_drop(int i)
+{
+    frame_pool_held -= frame_pool[i].cap;
+    frame_pool[i].cap = 0;
+    Py_CLEAR(frame_pool[i].bytes);
+}
+
+#ifdef HAVE_FRAME_POOL
+static PyObject *
+bytes_of_length(PyObject *b, Py_ssize_t n)
+{
+    Py_SET_SIZE(b, n);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    ((PyBytesObject *)b)->ob_shash = -1;
+#pragma GCC diagnostic pop
+    PyBytes_AS_STRING(b)[n] = '\0';
+    return b;
+}
+#endif
+
+static PyObject *
+new_frame_bytes(Py_ssize_t n)
+{
+#ifdef HAVE_FRAME_POOL
+    if (n >= FRAME_POOL_MIN && n <= FRAME_POOL_MAX) {
+        int spare = -1;   /* a slot empty, or else holding bytes nobody uses, of a size that does not serve */
+        for (int i = 0; i < FRAME_POOL_SLOTS; i++) {
+            PyObject *b = frame_pool[i].bytes;
+            if (b == NULL) {
+                if (spare < 0 || frame_pool[spare].bytes != NULL)
+                    spare = i;
+                continue;
+            }
+            if (Py_REFCNT(b) != 1)
+                continue;
+            if (frame_pool[i].cap >= n && frame_pool[i].cap < 2 * n) {
+                frame_pool_reused++;
+                Py_INCREF(b);
+                return bytes_of_length(b, n);
+            }
+            if (spare < 0)
+                spare = i;
+        }
+        Py_ssize_t cap = (n + FRAME_POOL_GRAIN - 1) / FRAME_POOL_GRAIN * FRAME_POOL_GRAIN;
+        if (spare >= 0 && frame_pool_held - frame_pool[spare].cap + cap <= FRAME_POOL_BYTES) {
+            PyObject *b = PyBytes_FromStringAndSize(NULL, cap);
+            if (b == NULL)
+                return NULL;
+            frame_pool_drop(spare);
+            frame_pool[spare].bytes = b;
+            frame_pool[spare].cap = cap;
+            frame_pool_held += cap;
+            frame_pool_made++;
+            Py_INCREF(b);
+            return bytes_of_length(b, n);
+        }
+    }
+#endif
+    return PyBytes_FromStringAndSize(NULL, n);
+}
+
 PyDoc_STRVAR(frame_buffer_doc,
-"frame_buffer(n) -> (bytes, memoryview): a new bytes object of n bytes, not yet filled, and a\n"
-"writable view of them: a reader receives a frame into the view (no zero-fill, no copy to bytes\n"
-"afterwards), releases the view, then hands out the bytes.  The bytes must not be used before\n"
-"then, and the view not after (stream/read_port_client.py).");
+"frame_buffer(n) -> (bytes, memoryview): a bytes object of n bytes nobody else holds, not yet\n"
+"filled, and a writable view of them: a reader receives a frame into the view (no zero-fill, no\n"
+"copy to bytes afterwards), releases the view, then hands out the bytes.  The bytes must not be\n"
+"used before then, and the view not after, nor once the bytes are dropped: bytes of 64 KiB to\n"
+"4 MiB are kept (32 MiB at most) and given out again once nothing else holds them\n"
+"(stream/read_port_client.py).");
+
+PyDoc_STRVAR(frame_pool_doc,
+"frame_pool(clear=False) -> (reused, made, held, held_bytes): frame_buffer's pool so far: frames\n"
+"given bytes used before, bytes made for the pool; the bytes objects it holds now and their\n"
+"size.  clear=True drops them first.");
+
+static PyObject *
+frame_pool_py(PyObject *module, PyObject *args)
+{
+    int clear = 0;
+    if (!PyArg_ParseTuple(args, "|p:frame_pool", &clear))
+        return NULL;
+    Py_ssize_t held = 0;
+    for (int i = 0; i < FRAME_POOL_SLOTS; i++) {
+        if (clear && frame_pool[i].bytes != NULL)
+            frame_pool_drop(i);
+        held += frame_pool[i].bytes != NULL;
+    }
+    return Py_BuildValue("KKnn", frame_pool_reused, frame_pool_made, held, frame_pool_held);
+}
 
 static PyObject *
 frame_buffer(PyObject *module, PyObject *arg)
@@ -643,7 +756,7 @@ frame_buffer(PyObject *module, PyObject *arg)
         return NULL;
     }
     /* (n == 0 gives the shared empty bytes: a view of no bytes cannot write to it) */
-    PyObject *b = PyBytes_FromStringAndSize(NULL, n);
+    PyObject *b = new_frame_bytes(n);
     if (b == NULL)
         return NULL;
     PyObject *view = PyMemoryView_FromMemory(PyBytes_AS_STRING(b), n, n ? PyBUF_WRITE : PyBUF_READ);
@@ -659,6 +772,7 @@ frame_buffer(PyObject *module, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"frame_buffer", frame_buffer, METH_O, frame_buffer_doc},
+    {"frame_pool", frame_pool_py, METH_VARARGS, frame_pool_doc},
     {"sparse_runs", (PyCFunction)(void (*)(void))sparse_runs, METH_VARARGS | METH_KEYWORDS, sparse_runs_doc},
     {"decode_sparse", (PyCFunction)(void (*)(void))decode_sparse, METH_VARARGS | METH_KEYWORDS, decode_sparse_doc},
     {"crc32", (PyCFunction)(void (*)(void))crc32_py, METH_FASTCALL, crc32_doc},

@@ -235,7 +235,8 @@ async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes,
     ``tail``.  Spans of at least SENDFILE_MIN_BYTES go by sendfile; shorter
     ones (and pieces shorter than that on average, a striped read's records
     around the ones it skips) are read and sent with what is around them:
-    a sendfile per few KiB costs more than the copy it saves."""
+    a sendfile per few KiB costs more than the copy it saves (and sendmsg
+    of the pieces, no join, cost as much CPU as the join and a send)."""
     parts = [head]
     for rec in recs:
         if type(rec) is bytes:
@@ -300,23 +301,44 @@ async def _recv_exactly(conn: socket.socket, n: int) -> bytes | None:
 
 
 async def _send_bytes(conn: socket.socket, data: bytes) -> None:
-    await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, data), SEND_TIMEOUT)
+    # Sent at once if the socket takes it (a frame's head and tail, mostly:
+    # no task, no timer); the rest when it can.
+    try:
+        n = conn.send(data)
+    except BlockingIOError:
+        n = 0
+    if n < len(data):
+        await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, memoryview(data)[n:]), SEND_TIMEOUT)
+
+
+def _wake(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+def _time_out(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_exception(asyncio.TimeoutError(f"the reader took nothing for {SEND_TIMEOUT:g} s"))
 
 
 async def _writable(conn: socket.socket) -> None:
+    """Until ``conn`` takes more (asyncio.TimeoutError after SEND_TIMEOUT)."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     fd = conn.fileno()
-    loop.add_writer(fd, lambda: fut.done() or fut.set_result(None))
+    loop.add_writer(fd, _wake, fut)
+    timer = loop.call_later(SEND_TIMEOUT, _time_out, fut)
     try:
-        await asyncio.wait_for(fut, SEND_TIMEOUT)
+        await fut
     finally:
+        timer.cancel()
         loop.remove_writer(fd)
 
 
 async def _send_file(conn: socket.socket, fd: int, offset: int, count: int) -> None:
     """``count`` bytes of the file ``fd`` from ``offset`` to ``conn``, by
-    the kernel (``os.sendfile``: no copy into this process)."""
+    the kernel (``os.sendfile``: no copy into this process).  A send cut
+    short means the socket is full: wait for room rather than ask again."""
     out = conn.fileno()
     while count:
         try:
@@ -328,3 +350,5 @@ async def _send_file(conn: socket.socket, fd: int, offset: int, count: int) -> N
             raise OSError(f"journal segment ended at {offset} with {count} bytes of records to send")
         offset += n
         count -= n
+        if count:
+            await _writable(conn)

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import struct
+import threading
 import uuid
 
 import pytest
@@ -392,6 +393,53 @@ def test_a_connection_that_asks_nothing_or_stops_midway_is_not_kept(monkeypatch)
             with pytest.raises(StopAsyncIteration):
                 await reqs.__anext__()
         finally:
+            a.close()
+            b.close()
+    run(go())
+
+
+def test_sends_wait_for_room_and_give_up_on_a_reader_that_takes_nothing(monkeypatch, tmp_path):
+    """The port's sends (``_send_bytes``, ``_send_file``) on a socket pair:
+    to a reader that takes everything, bytes then a file's span arrive
+    whole and in order, however often the socket fills; to one that takes
+    nothing, each gives up after SEND_TIMEOUT."""
+    from bookie import read_port
+
+    monkeypatch.setattr(read_port, "SEND_TIMEOUT", 0.3)
+    data = os.urandom(8 << 20)
+    seg = tmp_path / "segment"
+    seg.write_bytes(data)
+
+    async def go():
+        a, b = socket.socketpair()
+        a.setblocking(False)
+        fd = os.open(seg, os.O_RDONLY)
+        got = bytearray()
+
+        def take_all():
+            b.settimeout(10)   # (bytes lost: the assert below says so, not a hang)
+            while len(got) < len(data):
+                try:
+                    chunk = b.recv(1 << 20)
+                except socket.timeout:
+                    return
+                if not chunk:
+                    return
+                got.extend(chunk)
+
+        try:
+            reader = threading.Thread(target=take_all)
+            reader.start()
+            await read_port._send_bytes(a, data[:3 << 20])
+            await read_port._send_file(a, fd, 3 << 20, 5 << 20)
+            await asyncio.get_running_loop().run_in_executor(None, reader.join)
+            assert got == data
+            with pytest.raises(asyncio.TimeoutError):
+                await read_port._send_file(a, fd, 0, len(data))
+            with pytest.raises(asyncio.TimeoutError):
+                await read_port._send_bytes(a, data)
+        finally:
+            os.close(fd)
             a.close()
             b.close()
     run(go())

@@ -230,3 +230,72 @@ def test_frame_buffer_gives_new_bytes_and_a_view_that_fills_them():
         _records.frame_buffer(-1)
     with pytest.raises(TypeError):
         _records.frame_buffer("8")
+
+
+def test_frame_buffer_gives_again_only_bytes_nobody_holds():
+    """frame_buffer's pool: bytes of 64 KiB .. 4 MiB come back once nothing
+    else holds them (the same object, its length and hash made anew), never
+    while anything does (the bytes, a slice view of them, a batch's run),
+    and it holds at most 32 MiB; below 64 KiB and above 4 MiB, new bytes
+    each time."""
+    if sys.version_info >= (3, 13):
+        pytest.skip("no frame pool from Python 3.13 on (bookie/_records.c)")
+    _records.frame_pool(True)
+    n = 1 << 20
+    b, view = _records.frame_buffer(n)
+    view[:] = b"a" * n
+    view.release()
+    h, first = hash(b), id(b)
+    del b
+    b, view = _records.frame_buffer(n - 100)   # (within the block's size: the same bytes)
+    assert id(b) == first and len(b) == n - 100
+    view[:] = b"b" * (n - 100)
+    view.release()
+    assert b == b"b" * (n - 100) and hash(b) == hash(bytes(b)) != h
+    # Held: as bytes, as a view of a slice, as a record's payload in a batch's run.
+    held = [b, memoryview(b)[10:20]]
+    del b
+    for keep in held:
+        others = []
+        for _ in range(3):
+            b2, view2 = _records.frame_buffer(n - 100)
+            view2[:] = b"c" * (n - 100)
+            view2.release()
+            others.append(b2)
+        assert all(o is not keep and (o is not getattr(keep, "obj", None)) for o in others)
+        assert bytes(keep[:10]) == b"b" * 10
+        del others
+    # Sizes outside the range are not pooled; a frame far smaller than a block does not take it.
+    _records.frame_pool(True)
+    made = _records.frame_pool()[1]
+    for size in (1000, (64 << 10) - 1, (4 << 20) + 1):
+        b, view = _records.frame_buffer(size)
+        view.release()
+        assert _records.frame_pool()[1:] == (made, 0, 0)
+    b, view = _records.frame_buffer(2 << 20)
+    view.release()
+    ident = id(b)
+    del b
+    b, view = _records.frame_buffer(256 << 10)   # (a 2 MiB block serves no 256 KiB frame)
+    view.release()
+    assert id(b) != ident and _records.frame_pool()[1:] == (made + 2, 2, (2 << 20) + (256 << 10))
+    del b
+    # Every slot held: a block that serves no frame asked is replaced once free.
+    _records.frame_pool(True)
+    live = [_records.frame_buffer(64 << 10) for _ in range(50)]
+    assert _records.frame_pool()[2:] == (48, 48 * (64 << 10))
+    del live
+    b, view = _records.frame_buffer(n)
+    view.release()
+    assert _records.frame_pool()[2:] == (48, 47 * (64 << 10) + n)
+    del b
+    # The bound: 40 frames of 1 MiB held at once, 32 of them from the pool.
+    _records.frame_pool(True)
+    reused, made = _records.frame_pool()[:2]
+    live = [_records.frame_buffer(n) for _ in range(40)]
+    assert _records.frame_pool() == (reused, made + 32, 32, 32 << 20)
+    del live
+    again = [_records.frame_buffer(n) for _ in range(40)]
+    assert _records.frame_pool()[:2] == (reused + 32, made + 32)
+    del again
+    _records.frame_pool(True)
