@@ -27,6 +27,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bookstream.tuning import tune_process
@@ -89,9 +90,15 @@ def top_functions(raw: str, top: int) -> dict:
 
 
 def cpu_seconds(pid: int) -> float:
-    """utime + stime of a process so far (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """The CPU time of process ``pid`` so far, every thread's, ended ones
+    too: its CPU-time clock (Linux: clock id ``(~pid << 3) | 2``, in
+    nanoseconds), else utime + stime from /proc/PID/stat (in ticks of 10
+    ms: a catch-up of 256 MiB is a few hundred ms)."""
+    try:
+        return time.clock_gettime((~pid << 3) | 2)
+    except (OSError, OverflowError, AttributeError):
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:

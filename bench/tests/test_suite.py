@@ -512,6 +512,32 @@ def test_one_core_pins_every_thread_of_the_reader_and_the_bookies_and_restores_t
         child.wait(timeout=30)
 
 
+def test_cpu_seconds_of_a_process_counts_every_thread_finely():
+    """`bench.profile.cpu_seconds`: another process's CPU time, a thread
+    that has ended included, as /proc/PID/stat counts it in ticks, but to
+    the nanosecond (the ticks' rounding is all that tells them apart)."""
+    from pathlib import Path
+
+    from bench.profile import cpu_seconds
+
+    spin = "import time\ndef spin(s):\n    t = time.thread_time()\n    while time.thread_time() - t < s: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", spin + "import sys, threading\n"
+                              "t = threading.Thread(target=spin, args=(0.2,)); t.start(); t.join()\n"
+                              "spin(0.2); print('spun', flush=True); sys.stdin.read()"],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "spun\n"
+        got = cpu_seconds(child.pid)
+        fields = Path(f"/proc/{child.pid}/stat").read_text().rpartition(")")[2].split()
+        tick = 1 / os.sysconf("SC_CLK_TCK")
+        ticks = (int(fields[11]) + int(fields[12])) * tick
+        assert got >= 0.4 and abs(got - ticks) <= 2 * tick
+        assert abs(got / tick - round(got / tick)) > 1e-6   # (not a count of ticks)
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
 def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_path):
     """`bench reads` measures the gRPC range-read ceiling of each entry size
     in the same run and gives every catch-up read as a fraction of it."""
