@@ -511,6 +511,34 @@ def test_a_bookie_that_stops_answering_is_replaced_after_the_add_timeout(own):
     run(go())
 
 
+def test_no_bookie_to_replace_a_dead_one_goes_on_at_qa(own, caplog):
+    """E3 Qw3 Qa2 on three bookies: one killed, none to replace it.  The
+    writer defers the change (issue 12's delayed ensemble change) and goes
+    on in the one fragment, acknowledging at Qa on the two left; a classic
+    ledger releases at the LAC, so it closes there (the copies the dead one
+    lacks are autorecovery's to make), and every entry reads back from the
+    two."""
+    procs = own.start(3)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def go():
+        async with client(own, change_retry_max=0.5) as bk:
+            lh = await bk.create_ledger(3, 3, 2)
+            assert await asyncio.gather(*(lh.add_entry_async(payload(i)) for i in range(20))) == list(range(20))
+            ens = lh.metadata.fragments[0].ensemble
+            by_id[ens[0]].kill()
+            acked = await asyncio.wait_for(asyncio.gather(*(lh.add_entry_async(payload(i)) for i in range(20, 60))), 30)
+            assert acked == list(range(20, 60))
+            assert any("no bookie to replace" in r.getMessage() for r in caplog.records)
+            await asyncio.wait_for(lh.close(), 30)
+            assert lh.metadata.state is LedgerState.CLOSED and lh.metadata.last_entry == 59
+            assert [f.ensemble for f in lh.metadata.fragments] == [ens]
+        async with client(own) as r:
+            got = await (await r.open_ledger(lh.ledger_id)).read_entries(0, 59)
+            assert [e.payload for e in got] == [payload(i) for i in range(60)]
+    run(go())
+
+
 def test_recovery_that_cannot_decide_fails_retriably_and_succeeds_later(own):
     procs = own.start(3)
     by_id = {p.bookie_id: p for p in procs}
