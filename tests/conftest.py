@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import uuid
@@ -12,6 +13,17 @@ import pytest
 
 from bookstream.processes import BookieProcess
 from tests.etcd_fixture import cluster, etcd_server, prefix, store  # noqa: F401  (fixtures for every module)
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_as_it_was():
+    """A CLI's main run in-process (``bookstream.logs.setup``: the admin
+    commands set ERROR) sets the root logger's level for the process; put
+    it back, or every later test in this process loses its warnings."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.fixture

@@ -518,6 +518,7 @@ def test_no_bookie_to_replace_a_dead_one_goes_on_at_qa(own, caplog):
     ledger releases at the LAC, so it closes there (the copies the dead one
     lacks are autorecovery's to make), and every entry reads back from the
     two."""
+    caplog.set_level(logging.WARNING, logger="stream.ledger")
     procs = own.start(3)
     by_id = {p.bookie_id: p for p in procs}
 
