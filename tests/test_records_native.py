@@ -235,7 +235,8 @@ def test_frame_buffer_gives_new_bytes_and_a_view_that_fills_them():
 def test_frame_buffer_gives_again_only_bytes_nobody_holds():
     """frame_buffer's pool: bytes of 64 KiB .. 4 MiB come back once nothing
     else holds them (the same object, its length and hash made anew), never
-    while anything does (the bytes, a slice view of them, a batch's run),
+    while anything does (the bytes, or a view of a slice of them: what a
+    record's payload view is),
     and it holds at most 32 MiB; below 64 KiB and above 4 MiB, new bytes
     each time."""
     if sys.version_info >= (3, 13):
@@ -252,7 +253,7 @@ def test_frame_buffer_gives_again_only_bytes_nobody_holds():
     view[:] = b"b" * (n - 100)
     view.release()
     assert b == b"b" * (n - 100) and hash(b) == hash(bytes(b)) != h
-    # Held: as bytes, as a view of a slice, as a record's payload in a batch's run.
+    # Held: as bytes, as a view of a slice (a record's payload view).
     held = [b, memoryview(b)[10:20]]
     del b
     for keep in held:
