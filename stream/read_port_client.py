@@ -36,6 +36,14 @@ _records = native("_records")
 # holds them (no fresh pages to fault in: 2-16 % of the reader's CPU);
 # else a bytearray, copied to bytes once full.
 frame_buffer = _records.frame_buffer if _records is not None else _frame_buffer_py
+_open_clients = 0   # ReadPortClients not closed: once none is left, the kept frame buffers go
+
+
+def _client_closed() -> None:
+    global _open_clients
+    _open_clients -= 1
+    if _open_clients == 0 and hasattr(_records, "frame_pool"):
+        _records.frame_pool(True)
 
 
 class ReadPortUnavailable(ConnectionError):
@@ -141,6 +149,8 @@ class ReadPortClient:
         self.frames_read = 0     # frames taken over this port (tests, stats)
         self.requests = 0        # range reads asked over it (stats)
         self._closed = False
+        global _open_clients
+        _open_clients += 1
 
     async def _connection(self, pooled: bool = True) -> tuple[_Connection, bool]:
         """A connection, and whether it was kept from an earlier read."""
@@ -192,7 +202,12 @@ class ReadPortClient:
                 c.close()
 
     def close(self) -> None:
+        """Closes the kept connections (one under a read ends with it); the
+        last client of the process to close lets the kept frame buffers go."""
+        if self._closed:
+            return
         self._closed = True
         for c in self._idle:
             c.close()
         self._idle.clear()
+        _client_closed()

@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import struct
+import sys
 import threading
 import uuid
 
@@ -443,3 +444,29 @@ def test_sends_wait_for_room_and_give_up_on_a_reader_that_takes_nothing(monkeypa
             a.close()
             b.close()
     run(go())
+
+
+def test_the_last_read_port_client_to_close_lets_the_frame_buffers_go(monkeypatch):
+    """The frame buffers a process keeps (``bookie._records.frame_buffer``)
+    stay while a read port client is open, and go when the last one closes
+    (closing twice counts once)."""
+    from bookie import native
+    from stream import read_port_client
+
+    records = native("_records")
+    if records is None or not hasattr(records, "frame_pool"):
+        pytest.skip("the C module is not built")
+    monkeypatch.setattr(read_port_client, "_open_clients", 0)
+    records.frame_pool(True)
+    one, two = ReadPortClient("127.0.0.1:1"), ReadPortClient("127.0.0.1:2")
+    b, view = read_port_client.frame_buffer(1 << 20)
+    view.release()
+    del b
+    if sys.version_info < (3, 13):
+        assert records.frame_pool()[2] == 1
+    one.close()
+    one.close()
+    if sys.version_info < (3, 13):
+        assert records.frame_pool()[2] == 1
+    two.close()
+    assert records.frame_pool()[2:] == (0, 0) and read_port_client._open_clients == 0
