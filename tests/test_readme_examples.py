@@ -72,7 +72,8 @@ def test_readme_python_examples_run_against_standalone(tmp_path):
         rewritten = [(line, code.replace(README_ADDRESS, endpoint)) for line, code in blocks]
         run = subprocess.run([sys.executable, "-c", _DRIVER], input=json.dumps(rewritten), cwd=tmp_path,
                              capture_output=True, text=True, timeout=600,  # the Spark examples start sessions: slow under load
-                             env=dict(os.environ, PYTHONPATH=str(REPO)))
+                             # (the Spark examples' checkpoints, made with mkdtemp, stay in the test's directory)
+                             env=dict(os.environ, PYTHONPATH=str(REPO), TMPDIR=str(tmp_path)))
         assert run.returncode == 0 and "=== all blocks ran" in run.stdout, \
             f"a README example failed:\n{run.stdout[-3000:]}\n{run.stderr[-5000:]}"
         # what the examples print is there (the tail saw its record, the log read both)
