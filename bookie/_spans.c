@@ -20,12 +20,21 @@
  * a view by the ids appended at the ledger's end.  It makes what the Python
  * extend makes (tests/test_striped_index.py compares both), which
  * bookie/striped_read.py runs where this module was not built.
+ *
+ * A striped read's short arc (E5 Qw3: a bookie asked for two of the three
+ * residues it holds) sends its records with gaps between them, a piece per
+ * two records at 1 KiB.  piece_bounds cuts a view's span into those pieces
+ * and gather reads the span and packs them, so a frame's pieces cost no
+ * Python object each (in Python, their bounds, slices and join were a third
+ * of such a bookie's CPU; issue 18).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
+#include <errno.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef struct {
     char *p;
@@ -533,8 +542,225 @@ done:
     return out;
 }
 
+PyDoc_STRVAR(piece_bounds_doc,
+"piece_bounds(locs, lens, seams, lo, hi, a, b, s0) -> (starts, stops, total)\n\n"
+"The pieces of a stripe view's records a..b-1 (bookie/striped_read.py\n"
+"StripeView: locs array('Q'), lens array('I')), cut at the seams\n"
+"seams[lo:hi] (positions in a+1..b-1, ascending, array('q')): each piece's\n"
+"first byte and end as offsets from s0, as the bytes of int64 arrays, and\n"
+"the pieces' bytes in all.");
+
+static PyObject *
+piece_bounds(PyObject *self, PyObject *args)
+{
+    PyObject *locs_obj, *lens_obj, *seams_obj, *out = NULL, *starts = NULL, *stops = NULL;
+    Py_ssize_t lo, hi, a, b;
+    long long s0;
+    Py_buffer vl, vn, vs;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOOnnnnL:piece_bounds", &locs_obj, &lens_obj, &seams_obj, &lo, &hi, &a, &b, &s0))
+        return NULL;
+    if (run_array(locs_obj, "locs", 8, &vl) < 0)
+        return NULL;
+    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
+        PyBuffer_Release(&vl);
+        return NULL;
+    }
+    if (run_array(seams_obj, "seams", 8, &vs) < 0) {
+        PyBuffer_Release(&vl);
+        PyBuffer_Release(&vn);
+        return NULL;
+    }
+    const uint64_t *locs = vl.buf;
+    const uint32_t *lens = vn.buf;
+    const int64_t *seams = vs.buf;
+    Py_ssize_t n = vl.len / 8, ns = vs.len / 8, count = hi - lo + 1;
+    if (vn.len / 4 != n || a < 0 || b <= a || b > n || lo < 0 || hi < lo || hi > ns) {
+        PyErr_SetString(PyExc_ValueError, "piece_bounds: records or seams out of range");
+        goto done;
+    }
+    for (Py_ssize_t k = lo; k < hi; k++)
+        if (seams[k] <= (k > lo ? seams[k - 1] : a) || seams[k] >= b) {
+            PyErr_SetString(PyExc_ValueError, "piece_bounds: seams must be ascending, within a+1..b-1");
+            goto done;
+        }
+    starts = PyBytes_FromStringAndSize(NULL, 8 * count);
+    stops = PyBytes_FromStringAndSize(NULL, 8 * count);
+    if (starts == NULL || stops == NULL)
+        goto done;
+    int64_t *st = (int64_t *)PyBytes_AS_STRING(starts), *sp = (int64_t *)PyBytes_AS_STRING(stops);
+    long long total = 0;
+    for (Py_ssize_t p = 0; p < count; p++) {
+        Py_ssize_t first = p ? seams[lo + p - 1] : a, last = (p + 1 < count ? seams[lo + p] : b) - 1;
+        int64_t start = (int64_t)locs[first] - s0, stop = (int64_t)(locs[last] + lens[last]) - s0;
+        if (start < 0 || stop < start) {
+            PyErr_SetString(PyExc_ValueError, "piece_bounds: a piece before s0 or ending before it begins");
+            goto done;
+        }
+        st[p] = start;
+        sp[p] = stop;
+        total += stop - start;
+    }
+    out = Py_BuildValue("(OOL)", starts, stops, total);
+done:
+    Py_XDECREF(starts);
+    Py_XDECREF(stops);
+    PyBuffer_Release(&vl);
+    PyBuffer_Release(&vn);
+    PyBuffer_Release(&vs);
+    return out;
+}
+
+/* Checks pieces [starts[k], stops[k]) of a span of `length` bytes: ascending,
+ * apart, inside it; their bytes in all, or -1 with an error. */
+static long long
+pieces_total(const int64_t *starts, const int64_t *stops, Py_ssize_t n, long long length)
+{
+    long long total = 0, end = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (starts[k] < end || stops[k] < starts[k] || stops[k] > length) {
+            PyErr_SetString(PyExc_ValueError, "pieces must be ascending, apart, within the span");
+            return -1;
+        }
+        total += stops[k] - starts[k];
+        end = stops[k];
+    }
+    return total;
+}
+
+static int
+piece_arrays(PyObject *starts_obj, PyObject *stops_obj, Py_buffer *va, Py_buffer *vb)
+{
+    if (run_array(starts_obj, "starts", 8, va) < 0)
+        return -1;
+    if (run_array(stops_obj, "stops", 8, vb) < 0) {
+        PyBuffer_Release(va);
+        return -1;
+    }
+    if (va->len != vb->len) {
+        PyBuffer_Release(va);
+        PyBuffer_Release(vb);
+        PyErr_SetString(PyExc_ValueError, "as many starts as stops");
+        return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(gather_doc,
+"gather(fd, offset, length, starts, stops, seg) -> bytes\n\n"
+"The pieces [starts[k], stops[k]) (int64 arrays, ascending, apart) of the\n"
+"`length` bytes of file `fd` at `offset`, joined: one pread of the span,\n"
+"the pieces packed where it was read.  OSError if the file ends first\n"
+"(segment `seg` named), as bookie/journal.py pread_exactly.");
+
+static PyObject *
+gather(PyObject *self, PyObject *args)
+{
+    PyObject *starts_obj, *stops_obj, *seg, *out = NULL;
+    int fd;
+    long long offset, length;
+    Py_buffer va, vb;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "iLLOOO:gather", &fd, &offset, &length, &starts_obj, &stops_obj, &seg))
+        return NULL;
+    if (offset < 0 || length < 0) {
+        PyErr_SetString(PyExc_ValueError, "gather: a negative offset or length");
+        return NULL;
+    }
+    if (piece_arrays(starts_obj, stops_obj, &va, &vb) < 0)
+        return NULL;
+    const int64_t *starts = va.buf, *stops = vb.buf;
+    Py_ssize_t n = va.len / 8;
+    long long total = pieces_total(starts, stops, n, length);
+    if (total < 0)
+        goto done;
+    out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (out == NULL)
+        goto done;
+    char *p = PyBytes_AS_STRING(out);
+    long long got = 0;
+    while (got < length) {
+        ssize_t r;
+        Py_BEGIN_ALLOW_THREADS
+        r = pread(fd, p + got, (size_t)(length - got), (off_t)(offset + got));
+        Py_END_ALLOW_THREADS
+        if (r < 0 && errno == EINTR) {
+            if (PyErr_CheckSignals() < 0)
+                goto fail;
+            continue;
+        }
+        if (r < 0) {
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto fail;
+        }
+        if (r == 0) {
+            PyErr_Format(PyExc_OSError, "short read in segment %S at %lld: %lld of %lld bytes", seg, offset, got,
+                         length);
+            goto fail;
+        }
+        got += r;
+    }
+    long long at = 0;
+    for (Py_ssize_t k = 0; k < n; k++) {   /* (each piece moves down or stays: dst <= src) */
+        long long len = stops[k] - starts[k];
+        if (at != starts[k])
+            memmove(p + at, p + starts[k], (size_t)len);
+        at += len;
+    }
+    if (_PyBytes_Resize(&out, (Py_ssize_t)total) < 0)
+        out = NULL;   /* (_PyBytes_Resize freed it) */
+    goto done;
+fail:
+    Py_CLEAR(out);
+done:
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vb);
+    return out;
+}
+
+PyDoc_STRVAR(cut_doc,
+"cut(data, starts, stops) -> bytes\n\n"
+"The pieces data[starts[k]:stops[k]] (int64 arrays, ascending, apart),\n"
+"joined.");
+
+static PyObject *
+cut(PyObject *self, PyObject *args)
+{
+    PyObject *data_obj, *starts_obj, *stops_obj, *out = NULL;
+    Py_buffer vd, va, vb;
+
+    (void)self;
+    if (!PyArg_ParseTuple(args, "OOO:cut", &data_obj, &starts_obj, &stops_obj))
+        return NULL;
+    if (PyObject_GetBuffer(data_obj, &vd, PyBUF_C_CONTIGUOUS) < 0)
+        return NULL;
+    if (piece_arrays(starts_obj, stops_obj, &va, &vb) < 0) {
+        PyBuffer_Release(&vd);
+        return NULL;
+    }
+    const int64_t *starts = va.buf, *stops = vb.buf;
+    Py_ssize_t n = va.len / 8;
+    long long total = pieces_total(starts, stops, n, vd.len);
+    if (total >= 0 && (out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) != NULL) {
+        char *p = PyBytes_AS_STRING(out);
+        for (Py_ssize_t k = 0; k < n; k++) {
+            memcpy(p, (const char *)vd.buf + starts[k], (size_t)(stops[k] - starts[k]));
+            p += stops[k] - starts[k];
+        }
+    }
+    PyBuffer_Release(&vd);
+    PyBuffer_Release(&va);
+    PyBuffer_Release(&vb);
+    return out;
+}
+
 static PyMethodDef methods[] = {
+    {"cut", cut, METH_VARARGS, cut_doc},
     {"gapped_image", gapped_image, METH_VARARGS, gapped_image_doc},
+    {"gather", gather, METH_VARARGS, gather_doc},
+    {"piece_bounds", piece_bounds, METH_VARARGS, piece_bounds_doc},
     {"stripe_fill", stripe_fill, METH_VARARGS, stripe_fill_doc},
     {"run_breaks", run_breaks, METH_VARARGS, run_breaks_doc},
     {"runs_image", runs_image, METH_O, runs_image_doc},

@@ -39,11 +39,12 @@ import os
 import socket
 import struct
 import time
+from array import array
 from typing import TYPE_CHECKING
 
 from bookie import wire
 from bookie.core import Status
-from bookie.index import unpack_location
+from bookie.index import spans_c, unpack_location
 from bookie.journal import pread_exactly
 from bookie.server import range_request_problem
 from bookstream_pb import bookie_pb2 as pb
@@ -59,6 +60,7 @@ MAX_CONNECTIONS = 1024
 SEND_TIMEOUT = 60.0     # a reader that takes nothing this long: its connection is closed
 IDLE_TIMEOUT = 300.0    # a connection with no request this long is closed (the client's kept ones reconnect)
 SENDFILE_MIN_BYTES = 32 << 10   # a span shorter than this is read and sent with its neighbours
+SENDMSG_MAX_PARTS = 16   # a frame's parts sent by one sendmsg up to this many; more are joined first
 METHOD = "ReadPort"   # its answers in the bookie's metrics (bookie/metrics.py), beside ReadRange's
 
 
@@ -74,23 +76,24 @@ class FileSpan:
     def __len__(self) -> int:
         return self.length
 
-    def cut(self, starts, stops) -> "Pieces":
+    def cut(self, starts, stops, length: int | None = None) -> "Pieces":
         """The pieces ``[start, stop)`` of this span (a striped read's
-        records with gaps between them: bookie/striped_read.py ``_cut``)."""
-        return Pieces(self, starts, stops)
+        records with gaps between them: bookie/striped_read.py ``_cut``;
+        ``length``: their bytes in all, if known)."""
+        return Pieces(self, starts, stops, length)
 
 
 class Pieces:
     """The pieces of a span (``whole``), sent one after the other: bytes
     ``[starts[k], stops[k])`` of it, offsets from its first byte (lists of
-    ints: no object per piece, a striped read's short arc sending a piece
-    per few records)."""
+    ints, or array('q') from bookie/_spans.c: no object per piece, a
+    striped read's short arc sending a piece per few records)."""
 
     __slots__ = ("whole", "starts", "stops", "length")
 
-    def __init__(self, whole: FileSpan, starts, stops):
-        self.whole, self.starts, self.stops = whole, list(starts), list(stops)
-        self.length = sum(self.stops) - sum(self.starts)
+    def __init__(self, whole: FileSpan, starts, stops, length: int | None = None):
+        self.whole, self.starts, self.stops = whole, starts, stops
+        self.length = sum(stops) - sum(starts) if length is None else length
 
     def __len__(self) -> int:
         return self.length
@@ -247,6 +250,9 @@ async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes,
         seg, off = unpack_location(whole.loc)
         fd = fds[seg]
         if pieces and rec.length < SENDFILE_MIN_BYTES * len(rec.starts):
+            if spans_c is not None and type(rec.starts) is array:   # (one pread, packed in C)
+                parts.append(spans_c.gather(fd, off, whole.length, rec.starts, rec.stops, seg))
+                continue
             mv = memoryview(pread_exactly(fd, whole.length, off, seg))
             parts.extend(map(mv.__getitem__, map(slice, rec.starts, rec.stops)))
             continue
@@ -254,11 +260,11 @@ async def _send_frame(conn: socket.socket, head: bytes, recs: list, tail: bytes,
             if b - a < SENDFILE_MIN_BYTES:
                 parts.append(pread_exactly(fd, b - a, off + a, seg))
                 continue
-            await _send_bytes(conn, b"".join(parts))
+            await _send_parts(conn, parts)
             parts = []
             await _send_file(conn, fd, off + a, b - a)
     parts.append(tail)
-    await _send_bytes(conn, b"".join(parts))
+    await _send_parts(conn, parts)
 
 
 async def _requests(conn: socket.socket):
@@ -309,6 +315,30 @@ async def _send_bytes(conn: socket.socket, data: bytes) -> None:
         n = 0
     if n < len(data):
         await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(conn, memoryview(data)[n:]), SEND_TIMEOUT)
+
+
+async def _send_parts(conn: socket.socket, parts: list) -> None:
+    """``parts`` (bytes-like) one after the other: up to SENDMSG_MAX_PARTS
+    by sendmsg, with no copy to join them (a short arc's records, packed,
+    between a frame's head and tail); more are joined and sent (the
+    kernel's walk of hundreds of small pieces cost what a join does)."""
+    if len(parts) == 1 or len(parts) > SENDMSG_MAX_PARTS:
+        await _send_bytes(conn, parts[0] if len(parts) == 1 else b"".join(parts))
+        return
+    views = list(map(memoryview, parts))
+    while True:
+        try:
+            n = conn.sendmsg(views)
+        except BlockingIOError:
+            n = 0
+        while views and n >= views[0].nbytes:
+            n -= views[0].nbytes
+            del views[0]
+        if not views:
+            return
+        if n:
+            views[0] = views[0][n:]
+        await _writable(conn)
 
 
 def _wake(fut: asyncio.Future) -> None:

@@ -265,12 +265,18 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at
         if ends[b - 1] - (ends[a - 1] if a else 0) == end - s0:
             out.append(data)   # (no gap: the span is the records)
             continue
-        firsts = [a, *seams[bisect_right(seams, a):bisect_left(seams, b)]]   # each piece's first record
+        lo, hi = bisect_right(seams, a), bisect_left(seams, b)   # the seams inside: a piece after each
+        if spans_c is not None:   # (bookie/_spans.c: no Python object per piece)
+            starts, stops, total = spans_c.piece_bounds(locs, lens, seams, lo, hi, a, b, s0)
+            starts, stops = array("q", starts), array("q", stops)
+            out.append(spans_c.cut(data, starts, stops) if type(data) is bytes else data.cut(starts, stops, total))
+            continue
+        firsts = [a, *seams[lo:hi]]   # each piece's first record
         lasts = list(map(sub, firsts, repeat(1)))
         del lasts[0]
         lasts.append(b - 1)
         starts = list(map(sub, map(locs.__getitem__, firsts), repeat(s0)))
-        stops = map(sub, map(add, map(locs.__getitem__, lasts), map(lens.__getitem__, lasts)), repeat(s0))
+        stops = list(map(sub, map(add, map(locs.__getitem__, lasts), map(lens.__getitem__, lasts)), repeat(s0)))
         out.append(_cut(data, starts, stops))
     if not full and clipped:
         return out, view.hi, True, stop - i

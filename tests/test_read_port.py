@@ -400,9 +400,10 @@ def test_a_connection_that_asks_nothing_or_stops_midway_is_not_kept(monkeypatch)
 
 
 def test_sends_wait_for_room_and_give_up_on_a_reader_that_takes_nothing(monkeypatch, tmp_path):
-    """The port's sends (``_send_bytes``, ``_send_file``) on a socket pair:
-    to a reader that takes everything, bytes then a file's span arrive
-    whole and in order, however often the socket fills; to one that takes
+    """The port's sends (``_send_bytes``, ``_send_file``, ``_send_parts``)
+    on a socket pair: to a reader that takes everything, bytes, a file's
+    span, then parts by sendmsg (a piece cut mid-way whenever the socket
+    fills) and parts joined arrive whole and in order; to one that takes
     nothing, each gives up after SEND_TIMEOUT."""
     from bookie import read_port
 
@@ -432,13 +433,22 @@ def test_sends_wait_for_room_and_give_up_on_a_reader_that_takes_nothing(monkeypa
             reader = threading.Thread(target=take_all)
             reader.start()
             await read_port._send_bytes(a, data[:3 << 20])
-            await read_port._send_file(a, fd, 3 << 20, 5 << 20)
+            await read_port._send_file(a, fd, 3 << 20, 4 << 20)
+            cuts = [7 << 20, (7 << 20) + 5, (7 << 20) + 5, (7 << 20) + 300_001, (15 << 19) - 7]
+            parts = [data[x:y] for x, y in zip(cuts, cuts[1:] + [15 << 19])]   # (one empty)
+            assert 1 < len(parts) <= read_port.SENDMSG_MAX_PARTS
+            await read_port._send_parts(a, parts)
+            many = [data[x:x + 1000] for x in range(15 << 19, 8 << 20, 1000)]   # (sent joined)
+            assert len(many) > read_port.SENDMSG_MAX_PARTS
+            await read_port._send_parts(a, many)
             await asyncio.get_running_loop().run_in_executor(None, reader.join)
             assert got == data
             with pytest.raises(asyncio.TimeoutError):
                 await read_port._send_file(a, fd, 0, len(data))
             with pytest.raises(asyncio.TimeoutError):
                 await read_port._send_bytes(a, data)
+            with pytest.raises(asyncio.TimeoutError):
+                await read_port._send_parts(a, [data[:10], data])
         finally:
             os.close(fd)
             a.close()

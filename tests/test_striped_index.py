@@ -6,6 +6,7 @@ when the index changes otherwise (a gap filled, a range deleted)."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import struct
 from array import array
 
@@ -76,13 +77,17 @@ def held_by(e: int, qw: int, n: int, bookie: int = 0) -> bool:
     return (e - bookie) % n < qw
 
 
+@pytest.mark.parametrize("native", [True, False] if striped_read.spans_c is not None else [False])
 @pytest.mark.parametrize("gap", [0, 700, striped_read.GAP_BYTES])
 @pytest.mark.parametrize("n,qw", [(4, 2), (5, 3), (3, 1)])
-def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw, gap, monkeypatch):
+def test_the_view_answers_as_the_run_walk_for_every_filter(tmp_path, n, qw, gap, native, monkeypatch):
     """Whatever the gap a span may bridge (0: a span per run of records
     adjacent on disk), and across journal segments (of 256 KiB here: a
-    span never crosses one)."""
+    span never crosses one); the view built and its pieces cut in C
+    (bookie/_spans.c) or in Python."""
     monkeypatch.setattr(striped_read, "GAP_BYTES", gap)
+    if not native:
+        monkeypatch.setattr(striped_read, "spans_c", None)
     s = Storage(tmp_path / "b", StorageConfig(segment_size=256 << 10))
     s.open()
     held = [e for e in range(3000) if held_by(e, qw, n)]
@@ -310,6 +315,86 @@ def test_the_c_build_refuses_what_is_not_a_run():
             images(*bad)
     with pytest.raises(ValueError):   # (its image is its pieces')
         striped_read.spans_c.runs_image([gapped])
+
+
+def _python_pieces(locs, lens, seams, a: int, b: int, s0: int) -> tuple[list[int], list[int]]:
+    """read_view's pieces of records a..b-1 in Python (where bookie._spans was not built)."""
+    firsts = [a, *seams[bisect.bisect_right(seams, a):bisect.bisect_left(seams, b)]]
+    lasts = [f - 1 for f in firsts[1:]] + [b - 1]
+    return [locs[f] - s0 for f in firsts], [locs[z] + lens[z] - s0 for z in lasts]
+
+
+@pytest.mark.skipif(striped_read.spans_c is None, reason="bookie._spans not built")
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 300), st.sampled_from([0, 0, 0, 1, 57, 4000])), min_size=1, max_size=60),
+       st.data())
+def test_the_c_pieces_of_a_span_are_the_python_pieces(records, data):
+    """A short arc's span (records with gaps between some): its pieces'
+    bounds (``piece_bounds``), and their bytes packed from a file
+    (``gather``, the read port) or from the span's bytes (``cut``), are
+    what read_view computed in Python and slices out."""
+    import os
+    import tempfile
+    from array import array
+    c = striped_read.spans_c
+    locs, lens, seams, loc = array("Q"), array("I"), array("q"), 11
+    for k, (ln, gap) in enumerate(records):
+        loc += gap
+        if k and gap:
+            seams.append(k)
+        locs.append(loc)
+        lens.append(ln)
+        loc += ln
+    a = data.draw(st.integers(0, len(locs) - 1))
+    b = data.draw(st.integers(a + 1, len(locs)))
+    s0, end = locs[a], locs[b - 1] + lens[b - 1]
+    lo, hi = bisect.bisect_right(seams, a), bisect.bisect_left(seams, b)
+    starts, stops, total = c.piece_bounds(locs, lens, seams, lo, hi, a, b, s0)
+    ref = _python_pieces(locs, lens, seams, a, b, s0)
+    assert (list(array("q", starts)), list(array("q", stops))) == ref
+    assert total == sum(lens[a:b])
+    content = os.urandom(loc + 7)
+    want = b"".join(content[s0 + x:s0 + y] for x, y in zip(*ref))
+    starts, stops = array("q", starts), array("q", stops)
+    assert c.cut(content[s0:end], starts, stops) == want
+    with tempfile.TemporaryFile() as f:
+        f.write(content)
+        f.flush()
+        assert c.gather(f.fileno(), s0, end - s0, starts, stops, 3) == want
+        with pytest.raises(OSError, match="short read in segment 3"):   # (the file ends first)
+            c.gather(f.fileno(), len(content) - (end - s0) + 1, end - s0, starts, stops, 3)
+
+
+@pytest.mark.skipif(striped_read.spans_c is None, reason="bookie._spans not built")
+def test_the_c_pieces_refuse_what_is_not_a_span():
+    from array import array
+    c = striped_read.spans_c
+    locs, lens = array("Q", [0, 10, 30]), array("I", [10, 10, 5])
+    assert c.piece_bounds(locs, lens, array("q", [2]), 0, 1, 0, 3, 0)[2] == 25
+    for seams, lo, hi, a, b in [([2], 0, 1, 0, 4),    # past the records
+                                ([2], 0, 2, 0, 3),    # past the seams
+                                ([0], 0, 1, 0, 3),    # a seam at a: not inside
+                                ([2, 1], 0, 2, 0, 3),  # not ascending
+                                ([2], 0, 1, 2, 2)]:   # no record
+        with pytest.raises(ValueError):
+            c.piece_bounds(locs, lens, array("q", seams), lo, hi, a, b, 0)
+    with pytest.raises(ValueError):   # (s0 after the first piece)
+        c.piece_bounds(locs, lens, array("q", [2]), 0, 1, 0, 3, 5)
+    with pytest.raises(TypeError):   # (lengths of 4 bytes)
+        c.piece_bounds(locs, array("Q", [10, 10, 5]), array("q", [2]), 0, 1, 0, 3, 0)
+    span = bytes(range(40))
+    for starts, stops in [([0, 5], [6, 9]),     # overlapping
+                          ([5, 0], [6, 1]),     # not ascending
+                          ([0], [41]),          # past the span
+                          ([3], [2])]:          # ending before it begins
+        with pytest.raises(ValueError):
+            c.cut(span, array("q", starts), array("q", stops))
+    with pytest.raises(ValueError):
+        c.cut(span, array("q", [0]), array("q", [1, 2]))   # as many starts as stops
+    with pytest.raises(TypeError):
+        c.cut(span, [0], [1])                               # arrays of int64, not lists
+    with pytest.raises(ValueError):
+        c.gather(0, -1, 5, array("q"), array("q"), 0)
 
 
 @pytest.mark.parametrize("qw", [2, 1])   # (Qw 1: runs of one id, a window ends between runs)
