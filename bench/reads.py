@@ -1,7 +1,7 @@
 """`bookstream bench reads`: catch-up reads per ensemble shape, and the
 writer's latency with a catch-up reader beside it (issue 18).
 
-    bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3]
+    bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/4,4/2,5/5,5/3] [--spread]
                            [--bookies 5] [--reads 2] [--read-api batch|records] [--one-core-reads 0]
                            [--open-loop-rate 10000] [--reader-rate-mb 0] [--out reads.json]
 
@@ -12,7 +12,9 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    reader (`single.stream_read_all`, with `read_batch` or, `--read-api
    records`, with `read`): entries/s and MB/s.  Striped ensembles
    (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
-   the same run, and every read with the gRPC range-read ceiling of its
+   the same run, and with a Qw = E stream of their E where one is given
+   (`same_e`: with `--spread`, as many bookies serving a read: what is left
+   is the stripes' own cost), and every read with the gRPC range-read ceiling of its
    entry size measured in the same run (`ceilings.range_read_rate`: one
    empty server streaming prebuilt frames; issue 18's target is 0.5 of it);
    each read gives its CPU per GB (the reader's, and with the bookies'),
@@ -56,7 +58,9 @@ def add_parsers(bsub) -> None:
     r = bsub.add_parser("reads", help="catch-up reads per ensemble shape; the writer's p99 beside a catch-up reader")
     r.add_argument("--sizes", default="1024,65536")
     r.add_argument("--mb", type=int, default=256, help="MiB written per stream, read back as the catch-up")
-    r.add_argument("--ensembles", default="3/3,4/2,5/3", help="E/Qw per stream (Qa 2); the first is the reference")
+    r.add_argument("--ensembles", default="3/3,4/4,4/2,5/5,5/3",
+                   help="E/Qw per stream (Qa 2); the first is the reference, and a striped stream is compared with "
+                        "a Qw = E one of its E too, if given")
     r.add_argument("--bookies", type=int, default=5)
     r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
     r.add_argument("--read-api", choices=("batch", "records"), default="batch",
@@ -237,7 +241,28 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
         row["cpu_per_byte_vs_qw_eq_e"] = row["cpu_s_per_gb"] / ref["cpu_s_per_gb"] if ref["cpu_s_per_gb"] else None
         if "one_core" in row and ref["one_core"]["mb_per_s"]:
             row["one_core_vs_qw_eq_e"] = row["one_core"]["mb_per_s"] / ref["one_core"]["mb_per_s"]
+        # A striped stream against a Qw = E one of its E, if read: as many
+        # bookies serving (with `spread`), so what is left is the stripes' cost.
+        same = same_e(rows, row)
+        if same is not None:
+            row["vs_same_e"] = row["mb_per_s"] / same["mb_per_s"] if same["mb_per_s"] else None
+            row["cpu_per_byte_vs_same_e"] = row["cpu_s_per_gb"] / same["cpu_s_per_gb"] if same["cpu_s_per_gb"] else None
+            if "one_core" in row and same["one_core"]["mb_per_s"]:
+                row["one_core_vs_same_e"] = row["one_core"]["mb_per_s"] / same["one_core"]["mb_per_s"]
+            say(f"E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: {row['vs_qw_eq_e']:.2f} of "
+                f"E{ref_e} Qw{ref_qw}'s MB/s (a byte's CPU {row['cpu_per_byte_vs_qw_eq_e']:.2f}x), "
+                f"{row['vs_same_e']:.2f} of E{same['ensemble']} Qw{same['write_quorum']}'s "
+                f"({row['cpu_per_byte_vs_same_e']:.2f}x)")
     return rows
+
+
+def same_e(rows: list[dict], row: dict) -> dict | None:
+    """For a striped row (E > Qw), the row of a Qw = E stream of the same E
+    and entry size, if there is one."""
+    if row["ensemble"] == row["write_quorum"]:
+        return None
+    return next((r for r in rows if r["ensemble"] == r["write_quorum"] == row["ensemble"]
+                 and r["entry_bytes"] == row["entry_bytes"]), None)
 
 
 def range_read_ceilings(base: Path, sizes: list[int], seconds: float, say=print) -> dict[str, dict[int, dict]]:
@@ -422,7 +447,8 @@ def phase_reads(base: Path, p: dict, say) -> dict:
         async with AsyncStreamClient(cluster.etcd_endpoint, cluster.cluster) as sc:
             out["catchup"] = await catchup_figures(sc, tag, _int_list(p["reads_sizes"]), shapes, p["reads_mb"], 2,
                                                    say=say, bookie_pids=[b.proc.pid for b in cluster.bookies],
-                                                   api=p["read_api"], one_core_reads=p.get("reads_one_core", 0))
+                                                   api=p["read_api"], spread=bool(p.get("reads_spread", 0)),
+                                                   one_core_reads=p.get("reads_one_core", 0))
             if p["open_loop_rate"]:
                 ref = [r for r in out["catchup"] if (r["ensemble"], r["write_quorum"]) == shapes[0]]
                 big = max(ref, key=lambda r: r["entry_bytes"])
@@ -454,13 +480,21 @@ def add_figures(rd: dict, add, _ref, _stalls) -> None:
         ceilings = {"qw_eq_e": _ref(r["mb_per_s"], ref["mb_per_s"], f"the same catch-up of a stream of "
                                     f"E{ref['ensemble']} Qw{ref['write_quorum']}, same size, same cluster",
                                     unit="MB/s")} if ref else {}
+        same = same_e(rd["catchup"], r)
+        if same:
+            ceilings["same_e"] = _ref(r["mb_per_s"], same["mb_per_s"], f"the same catch-up of a stream of "
+                                      f"E{same['ensemble']} Qw{same['write_quorum']} (as many bookies to read "
+                                      f"from), same size, same cluster", unit="MB/s")
         # What a byte costs: the CPU per GB (the reader's and the bookies')
         # against Qw = E's, and the same reads on one CPU (bench.reads.OneCore).
         per_byte = {"cpu_s_per_gb": r.get("cpu_s_per_gb"), "qw_eq_e_cpu_s_per_gb": ref and ref.get("cpu_s_per_gb"),
                     "cpu_per_byte_vs_qw_eq_e": r.get("cpu_per_byte_vs_qw_eq_e"),
                     "one_core_mb_per_s": (r.get("one_core") or {}).get("mb_per_s"),
                     "qw_eq_e_one_core_mb_per_s": ((ref or {}).get("one_core") or {}).get("mb_per_s"),
-                    "one_core_vs_qw_eq_e": r.get("one_core_vs_qw_eq_e")}
+                    "one_core_vs_qw_eq_e": r.get("one_core_vs_qw_eq_e"),
+                    "same_e_cpu_s_per_gb": same and same.get("cpu_s_per_gb"),
+                    "cpu_per_byte_vs_same_e": r.get("cpu_per_byte_vs_same_e"),
+                    "one_core_vs_same_e": r.get("one_core_vs_same_e")}
         add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}",
             f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B", "MB/s", "higher",
             r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
@@ -468,11 +502,14 @@ def add_figures(rd: dict, add, _ref, _stalls) -> None:
             write_quorum=r["write_quorum"], per_byte=per_byte)
         one, ref_one = r.get("one_core"), (ref or {}).get("one_core")
         if one:
+            ones = {}
+            for name, x in (("qw_eq_e", ref), ("same_e", same)):
+                if x and x.get("one_core"):
+                    ones[name] = _ref(one["mb_per_s"], x["one_core"]["mb_per_s"], f"the same on one CPU, "
+                                      f"E{x['ensemble']} Qw{x['write_quorum']}", unit="MB/s")
             add(f"striped_read_e{r['ensemble']}qw{r['write_quorum']}_{r['entry_bytes']}_one_core",
                 f"catch-up read, E{r['ensemble']} Qw{r['write_quorum']}, {r['entry_bytes']} B, the reader and the "
-                f"bookies on one CPU", "MB/s", "higher", one["mb_per_s"],
-                {"qw_eq_e": _ref(one["mb_per_s"], ref_one["mb_per_s"], f"the same on one CPU, E{ref['ensemble']} "
-                                 f"Qw{ref['write_quorum']}", unit="MB/s")} if ref_one else {},
+                f"bookies on one CPU", "MB/s", "higher", one["mb_per_s"], ones,
                 None, mb_per_s=one["mb_per_s"], cpu_s_per_gb=one["cpu_s_per_gb"], entry_bytes=r["entry_bytes"],
                 ensemble=r["ensemble"], write_quorum=r["write_quorum"])
     for key, ol in (("open_loop_p99_beside_reader", rd.get("open_loop")),

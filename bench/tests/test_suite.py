@@ -87,7 +87,7 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
 
     rd = doc["reads"]   # issue 18: every stream read back whole, per ensemble shape; a reader beside the writer
     assert {(r["ensemble"], r["write_quorum"], r["entry_bytes"]) for r in rd["catchup"]} == {
-        (e, q, s) for e, q in ((3, 3), (4, 2), (5, 3)) for s in (1024, 65536)}
+        (e, q, s) for e, q in ((3, 3), (4, 4), (4, 2), (5, 3)) for s in (1024, 65536)}
     assert all(len(r["runs"]) == 2 and all(x["entries"] == r["entries"] for x in r["runs"]) for r in rd["catchup"])
     assert rd["open_loop"]["reader"]["entries"] > 0 and rd["open_loop"]["beside_reader"]["failed"] == 0
 
@@ -116,11 +116,17 @@ def test_quick_suite_writes_json_table_and_plot(tmp_path):
     for key in ("catchup_read", "catchup_read_1024"):
         assert {t["met"] for t in figs[key]["read_targets"].values()} <= {True, False}
         assert {"grpc", "read_port"} <= figs[key]["ceilings"].keys()
-    assert {"qw_eq_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
+    # (the quick suite reads E4 Qw4 beside E4 Qw2, no E5 Qw5: E4 Qw2 has a same-E reference, E5 Qw3 not)
+    assert {"qw_eq_e", "same_e"} == figs["striped_read_e4qw2_65536"]["ceilings"].keys()
+    assert "E4 Qw4" in figs["striped_read_e4qw2_65536"]["ceilings"]["same_e"]["what"]
+    assert {"qw_eq_e", "same_e"} == figs["striped_read_e4qw2_1024_one_core"]["ceilings"].keys()
+    assert _positive(figs["striped_read_e4qw2_1024"]["per_byte"]["cpu_per_byte_vs_same_e"])
     per_byte = figs["striped_read_e5qw3_1024"]["per_byte"]   # what a striped byte costs against Qw = E's
     assert _positive(per_byte["cpu_per_byte_vs_qw_eq_e"]) and _positive(per_byte["one_core_vs_qw_eq_e"])
+    assert per_byte["cpu_per_byte_vs_same_e"] is None
     assert per_byte["one_core_mb_per_s"] == figs["striped_read_e5qw3_1024_one_core"]["value"]
     assert {"qw_eq_e"} == figs["striped_read_e5qw3_1024_one_core"]["ceilings"].keys()
+    assert all(r["spread"] for r in doc["reads"]["catchup"])
     assert {"alone"} == figs["open_loop_p99_beside_reader"]["ceilings"].keys()
     bounded = figs["open_loop_p99_beside_bounded_reader"]
     alone = figs["open_loop_p99_beside_reader"]["ceilings"]["alone"]["value"]
@@ -543,7 +549,7 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     in the same run and gives every catch-up read as a fraction of it."""
     out = tmp_path / "reads.json"
     proc = subprocess.run(
-        [sys.executable, "-m", "bookstream.cli", "bench", "reads", "--ensembles", "3/3,4/2", "--sizes", "1024,65536",
+        [sys.executable, "-m", "bookstream.cli", "bench", "reads", "--ensembles", "3/3,4/4,4/2", "--sizes", "1024,65536",
          "--mb", "1", "--reads", "1", "--bookies", "4", "--open-loop-rate", "0", "--ceiling-seconds", "0.2",
          "--one-core-reads", "1", "--dir", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=240)
@@ -554,7 +560,8 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
         assert sorted(int(k) for k in ceil) == [1024, 65536]
         assert all(_positive(c["mb_per_s"]) and c["entry_bytes"] == int(k) for k, c in ceil.items())
     rows = res["catchup"]
-    assert {(r["ensemble"], r["entry_bytes"]) for r in rows} == {(3, 1024), (3, 65536), (4, 1024), (4, 65536)}
+    assert {(r["ensemble"], r["write_quorum"], r["entry_bytes"]) for r in rows} == {
+        (e, q, s) for e, q in ((3, 3), (4, 4), (4, 2)) for s in (1024, 65536)}
     for r in rows:
         assert r["entries"] == r["written"] and _positive(r["vs_ceiling"]) and r["read_api"] == "batch"
         assert _positive(r["cpu_s_per_gb"]) and all(_positive(run["cpu_s_per_gb"]) for run in r["runs"])
@@ -568,4 +575,11 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
         ref = next(x for x in rows if x["ensemble"] == 3 and x["entry_bytes"] == r["entry_bytes"])
         assert r["one_core_vs_qw_eq_e"] == pytest.approx(one["mb_per_s"] / ref["one_core"]["mb_per_s"])
         assert r["cpu_per_byte_vs_qw_eq_e"] == pytest.approx(r["cpu_s_per_gb"] / ref["cpu_s_per_gb"])
+    striped = next(x for x in rows if x["ensemble"] == 4 and x["write_quorum"] == 2 and x["entry_bytes"] == 1024)
+    same = next(x for x in rows if x["ensemble"] == x["write_quorum"] == 4 and x["entry_bytes"] == 1024)
+    assert striped["vs_same_e"] == pytest.approx(striped["mb_per_s"] / same["mb_per_s"])
+    assert striped["cpu_per_byte_vs_same_e"] == pytest.approx(striped["cpu_s_per_gb"] / same["cpu_s_per_gb"])
+    assert striped["one_core_vs_same_e"] == pytest.approx(striped["one_core"]["mb_per_s"] / same["one_core"]["mb_per_s"])
+    assert "vs_same_e" not in same and "vs_same_e" not in next(x for x in rows if x["ensemble"] == 3)
+    assert "E4 Qw2, 1024 B: " in proc.stdout and "of E4 Qw4's" in proc.stdout
     assert "of the gRPC range-read ceiling" in proc.stdout and "of the read port's" in proc.stdout
