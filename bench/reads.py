@@ -1,7 +1,7 @@
 """`bookstream bench reads`: catch-up reads per ensemble shape, and the
 writer's latency with a catch-up reader beside it (issue 18).
 
-    bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/4,4/2,5/5,5/3] [--spread]
+    bookstream bench reads [--sizes 1024,65536] [--mb 256] [--ensembles 3/3,4/2,5/3] [--spread]
                            [--bookies 5] [--reads 2] [--read-api batch|records] [--one-core-reads 0]
                            [--open-loop-rate 10000] [--reader-rate-mb 0] [--out reads.json]
 
@@ -12,9 +12,10 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    reader (`single.stream_read_all`, with `read_batch` or, `--read-api
    records`, with `read`): entries/s and MB/s.  Striped ensembles
    (E > Qw) are compared with Qw = E (the first ensemble given) per byte, in
-   the same run, and with a Qw = E stream of their E where one is given
-   (`same_e`: with `--spread`, as many bookies serving a read: what is left
-   is the stripes' own cost), and every read with the gRPC range-read ceiling of its
+   the same run, and with `--spread` with a Qw = E stream of their E where
+   one is given (`same_e`: as many bookies serving a read, so what is left
+   is the stripes' own cost; without it a Qw = E stream is read from one
+   bookie, which on two cores is the cheaper way), and every read with the gRPC range-read ceiling of its
    entry size measured in the same run (`ceilings.range_read_rate`: one
    empty server streaming prebuilt frames; issue 18's target is 0.5 of it);
    each read gives its CPU per GB (the reader's, and with the bookies'),
@@ -58,9 +59,9 @@ def add_parsers(bsub) -> None:
     r = bsub.add_parser("reads", help="catch-up reads per ensemble shape; the writer's p99 beside a catch-up reader")
     r.add_argument("--sizes", default="1024,65536")
     r.add_argument("--mb", type=int, default=256, help="MiB written per stream, read back as the catch-up")
-    r.add_argument("--ensembles", default="3/3,4/4,4/2,5/5,5/3",
-                   help="E/Qw per stream (Qa 2); the first is the reference, and a striped stream is compared with "
-                        "a Qw = E one of its E too, if given")
+    r.add_argument("--ensembles", default="3/3,4/2,5/3",
+                   help="E/Qw per stream (Qa 2); the first is the reference, and with --spread a striped stream is "
+                        "compared with a Qw = E one of its E too, if given (e.g. 3/3,4/4,4/2,5/5,5/3)")
     r.add_argument("--bookies", type=int, default=5)
     r.add_argument("--reads", type=int, default=2, help="catch-up reads of each stream")
     r.add_argument("--read-api", choices=("batch", "records"), default="batch",
@@ -243,7 +244,7 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
             row["one_core_vs_qw_eq_e"] = row["one_core"]["mb_per_s"] / ref["one_core"]["mb_per_s"]
         # A striped stream against a Qw = E one of its E, if read: as many
         # bookies serving (with `spread`), so what is left is the stripes' cost.
-        same = same_e(rows, row)
+        same = same_e(rows, row) if spread else None
         if same is not None:
             row["vs_same_e"] = row["mb_per_s"] / same["mb_per_s"] if same["mb_per_s"] else None
             row["cpu_per_byte_vs_same_e"] = row["cpu_s_per_gb"] / same["cpu_s_per_gb"] if same["cpu_s_per_gb"] else None
@@ -257,9 +258,10 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
 
 
 def same_e(rows: list[dict], row: dict) -> dict | None:
-    """For a striped row (E > Qw), the row of a Qw = E stream of the same E
-    and entry size, if there is one."""
-    if row["ensemble"] == row["write_quorum"]:
+    """For a striped row (E > Qw) read with `spread`, the row of a Qw = E
+    stream of the same E and entry size, if there is one: served by as many
+    bookies (without `spread` a Qw = E stream is read from one bookie)."""
+    if row["ensemble"] == row["write_quorum"] or not row.get("spread"):
         return None
     return next((r for r in rows if r["ensemble"] == r["write_quorum"] == row["ensemble"]
                  and r["entry_bytes"] == row["entry_bytes"]), None)

@@ -20,10 +20,11 @@ In one run, in this order (so that no two of them share the 2 cores):
    take-over; the bookies' journal counters give the write size of each
    group commit;
 3b. reads (issue 18, `bench.reads.phase_reads`): on a cluster of 5 bookies,
-   the catch-up of streams of E3 Qw3, E4 Qw4, E4 Qw2, E5 Qw5 and E5 Qw3,
-   each read by a reader that spreads its chunks over the bookies (striped
-   against E3 Qw3 and against Qw = E of the same E, per byte), and the open
-   loop beside a catch-up reader process;
+   the catch-up of streams of E3 Qw3, E4 Qw2 and E5 Qw3 (striped against
+   Qw = E, per byte; with `--reads-spread 1` each reader spreads its chunks
+   over the bookies, and a striped stream is compared with a Qw = E one of
+   its E too where `--reads-ensembles` has one: the quick suite reads so),
+   and the open loop beside a catch-up reader process;
 4. disk ceiling: write + fdatasync at exactly those write sizes, from as
    many writers as there are bookies;
 5. the peer, NATS JetStream (3 servers, replicas=3, file storage, fsync on
@@ -87,8 +88,8 @@ TARGETS = {
 FULL = dict(seconds=3.0, ceiling_seconds=1.0, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
             open_loop_size=1024, warmup_mb=0, takeover_lengths="1000,1000000", takeover_past_lafr="0,1000", catchup_mb=1024, replay_mb=256,
             replay_sizes="100,65536", index_entries=1_000_000, grpc_batches="1,10,100,1000", batch=100,
-            settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/4,4/2,5/5,5/3",
-            read_api="batch", reads_reader_rate_mb=100.0, reads_one_core=2, reads_spread=1)
+            settle_seconds=30.0, settle_max_seconds=90.0, reads_mb=256, reads_sizes="1024,65536", reads_ensembles="3/3,4/2,5/3",
+            read_api="batch", reads_reader_rate_mb=100.0, reads_one_core=2, reads_spread=0)
 QUICK = dict(seconds=0.5, ceiling_seconds=0.3, sizes="100,1024,65536", window=4000, open_loop_rate=10_000,
              open_loop_size=1024, warmup_mb=0, takeover_lengths="1000", takeover_past_lafr="0,100", catchup_mb=0, replay_mb=8,
              replay_sizes="65536", index_entries=100_000, grpc_batches="1,10,100,1000", batch=100,

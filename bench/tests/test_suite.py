@@ -550,7 +550,7 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     out = tmp_path / "reads.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bookstream.cli", "bench", "reads", "--ensembles", "3/3,4/4,4/2", "--sizes", "1024,65536",
-         "--mb", "1", "--reads", "1", "--bookies", "4", "--open-loop-rate", "0", "--ceiling-seconds", "0.2",
+         "--mb", "1", "--reads", "1", "--bookies", "4", "--spread", "--open-loop-rate", "0", "--ceiling-seconds", "0.2",
          "--one-core-reads", "1", "--dir", str(tmp_path), "--out", str(out)],
         capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -583,3 +583,16 @@ def test_reads_benchmark_puts_each_catch_up_beside_its_range_read_ceiling(tmp_pa
     assert "vs_same_e" not in same and "vs_same_e" not in next(x for x in rows if x["ensemble"] == 3)
     assert "E4 Qw2, 1024 B: " in proc.stdout and "of E4 Qw4's" in proc.stdout
     assert "of the gRPC range-read ceiling" in proc.stdout and "of the read port's" in proc.stdout
+
+
+def test_a_striped_read_has_a_same_e_reference_only_when_read_spread():
+    """Without `spread` a Qw = E stream is read from one bookie: no longer
+    as many serving as a striped read of its E, so no `same_e`."""
+    from bench.reads import same_e
+    rows = [{"ensemble": e, "write_quorum": q, "entry_bytes": b, "spread": sp}
+            for sp in (True, False) for e, q in ((4, 4), (4, 2), (5, 3)) for b in (1024, 65536)]
+    spread, plain = rows[:6], rows[6:]
+    assert same_e(spread, spread[2]) is spread[0] and same_e(spread, spread[3]) is spread[1]
+    assert same_e(spread, spread[4]) is None      # (no E5 Qw5 read)
+    assert same_e(spread, spread[0]) is None      # (Qw = E itself)
+    assert same_e(plain, plain[2]) is None
