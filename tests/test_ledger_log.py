@@ -124,13 +124,20 @@ def test_duelling_leaders_only_the_last_one_writes(env):
             results = await asyncio.gather(a.append(b"x"), b.append(b"y"), return_exceptions=True)
             ok = [r for r in results if not isinstance(r, BaseException)]
             assert len(ok) == 1 and all(isinstance(r, se.LedgerFenced) for r in results if r not in ok)
-            winner_payload = b"x" if not isinstance(results[0], BaseException) else b"y"
-            acked.append((ok[0], winner_payload))
+            winner = 0 if not isinstance(results[0], BaseException) else 1
+            acked.append((ok[0], b"xy"[winner:winner + 1]))
+            # A reader reads the winner's open ledger up to the LAC its bookies
+            # hold, which the one append there reaches with the next add or the
+            # explicit LAC, explicit_lac_delay later: it may be one short.
+            for c in (ca, cb):
+                got = await LogReader(c, name).read_all()
+                assert [(p, e.payload) for p, e in got[:len(acked) - 1]] == acked[:-1]
+            await (a, b)[winner].close()   # (the ledger closed at its last entry)
             readers = [await LogReader(c, name).read_all() for c in (ca, cb)]
             assert readers[0] == readers[1]
             got = readers[0]
             # every acknowledged append is there, in order, and nothing else but
             # entries fenced before any ack (none here: every add was awaited)
-            assert [(p, e.payload) for p, e in got[:len(acked) - 1]] == acked[:-1]
+            assert [(p, e.payload) for p, e in got[:len(acked)]] == acked
             assert [p for p, _ in got] == sorted(p for p, _ in got)
     run(go())
