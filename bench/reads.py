@@ -15,8 +15,8 @@ On one local cluster (etcd + `--bookies` bookie processes, fsync on):
    the same run, and with `--spread` with a Qw = E stream of their E where
    one is given (`same_e`: as many bookies serving a read, so what is left
    is the stripes' own cost; without it a Qw = E stream is read from one
-   bookie, which on two cores is the cheaper way), and every read with the gRPC range-read ceiling of its
-   entry size measured in the same run (`ceilings.range_read_rate`: one
+   bookie, which on two cores is the cheaper way), and every read with the
+   gRPC range-read ceiling of its entry size measured in the same run (`ceilings.range_read_rate`: one
    empty server streaming prebuilt frames; issue 18's target is 0.5 of it);
    each read gives its CPU per GB (the reader's, and with the bookies'),
    and with `--one-core-reads N` N more reads of each stream run with the
@@ -244,12 +244,14 @@ async def catchup_figures(sc, tag, sizes: list[int], shapes: list[tuple[int, int
             row["one_core_vs_qw_eq_e"] = row["one_core"]["mb_per_s"] / ref["one_core"]["mb_per_s"]
         # A striped stream against a Qw = E one of its E, if read: as many
         # bookies serving (with `spread`), so what is left is the stripes' cost.
-        same = same_e(rows, row) if spread else None
+        same = same_e(rows, row)
         if same is not None:
             row["vs_same_e"] = row["mb_per_s"] / same["mb_per_s"] if same["mb_per_s"] else None
             row["cpu_per_byte_vs_same_e"] = row["cpu_s_per_gb"] / same["cpu_s_per_gb"] if same["cpu_s_per_gb"] else None
             if "one_core" in row and same["one_core"]["mb_per_s"]:
                 row["one_core_vs_same_e"] = row["one_core"]["mb_per_s"] / same["one_core"]["mb_per_s"]
+        if same is not None and None not in (row["vs_qw_eq_e"], row["cpu_per_byte_vs_qw_eq_e"], row["vs_same_e"],
+                                             row["cpu_per_byte_vs_same_e"]):
             say(f"E{row['ensemble']} Qw{row['write_quorum']}, {row['entry_bytes']} B: {row['vs_qw_eq_e']:.2f} of "
                 f"E{ref_e} Qw{ref_qw}'s MB/s (a byte's CPU {row['cpu_per_byte_vs_qw_eq_e']:.2f}x), "
                 f"{row['vs_same_e']:.2f} of E{same['ensemble']} Qw{same['write_quorum']}'s "
@@ -502,7 +504,7 @@ def add_figures(rd: dict, add, _ref, _stalls) -> None:
             r["mb_per_s"], ceilings, None, entries=r["entries"], entries_per_s=r["entries_per_s"],
             mb_per_s=r["mb_per_s"], entry_bytes=r["entry_bytes"], ensemble=r["ensemble"],
             write_quorum=r["write_quorum"], per_byte=per_byte)
-        one, ref_one = r.get("one_core"), (ref or {}).get("one_core")
+        one = r.get("one_core")
         if one:
             ones = {}
             for name, x in (("qw_eq_e", ref), ("same_e", same)):

@@ -75,6 +75,33 @@ run_array(PyObject *arr, const char *name, Py_ssize_t itemsize, Py_buffer *view)
     return 0;
 }
 
+typedef struct {
+    PyObject *obj;
+    const char *name;
+    Py_ssize_t itemsize;
+} ArrayArg;
+
+/* run_array of each of `n` arguments into views[k]; on an error, those got
+ * are released. */
+static int
+run_arrays(const ArrayArg *args, int n, Py_buffer *views)
+{
+    for (int k = 0; k < n; k++)
+        if (run_array(args[k].obj, args[k].name, args[k].itemsize, &views[k]) < 0) {
+            while (k-- > 0)
+                PyBuffer_Release(&views[k]);
+            return -1;
+        }
+    return 0;
+}
+
+static void
+release_arrays(Py_buffer *views, int n)
+{
+    for (int k = 0; k < n; k++)
+        PyBuffer_Release(&views[k]);
+}
+
 /* The slots' offsets of one class whose `start`, `locs`, `lens` (and
  * `ids`, if it has that slot) are __slots__ (bookie.index.Run), found once:
  * a window of runs of Qw ids made three attribute lookups a run most of a
@@ -387,25 +414,22 @@ run_breaks(PyObject *self, PyObject *args)
 {
     PyObject *locs_obj, *lens_obj, *out = NULL;
     Py_ssize_t first;
-    Py_buffer vl, vn;
+    Py_buffer v[2];
     Buf breaks = {0};
 
     (void)self;
     if (!PyArg_ParseTuple(args, "OOn:run_breaks", &locs_obj, &lens_obj, &first))
         return NULL;
-    if (run_array(locs_obj, "locs", 8, &vl) < 0)
+    if (run_arrays((ArrayArg[]){{locs_obj, "locs", 8}, {lens_obj, "lens", 4}}, 2, v) < 0)
         return NULL;
-    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
-        PyBuffer_Release(&vl);
-        return NULL;
-    }
-    Py_ssize_t n = vl.len / 8;
-    if (vn.len / 4 != n || n > UINT32_MAX) {
+    Py_buffer *vl = &v[0], *vn = &v[1];
+    Py_ssize_t n = vl->len / 8;
+    if (vn->len / 4 != n || n > UINT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "a run's locs and lens differ in length (or pass 2^32 entries)");
         goto done;
     }
-    const uint64_t *l = vl.buf;
-    const uint32_t *ln = vn.buf;
+    const uint64_t *l = vl->buf;
+    const uint32_t *ln = vn->buf;
     for (Py_ssize_t k = first > 1 ? first : 1; k < n; k++) {
         if (l[k] != l[k - 1] + ln[k - 1]) {
             uint32_t kk = (uint32_t)k;
@@ -415,8 +439,7 @@ run_breaks(PyObject *self, PyObject *args)
     }
     out = PyBytes_FromStringAndSize(breaks.p ? breaks.p : "", breaks.len);
 done:
-    PyBuffer_Release(&vl);
-    PyBuffer_Release(&vn);
+    release_arrays(v, 2);
     PyMem_Free(breaks.p);
     return out;
 }
@@ -487,27 +510,18 @@ static PyObject *
 gapped_image(PyObject *self, PyObject *args)
 {
     PyObject *ids_obj, *locs_obj, *lens_obj, *out = NULL;
-    Py_buffer vi, vl, vn;
+    Py_buffer v[3];
     Buf image = {0};
 
     (void)self;
     if (!PyArg_ParseTuple(args, "OOO:gapped_image", &ids_obj, &locs_obj, &lens_obj))
         return NULL;
-    if (run_array(ids_obj, "ids", 8, &vi) < 0)
+    if (run_arrays((ArrayArg[]){{ids_obj, "ids", 8}, {locs_obj, "locs", 8}, {lens_obj, "lens", 4}}, 3, v) < 0)
         return NULL;
-    if (run_array(locs_obj, "locs", 8, &vl) < 0) {
-        PyBuffer_Release(&vi);
-        return NULL;
-    }
-    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
-        PyBuffer_Release(&vi);
-        PyBuffer_Release(&vl);
-        return NULL;
-    }
-    Py_ssize_t n = vi.len / 8, count = 0;
-    const int64_t *ids = vi.buf;
-    const char *l = vl.buf, *ln = vn.buf;
-    if (vl.len / 8 != n || vn.len / 4 != n) {
+    Py_ssize_t n = v[0].len / 8, count = 0;
+    const int64_t *ids = v[0].buf;
+    const char *l = v[1].buf, *ln = v[2].buf;
+    if (v[1].len / 8 != n || v[2].len / 4 != n) {
         PyErr_SetString(PyExc_ValueError, "a run's ids, locs and lens differ in length");
         goto done;
     }
@@ -535,9 +549,7 @@ gapped_image(PyObject *self, PyObject *args)
     PyErr_SetString(PyExc_NotImplementedError, "gapped_image writes the arrays' memory: little-endian only");
 #endif
 done:
-    PyBuffer_Release(&vi);
-    PyBuffer_Release(&vl);
-    PyBuffer_Release(&vn);
+    release_arrays(v, 3);
     PyMem_Free(image.p);
     return out;
 }
@@ -556,27 +568,18 @@ piece_bounds(PyObject *self, PyObject *args)
     PyObject *locs_obj, *lens_obj, *seams_obj, *out = NULL, *starts = NULL, *stops = NULL;
     Py_ssize_t lo, hi, a, b;
     long long s0;
-    Py_buffer vl, vn, vs;
+    Py_buffer v[3];
 
     (void)self;
     if (!PyArg_ParseTuple(args, "OOOnnnnL:piece_bounds", &locs_obj, &lens_obj, &seams_obj, &lo, &hi, &a, &b, &s0))
         return NULL;
-    if (run_array(locs_obj, "locs", 8, &vl) < 0)
+    if (run_arrays((ArrayArg[]){{locs_obj, "locs", 8}, {lens_obj, "lens", 4}, {seams_obj, "seams", 8}}, 3, v) < 0)
         return NULL;
-    if (run_array(lens_obj, "lens", 4, &vn) < 0) {
-        PyBuffer_Release(&vl);
-        return NULL;
-    }
-    if (run_array(seams_obj, "seams", 8, &vs) < 0) {
-        PyBuffer_Release(&vl);
-        PyBuffer_Release(&vn);
-        return NULL;
-    }
-    const uint64_t *locs = vl.buf;
-    const uint32_t *lens = vn.buf;
-    const int64_t *seams = vs.buf;
-    Py_ssize_t n = vl.len / 8, ns = vs.len / 8, count = hi - lo + 1;
-    if (vn.len / 4 != n || a < 0 || b <= a || b > n || lo < 0 || hi < lo || hi > ns) {
+    const uint64_t *locs = v[0].buf;
+    const uint32_t *lens = v[1].buf;
+    const int64_t *seams = v[2].buf;
+    Py_ssize_t n = v[0].len / 8, ns = v[2].len / 8, count = hi - lo + 1;
+    if (v[1].len / 4 != n || a < 0 || b <= a || b > n || lo < 0 || hi < lo || hi > ns) {
         PyErr_SetString(PyExc_ValueError, "piece_bounds: records or seams out of range");
         goto done;
     }
@@ -606,9 +609,7 @@ piece_bounds(PyObject *self, PyObject *args)
 done:
     Py_XDECREF(starts);
     Py_XDECREF(stops);
-    PyBuffer_Release(&vl);
-    PyBuffer_Release(&vn);
-    PyBuffer_Release(&vs);
+    release_arrays(v, 3);
     return out;
 }
 
@@ -630,17 +631,12 @@ pieces_total(const int64_t *starts, const int64_t *stops, Py_ssize_t n, long lon
 }
 
 static int
-piece_arrays(PyObject *starts_obj, PyObject *stops_obj, Py_buffer *va, Py_buffer *vb)
+piece_arrays(PyObject *starts_obj, PyObject *stops_obj, Py_buffer *v)
 {
-    if (run_array(starts_obj, "starts", 8, va) < 0)
+    if (run_arrays((ArrayArg[]){{starts_obj, "starts", 8}, {stops_obj, "stops", 8}}, 2, v) < 0)
         return -1;
-    if (run_array(stops_obj, "stops", 8, vb) < 0) {
-        PyBuffer_Release(va);
-        return -1;
-    }
-    if (va->len != vb->len) {
-        PyBuffer_Release(va);
-        PyBuffer_Release(vb);
+    if (v[0].len != v[1].len) {
+        release_arrays(v, 2);
         PyErr_SetString(PyExc_ValueError, "as many starts as stops");
         return -1;
     }
@@ -660,7 +656,7 @@ gather(PyObject *self, PyObject *args)
     PyObject *starts_obj, *stops_obj, *seg, *out = NULL;
     int fd;
     long long offset, length;
-    Py_buffer va, vb;
+    Py_buffer v[2];
 
     (void)self;
     if (!PyArg_ParseTuple(args, "iLLOOO:gather", &fd, &offset, &length, &starts_obj, &stops_obj, &seg))
@@ -669,10 +665,10 @@ gather(PyObject *self, PyObject *args)
         PyErr_SetString(PyExc_ValueError, "gather: a negative offset or length");
         return NULL;
     }
-    if (piece_arrays(starts_obj, stops_obj, &va, &vb) < 0)
+    if (piece_arrays(starts_obj, stops_obj, v) < 0)
         return NULL;
-    const int64_t *starts = va.buf, *stops = vb.buf;
-    Py_ssize_t n = va.len / 8;
+    const int64_t *starts = v[0].buf, *stops = v[1].buf;
+    Py_ssize_t n = v[0].len / 8;
     long long total = pieces_total(starts, stops, n, length);
     if (total < 0)
         goto done;
@@ -715,8 +711,7 @@ gather(PyObject *self, PyObject *args)
 fail:
     Py_CLEAR(out);
 done:
-    PyBuffer_Release(&va);
-    PyBuffer_Release(&vb);
+    release_arrays(v, 2);
     return out;
 }
 
@@ -729,19 +724,19 @@ static PyObject *
 cut(PyObject *self, PyObject *args)
 {
     PyObject *data_obj, *starts_obj, *stops_obj, *out = NULL;
-    Py_buffer vd, va, vb;
+    Py_buffer vd, v[2];
 
     (void)self;
     if (!PyArg_ParseTuple(args, "OOO:cut", &data_obj, &starts_obj, &stops_obj))
         return NULL;
     if (PyObject_GetBuffer(data_obj, &vd, PyBUF_C_CONTIGUOUS) < 0)
         return NULL;
-    if (piece_arrays(starts_obj, stops_obj, &va, &vb) < 0) {
+    if (piece_arrays(starts_obj, stops_obj, v) < 0) {
         PyBuffer_Release(&vd);
         return NULL;
     }
-    const int64_t *starts = va.buf, *stops = vb.buf;
-    Py_ssize_t n = va.len / 8;
+    const int64_t *starts = v[0].buf, *stops = v[1].buf;
+    Py_ssize_t n = v[0].len / 8;
     long long total = pieces_total(starts, stops, n, vd.len);
     if (total >= 0 && (out = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total)) != NULL) {
         char *p = PyBytes_AS_STRING(out);
@@ -751,8 +746,7 @@ cut(PyObject *self, PyObject *args)
         }
     }
     PyBuffer_Release(&vd);
-    PyBuffer_Release(&va);
-    PyBuffer_Release(&vb);
+    release_arrays(v, 2);
     return out;
 }
 
