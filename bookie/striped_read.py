@@ -191,12 +191,16 @@ def _spans_out(spans, read_at) -> list[bytes]:
     return out
 
 
-def _cut(data, starts, stops):
+def _cut(data, starts, stops, total: int | None = None):
     """The pieces ``data[start:stop]`` of a span read with its gaps, joined:
-    bytes; or, from the read port's ``read_at`` (a span of a file, not its
-    bytes: bookie/read_port.py), its ``cut``, the pieces to send."""
+    bytes (in C where the bounds are int64 arrays from bookie/_spans.c);
+    or, from the read port's ``read_at`` (a span of a file, not its bytes:
+    bookie/read_port.py), its ``cut``, the pieces to send (``total``: their
+    bytes in all, if known)."""
     if type(data) is not bytes:
-        return data.cut(starts, stops)
+        return data.cut(starts, stops, total)
+    if type(starts) is array:
+        return spans_c.cut(data, starts, stops)
     mv = memoryview(data)
     return b"".join(map(mv.__getitem__, map(slice, starts, stops)))
 
@@ -268,8 +272,7 @@ def read_view(view: StripeView, first: int, last: int, max_bytes: int, read_at
         lo, hi = bisect_right(seams, a), bisect_left(seams, b)   # the seams inside: a piece after each
         if spans_c is not None:   # (bookie/_spans.c: no Python object per piece)
             starts, stops, total = spans_c.piece_bounds(locs, lens, seams, lo, hi, a, b, s0)
-            starts, stops = array("q", starts), array("q", stops)
-            out.append(spans_c.cut(data, starts, stops) if type(data) is bytes else data.cut(starts, stops, total))
+            out.append(_cut(data, array("q", starts), array("q", stops), total))
             continue
         firsts = [a, *seams[lo:hi]]   # each piece's first record
         lasts = list(map(sub, firsts, repeat(1)))
