@@ -30,9 +30,12 @@ from stream.autorecovery.auditor_core import AuditorConfig
 from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
 from stream.autorecovery.service import (Auditor, RecoveryLocks, ReplicationWorker, WorkerConfig, plan_bookie,
                                          recover_ledger_fragments)
-from stream.autorecovery.worker_core import Step
+from stream.autorecovery.worker_core import Pace, Step
 from metadata.layout import KeyLayout
 
+MB = 1 << 20
+_RATE_HELP = ("copy at most this many MiB/s (BookKeeper's replicationRateByBytes): re-replication "
+              "leaves the surviving bookies' disks and network to the writers and readers; 0: no limit")
 
 
 def _common(f):
@@ -107,8 +110,9 @@ class _Progress:
 
 
 async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None, dry_run: bool,
-                         seal_open: bool, show_progress: bool) -> dict:
+                         seal_open: bool, show_progress: bool, rate: float = 0.0) -> dict:
     client = _client(etcd, cluster)
+    pace = Pace(rate) if rate > 0 else None
     try:
         t0 = time.monotonic()
         plans = await plan_bookie(client, bookie)
@@ -137,7 +141,8 @@ async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None
                                             "note": f"being recovered by {holder}", "open_fragment": None})
                     continue
                 out = await recover_ledger_fragments(client, lid, {bookie}, target=to, seal=seal_open, grace=0.0,
-                                                     progress=bar, keep_going=lambda lid=lid: locks.still_mine(lid))
+                                                     progress=bar, pace=pace,
+                                                     keep_going=lambda lid=lid: locks.still_mine(lid))
                 outcomes.append((lid, out))
         finally:
             await asyncio.to_thread(locks.release)
@@ -205,12 +210,16 @@ def _exit_code(s: dict) -> int:
 @click.option("--seal-open", is_flag=True, help="also seal open fragments naming BOOKIE (fences their writer)")
 @click.option("--spark", is_flag=True, help="run as a Spark job: one task per fragment (stream/spark/recover.py)")
 @click.option("--master", help="with --spark: the Spark master URL (local[2], spark://host:7077, yarn...)")
+@click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help=_RATE_HELP)
 @_common
-def recover(bookie, to, dry_run, seal_open, spark, master, etcd, cluster, fmt):
+def recover(bookie, to, dry_run, seal_open, spark, master, rate_mb, etcd, cluster, fmt):
     """Copy every fragment that names BOOKIE to other bookies."""
     show = fmt != "json" and sys.stderr.isatty()
     if master and not spark:
         raise click.UsageError("--master goes with --spark")
+    if rate_mb and spark:
+        raise click.UsageError("--rate-mb is not taken by --spark (its tasks copy in parallel; size the job instead)")
     try:
         if spark:
             from bookstream.security import current
@@ -219,7 +228,7 @@ def recover(bookie, to, dry_run, seal_open, spark, master, etcd, cluster, fmt):
                                  seal_open=seal_open, security=current().client_config())
         else:
             s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=to, dry_run=dry_run, seal_open=seal_open,
-                                           show_progress=show))
+                                           show_progress=show, rate=rate_mb * MB))
     except KeyboardInterrupt:
         click.echo("\ninterrupted: every fragment replaced so far is complete; run again to continue", err=True)
         sys.exit(130)
@@ -229,8 +238,9 @@ def recover(bookie, to, dry_run, seal_open, spark, master, etcd, cluster, fmt):
 
 @commands.command()
 @click.argument("bookie")
+@click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True, help=_RATE_HELP)
 @_common
-def decommission(bookie, etcd, cluster, fmt):
+def decommission(bookie, rate_mb, etcd, cluster, fmt):
     """Re-replicate everything BOOKIE holds, then remove its registration
     and record its id as decommissioned.  BOOKIE must be stopped or
     read-only."""
@@ -243,7 +253,7 @@ def decommission(bookie, etcd, cluster, fmt):
             click.echo(f"refused: {bookie} is writable; stop it or make it read-only first", err=True)
             sys.exit(2)
         s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=None, dry_run=False, seal_open=True,
-                                       show_progress=fmt != "json" and sys.stderr.isatty()))
+                                       show_progress=fmt != "json" and sys.stderr.isatty(), rate=rate_mb * MB))
         left = asyncio.run(_still_named(etcd, cluster, bookie))
         s["still_named_by"] = left
         if not left and not s["unrecoverable"]:
@@ -333,6 +343,7 @@ def disable(etcd, cluster, fmt):
 @click.option("--no-auditor", is_flag=True, help="run only a replication worker")
 @click.option("--no-worker", is_flag=True, help="run only an auditor candidate")
 @click.option("--check-interval", type=float, default=None, help="the periodic check's period (s; default off)")
+@click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True, help=_RATE_HELP)
 @click.option("--log-level", default="info")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               help="json: one JSON object a line (bookstream/logs.py)")
@@ -343,8 +354,8 @@ def disable(etcd, cluster, fmt):
               help="serve --metrics-port over HTTPS only with --tls-cert/--tls-key (bookstream's root options or "
                    "$BOOKSTREAM_TLS_*); with --tls-ca, clients must present a certificate of that CA")
 @_common
-def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_level, log_format, metrics_port,
-        metrics_tls, etcd, cluster, fmt):
+def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, rate_mb, log_level, log_format,
+        metrics_port, metrics_tls, etcd, cluster, fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
     from bookstream import logs
 
@@ -368,12 +379,12 @@ def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, log_l
         logging.getLogger("bookstream.autorecovery").info("metrics on %s://127.0.0.1:%d/metrics",
                                                           "https" if tls else "http", httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
-                           check_interval=check_interval, writer_bound=writer_bound))
+                           check_interval=check_interval, writer_bound=writer_bound, rate=rate_mb * MB))
 
 
 async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, auditor: bool = True,
                      worker: bool = True, check_interval: float | None = None,
-                     writer_bound: float = 600.0) -> None:
+                     writer_bound: float = 600.0, rate: float = 0.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -382,7 +393,7 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
     runs = []
     if worker:
         runs.append(ReplicationWorker(wc, AutorecoveryKeys(wc.store, cluster), StoreLeases(wc.store),
-                                      WorkerConfig(grace=grace, writer_bound=writer_bound)).run(stop))
+                                      WorkerConfig(grace=grace, writer_bound=writer_bound, rate=rate)).run(stop))
     if auditor:
         runs.append(Auditor(ac, AutorecoveryKeys(ac.store, cluster), StoreLeases(ac.store),
                             AuditorConfig(delay, check_interval)).run(stop))

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
-from stream.autorecovery.worker_core import Step, choose_target, judge_task, plan_ledger
+import pytest
+
+from stream.autorecovery.worker_core import Pace, Step, choose_target, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 
 
@@ -151,3 +153,27 @@ def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():
     p = plan_ledger(m, (), damaged={"a"})
     assert [j.first_entry for j in p.jobs] == [0] and p.open_fragment is None
     assert plan_ledger(m, {"a"}).open_fragment == 10
+
+
+def test_pace_holds_copies_to_the_rate_with_one_burst_ahead():
+    """The rate limit: at 10 bytes/s with a burst of 20, 5-byte frames sent
+    as fast as allowed go five at once (the burst and the frame reaching
+    past it), then one every half second; a frame
+    asked after a pause goes at once (the pause is not saved up past the
+    burst)."""
+    pace = Pace(10, burst=20)
+    t, sent = 0.0, []
+    for _ in range(12):
+        t += pace.take(t, 5)
+        sent.append(t)
+    assert sent[:5] == [0.0] * 5     # 20 bytes ahead of the rate, and the frame that reaches them
+    assert [round(b - a, 9) for a, b in zip(sent[4:], sent[5:])] == [0.5] * 7
+    assert sum([5] * 12) <= 10 * sent[-1] + 20 + 5  # never more than the rate, one burst and a frame
+    assert pace.take(100.0, 5) == 0.0 and pace.take(100.0, 1000) == 0.0
+    assert pace.take(100.0, 5) == pytest.approx(100.5 - 2.0)  # the big frame is paid for after it went
+
+
+@pytest.mark.parametrize("rate,burst", [(0, 1), (-1, 1), (1, 0)])
+def test_pace_refuses_a_rate_or_burst_not_positive(rate, burst):
+    with pytest.raises(ValueError):
+        Pace(rate, burst)

@@ -139,8 +139,9 @@ async def _aw(v) -> bool:
 
 
 def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
-    """A worker process is kill -9'd while it copies; its lock's lease
-    expires, the in-process worker takes the task over; each fragment is
+    """A worker process (its copies limited to 8 MiB/s) is kill -9'd while
+    it copies; its lock's lease expires, the in-process worker takes the task
+    over; each fragment is
     replaced once (its ensemble has the lost bookie's position replaced,
     nothing else changed), and every replica reads back."""
     procs = own.start(4)
@@ -159,7 +160,9 @@ def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
     lid, ensemble = run(write())
     victim = ensemble[0]
     by_id[victim].kill()
-    worker = subprocess.Popen(CLI + ["autorecovery", "run", "--delay", "0.5", "--grace", "0.5",
+    # 8 MiB/s: the 75 MB copy takes ~9 s, a window the poll below cannot miss
+    # (unlimited, the copy can end between two polls, and the lock with it)
+    worker = subprocess.Popen(CLI + ["autorecovery", "run", "--delay", "0.5", "--grace", "0.5", "--rate-mb", "8",
                                      "--etcd", own.endpoint, "--cluster", own.cluster],
                               stdout=subprocess.PIPE, stderr=open(tmp_path / "worker.log", "w"), text=True)
     try:
@@ -293,3 +296,36 @@ def test_recover_leaves_a_ledger_another_recovery_holds(own):
     assert s["fragments_replaced"] == 1 and s["left"] == [], s
     assert victim.bookie_id not in bk.ledgers.read(lid)[0].fragments[0].ensemble
     run(bk.close())
+
+
+def test_recover_copies_at_the_rate_it_is_given(own):
+    """`recover --rate-mb 2` copies 8 MiB in no less than the time the rate
+    allows, less the pace's burst and one frame (worker_core.Pace): as fast
+    as the bookies go, the same copy takes a fraction of a second."""
+    procs = own.start(4)
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        await lh.add_entries([os.urandom(64 << 10)] * 128)
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ensemble = run(write())
+    victim = next(p for p in procs if p.bookie_id == ensemble[0])
+    victim.kill()
+    s = json.loads(cli(own, "recover", victim.bookie_id, "--rate-mb", "2", "--format", "json").stdout)
+    assert s["fragments_replaced"] == 1 and s["entries_copied"] == 128 and s["left"] == [], s
+    assert s["bytes_copied"] > 8 << 20
+    assert s["seconds"] >= (s["bytes_copied"] - (2 << 20)) / (2 << 20), s
+    bk = BookKeeperClient(own.endpoint, own.cluster)
+    assert run(check_every_replica(bk, lid, 127, {p.bookie_id for p in procs} - {victim.bookie_id})) == 128 * 3
+    run(bk.close())
+
+
+def test_a_rate_limit_is_refused_below_zero_and_with_spark(own):
+    p = cli(own, "recover", "bookie-x", "--rate-mb", "-1", check=False)
+    assert p.returncode == 2 and "--rate-mb" in p.stderr
+    p = cli(own, "recover", "bookie-x", "--rate-mb", "4", "--spark", check=False)
+    assert p.returncode == 2 and "--rate-mb is not taken by --spark" in p.stderr

@@ -45,7 +45,7 @@ from bookie import entry as entry_codec
 from bookie.core import Status
 from stream.bookie_client import BookieUnavailable, status_of
 
-from stream.autorecovery.worker_core import FragmentJob
+from stream.autorecovery.worker_core import FragmentJob, Pace
 
 FRAME_BYTES = 1 << 20
 READ_FRAME_BYTES = 1 << 20
@@ -69,11 +69,13 @@ class CopyStats:
 
 
 async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
-                        progress: Callable[[int, int], None] | None = None) -> CopyStats:
+                        progress: Callable[[int, int], None] | None = None,
+                        pace: Pace | None = None) -> CopyStats:
     """Copies the entries the lost position of ``job`` held onto ``target``
     and waits until the target acknowledged them (durable: the bookie acks
     after fdatasync).  ``progress(entries, bytes)`` after each acked frame.
-    Raises :class:`CopyFailed`."""
+    ``pace``: the rate limit each frame is sent under (None: as fast as the
+    bookies go).  Raises :class:`CopyFailed`."""
     stats = CopyStats()
     if job.last_entry < job.first_entry:
         return stats
@@ -89,7 +91,7 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
         st = status_of(r.status)
         raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
 
-    sender = _Sender(tc, target, timeout, stats, progress, job.master_key)
+    sender = _Sender(tc, target, timeout, stats, progress, job.master_key, pace)
     # (lo, hi) ranges still to read; a run of ids the current source lacked
     todo: list[tuple[int, int]] = [(job.first_entry, job.last_entry)]
     for src in job.sources:
@@ -168,11 +170,13 @@ def _resend(rec: memoryview, h: entry_codec.EntryHeader, term: int) -> bytes:
 
 
 class _Sender:
-    """Frames of up to FRAME_BYTES to the target, MAX_INFLIGHT in flight."""
+    """Frames of up to FRAME_BYTES to the target, MAX_INFLIGHT in flight
+    (counting those waiting for their turn under the pace)."""
 
-    def __init__(self, tc, target: str, timeout: float, stats: CopyStats, progress, master_key: bytes = b"") -> None:
+    def __init__(self, tc, target: str, timeout: float, stats: CopyStats, progress, master_key: bytes = b"",
+                 pace: Pace | None = None) -> None:
         self.tc, self.target, self.timeout, self.stats, self.progress = tc, target, timeout, stats, progress
-        self.master_key = master_key
+        self.master_key, self.pace = master_key, pace
         self.buf: list[bytes] = []
         self.size = 0
         self.inflight: list[asyncio.Task] = []
@@ -188,10 +192,13 @@ class _Sender:
     def _flush(self) -> None:
         if not self.buf:
             return
+        wait = 0.0 if self.pace is None else self.pace.take(asyncio.get_running_loop().time(), self.size)
         recs, self.buf, self.size = self.buf, [], 0
-        self.inflight.append(asyncio.ensure_future(self._one(recs)))
+        self.inflight.append(asyncio.ensure_future(self._one(recs, wait)))
 
-    async def _one(self, recs: list[bytes]) -> None:
+    async def _one(self, recs: list[bytes], wait: float = 0.0) -> None:
+        if wait > 0:
+            await asyncio.sleep(wait)  # the rate limit's turn (not a synchronisation)
         try:
             ack = await asyncio.wait_for(self.tc.add_records(recs, self.master_key), self.timeout)
         except (BookieUnavailable, asyncio.TimeoutError) as e:

@@ -37,7 +37,7 @@ from stream.writer_lease import Liveness, judge_writer, read_writer
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
-from stream.autorecovery.worker_core import (LedgerPlan, Step, expected_last_entries, judge_check, judge_task,
+from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check, judge_task,
                                              plan_ledger, restrict_plan)
 
 log = logging.getLogger(__name__)
@@ -77,6 +77,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    known_unrecoverable: Iterable[int] = (),
                                    only: Iterable[int] | None = None,
                                    writer_bound: float | None = None,
+                                   pace: Pace | None = None,
                                    max_rounds: int = 1000) -> LedgerOutcome:
     """Brings ledger ``lid`` back to full replication without the ``lost``
     bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
@@ -87,7 +88,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     ``writer_bound``: a stream's writer key is read with its metadata, and
     an open fragment of a writer live at the stream's term is left to it up
     to this long (``worker_core.judge_task``); None (manual recovery): not
-    asked, sealed after ``grace``."""
+    asked, sealed after ``grace``.  ``pace``: the copies' rate limit
+    (``worker_core.Pace``; None: none)."""
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
     first_seen = now() if first_seen is None else first_seen
@@ -149,7 +151,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                  job.last_entry, job.lost, job.index, tgt, list(job.sources))
         try:
             stats = await copy_fragment(client, job, tgt, progress=(
-                None if progress is None else lambda n, b: progress("copy", n, b)))
+                None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace)
         except CopyFailed as e:
             client.mark_failed(tgt)
             out.step, out.note = Step.WAIT, str(e)
@@ -213,6 +215,7 @@ class WorkerConfig:
     writer_bound: float = 600.0  # ... and a writer live at the stream's term this long (worker_core)
     poll: float = 2.0          # re-list tasks at least this often
     retry: float = 5.0         # a task released unfinished is not retried by this worker sooner
+    rate: float = 0.0          # bytes/s this worker copies at, at most (worker_core.Pace); 0: no limit
 
 
 def default_id(kind: str) -> str:
@@ -263,6 +266,7 @@ class ReplicationWorker:
         self.first_seen: dict[int, float] = {}
         self.not_before: dict[int, float] = {}
         self.outcomes: list[LedgerOutcome] = []
+        self.pace = Pace(cfg.rate) if cfg.rate > 0 else None  # one limit over all this worker's copies
         self._lease = None
         self._wake = asyncio.Event()
 
@@ -326,7 +330,7 @@ class ReplicationWorker:
         known = {u.get("first") for u in task.unrecoverable}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
-                                             writer_bound=self.cfg.writer_bound,
+                                             writer_bound=self.cfg.writer_bound, pace=self.pace,
                                              keep_going=lambda: not lease.lost)
         self.outcomes.append(out)
         AutorecoveryMetrics.default().task(out)  # stream/metrics.py

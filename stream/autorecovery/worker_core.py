@@ -235,5 +235,28 @@ def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterabl
     return next((b for b in candidates if b not in skip), None)
 
 
+class Pace:
+    """Re-replication's rate limit (BookKeeper's ``replicationRateByBytes``):
+    copies go at ``rate`` bytes/s on average, so a lost bookie's data does
+    not take the surviving bookies' disks and network from the writers and
+    readers.  A token bucket in its GCRA form, as pure code: the clock is
+    an input.  :meth:`take` books ``n`` bytes sent at ``now`` and says how
+    long to wait before sending them; up to ``burst`` bytes go at once.
+    One ``Pace`` per worker (or manual recovery) spans all its copies."""
+
+    def __init__(self, rate: float, burst: int = 1 << 20) -> None:
+        if not rate > 0:
+            raise ValueError(f"a rate limit must be positive, not {rate!r}")
+        if burst <= 0:
+            raise ValueError(f"a burst must be positive, not {burst!r}")
+        self.rate, self.burst = float(rate), burst
+        self._tat = float("-inf")   # the theoretical arrival time of the next byte
+
+    def take(self, now: float, n: int) -> float:
+        tat = max(self._tat, now)
+        self._tat = tat + n / self.rate
+        return max(0.0, tat - now - self.burst / self.rate)
+
+
 __all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "Step", "judge_task", "choose_target",
-           "expected_last_entries", "judge_check"]
+           "expected_last_entries", "judge_check", "Pace"]
