@@ -7,9 +7,17 @@ the same run.
    holds all of it.  A 4th bookie starts (the only possible target).
 2. One bookie is killed (kill -9); the page cache of every bookie's files is
    dropped (``posix_fadvise(DONTNEED)``), so the copy reads the disk.
-3. Manual recovery of the killed bookie (the worker's code path:
-   ``recover_ledger_fragments``), timed: MB/s and entries/s.
-4. The ceiling, on the same disk: a file of the same size written and
+3. Manual recovery of the killed bookie (``bookstream recover``, a process
+   of its own: the worker's code path, ``recover_ledger_fragments``), timed
+   by itself: MB/s and entries/s; with ``--rate-mb R``, at most R MiB/s
+   (``worker_core.Pace``), and the rate it kept ÷ R.
+4. With ``--writer-rate N``: what the copy does to a writer on the same
+   bookies (the two sources and the target).  An open loop of 1 KiB appends
+   at N/s to an E3 Qw3 stream for ``--writer-seconds``, alone once the killed
+   bookie's registration is gone, then beside the recovery, started with it;
+   its p99 beside ÷ alone, and how much of the loop the copy lasted
+   (``overlap``: a copy shorter than the loop dilutes the figure).
+5. The ceiling, on the same disk: a file of the same size written and
    synced, dropped from the cache, then copied 1 MiB at a time with an
    fdatasync per MiB (what a copy frame costs the target at least).
 
@@ -22,11 +30,14 @@ import asyncio
 import json
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 CHUNK = 1 << 20
+MB = 1 << 20
 
 
 def drop_cache(root: Path) -> None:
@@ -88,9 +99,9 @@ async def _write(endpoint: str, cluster: str, mb: int, entry_size: int) -> tuple
 
 
 def run_bench(mb: int = 1024, entry_size: int = 64 << 10, directory: str | None = None,
-              keep: bool = False) -> dict:
+              keep: bool = False, rate_mb: float = 0.0, writer_rate: float = 0.0,
+              writer_seconds: float = 5.0) -> dict:
     from bookstream.processes import BookieProcess
-    from bookstream.recovery_cli import recover_bookie
     from metadata.etcd_server import ManagedEtcd
 
     base = Path(tempfile.mkdtemp(prefix="rerepl-", dir=directory))
@@ -108,20 +119,28 @@ def run_bench(mb: int = 1024, entry_size: int = 64 << 10, directory: str | None 
                                    extra_args=["--registration-ttl", "3"]).start())
         victim = procs[0]
         victim.kill()
-        drop_cache(base)
-        summary = asyncio.run(recover_bookie(etcd.endpoint, cluster, victim.bookie_id, to=None, dry_run=False,
-                                             seal_open=False, show_progress=False))
+        writer = None
+        if writer_rate:
+            asyncio.run(_unregistered(etcd.endpoint, cluster, victim.bookie_id))
+        summary, writer = asyncio.run(_recover(base, etcd.endpoint, cluster, victim.bookie_id, rate_mb,
+                                               writer_rate, writer_seconds))
         ceiling = disk_ceiling(base, nbytes)
         rate = summary["mb_per_s"]
+        rr = {k: summary[k] for k in ("fragments_replaced", "entries_copied", "bytes_copied",
+                                      "seconds", "mb_per_s", "entries_per_s")}
+        if rate_mb:
+            rr["rate_limit_mb"] = rate_mb
+            rr["vs_limit"] = round(summary["bytes_copied"] / MB / summary["seconds"] / rate_mb, 3)
         return {
             "parameters": {"mb": mb, "entry_size": entry_size, "ledgers": "E3 Qw3 Qa2, closed",
-                           "bookies": "3 + 1 target, fsync on", "dir": str(base)},
+                           "bookies": "3 + 1 target, fsync on", "dir": str(base), "rate_mb": rate_mb,
+                           "writer_rate": writer_rate, "writer_seconds": writer_seconds},
             "written": {"entries": entries, "bytes": nbytes, "seconds": round(write_s, 2)},
-            "rereplication": {k: summary[k] for k in ("fragments_replaced", "entries_copied", "bytes_copied",
-                                                       "seconds", "mb_per_s", "entries_per_s")},
+            "rereplication": rr,
             "left": summary["left"], "unrecoverable": summary["unrecoverable"],
             "ceiling": ceiling,
             "ratio": round(rate / ceiling["mb_per_s"], 3) if ceiling["mb_per_s"] else None,
+            "writer": writer,
         }
     finally:
         for p in procs:
@@ -131,13 +150,64 @@ def run_bench(mb: int = 1024, entry_size: int = 64 << 10, directory: str | None 
             shutil.rmtree(base, ignore_errors=True)
 
 
+async def _unregistered(endpoint: str, cluster: str, bookie: str) -> None:
+    """Until ``bookie``'s registration is gone (its lease expired), so the
+    writer's ensemble is made of the live bookies."""
+    from stream.client import BookKeeperClient
+
+    bk = BookKeeperClient(endpoint, cluster)
+    try:
+        while any(r.bookie_id == bookie for r in bk.registry.list_bookies(False)):
+            await asyncio.sleep(0.2)
+    finally:
+        await bk.close()
+
+
+async def _recover(base: Path, endpoint: str, cluster: str, bookie: str, rate_mb: float, writer_rate: float,
+                   writer_seconds: float) -> tuple[dict, dict | None]:
+    """Step 3 (and 4) of the module doc: (recover's summary, the writer's figures)."""
+    from bench import single
+    from stream.stream import AsyncStreamClient
+
+    cmd = [sys.executable, "-m", "bookstream.cli", "recover", bookie, "--rate-mb", str(rate_mb),
+           "--format", "json", "--etcd", endpoint, "--cluster", cluster]
+    async with AsyncStreamClient(endpoint, cluster) as sc:
+        alone = None
+        if writer_rate:
+            alone = await single.stream_open_loop(sc, "writer-alone", 1024, writer_seconds, writer_rate)
+        drop_cache(base)
+        proc = await asyncio.create_subprocess_exec(*cmd, stdout=subprocess.PIPE)
+        beside = None
+        if writer_rate:
+            beside = await single.stream_open_loop(sc, "writer-beside", 1024, writer_seconds, writer_rate)
+        out, _ = await proc.communicate()
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"recover exited {proc.returncode}")
+    summary = json.loads(out)
+    if not writer_rate:
+        return summary, None
+    return summary, {"alone": alone, "beside": beside,
+                     "p99_ratio": round(beside["p99_ms"] / alone["p99_ms"], 3) if alone["p99_ms"] else None,
+                     "overlap": round(min(1.0, summary["seconds"] / writer_seconds), 3)}
+
+
 def report(r: dict) -> str:
     rr, c = r["rereplication"], r["ceiling"]
     return (f"re-replication of {rr['bytes_copied'] / 1e6:,.0f} MB ({rr['entries_copied']:,} entries, "
             f"{rr['fragments_replaced']} fragments): {rr['seconds']} s = {rr['mb_per_s']} MB/s, "
             f"{rr['entries_per_s']:,} entries/s\n"
             f"disk ceiling (read + write, fdatasync per MiB, same disk, same run): {c['mb_per_s']} MB/s\n"
-            f"ratio: {r['ratio']}")
+            f"ratio: {r['ratio']}"
+            + (f"\nrate limit {rr['rate_limit_mb']:g} MiB/s: kept {rr['vs_limit']} of it" if "vs_limit" in rr else "")
+            + (_writer_lines(r["writer"]) if r.get("writer") else ""))
+
+
+def _writer_lines(w: dict) -> str:
+    from bench import single
+
+    return (f"\nwriter alone: {single.open_loop_line(w['alone'])}"
+            f"\nwriter beside the copy: {single.open_loop_line(w['beside'])}"
+            f"\np99 beside ÷ alone: {w['p99_ratio']} (the copy lasted {w['overlap']:.0%} of the loop)")
 
 
 def write_json(r: dict, out: str) -> None:

@@ -411,15 +411,21 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
 @click.option("--dir", "directory", help="where the cluster's data goes (the disk measured)")
 @click.option("--out", help="write the result as JSON here")
 @click.option("--keep-data", is_flag=True)
+@click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="the recovery's rate limit (MiB/s; 0: none)")
+@click.option("--writer-rate", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="an open loop of 1 KiB appends at this rate, alone then beside the copy (0: none)")
+@click.option("--writer-seconds", type=click.FloatRange(min=0.5), default=5.0, show_default=True)
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text")
-def bench(mb, entry_size, directory, out, keep_data, fmt):
+def bench(mb, entry_size, directory, out, keep_data, rate_mb, writer_rate, writer_seconds, fmt):
     """Re-replication rate of a lost bookie's data beside the disk's
     sequential read + write ceiling, measured in the same run (starts its
-    own etcd and bookies)."""
+    own etcd and bookies); with --writer-rate, a writer's p99 beside the
+    copy ÷ alone."""
     from bookstream.cli import load_bench
 
     b = load_bench("autorecovery")  # bench/autorecovery.py, in a source checkout
-    r = b.run_bench(mb, entry_size, directory, keep_data)
+    r = b.run_bench(mb, entry_size, directory, keep_data, rate_mb, writer_rate, writer_seconds)
     if out:
         b.write_json(r, out)
     _emit(fmt, r, b.report(r))
