@@ -32,6 +32,25 @@ def cli(env, *args, check=True):
     return p
 
 
+def closed_ledger_first_bookie_killed(own, procs, payloads: list[bytes], batch: int = 100):
+    """A closed E3 Qw3 Qa2 ledger of ``payloads`` (added ``batch`` at a
+    time), then its ensemble's first bookie killed: (ledger id, ensemble,
+    the killed bookie's process)."""
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for k in range(0, len(payloads), batch):
+            await lh.add_entries(payloads[k:k + batch])
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ensemble = run(write())
+    victim = next(p for p in procs if p.bookie_id == ensemble[0])
+    victim.kill()
+    return lid, ensemble, victim
+
+
 def test_recover_to_a_target_that_holds_later_fragments(own):
     """The copy of a stream fragment holding the take-over's truncate no-op
     must not truncate the target's entries of later fragments: the no-op
@@ -146,20 +165,8 @@ def test_a_worker_killed_mid_copy_another_takes_over(own, tmp_path):
     nothing else changed), and every replica reads back."""
     procs = own.start(4)
     by_id = {p.bookie_id: p for p in procs}
-
-    async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        payload = os.urandom(64 << 10)
-        for k in range(0, 1200, 100):
-            await lh.add_entries([payload] * 100)
-        await lh.close()
-        await bk.close()
-        return lh.ledger_id, lh.metadata.fragments[0].ensemble
-
-    lid, ensemble = run(write())
-    victim = ensemble[0]
-    by_id[victim].kill()
+    lid, ensemble, killed = closed_ledger_first_bookie_killed(own, procs, [os.urandom(64 << 10)] * 1200)
+    victim = killed.bookie_id
     # 8 MiB/s: the 75 MB copy takes ~9 s, a window the poll below cannot miss
     # (unlimited, the copy can end between two polls, and the lock with it)
     worker = subprocess.Popen(CLI + ["autorecovery", "run", "--delay", "0.5", "--grace", "0.5", "--rate-mb", "8",
@@ -268,19 +275,7 @@ def test_recover_leaves_a_ledger_another_recovery_holds(own):
     from stream.autorecovery.service import RecoveryLocks
 
     procs = own.start(4)
-
-    async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        for i in range(20):
-            await lh.add_entry(b"%d" % i)
-        await lh.close()
-        await bk.close()
-        return lh.ledger_id, lh.metadata.fragments[0].ensemble
-
-    lid, ensemble = run(write())
-    victim = next(p for p in procs if p.bookie_id == ensemble[0])
-    victim.kill()
+    lid, _, victim = closed_ledger_first_bookie_killed(own, procs, [b"%d" % i for i in range(20)])
     bk = BookKeeperClient(own.endpoint, own.cluster)
     other = RecoveryLocks(bk, own.cluster, "another-recovery")
     try:
@@ -303,18 +298,7 @@ def test_recover_copies_at_the_rate_it_is_given(own):
     allows, less the pace's burst and one frame (worker_core.Pace): as fast
     as the bookies go, the same copy takes a fraction of a second."""
     procs = own.start(4)
-
-    async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        await lh.add_entries([os.urandom(64 << 10)] * 128)
-        await lh.close()
-        await bk.close()
-        return lh.ledger_id, lh.metadata.fragments[0].ensemble
-
-    lid, ensemble = run(write())
-    victim = next(p for p in procs if p.bookie_id == ensemble[0])
-    victim.kill()
+    lid, _, victim = closed_ledger_first_bookie_killed(own, procs, [os.urandom(64 << 10)] * 128)
     s = json.loads(cli(own, "recover", victim.bookie_id, "--rate-mb", "2", "--format", "json").stdout)
     assert s["fragments_replaced"] == 1 and s["entries_copied"] == 128 and s["left"] == [], s
     assert s["bytes_copied"] > 8 << 20
