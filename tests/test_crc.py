@@ -1,8 +1,12 @@
-"""bookie.crc: ISA-L's CRC-32 computes zlib's values (records written with
-one are read with the other), and is the one in use."""
+"""bookie.crc: the CRC-32 in use computes zlib's values (records written
+with one are read with the other): bookie/_records.c's where built, else
+ISA-L's."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import zlib
 
 from hypothesis import given, strategies as st
@@ -11,9 +15,29 @@ from bookie import crc
 from bookie import entry as E
 
 
-def test_the_isal_implementation_is_in_use():
-    assert crc.IMPLEMENTATION == "isal"
-    assert crc.crc32 is not zlib.crc32
+def test_the_native_implementation_is_in_use_and_isal_without_it():
+    from bookie import _records
+
+    assert crc.IMPLEMENTATION == f"native ({_records.CRC})" and crc.crc32 is _records.crc32
+    out = subprocess.run([sys.executable, "-c", "from bookie import crc; print(crc.IMPLEMENTATION)"],
+                         env={**os.environ, "BOOKSTREAM_PURE_PYTHON": "1"}, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "isal"
+
+
+def test_a_crc_past_the_gil_bound_is_zlibs_from_several_threads_at_once():
+    """From 256 KiB on, bookie/_records.c computes without the GIL: four
+    threads at once over one buffer get zlib's value, chained too."""
+    import threading
+
+    data = os.urandom(3 << 20)
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(crc.crc32(data, 7))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == [zlib.crc32(data, 7)] * 4
+    assert crc.crc32(data[1 << 20:], crc.crc32(data[:1 << 20])) == zlib.crc32(data)
 
 
 @given(st.binary(max_size=5000), st.integers(0, 2**32 - 1), st.integers(0, 64))
