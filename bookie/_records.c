@@ -30,6 +30,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -869,6 +870,18 @@ PyInit__records(void)
                    : __builtin_cpu_supports("avx512f") ? CRC_VPCLMUL
                    : __builtin_cpu_supports("avx2") ? CRC_VPCLMUL256 : CRC_CLMUL;
 #endif
+    /* BOOKSTREAM_CRC_WAY=N: a way below the best this machine has (an A/B
+     * of the ways with the same command; a CPU whose wide way misbehaves) */
+    const char *want = getenv("BOOKSTREAM_CRC_WAY");
+    if (want != NULL && *want != '\0') {
+        char *end;
+        long w = strtol(want, &end, 10);
+        if (*end != '\0' || w < 0 || w > crc_best) {
+            PyErr_Format(PyExc_ValueError, "BOOKSTREAM_CRC_WAY=%s: this machine has ways 0..%d", want, crc_best);
+            return NULL;
+        }
+        crc_best = (int)w;
+    }
     PyObject *array = PyImport_ImportModule("array");
     if (array == NULL)
         return NULL;

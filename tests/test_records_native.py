@@ -60,6 +60,22 @@ def test_crc32_is_zlibs_at_every_length_alignment_and_initial_value(way):
         _records.crc32(data, 0, _records.CRC_WAY + 1)
 
 
+def test_a_crc_way_can_be_asked_for_and_a_way_the_machine_lacks_is_refused():
+    """BOOKSTREAM_CRC_WAY=N runs way N everywhere (the walks, bookie/crc.py):
+    an A/B of the ways by the same command; a way above the machine's best,
+    or not a number, fails the import loudly rather than falling back."""
+    def probe(way: str):
+        return subprocess.run([sys.executable, "-c", "from bookie import _records, crc; print(_records.CRC_WAY, crc.IMPLEMENTATION)"],
+                              env={**os.environ, "BOOKSTREAM_CRC_WAY": way}, capture_output=True, text=True)
+
+    for way in range(_records.CRC_WAY + 1):
+        p = probe(str(way))
+        assert p.returncode == 0 and p.stdout.split()[0] == str(way), p.stderr
+    for bad in (str(_records.CRC_WAY + 1), "x", "-1"):
+        p = probe(bad)
+        assert p.returncode != 0 and f"BOOKSTREAM_CRC_WAY={bad}: this machine has ways 0..{_records.CRC_WAY}" in p.stderr
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.binary(max_size=3000), st.integers(0, 2**32 - 1))
 def test_crc32_chains_like_zlib(data, value):
