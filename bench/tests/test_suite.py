@@ -445,7 +445,8 @@ def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
         assert r["records"] == 0.05 * (1 << 20) // (60 + r["entry_bytes"])
         assert r["python"]["ns_per_record"] > 0 and r["c"]["ns_per_record"] > 0
         assert r["c_over_python"] == r["python"]["ns_per_record"] / r["c"]["ns_per_record"]
-    assert doc["crc"] in ("vpclmul", "pclmul", "slicing-by-8") and "x the Python walk" in proc.stdout
+    from bookie import _records
+    assert doc["crc"] == _records.CRC and "x the Python walk" in proc.stdout   # (the way this machine runs)
     v = doc["view"]
     # (the striped bookie's share: one gapped run, bookie/index.py)
     assert v["ids"] == 131072 and v["runs"] == 1 and v["c"]["ms"] > 0 and v["python"]["ms"] > 0
