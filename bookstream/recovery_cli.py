@@ -211,21 +211,19 @@ def _exit_code(s: dict) -> int:
 @click.option("--spark", is_flag=True, help="run as a Spark job: one task per fragment (stream/spark/recover.py)")
 @click.option("--master", help="with --spark: the Spark master URL (local[2], spark://host:7077, yarn...)")
 @click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True,
-              help=_RATE_HELP)
+              help=_RATE_HELP + "; with --spark, each task's (N tasks at once copy at N times it)")
 @_common
 def recover(bookie, to, dry_run, seal_open, spark, master, rate_mb, etcd, cluster, fmt):
     """Copy every fragment that names BOOKIE to other bookies."""
     show = fmt != "json" and sys.stderr.isatty()
     if master and not spark:
         raise click.UsageError("--master goes with --spark")
-    if rate_mb and spark:
-        raise click.UsageError("--rate-mb is not taken by --spark (its tasks copy in parallel; size the job instead)")
     try:
         if spark:
             from bookstream.security import current
             from stream.spark.recover import recover_on_spark, spark_session
             s = recover_on_spark(spark_session(master), etcd, cluster, bookie, to=to, dry_run=dry_run,
-                                 seal_open=seal_open, security=current().client_config())
+                                 seal_open=seal_open, security=current().client_config(), rate=rate_mb * MB)
         else:
             s = asyncio.run(recover_bookie(etcd, cluster, bookie, to=to, dry_run=dry_run, seal_open=seal_open,
                                            show_progress=show, rate=rate_mb * MB))

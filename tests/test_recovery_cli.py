@@ -308,8 +308,7 @@ def test_recover_copies_at_the_rate_it_is_given(own):
     run(bk.close())
 
 
-def test_a_rate_limit_is_refused_below_zero_and_with_spark(own):
-    p = cli(own, "recover", "bookie-x", "--rate-mb", "-1", check=False)
-    assert p.returncode == 2 and "--rate-mb" in p.stderr
-    p = cli(own, "recover", "bookie-x", "--rate-mb", "4", "--spark", check=False)
-    assert p.returncode == 2 and "--rate-mb is not taken by --spark" in p.stderr
+def test_a_rate_limit_below_zero_is_refused(own):
+    for cmd in (["recover", "bookie-x"], ["decommission", "bookie-x"], ["autorecovery", "run"]):
+        p = cli(own, *cmd, "--rate-mb", "-1", check=False)
+        assert p.returncode == 2 and "--rate-mb" in p.stderr, (cmd, p.stderr)

@@ -266,3 +266,21 @@ def test_a_job_whose_tasks_keep_dying_reports_every_fragment_failed(spark, own, 
         await bk.close()
         return named
     assert run(still()) == [(lid, 0)]
+
+
+def test_a_spark_jobs_tasks_copy_at_the_rate_given(spark, own):  # noqa: F811
+    """``rate`` (``recover --spark --rate-mb``) holds each task: a fragment
+    of 8 MiB copied at 2 MiB/s takes no less than the rate allows, less
+    the pace's burst and one frame (unlimited, a fraction of a second)."""
+    from stream.spark.recover import recover_on_spark
+    from tests.test_recovery_cli import closed_ledger_first_bookie_killed
+
+    procs = own.start(4)
+    lid, ensemble, _ = closed_ledger_first_bookie_killed(own, procs, [os.urandom(64 << 10)] * 128)
+    s = recover_on_spark(spark, own.endpoint, own.cluster, ensemble[0], rate=2 << 20)
+    (r,) = s["fragments"]
+    assert r["status"] == "done" and r["entries"] == 128 and r["bytes"] > 8 << 20, r
+    assert r["seconds"] >= (r["bytes"] - (2 << 20)) / (2 << 20), r
+    bk = BookKeeperClient(own.endpoint, own.cluster)
+    assert run(check_every_replica(bk, lid, 127, {p.bookie_id for p in procs} - {ensemble[0]})) == 128 * 3
+    run(bk.close())

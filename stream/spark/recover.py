@@ -72,6 +72,7 @@ def recover_fragment(task: dict) -> dict:
     or the metadata (reported as failed)."""
     from stream.autorecovery.keys import AutorecoveryKeys
     from stream.autorecovery.service import recover_ledger_fragments
+    from stream.autorecovery.worker_core import Pace
     from stream.spark.access import Session
 
     lid, first = task["ledger_id"], task["first"]
@@ -82,8 +83,10 @@ def recover_fragment(task: dict) -> dict:
     try:
         with Session(task["etcd"], task["cluster"], **(task.get("security") or {})) as s:
             keys = AutorecoveryKeys(s.bk.store, task["cluster"])
+            rate = task.get("rate") or 0.0
             out = s.run(recover_ledger_fragments(
                 s.bk, lid, {task["lost"]}, target=task["target"], seal=False, grace=0.0, only={first},
+                pace=Pace(rate) if rate > 0 else None,   # this task's limit (a task per fragment)
                 keep_going=lambda: keys.still_mine(lid, task["holder"])))  # the job's lock (the driver's)
         res.update(entries=out.entries, bytes=out.bytes, step=out.step.value, note=out.note,
                    unrecoverable=out.unrecoverable, target=out.replaced[-1][2] if out.replaced else None)
@@ -142,12 +145,15 @@ async def _plan(bk, bookie: str, *, seal_open: bool, to: str | None, locks: "Rec
 
 
 def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | None = None,
-                     dry_run: bool = False, seal_open: bool = False, security: dict | None = None) -> dict:
+                     dry_run: bool = False, seal_open: bool = False, security: dict | None = None,
+                     rate: float = 0.0) -> dict:
     """Runs the recovery of ``bookie`` as a Spark job on ``spark``'s
     cluster; returns the summary (``bookstream recover``'s keys, plus
     ``fragments`` and ``spark``).  Safe to interrupt and re-run.  A dry run
     changes nothing (no seal, no lock).  ``security``: ``ClientConfig``
-    overrides for a cluster with TLS or etcd auth (the tasks carry them)."""
+    overrides for a cluster with TLS or etcd auth (the tasks carry them).
+    ``rate``: bytes/s each task copies at, at most (0: no limit); the job's
+    is that times the tasks running at once."""
     from stream.spark.access import Session
 
     t0 = time.monotonic()
@@ -165,7 +171,7 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
                 out["dry_run"] = True
                 out["plan"] = [t.as_json() for t in tasks]
                 return out
-            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks.holder, security) if tasks else []
+            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks.holder, security, rate) if tasks else []
         finally:
             if locks is not None:
                 locks.release()
@@ -173,8 +179,9 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
 
 
 def _run_tasks(sc, tasks: list[FragmentTask], etcd: str, cluster: str, bookie: str, holder: str,
-               security: dict | None = None) -> list[dict]:
-    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=holder, security=security) for t in tasks]
+               security: dict | None = None, rate: float = 0.0) -> list[dict]:
+    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=holder, security=security, rate=rate)
+               for t in tasks]
     sc.setJobDescription(f"bookstream recover {bookie}: {len(tasks)} fragment(s)")
     try:
         return sc.parallelize(payload, len(payload)).map(recover_fragment).collect()
