@@ -91,6 +91,11 @@ class AutorecoveryMetrics:
         self.fragments = Counter(p + "fragments", "fragments re-replicated (a bookie replaced)", registry=r)
         self.copied_entries = Counter(p + "copied_entries", "entries re-replicated", registry=r)
         self.copied_bytes = Counter(p + "copied_bytes", "bytes re-replicated", registry=r)
+        self.rate_limit = Gauge(p + "rate_limit_bytes", "the worker's copy rate limit, bytes/s (0: none; "
+                                "--rate-mb)", registry=r)
+        self.paced = Counter(p + "paced_seconds", "seconds during which a copy's frame waited for its turn "
+                             "under the rate limit (growing by about one a second: the limit, not the disks, "
+                             "bounds the copies)", registry=r)
         self.tasks.labels("done")
 
     @classmethod
@@ -106,6 +111,7 @@ class AutorecoveryMetrics:
         self.fragments.inc(len(out.replaced))
         self.copied_entries.inc(out.entries)
         self.copied_bytes.inc(out.bytes)
+        self.paced.inc(out.paced_seconds)
 
 
 def timed_takeover(fn):

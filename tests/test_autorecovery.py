@@ -8,6 +8,8 @@ import shutil
 import time
 import uuid
 
+import pytest
+
 
 from stream.autorecovery.auditor_core import AuditorConfig
 from stream.autorecovery.keys import AutorecoveryKeys, StoreLeases
@@ -28,7 +30,7 @@ def sname() -> str:
 
 
 @contextlib.asynccontextmanager
-async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None):
+async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None, rate=0.0):
     """An auditor and ``workers`` replication workers, each with its own
     client, until the block ends."""
     stop = asyncio.Event()
@@ -36,7 +38,7 @@ async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None):
     keys = AutorecoveryKeys(clients[0].store, env.cluster)
     auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), AuditorConfig(delay, check), poll=0.3)
     ws = [ReplicationWorker(c, AutorecoveryKeys(c.store, env.cluster), StoreLeases(c.store, ttl=3),
-                            WorkerConfig(grace=grace, poll=0.3, retry=0.5), worker_id=f"w{i}")
+                            WorkerConfig(grace=grace, poll=0.3, retry=0.5, rate=rate), worker_id=f"w{i}")
           for i, c in enumerate(clients[1:])]
     tasks = [asyncio.ensure_future(auditor.run(stop))] + [asyncio.ensure_future(w.run(stop)) for w in ws]
     try:
@@ -221,6 +223,40 @@ def test_periodic_check_finds_a_wiped_bookie(own):
                 return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
             await until(clean, what="the wiped bookie replaced")
         assert await check_every_replica(bk, lh.ledger_id, 29, {p.bookie_id for p in procs}) == 90
+        await bk.close()
+
+    run(go())
+
+
+def test_a_worker_with_a_rate_limit_says_how_long_the_limit_held_its_copy(own):
+    """A worker limited to 2 MiB/s copies 8 MiB: its outcome, and the
+    worker's metrics (`bookstream_autorecovery_paced_seconds_total`, the
+    `rate_limit_bytes` gauge), say the limit held the copy no less than the
+    rate implies less the burst and a frame; every replica reads back."""
+    import os
+
+    from prometheus_client import REGISTRY
+
+    from tests.test_recovery_cli import closed_ledger_first_bookie_killed
+
+    procs = own.start(4)
+    lid, _, victim = closed_ledger_first_bookie_killed(own, procs, [os.urandom(64 << 10)] * 128)
+    paced0 = REGISTRY.get_sample_value("bookstream_autorecovery_paced_seconds_total") or 0.0
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        keys = AutorecoveryKeys(bk.store, own.cluster)
+        async with autorecovery(own, delay=0.3, grace=0.3, rate=2 << 20) as (_auditor, ws, _keys):
+            assert REGISTRY.get_sample_value("bookstream_autorecovery_rate_limit_bytes") == 2 << 20
+
+            async def clean():
+                return keys.get_task(lid) is None and not await names_bookie(bk, victim.bookie_id)
+            await until(clean, what="the ledger off the killed bookie")
+        (out,) = [o for o in ws[0].outcomes if o.replaced]
+        assert out.bytes > 8 << 20 and out.paced_seconds >= (out.bytes - (2 << 20)) / (2 << 20) - 1.0, out
+        paced = REGISTRY.get_sample_value("bookstream_autorecovery_paced_seconds_total") - paced0
+        assert paced == pytest.approx(sum(o.paced_seconds for o in ws[0].outcomes))
+        assert await check_every_replica(bk, lid, 127, {p.bookie_id for p in procs} - {victim.bookie_id}) == 128 * 3
         await bk.close()
 
     run(go())

@@ -169,6 +169,10 @@ def test_pace_holds_copies_to_the_rate_with_one_burst_ahead():
     assert sent[:5] == [0.0] * 5     # 20 bytes ahead of the rate, and the frame that reaches them
     assert [round(b - a, 9) for a, b in zip(sent[4:], sent[5:])] == [0.5] * 7
     assert sum([5] * 12) <= 10 * sent[-1] + 20 + 5  # never more than the rate, one burst and a frame
+    assert pace.held == pytest.approx(3.5)   # some frame waiting from 0.0 (the sixth's turn) on
+    overlapping = Pace(10, burst=20)      # frames asked at once: their waits overlap, held counts them once
+    assert [overlapping.take(0.0, 5) for _ in range(7)] == [0.0] * 5 + [0.5, 1.0]
+    assert overlapping.held == pytest.approx(1.0)
     assert pace.take(100.0, 5) == 0.0 and pace.take(100.0, 1000) == 0.0
     assert pace.take(100.0, 5) == pytest.approx(100.5 - 2.0)  # the big frame is paid for after it went
 

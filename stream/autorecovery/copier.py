@@ -66,6 +66,7 @@ class CopyStats:
     absent: int = 0          # ids of the lost position no surviving replica holds
     bad_records: int = 0     # records failing their checksum on a source (read elsewhere)
     source_errors: int = 0
+    paced_seconds: float = 0.0   # time some frame waited for its turn under the rate limit (Pace.held)
 
 
 async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
@@ -192,7 +193,11 @@ class _Sender:
     def _flush(self) -> None:
         if not self.buf:
             return
-        wait = 0.0 if self.pace is None else self.pace.take(asyncio.get_running_loop().time(), self.size)
+        wait = 0.0
+        if self.pace is not None:
+            held = self.pace.held
+            wait = self.pace.take(asyncio.get_running_loop().time(), self.size)
+            self.stats.paced_seconds += self.pace.held - held
         recs, self.buf, self.size = self.buf, [], 0
         self.inflight.append(asyncio.ensure_future(self._one(recs, wait)))
 

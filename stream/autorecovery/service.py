@@ -55,12 +55,14 @@ class LedgerOutcome:
     sealed: bool = False
     note: str = ""
     writer: str = Liveness.UNKNOWN.value   # the stream's writer as its key said (writer_lease.Liveness)
+    paced_seconds: float = 0.0   # time some frame of its copies waited under the rate limit (Pace.held)
 
     def as_json(self) -> dict:
         return {"ledger_id": self.ledger_id, "step": self.step.value, "entries": self.entries,
                 "bytes": self.bytes, "replaced": [list(r) for r in self.replaced],
                 "unrecoverable": self.unrecoverable, "open_fragment": self.open_fragment,
-                "sealed": self.sealed, "note": self.note, "writer": self.writer}
+                "sealed": self.sealed, "note": self.note, "writer": self.writer,
+                "paced_seconds": round(self.paced_seconds, 3)}
 
 
 async def _read_meta(client, lid: int):
@@ -158,6 +160,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             return out
         out.entries += stats.entries
         out.bytes += stats.bytes
+        out.paced_seconds += stats.paced_seconds
         if stats.absent:
             # entries of the lost position that no surviving replica holds:
             # never "recovered" with a fragment naming a bookie without them
@@ -267,6 +270,7 @@ class ReplicationWorker:
         self.not_before: dict[int, float] = {}
         self.outcomes: list[LedgerOutcome] = []
         self.pace = Pace(cfg.rate) if cfg.rate > 0 else None  # one limit over all this worker's copies
+        AutorecoveryMetrics.default().rate_limit.set(cfg.rate)
         self._lease = None
         self._wake = asyncio.Event()
 

@@ -242,7 +242,10 @@ class Pace:
     readers.  A token bucket in its GCRA form, as pure code: the clock is
     an input.  :meth:`take` books ``n`` bytes sent at ``now`` and says how
     long to wait before sending them; up to ``burst`` bytes go at once.
-    One ``Pace`` per worker (or manual recovery) spans all its copies."""
+    One ``Pace`` per worker (or manual recovery) spans all its copies.
+    ``held``: the seconds during which some frame was waiting its turn (the
+    union of the waits: at most the time gone by; about all of it when the
+    limit, not the disks, bounds the copies)."""
 
     def __init__(self, rate: float, burst: int = 1 << 20) -> None:
         if not rate > 0:
@@ -251,11 +254,17 @@ class Pace:
             raise ValueError(f"a burst must be positive, not {burst!r}")
         self.rate, self.burst = float(rate), burst
         self._tat = float("-inf")   # the theoretical arrival time of the next byte
+        self.held = 0.0
+        self._held_until = float("-inf")
 
     def take(self, now: float, n: int) -> float:
         tat = max(self._tat, now)
         self._tat = tat + n / self.rate
-        return max(0.0, tat - now - self.burst / self.rate)
+        wait = max(0.0, tat - now - self.burst / self.rate)
+        if wait:
+            self.held += now + wait - max(now, self._held_until)
+            self._held_until = now + wait
+        return wait
 
 
 __all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "Step", "judge_task", "choose_target",
