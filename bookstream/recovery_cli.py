@@ -112,7 +112,7 @@ class _Progress:
 async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None, dry_run: bool,
                          seal_open: bool, show_progress: bool, rate: float = 0.0) -> dict:
     client = _client(etcd, cluster)
-    pace = Pace(rate) if rate > 0 else None
+    pace = Pace.of(rate)
     try:
         t0 = time.monotonic()
         plans = await plan_bookie(client, bookie)

@@ -181,3 +181,10 @@ def test_pace_holds_copies_to_the_rate_with_one_burst_ahead():
 def test_pace_refuses_a_rate_or_burst_not_positive(rate, burst):
     with pytest.raises(ValueError):
         Pace(rate, burst)
+
+
+def test_a_rate_of_zero_is_no_limit_and_a_negative_one_is_refused():
+    assert Pace.of(0) is None and Pace.of(0.0) is None
+    assert Pace.of(5).rate == 5.0
+    with pytest.raises(ValueError):
+        Pace.of(-1)

@@ -269,7 +269,7 @@ class ReplicationWorker:
         self.first_seen: dict[int, float] = {}
         self.not_before: dict[int, float] = {}
         self.outcomes: list[LedgerOutcome] = []
-        self.pace = Pace(cfg.rate) if cfg.rate > 0 else None  # one limit over all this worker's copies
+        self.pace = Pace.of(cfg.rate)  # one limit over all this worker's copies
         AutorecoveryMetrics.default().rate_limit.set(cfg.rate)
         self._lease = None
         self._wake = asyncio.Event()

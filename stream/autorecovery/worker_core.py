@@ -257,6 +257,12 @@ class Pace:
         self.held = 0.0
         self._held_until = float("-inf")
 
+    @classmethod
+    def of(cls, rate: float) -> "Pace | None":
+        """The limit of ``rate`` bytes/s; None for 0 (no limit: the
+        settings' default)."""
+        return cls(rate) if rate else None
+
     def take(self, now: float, n: int) -> float:
         tat = max(self._tat, now)
         self._tat = tat + n / self.rate

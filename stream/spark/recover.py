@@ -83,10 +83,9 @@ def recover_fragment(task: dict) -> dict:
     try:
         with Session(task["etcd"], task["cluster"], **(task.get("security") or {})) as s:
             keys = AutorecoveryKeys(s.bk.store, task["cluster"])
-            rate = task.get("rate") or 0.0
             out = s.run(recover_ledger_fragments(
                 s.bk, lid, {task["lost"]}, target=task["target"], seal=False, grace=0.0, only={first},
-                pace=Pace(rate) if rate > 0 else None,   # this task's limit (a task per fragment)
+                pace=Pace.of(task.get("rate") or 0.0),   # this task's limit (a task per fragment)
                 keep_going=lambda: keys.still_mine(lid, task["holder"])))  # the job's lock (the driver's)
         res.update(entries=out.entries, bytes=out.bytes, step=out.step.value, note=out.note,
                    unrecoverable=out.unrecoverable, target=out.replaced[-1][2] if out.replaced else None)
