@@ -119,7 +119,6 @@ def run_bench(mb: int = 1024, entry_size: int = 64 << 10, directory: str | None 
                                    extra_args=["--registration-ttl", "3"]).start())
         victim = procs[0]
         victim.kill()
-        writer = None
         if writer_rate:
             asyncio.run(_unregistered(etcd.endpoint, cluster, victim.bookie_id))
         summary, writer = asyncio.run(_recover(base, etcd.endpoint, cluster, victim.bookie_id, rate_mb,
