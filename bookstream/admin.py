@@ -50,6 +50,7 @@ GROUP_MODULES = [
     "bookstream.admin_bookies",
     "bookstream.admin_streams",
     "bookstream.admin_ledgers",
+    "bookstream.admin_check",
     "bookstream.recovery_cli",
 ]
 

@@ -44,6 +44,10 @@ def main(argv=None) -> int:
                    f"{','.join(k for k, v in KINDS.items() if v.weight)}; cut_tail only when named)")
     p.add_argument("--api", choices=["stream", "log"], default="stream",
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
+    p.add_argument("--autorecovery", type=int, default=0, metavar="N",
+                   help="N auditor + worker processes, and the faults they bring (lose_bookie, kill/pause them)")
+    p.add_argument("--quorums", default="3/3/2", metavar="E/QW/QA",
+                   help="the writers' ensemble, write and ack quorums (E > Qw: a striped stream)")
     p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")
     p.add_argument("--plan", help="replay this schedule (a run's plan.json, e.g. tests/fault/plans/*.json)")
     p.add_argument("--no-tmpfs", action="store_true", help="no full-disk fault (no mount)")
@@ -52,7 +56,13 @@ def main(argv=None) -> int:
     p.add_argument("--strict", action="store_true", help="fail on known anomalies too")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    opts = Options(seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
+    try:
+        e, qw, qa = (int(x) for x in args.quorums.split("/"))
+    except ValueError:
+        p.error(f"--quorums: E/QW/QA, three integers, got {args.quorums!r}")
+    if not 1 <= qa <= qw <= e <= args.bookies:
+        p.error(f"--quorums: need 1 <= Qa <= Qw <= E <= --bookies ({args.bookies}), got {args.quorums}")
+    opts = Options(autorecovery=args.autorecovery, ensemble=e, write_quorum=qw, ack_quorum=qa, seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
                    readers=args.readers, rate=args.rate, fragment_entries=args.fragment_entries,
                    kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs,
                    mutant=args.mutant, api=args.api, plan_file=args.plan)

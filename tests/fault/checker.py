@@ -180,6 +180,8 @@ KNOWN = {
 
 def attribute(anomaly: dict, context: dict) -> str | None:
     """What an anomaly is known to be (a key of ``KNOWN``), or None: a bug."""
-    if context.get("beyond_model") and anomaly["kind"] in ("lost", "moved", "hole", "divergence", "order"):
+    if context.get("beyond_model") and anomaly["kind"] in ("lost", "moved", "hole", "divergence", "order",
+                                                          "replicas_below_ack_quorum", "replicas_lost",
+                                                          "replicas_divergent"):
         return "beyond-model"  # a bookie's disk lost acknowledged bytes (nemesis kind cut_tail)
     return None

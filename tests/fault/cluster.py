@@ -12,7 +12,11 @@ Every fault here is done to a real OS process or its real files:
 - a torn journal tail: the bookie is killed -9 and its newest journal
   segment gets a record cut short appended (what a crash in the middle of a
   write leaves: bytes never fsynced, so never acknowledged), found and cut
-  off by the bookie on restart.
+  off by the bookie on restart;
+- a lost disk: the bookie is killed -9 and its data dir emptied; it starts
+  again as a new bookie (a new id), and what the old one held is
+  autorecovery's to bring back (``bookstream autorecovery run`` processes,
+  killed and paused too).
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bookie.journal import R_ENTRIES, frame_record, segment_name
-from bookstream.processes import BookieProcess, BookieStartError, ServedProcess
+from bookstream.processes import AutorecoveryProcess, BookieProcess, BookieStartError, ServedProcess
 from metadata.etcd_server import ManagedEtcd
 from tests.fault.proxy import BookieProxy, ProxyLoop, _free_port
 from tests.fault.worker import WORKER_READY
@@ -112,6 +116,26 @@ class Worker(ServedProcess):
         self.state = "down"
 
 
+class Recoverer(AutorecoveryProcess):
+    """An auditor candidate + replication worker process, by name."""
+
+    def __init__(self, cluster: "FaultCluster", name: str, extra: list[str]):
+        super().__init__(cluster.dir / name, etcd=cluster.etcd.endpoint, cluster=cluster.name, extra_args=extra)
+        self.name = name
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.alive() else None
+
+    def signal(self, sig: int) -> None:
+        if self.pid is not None:
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGCONT)
+        super().kill()
+
+
 class FaultCluster:
     def __init__(self, base: Path, *, seed: int, bookies: int = 5, ttl: int = 3, tmpfs_bookie: int | None = 0,
                  name: str | None = None):
@@ -125,6 +149,7 @@ class FaultCluster:
         self.etcd_state = "down"
         self.bookies: list[Bookie] = []
         self.workers: list[Worker] = []
+        self.recoverers: list[Recoverer] = []
         self.n_bookies = bookies
         self.tmpfs_bookie = tmpfs_bookie
         self.mounts: list[Path] = []
@@ -171,11 +196,19 @@ class FaultCluster:
         self.workers.append(w)
         return w
 
+    def add_recoverer(self, name: str, extra: list[str]) -> Recoverer:
+        r = Recoverer(self, name, extra)
+        self.recoverers.append(r)
+        return r
+
+    def recoverer(self, name: str) -> Recoverer:
+        return next(r for r in self.recoverers if r.name == name)
+
     def client_pids(self) -> list[int]:
         return [os.getpid()] + [w.pid for w in self.workers if w.pid is not None]
 
     def close(self) -> None:
-        for w in self.workers:
+        for w in [*self.workers, *self.recoverers]:
             w.kill()
         for b in self.bookies:
             try:
@@ -254,6 +287,21 @@ class FaultCluster:
         except OSError as e:  # a full tmpfs: the crash tore nothing
             return {"torn": 0, "error": str(e)}
         return {"torn": len(torn), "segment": seg.name}
+
+    def wipe_bookie(self, i: int) -> dict:
+        """After a kill -9: the bookie's data dir emptied (its log kept), as
+        a disk lost for good; its next start is a new bookie with a new id."""
+        b = self.bookies[i]
+        assert not b.proc.alive()
+        old, gone = b.proc.bookie_id, 0
+        b.filler = None
+        for p in b.data_dir.iterdir():
+            if p != b.proc.log_path:
+                gone += 1
+                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        with open(b.proc.log_path, "a") as f:
+            f.write(f"--- the fault suite wiped this data dir (bookie {old}): a new bookie starts here ---\n")
+        return {"wiped": old, "entries_removed": gone}
 
     def cut_journal_tail(self, i: int, rng) -> dict:
         """After a kill -9: the newest journal segment loses its last bytes

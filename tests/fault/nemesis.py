@@ -33,6 +33,20 @@ Fault kinds (``KINDS``: weight, duration range in seconds):
   bytes cut off, restart: a disk losing fsynced data, outside the fault
   model (its anomalies are attributed to it, not to a bug).
 
+With autorecovery processes in the cluster (``recoverers``; none, and these
+kinds are left out of the draw, so the plans of earlier seeds stay as
+they were):
+
+- ``lose_bookie``: kill -9 and its data dir wiped (a disk lost for good);
+  after the duration a new, empty bookie (a new id) starts in its place.
+  At most one a run: with Qa = 2, one lost disk leaves every acknowledged
+  entry a copy, which autorecovery must bring back to Qw before a second
+  loss could take the last one (two would be outside the model);
+- ``kill_autorecovery``: kill -9 of an auditor + worker process, restarted
+  after the duration (a copy or a take-over cut off midway, a lock and an
+  election left to their leases); ``pause_autorecovery``: SIGSTOP /
+  SIGCONT (a worker that wakes up after its lock's lease ran out).
+
 At most ``max_bookie_faults`` bookies are hurt at once, so that an
 ensemble of three can still be formed from five bookies.
 """
@@ -50,7 +64,9 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "etcd_partition", "full_disk", "torn_tail", "cut_tail"}
+BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "etcd_partition", "full_disk", "torn_tail", "cut_tail",
+                "lose_bookie"}
+AUTORECOVERY_KINDS = {"lose_bookie", "kill_autorecovery", "pause_autorecovery"}   # only with recoverers
 RESTART_MARGIN = 8.0   # a killed bookie's restart can wait for its old lease (2 x TTL)
 
 
@@ -75,6 +91,10 @@ KINDS: dict[str, Kind] = {
     "pause_etcd": Kind(1, (0.5, 6.0)),
     # outside the fault model (cluster.cut_journal_tail): only when named in ``kinds``
     "cut_tail": Kind(0, (0.3, 3.0)),
+    # with autorecovery processes only (``plan(recoverers=...)``)
+    "lose_bookie": Kind(2, (0.5, 3.0)),
+    "kill_autorecovery": Kind(2, (0.5, 4.0)),
+    "pause_autorecovery": Kind(1, (0.5, 6.0)),
 }
 
 
@@ -89,14 +109,16 @@ class Fault:
 
 def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers: list[str],
          tmpfs_bookie: int | None, kinds: list[str] | None = None, max_bookie_faults: int = 2,
-         mean_gap: float = 1.5) -> list[Fault]:
+         mean_gap: float = 1.5, recoverers: list[str] = ()) -> list[Fault]:
     """The fault schedule of a seed (pure: no clock, no I/O)."""
     rng = random.Random(seed)
-    names = [k for k in (kinds or KINDS) if k != "full_disk" or tmpfs_bookie is not None]
+    names = [k for k in (kinds or KINDS) if (k != "full_disk" or tmpfs_bookie is not None)
+             and (k not in AUTORECOVERY_KINDS or recoverers)]
     weights = [KINDS[k].weight or (1 if kinds else 0) for k in names]  # a named kind runs, weight 0 or not
     bookie_free = [0.0] * bookies
-    worker_free = {w: 0.0 for w in writers + readers}
+    worker_free = {w: 0.0 for w in [*writers, *readers, *recoverers]}
     etcd_free = 0.0
+    lost = False   # (one lose_bookie a run)
     out: list[Fault] = []
     t = rng.uniform(0.5, 2.0)
     while t < seconds:
@@ -109,6 +131,8 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
             free = [i for i in range(bookies) if bookie_free[i] <= t]
             if kind == "full_disk":
                 free = [i for i in free if i == tmpfs_bookie]
+            if kind == "lose_bookie" and lost:
+                free = []
             if free and hurt < max_bookie_faults:
                 i = rng.choice(free)
                 params = {}
@@ -118,10 +142,13 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                 elif kind == "etcd_partition":
                     params = {"mode": rng.choice(["blackhole", "cut"])}
                 f = Fault(round(t, 2), kind, i, d, params)
-                margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail") else 0.5
+                lost = lost or kind == "lose_bookie"
+                margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail", "lose_bookie") else 0.5
                 bookie_free[i] = t + d + margin
-        elif kind in ("kill_writer", "kill_reader", "takeover", "pause_writer"):
-            pool = [w for w in (readers if kind == "kill_reader" else writers) if worker_free[w] <= t]
+        elif kind in ("kill_writer", "kill_reader", "takeover", "pause_writer", "kill_autorecovery",
+                      "pause_autorecovery"):
+            group = {"kill_reader": readers, "kill_autorecovery": recoverers, "pause_autorecovery": recoverers}
+            pool = [w for w in group.get(kind, writers) if worker_free[w] <= t]
             if pool:
                 w = rng.choice(pool)
                 f = Fault(round(t, 2), kind, w, d)
@@ -209,6 +236,13 @@ class Nemesis:
             elif k == "cut_tail":
                 c.kill_bookie(f.target)
                 return c.cut_journal_tail(f.target, self.rng)
+            elif k == "lose_bookie":
+                c.kill_bookie(f.target)
+                return c.wipe_bookie(f.target)
+            elif k == "kill_autorecovery":
+                c.recoverer(f.target).kill()
+            elif k == "pause_autorecovery":
+                c.recoverer(f.target).signal(signal.SIGSTOP)
             elif k in ("kill_writer", "kill_reader"):
                 self._worker(f.target).kill()
             elif k == "takeover":
@@ -222,8 +256,12 @@ class Nemesis:
             return {}
         if f.params.get("skipped"):
             return {"skipped": True}
-        if k in ("kill_bookie", "torn_tail", "cut_tail"):
+        if k in ("kill_bookie", "torn_tail", "cut_tail", "lose_bookie"):
             self.pending.append(self.pool.submit(self._logged, n, "restarted", c.start_bookie, f.target))
+        elif k == "kill_autorecovery":
+            self.pending.append(self.pool.submit(self._logged, n, "restarted", c.recoverer(f.target).start))
+        elif k == "pause_autorecovery":
+            c.recoverer(f.target).signal(signal.SIGCONT)
         elif k == "pause_bookie":
             c.cont_bookie(f.target)
         elif k == "partition":
@@ -275,7 +313,7 @@ class Nemesis:
                 c.cont_bookie(b.index)
             if b.state == "killed" or not b.proc.alive():
                 restarted.append((b.index, c.start_bookie(b.index)))
-        for w in c.workers:
+        for w in [*c.workers, *c.recoverers]:
             if w.pid is None:
                 w.start()
             else:

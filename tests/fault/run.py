@@ -43,6 +43,45 @@ class Options:
     api: str = "stream"            # or "log": classic ledgers-to-logs (stream/log.py)
     mutant: str | None = None      # writers run with a broken rule (stream/mutations.py): must be caught
     plan_file: str | None = None   # replay this schedule (a run's plan.json) instead of the seed's
+    autorecovery: int = 0          # auditor + worker processes (AR_ARGS); with them the lose_bookie kind
+    ensemble: int = 3              # the writers' stream (or ledgers): E, Qw, Qa; E > Qw stripes it
+    write_quorum: int = 3
+    ack_quorum: int = 2
+
+
+# The autorecovery processes' settings: a bookie gone 1 s is lost, an open
+# fragment is sealed 2 s after that when its writer is not live (6 s when it
+# is), and the periodic ReadLac check runs every 5 s.
+AR_ARGS = ["--delay", "1", "--grace", "2", "--writer-bound", "6", "--check-interval", "5"]
+SETTLE_TIMEOUT = 90.0
+
+
+async def autorecovery_settled(endpoint: str, cluster: str, api: str, timeout: float) -> dict:
+    """Waits until autorecovery has nothing left: no under-replicated task,
+    and no fragment of the stream (or the log's ledgers) naming a bookie
+    that is not registered.  Polls etcd (what it waits for is work done by
+    other processes); returns how long it took, or what was left."""
+    from stream.autorecovery.keys import AutorecoveryKeys
+    from stream.log import read_ledger_list
+    from stream.stream import AsyncStreamClient
+    t0 = time.monotonic()
+    async with AsyncStreamClient(endpoint, cluster) as sc:
+        bk = sc.bk
+        keys = AutorecoveryKeys(bk.store, cluster)
+        while True:
+            regs = {r.bookie_id for r in await asyncio.to_thread(bk.registry.list_bookies, False)}
+            lids = (await read_ledger_list(bk, STREAM))[0] if api == "log" else [await sc._ledger_of(STREAM)]
+            named = set()
+            for lid in lids:
+                meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+                named |= {b for f in meta.fragments for b in f.ensemble}
+            tasks = await asyncio.to_thread(lambda: [t.ledger_id for t in keys.tasks()])
+            left = {"tasks": tasks, "unregistered_in_fragments": sorted(named - regs)}
+            if not tasks and named <= regs:
+                return {"settled_s": round(time.monotonic() - t0, 1)}
+            if time.monotonic() - t0 > timeout:
+                return {"unsettled_after_s": timeout, **left}
+            await asyncio.sleep(0.5)
 
 
 async def final_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
@@ -82,6 +121,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     readers = [f"r{i + 1}" for i in range(opts.readers)]
     c = FaultCluster(run_dir, seed=seed, bookies=opts.bookies, ttl=opts.ttl,
                      tmpfs_bookie=0 if opts.tmpfs else None)
+    recoverers = [f"ar{i + 1}" for i in range(opts.autorecovery)]
     t_start = time.time()
     report: dict = {"seed": seed, "options": asdict(opts)}
     try:
@@ -91,11 +131,15 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             faults = [Fault(**f) for f in json.loads(Path(opts.plan_file).read_text())]
         else:
             faults = plan(seed, opts.seconds, bookies=opts.bookies, writers=writers, readers=readers,
-                          tmpfs_bookie=tmpfs, kinds=opts.kinds)
+                          tmpfs_bookie=tmpfs, kinds=opts.kinds, recoverers=recoverers)
         dump(run_dir / "plan.json", [asdict(f) for f in faults])
         report["cluster"] = c.describe()
-        extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries)]
+        extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries),
+                 "--ensemble", str(opts.ensemble), "--write-quorum", str(opts.write_quorum),
+                 "--ack-quorum", str(opts.ack_quorum)]
         extra += ["--mutant", opts.mutant] if opts.mutant else []
+        for name in recoverers:
+            c.add_recoverer(name, AR_ARGS).start()
         for name in writers:
             c.add_worker(name, "writer", extra + ["--api", opts.api]).start()
         for name in readers:
@@ -135,6 +179,13 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         dump(run_dir / "final.json", {"records": final, "error": final_error, "first_failure": first_failure})
         h = checker.load(run_dir / "history")
         anomalies = checker.check(h, final, final_error, markers={marker})
+        settled = None
+        if recoverers and final:   # (its work done before the replicas are judged)
+            settled = _run(autorecovery_settled(c.etcd.endpoint, c.name, opts.api, SETTLE_TIMEOUT))
+            if "unsettled_after_s" in settled:
+                anomalies.append({"kind": "autorecovery_unsettled", **settled})
+        replicas = _audit(c, opts, final) if final else None
+        anomalies += replica_anomalies(replicas)
         if first_failure is not None:
             anomalies.insert(0, first_failure)
         unregistered = [b.proc.bookie_id for b in c.bookies if b.proc.bookie_id not in regs]
@@ -149,6 +200,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             "operations": dict(h.ops), "errors": dict(h.errors),
             "sessions": len(h.sessions), "final_records": None if final is None else len(final),
             "final_error": final_error, "context": context, "acks_after_heal": ok_after_heal,
+            "replicas": replicas, "autorecovery": settled,
             # connections through the bookies' read port proxies (readers reading over the read port)
             "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
             "anomalies": anomalies,
@@ -168,7 +220,51 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     return report
 
 
-async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
+async def replica_audit(endpoint: str, cluster: str, api: str, final: list) -> dict:
+    """After the final read: every entry of the stream's (or the log's
+    ledgers') sealed fragments, and of the stream's open one up to the final
+    marker, asked of every bookie of its write set
+    (stream/autorecovery/replica_check.py).  Every such entry was written at
+    Qa or recovered and written back at Qa, and no fault of the model loses
+    a bookie's fsynced data: one held by fewer than Qa replicas, by none, or
+    as two different entries is an anomaly.  Fewer than Qw is not (a write
+    that failed on one bookie after Qa acked it is left to autorecovery):
+    counted."""
+    from stream.autorecovery.replica_check import check_ledger
+    from stream.client import BookKeeperClient
+    from stream.log import read_ledger_list
+    from stream.stream import AsyncStreamClient
+    out = {"ledgers": 0, "entries": 0, "under_replicated": 0, "unanswered": [], "below_ack_quorum": [],
+           "lost": [], "divergent": []}
+    async with AsyncStreamClient(endpoint, cluster) as sc:
+        bk = sc.bk
+        if api == "log":
+            lids, _ = await read_ledger_list(bk, STREAM)
+        else:
+            lids = [await sc._ledger_of(STREAM)]
+        for lid in lids:
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            out["ledgers"] += 1
+            upto = final[-1][0] if api != "log" else None   # (the marker: acknowledged, all below it too)
+            for f in await check_ledger(bk, meta, lac=upto, timeout=10.0):
+                out["entries"] += f.last_entry - f.first_entry + 1
+                out["under_replicated"] += sum(b - a + 1 for a, b in f.under_replicated)
+                out["unanswered"] += [b for b in f.unanswered if b not in out["unanswered"]]
+                for k in ("below_ack_quorum", "lost"):
+                    out[k] += [[lid, a, b] for a, b in getattr(f, k)]
+                out["divergent"] += [[lid, e] for e in f.divergent]
+    return out
+
+
+def replica_anomalies(audit: dict | None) -> list[dict]:
+    """The replica audit's findings that are anomalies (see
+    ``replica_audit``): ids below Qa, lost, or held as different entries."""
+    return [{"kind": f"replicas_{k}", "ids": audit[k][:50], "count": len(audit[k])}
+            for k in ("below_ack_quorum", "lost", "divergent") if audit and audit.get(k)]
+
+
+async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: float,
+                         quorums: tuple[int, int, int] = (3, 3, 2)) -> list:
     """The same for a log: a last leader (fences the last two ledgers),
     the marker, and a read of every ledger of the list."""
     from stream.client import BookKeeperClient
@@ -179,7 +275,7 @@ async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: floa
     try:
         while True:
             try:
-                lw = await asyncio.wait_for(LogWriter(bk, STREAM, 3, 3, 2).open(), 30)
+                lw = await asyncio.wait_for(LogWriter(bk, STREAM, *quorums).open(), 30)
                 await asyncio.wait_for(lw.append(marker.encode()), 30)
                 await asyncio.wait_for(lw.close(), 30)
                 break
@@ -193,11 +289,24 @@ async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: floa
 
 
 def _final(c: FaultCluster, marker: str, opts: Options, timeout: float) -> tuple[list | None, str | None]:
-    read = final_log_read if opts.api == "log" else final_read
     try:
-        return asyncio.run(read(c.etcd.endpoint, c.name, marker, timeout)), None
+        if opts.api == "log":
+            quorums = (opts.ensemble, opts.write_quorum, opts.ack_quorum)
+            return asyncio.run(final_log_read(c.etcd.endpoint, c.name, marker, timeout, quorums)), None
+        return asyncio.run(final_read(c.etcd.endpoint, c.name, marker, timeout)), None
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"
+
+
+def _audit(c: FaultCluster, opts: Options, final: list) -> dict:
+    return _run(replica_audit(c.etcd.endpoint, c.name, opts.api, final))
+
+
+def _run(coro) -> dict:
+    try:
+        return asyncio.run(coro)
+    except Exception as e:   # (reported, not an anomaly: the final read decides what was lost)
+        return {"error": f"{type(e).__name__}: {e}"}
 
 
 def _registrations(c: FaultCluster) -> dict:

@@ -1,0 +1,191 @@
+"""The full replica check of a ledger (BookKeeper's ``LedgerChecker``): every
+entry id of its sealed fragments (and of an open one up to its LAC) asked
+of every bookie of its write set.
+
+The auditor's periodic check (``service.run_check``) asks each bookie one
+``ReadLac`` per ledger: cheap, and blind to an entry missing in the middle
+of a range (a write that timed out on one bookie after Qa others acked it,
+the fragment then changed from the LAC on, as BookKeeper's ensemble change
+does) and to replicas that disagree.  This check reads them all: one sparse
+range read per bookie and fragment (a striped one asks only the residues
+the bookie's position holds), every record's checksum verified.
+
+:func:`tally` is the judgement, pure: given what each bookie of a fragment
+answered, the ids held by fewer than Qw replicas (under-replicated), by
+fewer than Qa (below the ack quorum: one more loss may lose them), by none
+(lost), and held differently (divergent: two replicas whose records at one
+id are not the same entry).  A bookie that did not answer is *unknown*,
+never missing: an id is judged below Qa or lost only if it would be so
+even were every unknown replica to hold it.  Two records are the same entry
+when their checksums match (the checksum covers the ids, LAC, LAFR, data
+flags, origin term and payload: what the entry is), or when both are no-ops
+of the same origin term (autorecovery re-signs a truncate no-op as a plain
+one: stream/autorecovery/copier.py).
+
+:func:`check_ledger` is the adapter (range reads through the client's
+bookie connections).  ``bookstream ledgers check`` / ``streams check`` print
+it; the fault suite runs it at the end of a run (tests/fault/run.py).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from typing import Iterable
+
+from bookie import entry as entry_codec
+from bookie.core import Status
+from metadata.ledgers import LedgerMetadata
+from stream.bookie_client import BookieUnavailable
+from stream.lifecycle import fragment_end
+from stream.quorum import write_set
+
+READ_FRAME_BYTES = 1 << 20
+
+# What a bookie holds at one id: ("data", checksum) or ("noop", origin term).
+Held = tuple[str, int]
+
+
+@dataclasses.dataclass
+class FragmentReplicas:
+    """The check of one sealed fragment: ids ``first_entry..last_entry``
+    (from the trim point on).  Each list holds ``[first, last]`` id ranges."""
+
+    first_entry: int
+    last_entry: int
+    ensemble: tuple[str, ...]
+    unanswered: list[str] = dataclasses.field(default_factory=list)
+    missing: dict[str, list[list[int]]] = dataclasses.field(default_factory=dict)  # bookie -> ids it lacks
+    under_replicated: list[list[int]] = dataclasses.field(default_factory=list)    # fewer than Qw (known)
+    below_ack_quorum: list[list[int]] = dataclasses.field(default_factory=list)    # fewer than Qa, unknowns counted in
+    lost: list[list[int]] = dataclasses.field(default_factory=list)                # none, every replica answered
+    divergent: list[int] = dataclasses.field(default_factory=list)                 # ids held as different entries
+    bad_records: dict[str, int] = dataclasses.field(default_factory=dict)          # bookie -> records failing their CRC
+
+    @property
+    def clean(self) -> bool:
+        return not (self.unanswered or self.under_replicated or self.divergent or self.bad_records)
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self) | {"ensemble": list(self.ensemble)}
+
+
+def _ranges(ids: Iterable[int]) -> list[list[int]]:
+    out: list[list[int]] = []
+    for e in ids:
+        if out and out[-1][1] == e - 1:
+            out[-1][1] = e
+        else:
+            out.append([e, e])
+    return out
+
+
+def checked_fragments(meta: LedgerMetadata, lac: int | None = None) -> list[tuple[int, int, tuple[str, ...]]]:
+    """(first, last, ensemble) of each sealed fragment with ids to check
+    (from the trim point on), and the open fragment of an open ledger up to
+    ``lac`` when given (entries up to the LAC were acknowledged; above it
+    they are its writer's, still in flight)."""
+    assert meta.fragments_complete
+    out = []
+    for f in meta.fragments:
+        end = fragment_end(meta, f.first_entry)
+        if end is None and lac is not None:
+            end = lac
+        first = max(f.first_entry, meta.trimmed_before)
+        if end is not None and end >= first:
+            out.append((first, end, f.ensemble))
+    return out
+
+
+def tally(first: int, last: int, ensemble: tuple[str, ...], write_quorum: int, ack_quorum: int,
+          answers: dict[int, dict[int, Held] | None], bad: dict[int, int] | None = None) -> FragmentReplicas:
+    """Judges one fragment's replicas.  ``answers``: ensemble index -> {id:
+    what it holds} (the ids of its write sets in ``first..last`` it sent),
+    or None when it did not answer; ``bad``: index -> records that failed
+    their checksum (held by nobody, as far as this check goes)."""
+    E = len(ensemble)
+    out = FragmentReplicas(first, last, ensemble,
+                           unanswered=[ensemble[i] for i in range(E) if answers.get(i) is None],
+                           bad_records={ensemble[i]: n for i, n in (bad or {}).items() if n})
+    missing: dict[int, list[int]] = {}
+    under, below, lost, divergent = [], [], [], []
+    for e in range(first, last + 1):
+        held, unknown = [], 0
+        for i in write_set(e, E, write_quorum):
+            got = answers.get(i)
+            if got is None:
+                unknown += 1
+            elif e in got:
+                held.append(got[e])
+            else:
+                missing.setdefault(i, []).append(e)
+        if len(held) + unknown < write_quorum:   # (an answering replica lacks it)
+            under.append(e)
+        if len(held) + unknown < ack_quorum:
+            below.append(e)
+        if not held and not unknown:
+            lost.append(e)
+        if len(set(held)) > 1:
+            divergent.append(e)
+    out.missing = {ensemble[i]: _ranges(ids) for i, ids in sorted(missing.items())}
+    out.under_replicated, out.below_ack_quorum, out.lost = _ranges(under), _ranges(below), _ranges(lost)
+    out.divergent = divergent
+    return out
+
+
+def _residues(index: int, E: int, Qw: int) -> int:
+    """The residues (id mod E) whose write set holds ensemble position ``index``."""
+    return sum(1 << r for r in range(E) if index in write_set(r, E, Qw))
+
+
+async def _read_held(client, bookie: str, lid: int, first: int, last: int, E: int, Qw: int, index: int,
+                     timeout: float) -> tuple[dict[int, Held] | None, int]:
+    """What ``bookie`` holds of ``first..last`` (its write sets' ids), and
+    how many records failed their checksum; (None, 0) when it did not answer."""
+    bc = await client.bookie(bookie)
+    if bc is None:
+        return None, 0
+    stripe = (E, _residues(index, E, Qw)) if Qw < E else (0, 0)
+    held: dict[int, Held] = {}
+    bad, through = 0, first - 1   # every id up to `through` is vouched for (proto/bookie.proto: sparse)
+    try:
+        async for resp in bc.read_range(lid, first, last, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
+                                        frame_timeout=timeout, stripe=stripe[0], residues=stripe[1]):
+            if resp.status == Status.NO_SUCH_LEDGER:
+                return {}, 0   # (it holds nothing of the ledger)
+            if resp.status != Status.OK:
+                return None, 0
+            through = max(through, resp.through)
+            buf = memoryview(resp.entries)
+            for eid, start, end in entry_codec.record_spans(buf):
+                try:
+                    h = entry_codec.scan(buf[start:end])[0]
+                except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
+                    bad += 1
+                    continue
+                if first <= eid <= last:
+                    held[eid] = ("noop", h.origin) if h.is_noop else ("data", h.checksum)
+    except (BookieUnavailable, asyncio.TimeoutError, entry_codec.MalformedEntry):
+        return None, 0
+    return (held, bad) if through >= last else (None, 0)   # (a stream cut short vouches for nothing above)
+
+
+async def check_ledger(client, meta: LedgerMetadata, *, lac: int | None = None, timeout: float = 10.0,
+                       progress=None) -> list[FragmentReplicas]:
+    """Reads every sealed fragment of ``meta`` (all its fragments loaded),
+    and an open one up to ``lac`` if given, from each bookie of its
+    ensemble, the bookies of a fragment at once; ``progress(fragments_done,
+    fragments)`` after each."""
+    lid, E, Qw, Qa = meta.ledger_id, meta.ensemble_size, meta.write_quorum, meta.ack_quorum
+    frags = checked_fragments(meta, lac)
+    out = []
+    for k, (first, last, ensemble) in enumerate(frags):
+        got = await asyncio.gather(*(_read_held(client, b, lid, first, last, E, Qw, i, timeout)
+                                     for i, b in enumerate(ensemble)))
+        out.append(tally(first, last, ensemble, Qw, Qa, {i: held for i, (held, _) in enumerate(got)},
+                         {i: n for i, (_, n) in enumerate(got)}))
+        if progress is not None:
+            progress(k + 1, len(frags))
+    return out
+
+
+__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "tally"]

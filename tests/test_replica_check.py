@@ -1,0 +1,160 @@
+"""The full replica check (stream/autorecovery/replica_check.py): the pure
+judgement, then ``bookstream ledgers check`` / ``streams check`` run as a
+user runs them, on real bookies made to lack, lose and disagree."""
+from __future__ import annotations
+
+import json
+import uuid
+
+from bookie import entry as E
+from bookie.core import Status
+from stream.autorecovery.replica_check import checked_fragments, tally
+from stream.client import BookKeeperClient
+from stream.stream import AsyncStreamClient, StreamConfig
+from tests.conftest import run
+from tests.test_recovery_cli import cli
+
+ENS = ("a", "b", "c")
+
+
+def every(first: int, last: int, held=("data", 7)) -> dict:
+    return {e: held for e in range(first, last + 1)}
+
+
+def test_a_full_fragment_is_clean():
+    f = tally(0, 9, ENS, 3, 2, {i: every(0, 9) for i in range(3)})
+    assert f.clean and not f.missing and not f.lost and not f.below_ack_quorum
+
+
+def test_what_one_two_and_three_bookies_lack():
+    one = tally(0, 9, ENS, 3, 2, {0: every(0, 9), 1: every(0, 9), 2: every(0, 3) | every(6, 9)})
+    assert one.missing == {"c": [[4, 5]]} and one.under_replicated == [[4, 5]]
+    assert not one.below_ack_quorum and not one.lost and not one.clean
+    two = tally(0, 9, ENS, 3, 2, {0: every(0, 9), 1: every(0, 4) | every(6, 9), 2: every(0, 3) | every(6, 9)})
+    assert two.below_ack_quorum == [[5, 5]] and two.under_replicated == [[4, 5]] and not two.lost
+    three = tally(0, 9, ENS, 3, 2, {0: every(0, 8), 1: every(0, 8), 2: every(0, 8)})
+    assert three.lost == [[9, 9]] == three.below_ack_quorum
+
+
+def test_an_unanswered_bookie_is_unknown_not_missing():
+    f = tally(0, 9, ENS, 3, 2, {0: every(0, 9), 1: None, 2: every(0, 9)})
+    assert f.unanswered == ["b"] and not f.missing and not f.under_replicated and not f.clean
+    # an id only the unanswered bookie could hold: not lost, but below Qa whatever it holds
+    g = tally(0, 9, ENS, 3, 2, {0: every(0, 8), 1: None, 2: every(0, 8)})
+    assert not g.lost and g.below_ack_quorum == [[9, 9]] and g.under_replicated == [[9, 9]]
+
+
+def test_striped_write_sets_are_judged_per_id():
+    # E4 Qw2: id e lives on positions e % 4 and (e + 1) % 4
+    ens = ("a", "b", "c", "d")
+    share = {i: {e: ("data", e) for e in range(0, 16) if i in (e % 4, (e + 1) % 4)} for i in range(4)}
+    assert tally(0, 15, ens, 2, 2, share).clean
+    share[2].pop(5)   # (5 lives on b and c)
+    f = tally(0, 15, ens, 2, 2, share)
+    assert f.missing == {"c": [[5, 5]]} and f.below_ack_quorum == [[5, 5]] and not f.lost
+
+
+def test_divergent_replicas_and_noops():
+    a = every(0, 3)
+    b = every(0, 3) | {2: ("data", 8)}
+    f = tally(0, 3, ENS, 3, 2, {0: a, 1: b, 2: a})
+    assert f.divergent == [2] and not f.under_replicated
+    # a truncate no-op re-signed as a plain one by a copy is the same entry: both ("noop", origin)
+    n = every(0, 3) | {3: ("noop", 4)}
+    assert not tally(0, 3, ENS, 3, 2, {0: n, 1: n, 2: n}).divergent
+
+
+def test_only_sealed_fragments_from_the_trim_point_are_checked():
+    from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+    frags = (Fragment(0, ENS), Fragment(10, ENS), Fragment(20, ENS))
+    m = LedgerMetadata(3, 3, 2, ledger_id=1, mode=LedgerMode.UNBOUNDED, trimmed_before=5, fragments=frags,
+                       fragment_count=3)
+    assert checked_fragments(m) == [(5, 9, ENS), (10, 19, ENS)]
+    assert checked_fragments(m, lac=23) == [(5, 9, ENS), (10, 19, ENS), (20, 23, ENS)]
+    assert checked_fragments(m, lac=19) == [(5, 9, ENS), (10, 19, ENS)]   # (the open one holds none yet)
+    closed = m.with_(state=LedgerState.CLOSED, last_entry=24, trimmed_before=12)
+    assert checked_fragments(closed) == [(12, 19, ENS), (20, 24, ENS)]
+
+
+def _check(env, *args):
+    p = cli(env, *args, "--format", "json", check=False)
+    assert p.returncode in (0, 5), (p.returncode, p.stdout, p.stderr)
+    return p.returncode, json.loads(p.stdout)
+
+
+def test_ledgers_check_finds_what_real_bookies_lack_lose_and_hold_differently(own):
+    procs = own.start(3)
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        await lh.add_entries([b"p%d" % i for i in range(50)])
+        await lh.close()
+        await bk.close()
+        return lh.ledger_id, lh.metadata.fragments[0].ensemble
+
+    lid, ens = run(write())
+    code, out = _check(own, "ledgers", "check", str(lid))
+    assert code == 0 and out["entries_checked"] == 50 and out["under_replicated"] == 0, out
+
+    async def hurt():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        for b, rng in ((ens[0], (10, 19)), (ens[1], (15, 24)), (ens[2], (18, 18))):
+            r = await (await bk.bookie(b)).delete(lid, rng)
+            assert r.status == Status.OK, r
+        # ens[0] gets a different entry 30: deleted, then written again with another payload
+        bc = await bk.bookie(ens[0])
+        assert (await bc.delete(lid, (30, 30))).status == Status.OK
+        rec = E.encode(lid, 30, b"not what was written", lac=29, req_flags=E.REQ_RECOVERY)
+        ack = await bc.add_records([rec])
+        assert ack.status == Status.OK, ack
+        await bk.close()
+
+    run(hurt())
+    code, out = _check(own, "ledgers", "check", str(lid))
+    assert code == 5, out
+    (frag,) = out["fragments"]
+    assert frag["missing"] == {ens[0]: [[10, 19]], ens[1]: [[15, 24]], ens[2]: [[18, 18]]}, frag
+    assert frag["under_replicated"] == [[10, 24]] and frag["below_ack_quorum"] == [[15, 19]]
+    assert frag["lost"] == [[18, 18]] and frag["divergent"] == [30]
+    assert out["under_replicated"] == 15 and out["below_ack_quorum"] == 5 and out["lost"] == 1
+
+    next(p for p in procs if p.bookie_id == ens[2]).kill()
+    code, out = _check(own, "ledgers", "check", str(lid), "--read-timeout", "3")
+    assert code == 5 and out["unanswered"] == [ens[2]], out
+    assert out["fragments"][0]["lost"] == [] and out["fragments"][0]["below_ack_quorum"] == [[15, 19]]
+
+
+def test_streams_check_of_a_striped_stream(own):
+    own.start(4)
+    name = f"s-{uuid.uuid4().hex[:8]}"
+
+    async def write():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer(name, StreamConfig(4, 2, 2, fragment_size_entries=40))
+            await w.append_many([b"e%d" % i for i in range(130)])
+            await w.close()
+            return (await sc.stream_info(name))["ledger_id"]
+
+    lid = run(write())
+    code, out = _check(own, "streams", "check", name)
+    assert code == 0 and out["ledger_id"] == lid and out["fragments_checked"] >= 3, out
+    assert out["entries_checked"] >= 120 and not out["unanswered"], out
+    frag = out["fragments"][1]
+    victim, lo = frag["ensemble"][1], frag["first_entry"]
+
+    async def hurt():   # (a striped bookie's range delete drops only the ids it holds)
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        assert (await (await bk.bookie(victim)).delete(lid, (lo, lo + 7))).status == Status.OK
+        await bk.close()
+
+    run(hurt())
+    code, out = _check(own, "streams", "check", name)
+    f = out["fragments"][1]
+    held = [e for e in range(lo, lo + 8) if 1 in ((e % 4), (e + 1) % 4)]   # position 1's ids there
+    spans = [[e, e] for e in held if e - 1 not in held]
+    for sp in spans:
+        while sp[1] + 1 in held:
+            sp[1] += 1
+    assert len(held) == 4 and code == 5 and f["missing"] == {victim: spans}, f
+    assert f["below_ack_quorum"] == f["under_replicated"] == spans and not f["lost"]
