@@ -228,6 +228,39 @@ def test_periodic_check_finds_a_wiped_bookie(own):
     run(go())
 
 
+def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them(own):
+    """A bookie lacking entries in the middle of a sealed fragment (a write
+    that failed on it after Qa others acked) still answers ReadLac with
+    the fragment's last entry: the cheap check passes it.  The full check
+    (every entry from every replica) names it as damaged, and the workers
+    copy its share to another bookie."""
+    from stream.autorecovery.service import run_check
+
+    procs = own.start(4)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        await lh.add_entries([b"m%d" % i for i in range(40)])
+        await lh.close()
+        lid, hurt = lh.ledger_id, lh.metadata.fragments[0].ensemble[1]
+        assert (await (await bk.bookie(hurt)).delete(lid, (10, 14))).status == Status.OK
+        keys = AutorecoveryKeys(bk.store, own.cluster)
+        assert await run_check(bk, keys) == 0 and not list(keys.tasks())   # ReadLac: 39, as expected
+        assert await run_check(bk, keys, full=True) == 1
+        (task,) = keys.tasks()
+        assert task.ledger_id == lid and hurt in task.lost, task
+        async with autorecovery(own, delay=60.0, grace=1.0) as (auditor, ws, _):
+            async def clean():
+                return not await names_bookie(bk, hurt) and not list(keys.tasks())
+            await until(clean, what="the damaged bookie replaced")
+        assert await check_every_replica(bk, lid, 39, {p.bookie_id for p in procs}) == 120
+        assert await run_check(bk, keys, full=True) == 0
+        await bk.close()
+
+    run(go())
+
+
 def test_a_worker_with_a_rate_limit_says_how_long_the_limit_held_its_copy(own):
     """A worker limited to 2 MiB/s copies 8 MiB: its outcome, and the
     worker's metrics (`bookstream_autorecovery_paced_seconds_total`, the

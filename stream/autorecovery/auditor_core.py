@@ -44,6 +44,9 @@ class AuditorConfig:
     # the periodic check (every fragment's bookies asked whether they hold
     # their entries); None: off
     check_interval: float | None = None
+    # the periodic check reads every entry from every replica of the sealed
+    # fragments (stream/autorecovery/replica_check.py) instead of one ReadLac
+    full_check: bool = False
 
     def __post_init__(self) -> None:
         assert self.lost_bookie_recovery_delay >= 0

@@ -132,6 +132,15 @@ def tally(first: int, last: int, ensemble: tuple[str, ...], write_quorum: int, a
     return out
 
 
+def damaged(frags: list[FragmentReplicas], registered: Iterable[str]) -> frozenset[str]:
+    """The registered bookies a check found lacking ids of their write sets,
+    or holding records that fail their checksum: what the auditor's full
+    periodic check names to the workers as damaged (a bookie that did not
+    answer is not: unknown is not missing)."""
+    registered = set(registered)
+    return frozenset(b for f in frags for b in [*f.missing, *f.bad_records] if b in registered)
+
+
 def _residues(index: int, E: int, Qw: int) -> int:
     """The residues (id mod E) whose write set holds ensemble position ``index``."""
     return sum(1 << r for r in range(E) if index in write_set(r, E, Qw))
@@ -188,4 +197,4 @@ async def check_ledger(client, meta: LedgerMetadata, *, lac: int | None = None, 
     return out
 
 
-__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "tally"]
+__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "tally"]

@@ -37,6 +37,7 @@ from stream.writer_lease import Liveness, judge_writer, read_writer
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
+from stream.autorecovery.replica_check import check_ledger, damaged
 from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check, judge_task,
                                              plan_ledger, restrict_plan)
 
@@ -386,7 +387,8 @@ async def scan_pages(client, page: int = 100):
         yield named
 
 
-async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0) -> int:
+async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0,
+                    full: bool = False) -> int:
     """The periodic check: every registered bookie named by a sealed
     fragment is asked, with one ``ReadLac`` per ledger (the existing RPC;
     without a term or the fence it changes nothing), the highest entry it
@@ -394,13 +396,25 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
     publishes a task naming it as damaged.  Cheap (one small RPC per ledger
     and bookie, no entry read): it finds a wiped disk, a lost ledger or a
     missing tail (a classic fragment's failed bookie), not one entry missing
-    in the middle of a range.  Returns the ledgers found damaged."""
+    in the middle of a range.  ``full``: every entry read from every replica
+    instead (``replica_check``, BookKeeper's LedgerChecker), which finds
+    those too, and records failing their checksum, at the cost of reading
+    every sealed fragment Qw times.  Returns the ledgers found damaged."""
     registered = {r.bookie_id for r in await asyncio.to_thread(client.registry.list_bookies, False)}
     found = 0
     async for named in scan_pages(client, page):
         for lid in named:
             meta, _ = await _read_meta(client, lid)
             if meta is None:
+                continue
+            if full:
+                frags = await check_ledger(client, meta, timeout=timeout)
+                bad = damaged(frags, registered)
+                if bad:
+                    found += 1
+                    await asyncio.to_thread(keys.publish, lid, bad, True)
+                    log.warning("full check: ledger %d: %s lack entries or hold bad records: %s", lid, sorted(bad),
+                                [f.as_json() for f in frags if not f.clean])
                 continue
             expected = {b: e for b, e in expected_last_entries(meta).items() if b in registered}
             answers: dict[str, int | None] = {}
@@ -492,7 +506,7 @@ class Auditor:
                     pending = fx
                 elif isinstance(fx, Check):
                     if await asyncio.to_thread(self.keys.enabled):
-                        found = await run_check(self.client, self.keys, self.page)
+                        found = await run_check(self.client, self.keys, self.page, full=self.cfg.full_check)
                         log.info("auditor: periodic check: %d ledger(s) with damaged replicas", found)
                 elif isinstance(fx, MootTasks):
                     n = await asyncio.to_thread(self.keys.moot, fx.bookie)

@@ -51,8 +51,9 @@ class Options:
 
 # The autorecovery processes' settings: a bookie gone 1 s is lost, an open
 # fragment is sealed 2 s after that when its writer is not live (6 s when it
-# is), and the periodic ReadLac check runs every 5 s.
-AR_ARGS = ["--delay", "1", "--grace", "2", "--writer-bound", "6", "--check-interval", "5"]
+# is), and the full periodic check (every entry from every replica) runs
+# every 5 s: a bookie that missed entries of a sealed fragment is mended.
+AR_ARGS = ["--delay", "1", "--grace", "2", "--writer-bound", "6", "--check-interval", "5", "--full-check"]
 SETTLE_TIMEOUT = 90.0
 
 
