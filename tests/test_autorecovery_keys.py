@@ -1,0 +1,44 @@
+"""The autorecovery's lease-bound keys in real etcd (stream/autorecovery/keys.py):
+a worker's per-ledger lock and the auditor's election key."""
+from __future__ import annotations
+
+from stream.autorecovery.keys import AutorecoveryKeys
+
+
+def test_a_holder_finds_its_own_lock_again_and_nobody_else_takes_it(store, cluster):
+    """A worker whose release failed in an etcd outage its lease outlived
+    (or whose create's answer was lost) holds the lock still: taking it
+    again must say so, or that worker, and every other, waits for the
+    lock for as long as the process runs."""
+    keys = AutorecoveryKeys(store, cluster)
+    mine, other = store.lease(10), store.lease(10)
+    try:
+        assert keys.try_lock(7, "w1", mine.id)
+        assert keys.try_lock(7, "w1", mine.id)        # (ours: the release that never happened)
+        assert not keys.try_lock(7, "w2", other.id)   # someone else's
+        assert not keys.try_lock(7, "w1", other.id)   # our name on a lease that is not the lock's
+        assert keys.lock_holder(7) == "w1"
+        keys.unlock(7, "w1")
+        assert keys.try_lock(7, "w2", other.id) and not keys.try_lock(7, "w1", mine.id)
+    finally:
+        mine.revoke()
+        other.revoke()
+
+
+def test_an_auditor_that_left_its_lead_on_an_error_is_still_the_auditor(store, cluster):
+    """An elected auditor whose lead loop ended on an etcd error keeps its
+    key while its lease lives: campaigning again must find it elected (with
+    KeyExists alone it waited for its own key's deletion, and so did every
+    other candidate: no auditor, found by the fault suite after an etcd kill)."""
+    keys = AutorecoveryKeys(store, cluster)
+    mine, other = store.lease(10), store.lease(10)
+    a, b = {"id": "auditor-a", "address": ""}, {"id": "auditor-b", "address": ""}
+    try:
+        assert keys.campaign(a, mine.id)
+        assert keys.campaign(a, mine.id)
+        assert not keys.campaign(b, other.id) and not keys.campaign(a, other.id)
+        assert keys.auditor() == a
+        mine.revoke()   # (its key goes with its lease)
+        assert keys.campaign(b, other.id) and keys.auditor() == b
+    finally:
+        other.revoke()
