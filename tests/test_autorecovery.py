@@ -235,15 +235,14 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     (every entry from every replica) names it as damaged, and the workers
     copy its share to another bookie."""
     from stream.autorecovery.service import run_check
+    from tests.test_recovery_cli import closed_ledger
 
     procs = own.start(4)
+    lid, ens = closed_ledger(own, [b"m%d" % i for i in range(40)])
+    hurt = ens[1]
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        await lh.add_entries([b"m%d" % i for i in range(40)])
-        await lh.close()
-        lid, hurt = lh.ledger_id, lh.metadata.fragments[0].ensemble[1]
         assert (await (await bk.bookie(hurt)).delete(lid, (10, 14))).status == Status.OK
         keys = AutorecoveryKeys(bk.store, own.cluster)
         assert await run_check(bk, keys) == 0 and not list(keys.tasks())   # ReadLac: 39, as expected

@@ -32,12 +32,11 @@ def cli(env, *args, check=True):
     return p
 
 
-def closed_ledger_first_bookie_killed(own, procs, payloads: list[bytes], batch: int = 100):
+def closed_ledger(env, payloads: list[bytes], batch: int = 100) -> tuple[int, tuple[str, ...]]:
     """A closed E3 Qw3 Qa2 ledger of ``payloads`` (added ``batch`` at a
-    time), then its ensemble's first bookie killed: (ledger id, ensemble,
-    the killed bookie's process)."""
+    time): (ledger id, its ensemble)."""
     async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
+        bk = BookKeeperClient(env.endpoint, env.cluster)
         lh = await bk.create_ledger(3, 3, 2)
         for k in range(0, len(payloads), batch):
             await lh.add_entries(payloads[k:k + batch])
@@ -45,7 +44,26 @@ def closed_ledger_first_bookie_killed(own, procs, payloads: list[bytes], batch: 
         await bk.close()
         return lh.ledger_id, lh.metadata.fragments[0].ensemble
 
-    lid, ensemble = run(write())
+    return run(write())
+
+
+def written_stream(env, name: str, config: StreamConfig, payloads: list[bytes]) -> int:
+    """A stream of ``payloads`` whose writer closed (its last fragment open,
+    no live writer): its ledger id."""
+    async def write():
+        async with AsyncStreamClient(env.endpoint, env.cluster) as sc:
+            w = await sc.open_writer(name, config)
+            await w.append_many(payloads)
+            await w.close()
+            return (await sc.stream_info(name))["ledger_id"]
+
+    return run(write())
+
+
+def closed_ledger_first_bookie_killed(own, procs, payloads: list[bytes], batch: int = 100):
+    """``closed_ledger``, then its ensemble's first bookie killed: (ledger
+    id, ensemble, the killed bookie's process)."""
+    lid, ensemble = closed_ledger(own, payloads, batch)
     victim = next(p for p in procs if p.bookie_id == ensemble[0])
     victim.kill()
     return lid, ensemble, victim
@@ -59,15 +77,7 @@ def test_recover_to_a_target_that_holds_later_fragments(own):
     procs = own.start(4)
     ids = [p.bookie_id for p in procs]
     name = f"s-{uuid.uuid4().hex[:8]}"
-
-    async def write():
-        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
-            w = await sc.open_writer(name, StreamConfig(3, 3, 2, fragment_size_entries=10))
-            await w.append_many([b"e%d" % i for i in range(59)])
-            await w.close()
-            return (await sc.stream_info(name))["ledger_id"]
-
-    lid = run(write())
+    lid = written_stream(own, name, StreamConfig(3, 3, 2, fragment_size_entries=10), [b"e%d" % i for i in range(59)])
     bk0 = BookKeeperClient(own.endpoint, own.cluster)
     meta, _ = bk0.ledgers.read(lid)
     first = meta.fragments[0]

@@ -10,9 +10,9 @@ from bookie import entry as E
 from bookie.core import Status
 from stream.autorecovery.replica_check import checked_fragments, tally
 from stream.client import BookKeeperClient
-from stream.stream import AsyncStreamClient, StreamConfig
+from stream.stream import StreamConfig
 from tests.conftest import run
-from tests.test_recovery_cli import cli
+from tests.test_recovery_cli import cli, closed_ledger, written_stream
 
 ENS = ("a", "b", "c")
 
@@ -84,16 +84,7 @@ def _check(env, *args):
 
 def test_ledgers_check_finds_what_real_bookies_lack_lose_and_hold_differently(own):
     procs = own.start(3)
-
-    async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        await lh.add_entries([b"p%d" % i for i in range(50)])
-        await lh.close()
-        await bk.close()
-        return lh.ledger_id, lh.metadata.fragments[0].ensemble
-
-    lid, ens = run(write())
+    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(50)])
     code, out = _check(own, "ledgers", "check", str(lid))
     assert code == 0 and out["entries_checked"] == 50 and out["under_replicated"] == 0, out
 
@@ -128,15 +119,7 @@ def test_ledgers_check_finds_what_real_bookies_lack_lose_and_hold_differently(ow
 def test_streams_check_of_a_striped_stream(own):
     own.start(4)
     name = f"s-{uuid.uuid4().hex[:8]}"
-
-    async def write():
-        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
-            w = await sc.open_writer(name, StreamConfig(4, 2, 2, fragment_size_entries=40))
-            await w.append_many([b"e%d" % i for i in range(130)])
-            await w.close()
-            return (await sc.stream_info(name))["ledger_id"]
-
-    lid = run(write())
+    lid = written_stream(own, name, StreamConfig(4, 2, 2, fragment_size_entries=40), [b"e%d" % i for i in range(130)])
     code, out = _check(own, "streams", "check", name)
     assert code == 0 and out["ledger_id"] == lid and out["fragments_checked"] >= 3, out
     assert out["entries_checked"] >= 120 and not out["unanswered"], out

@@ -20,6 +20,7 @@ from stream.client import BookKeeperClient  # noqa: E402
 from stream.stream import AsyncStreamClient, Position, StreamConfig  # noqa: E402
 from tests.conftest import run  # noqa: E402
 from tests.test_autorecovery import check_every_replica, names_bookie  # noqa: E402
+from tests.test_recovery_cli import closed_ledger  # noqa: E402
 from tests.test_spark import spark  # noqa: E402,F401  (the session's SparkSession)
 
 N_STREAM, N_CLASSIC = 300, 200
@@ -240,16 +241,7 @@ def test_a_job_whose_tasks_keep_dying_reports_every_fragment_failed(spark, own, 
     import stream.spark.recover as rec
 
     procs = own.start(4)
-
-    async def write():
-        bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(3, 3, 2)
-        await lh.add_entries([b"d%d" % i for i in range(20)])
-        await lh.close()
-        await bk.close()
-        return lh.ledger_id, lh.metadata.fragments[0].ensemble
-
-    lid, ens = run(write())
+    lid, ens = closed_ledger(own, [b"d%d" % i for i in range(20)])
     next(p for p in procs if p.bookie_id == ens[1]).kill()
 
     def dies(task):

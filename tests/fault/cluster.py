@@ -58,7 +58,27 @@ class Bookie:
         return self.proc.data_dir
 
 
-class Worker(ServedProcess):
+class Signalled:
+    """A child process the nemesis signals by name: its pid while it runs
+    (None once dead), and kill -9 that first wakes a stopped process."""
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.alive() else None
+
+    def signal(self, sig: int) -> None:
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.signal(signal.SIGCONT)
+        super().kill()
+
+
+class Worker(Signalled, ServedProcess):
     """A writer or reader process (tests/fault/worker.py); each start is a
     new incarnation, with its own history file.  ``start`` returns once the
     process says it is ready (its signal handlers are installed: a SIGUSR1
@@ -98,42 +118,17 @@ class Worker(ServedProcess):
         self.state = "up"
         return self
 
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.alive() else None
-
-    def signal(self, sig: int) -> None:
-        if self.pid is not None:
-            os.kill(self.pid, sig)
-
     def kill(self) -> None:
-        if self.alive():
-            try:
-                os.kill(self.proc.pid, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
         super().kill()
         self.state = "down"
 
 
-class Recoverer(AutorecoveryProcess):
+class Recoverer(Signalled, AutorecoveryProcess):
     """An auditor candidate + replication worker process, by name."""
 
     def __init__(self, cluster: "FaultCluster", name: str, extra: list[str]):
         super().__init__(cluster.dir / name, etcd=cluster.etcd.endpoint, cluster=cluster.name, extra_args=extra)
         self.name = name
-
-    @property
-    def pid(self) -> int | None:
-        return self.proc.pid if self.alive() else None
-
-    def signal(self, sig: int) -> None:
-        if self.pid is not None:
-            os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.signal(signal.SIGCONT)
-        super().kill()
 
 
 class FaultCluster:
