@@ -260,6 +260,36 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     run(go())
 
 
+def test_a_copy_whose_lock_is_gone_does_not_clear_its_target(own):
+    """A worker paused past its lock's lease wakes up about to clear its
+    target's range, while another worker has copied the fragment to that
+    same target and published it: the lock, read again just before the
+    clearing, stops it (without that read, the target's published entries
+    go, here for good: this copy's sources do not answer)."""
+    import dataclasses
+
+    from stream.autorecovery.copier import CopyFailed, copy_fragment
+    from stream.autorecovery.worker_core import plan_ledger
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(4)
+    lid, ens = closed_ledger(own, [b"c%d" % i for i in range(30)])
+    target = next(p.bookie_id for p in procs if p.bookie_id not in ens)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+        (job,) = plan_ledger(meta, {ens[0]}).jobs
+        assert (await copy_fragment(bk, job, target)).entries == 30   # (the other worker's copy)
+        with pytest.raises(CopyFailed, match="lock was lost"):
+            await copy_fragment(bk, dataclasses.replace(job, sources=()), target, keep_going=lambda: False)
+        tc = await bk.bookie(target)
+        assert [(await tc.read_entry(lid, e)).status for e in range(30)] == [Status.OK] * 30
+        await bk.close()
+
+    run(go())
+
+
 def test_a_worker_with_a_rate_limit_says_how_long_the_limit_held_its_copy(own):
     """A worker limited to 2 MiB/s copies 8 MiB: its outcome, and the
     worker's metrics (`bookstream_autorecovery_paced_seconds_total`, the

@@ -71,18 +71,24 @@ class CopyStats:
 
 async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
                         progress: Callable[[int, int], None] | None = None,
-                        pace: Pace | None = None) -> CopyStats:
+                        pace: Pace | None = None, keep_going: Callable[[], bool] | None = None) -> CopyStats:
     """Copies the entries the lost position of ``job`` held onto ``target``
     and waits until the target acknowledged them (durable: the bookie acks
     after fdatasync).  ``progress(entries, bytes)`` after each acked frame.
     ``pace``: the rate limit each frame is sent under (None: as fast as the
-    bookies go).  Raises :class:`CopyFailed`."""
+    bookies go).  ``keep_going()`` is asked once more just before the
+    target's range is cleared, the one step that destroys: a worker paused
+    past its lock's lease (another worker may have copied to the same
+    target and published it meanwhile) must find out there, by a read of
+    its lock in etcd, not after.  Raises :class:`CopyFailed`."""
     stats = CopyStats()
     if job.last_entry < job.first_entry:
         return stats
     tc = await client.bookie(target)
     if tc is None:
         raise CopyFailed(f"target {target} is not registered")
+    if keep_going is not None and not keep_going():
+        raise CopyFailed(f"the ledger's lock was lost before clearing {target}")
     try:
         r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout,
                             master_key=job.master_key)

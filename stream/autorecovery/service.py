@@ -85,8 +85,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     """Brings ledger ``lid`` back to full replication without the ``lost``
     bookies, as far as it can now.  ``progress(kind, entries, bytes)``:
     ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
-    ``keep_going()`` is asked before each step (a worker whose lock is gone
-    stops).  ``only``: the first entries of the fragments to work on (a
+    ``keep_going()`` is asked before each step and before a copy clears its
+    target (a worker whose lock is gone stops: a read of the lock in etcd,
+    so that a worker paused past its lease finds out when it wakes up).  ``only``: the first entries of the fragments to work on (a
     Spark task's fragment); the ledger's other fragments are left alone.
     ``writer_bound``: a stream's writer key is read with its metadata, and
     an open fragment of a writer live at the stream's term is left to it up
@@ -154,7 +155,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                  job.last_entry, job.lost, job.index, tgt, list(job.sources))
         try:
             stats = await copy_fragment(client, job, tgt, progress=(
-                None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace)
+                None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace, keep_going=keep_going)
         except CopyFailed as e:
             client.mark_failed(tgt)
             out.step, out.note = Step.WAIT, str(e)
@@ -336,7 +337,7 @@ class ReplicationWorker:
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              writer_bound=self.cfg.writer_bound, pace=self.pace,
-                                             keep_going=lambda: not lease.lost)
+                                             keep_going=lambda: not lease.lost and self.keys.still_mine(lid, self.id))
         self.outcomes.append(out)
         AutorecoveryMetrics.default().task(out)  # stream/metrics.py
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,
