@@ -201,6 +201,24 @@ def test_failOnDataLoss_for_a_trimmed_start(spark, shared):
     assert rows[0].entry >= 200 and rows[-1].payload == b"t599"
 
 
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_batch_read_with_a_bookie_killed_or_paused_returns_every_record(spark, own, fault):
+    """Spark tasks read through the public client: with one bookie of every
+    fragment's ensemble killed (connections refused) or SIGSTOPped (they
+    hang), each entry comes from another replica, in order, and the job ends."""
+    procs = own.start(3)   # (every fragment's ensemble holds the victim)
+    name = "faulty-" + uuid.uuid4().hex[:6]
+    payloads = [b"r-%05d" % i for i in range(3000)]
+    _append(own, name, payloads, StreamConfig(3, 3, 2, fragment_size_entries=400))
+    victim = procs[1]
+    if fault == "kill":
+        victim.kill()
+    else:
+        os.kill(victim.pid, signal.SIGSTOP)   # (the fixture resumes it at the end)
+    rows = _read(spark, own, stream=name, maxEntriesPerPartition="500").collect()
+    assert [r.payload for r in rows] == payloads
+
+
 def test_a_task_reads_its_range_in_chunks(shared):
     """``access.read_range``, a task's read (no Spark session needed): the
     range's (entry id, payload) rows in order, in chunks, each sized from
