@@ -46,6 +46,8 @@ def main(argv=None) -> int:
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
     p.add_argument("--autorecovery", type=int, default=0, metavar="N",
                    help="N auditor + worker processes, and the faults they bring (lose_bookie, kill/pause them)")
+    p.add_argument("--slow-disks", action="store_true",
+                   help="the slow_disk kind: a bookie's fsyncs made slow (an LD_PRELOAD shim, built with cc)")
     p.add_argument("--quorums", default="3/3/2", metavar="E/QW/QA",
                    help="the writers' ensemble, write and ack quorums (E > Qw: a striped stream)")
     p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")
@@ -62,7 +64,7 @@ def main(argv=None) -> int:
         p.error(f"--quorums: E/QW/QA, three integers, got {args.quorums!r}")
     if not 1 <= qa <= qw <= e <= args.bookies:
         p.error(f"--quorums: need 1 <= Qa <= Qw <= E <= --bookies ({args.bookies}), got {args.quorums}")
-    opts = Options(autorecovery=args.autorecovery, ensemble=e, write_quorum=qw, ack_quorum=qa, seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
+    opts = Options(autorecovery=args.autorecovery, slow_disks=args.slow_disks, ensemble=e, write_quorum=qw, ack_quorum=qa, seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
                    readers=args.readers, rate=args.rate, fragment_entries=args.fragment_entries,
                    kinds=args.kinds.split(",") if args.kinds else None, keep=args.keep, tmpfs=not args.no_tmpfs,
                    mutant=args.mutant, api=args.api, plan_file=args.plan)

@@ -13,6 +13,8 @@ Every fault here is done to a real OS process or its real files:
   segment gets a record cut short appended (what a crash in the middle of a
   write leaves: bytes never fsynced, so never acknowledged), found and cut
   off by the bookie on restart;
+- a slow disk: every fsync of the bookie first sleeps what a file says
+  (``slow_disk.c``, loaded with LD_PRELOAD; built with the machine's cc);
 - a lost disk: the bookie is killed -9 and its data dir emptied; it starts
   again as a new bookie (a new id), and what the old one held is
   autorecovery's to bring back (``bookstream autorecovery run`` processes,
@@ -50,6 +52,7 @@ class Bookie:
         self.index, self.proc, self.proxy, self.tmpfs = index, proc, proxy, tmpfs
         self.read_proxy = read_proxy  # in front of its read port (bookie/read_port.py): partitioned with proxy
         self.etcd_proxy = etcd_proxy  # this bookie's only way to etcd: partitions it from etcd alone
+        self.slow_path: Path | None = None   # its fsyncs' delay (µs) while this file exists (slow_disk.c)
         self.state = "up"   # up / killed / stopped
         self.filler: Path | None = None
 
@@ -133,7 +136,7 @@ class Recoverer(Signalled, AutorecoveryProcess):
 
 class FaultCluster:
     def __init__(self, base: Path, *, seed: int, bookies: int = 5, ttl: int = 3, tmpfs_bookie: int | None = 0,
-                 name: str | None = None):
+                 name: str | None = None, slow_disks: bool = False):
         self.dir = Path(base)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -148,12 +151,14 @@ class FaultCluster:
         self.n_bookies = bookies
         self.tmpfs_bookie = tmpfs_bookie
         self.mounts: list[Path] = []
+        self.slow_disks = slow_disks
 
     # -- life cycle --------------------------------------------------------------------
 
     def start(self) -> "FaultCluster":
         self.etcd.start()
         self.etcd_state = "up"
+        shim = self._build_slow_disk() if self.slow_disks else None
         slots = []
         for i in range(self.n_bookies):
             data = self.dir / f"b{i}"
@@ -171,11 +176,24 @@ class FaultCluster:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
             proc = BookieProcess(data, port=port, etcd=etcd_proxy.address, cluster=self.name, extra_args=extra)
-            slots.append(Bookie(i, proc, proxy, tmpfs, etcd_proxy, read_proxy))
+            slot = Bookie(i, proc, proxy, tmpfs, etcd_proxy, read_proxy)
+            if shim is not None:
+                slot.slow_path = self.dir / f"b{i}.slow-disk"
+                proc.env = {"LD_PRELOAD": str(shim), "BOOKSTREAM_SLOW_DISK": str(slot.slow_path)}
+            slots.append(slot)
         with ThreadPoolExecutor(len(slots)) as ex:
             list(ex.map(lambda b: b.proc.start(), slots))
         self.bookies = slots
         return self
+
+    def _build_slow_disk(self) -> Path | None:
+        out = self.dir / "slow_disk.so"
+        r = subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(out), str(Path(__file__).with_name("slow_disk.c")),
+                            "-ldl"], capture_output=True, text=True)
+        if r.returncode != 0:
+            log.warning("no slow-disk shim (%s): that fault is skipped", r.stderr.strip()[-300:])
+            return None
+        return out
 
     def _mount_tmpfs(self, path: Path) -> bool:
         r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={TMPFS_BYTES}", "tmpfs", str(path)],
@@ -335,6 +353,19 @@ class FaultCluster:
         if b.filler is not None:
             b.filler.unlink(missing_ok=True)
             b.filler = None
+
+    def slow_disk(self, i: int, delay_ms: float) -> dict:
+        """Every fsync of bookie ``i`` takes ``delay_ms`` longer from now on."""
+        b = self.bookies[i]
+        if b.slow_path is None:
+            return {"slowed": 0}
+        b.slow_path.write_text(str(int(delay_ms * 1000)))
+        return {"slowed": delay_ms}
+
+    def fast_disk(self, i: int) -> None:
+        b = self.bookies[i]
+        if b.slow_path is not None:
+            b.slow_path.unlink(missing_ok=True)
 
     def partition(self, i: int, mode: str, pids=None) -> None:
         for p in (self.bookies[i].proxy, self.bookies[i].read_proxy):

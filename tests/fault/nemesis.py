@@ -33,6 +33,13 @@ Fault kinds (``KINDS``: weight, duration range in seconds):
   bytes cut off, restart: a disk losing fsynced data, outside the fault
   model (its anomalies are attributed to it, not to a bug).
 
+With ``slow_disks`` (left out of the draw otherwise, likewise):
+
+- ``slow_disk``: every fsync of the bookie sleeps 50 ms to 1.5 s first
+  (cluster.py: an LD_PRELOAD shim), for the duration: a bookie that answers,
+  slowly (a gray failure: its adds queue up, its acks come late, it is
+  never down).
+
 With autorecovery processes in the cluster (``recoverers``; none, and these
 kinds are left out of the draw, so the plans of earlier seeds stay as
 they were):
@@ -65,8 +72,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "etcd_partition", "full_disk", "torn_tail", "cut_tail",
-                "lose_bookie"}
+                "lose_bookie", "slow_disk"}
 AUTORECOVERY_KINDS = {"lose_bookie", "kill_autorecovery", "pause_autorecovery"}   # only with recoverers
+SLOW_KINDS = {"slow_disk"}                                                       # only with slow_disks
 RESTART_MARGIN = 8.0   # a killed bookie's restart can wait for its old lease (2 x TTL)
 
 
@@ -95,6 +103,8 @@ KINDS: dict[str, Kind] = {
     "lose_bookie": Kind(2, (0.5, 3.0)),
     "kill_autorecovery": Kind(2, (0.5, 4.0)),
     "pause_autorecovery": Kind(1, (0.5, 6.0)),
+    # with slow_disks only
+    "slow_disk": Kind(2, (1.0, 8.0)),
 }
 
 
@@ -109,11 +119,11 @@ class Fault:
 
 def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers: list[str],
          tmpfs_bookie: int | None, kinds: list[str] | None = None, max_bookie_faults: int = 2,
-         mean_gap: float = 1.5, recoverers: list[str] = ()) -> list[Fault]:
+         mean_gap: float = 1.5, recoverers: list[str] = (), slow_disks: bool = False) -> list[Fault]:
     """The fault schedule of a seed (pure: no clock, no I/O)."""
     rng = random.Random(seed)
     names = [k for k in (kinds or KINDS) if (k != "full_disk" or tmpfs_bookie is not None)
-             and (k not in AUTORECOVERY_KINDS or recoverers)]
+             and (k not in AUTORECOVERY_KINDS or recoverers) and (k not in SLOW_KINDS or slow_disks)]
     weights = [KINDS[k].weight or (1 if kinds else 0) for k in names]  # a named kind runs, weight 0 or not
     bookie_free = [0.0] * bookies
     worker_free = {w: 0.0 for w in [*writers, *readers, *recoverers]}
@@ -141,6 +151,8 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                               "scope": rng.choice(["all", "all"] + writers)}
                 elif kind == "etcd_partition":
                     params = {"mode": rng.choice(["blackhole", "cut"])}
+                elif kind == "slow_disk":
+                    params = {"delay_ms": rng.choice([50, 200, 500, 1500])}
                 f = Fault(round(t, 2), kind, i, d, params)
                 lost = lost or kind == "lose_bookie"
                 margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail", "lose_bookie") else 0.5
@@ -239,6 +251,8 @@ class Nemesis:
             elif k == "lose_bookie":
                 c.kill_bookie(f.target)
                 return c.wipe_bookie(f.target)
+            elif k == "slow_disk":
+                return c.slow_disk(f.target, f.params["delay_ms"])
             elif k == "kill_autorecovery":
                 c.recoverer(f.target).kill()
             elif k == "pause_autorecovery":
@@ -270,6 +284,8 @@ class Nemesis:
             c.heal_etcd_link(f.target)
         elif k == "full_disk":
             c.free_disk(f.target)
+        elif k == "slow_disk":
+            c.fast_disk(f.target)
         elif k in ("kill_writer", "kill_reader"):
             self.pending.append(self.pool.submit(self._logged, n, "restarted", self._worker(f.target).start))
         elif k == "pause_writer":
@@ -309,6 +325,7 @@ class Nemesis:
             c.heal(b.index)
             c.heal_etcd_link(b.index)
             c.free_disk(b.index)
+            c.fast_disk(b.index)
             if b.state == "stopped":
                 c.cont_bookie(b.index)
             if b.state == "killed" or not b.proc.alive():

@@ -44,6 +44,7 @@ class Options:
     mutant: str | None = None      # writers run with a broken rule (stream/mutations.py): must be caught
     plan_file: str | None = None   # replay this schedule (a run's plan.json) instead of the seed's
     autorecovery: int = 0          # auditor + worker processes (AR_ARGS); with them the lose_bookie kind
+    slow_disks: bool = False       # the slow_disk kind (an LD_PRELOAD shim in the bookies)
     ensemble: int = 3              # the writers' stream (or ledgers): E, Qw, Qa; E > Qw stripes it
     write_quorum: int = 3
     ack_quorum: int = 2
@@ -121,7 +122,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     writers = [f"w{i + 1}" for i in range(opts.writers)]
     readers = [f"r{i + 1}" for i in range(opts.readers)]
     c = FaultCluster(run_dir, seed=seed, bookies=opts.bookies, ttl=opts.ttl,
-                     tmpfs_bookie=0 if opts.tmpfs else None)
+                     tmpfs_bookie=0 if opts.tmpfs else None, slow_disks=opts.slow_disks)
     recoverers = [f"ar{i + 1}" for i in range(opts.autorecovery)]
     t_start = time.time()
     report: dict = {"seed": seed, "options": asdict(opts)}
@@ -132,7 +133,8 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             faults = [Fault(**f) for f in json.loads(Path(opts.plan_file).read_text())]
         else:
             faults = plan(seed, opts.seconds, bookies=opts.bookies, writers=writers, readers=readers,
-                          tmpfs_bookie=tmpfs, kinds=opts.kinds, recoverers=recoverers)
+                          tmpfs_bookie=tmpfs, kinds=opts.kinds, recoverers=recoverers,
+                          slow_disks=opts.slow_disks and all(b.slow_path for b in c.bookies))
         dump(run_dir / "plan.json", [asdict(f) for f in faults])
         report["cluster"] = c.describe()
         extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries),

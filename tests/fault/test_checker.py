@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.fault import checker
-from tests.fault.nemesis import AUTORECOVERY_KINDS, KINDS, plan
+from tests.fault.nemesis import AUTORECOVERY_KINDS, KINDS, SLOW_KINDS, plan
 
 
 def write(path, *lines):
@@ -95,14 +95,17 @@ def test_the_schedule_is_a_function_of_its_seed():
     kw = dict(bookies=5, writers=["w1", "w2"], readers=["r1", "r2"], tmpfs_bookie=0)
     a, b = plan(42, 60, **kw), plan(42, 60, **kw)
     assert a == b and a != plan(43, 60, **kw)
-    assert {f.kind for f in plan(1, 600, **kw)} == {k for k, v in KINDS.items() if v.weight} - AUTORECOVERY_KINDS
+    weighted = {k for k, v in KINDS.items() if v.weight}
+    assert {f.kind for f in plan(1, 600, **kw)} == weighted - AUTORECOVERY_KINDS - SLOW_KINDS
     with_ar = plan(1, 600, **kw, recoverers=["ar1"])
-    assert {f.kind for f in with_ar} == {k for k, v in KINDS.items() if v.weight}
+    assert {f.kind for f in with_ar} == weighted - SLOW_KINDS
+    assert {f.kind for f in plan(1, 600, **kw, recoverers=["ar1"], slow_disks=True)} == weighted
     assert sum(f.kind == "lose_bookie" for f in with_ar) == 1   # (one lost disk a run: the fault model)
     assert {f.kind for f in plan(1, 60, **kw, kinds=["cut_tail"])} == {"cut_tail"}  # named: runs at weight 0
-    for f in plan(7, 600, **kw, recoverers=["ar1"]):  # never more than two bookies hurt at once
-        if f.kind in ("kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail", "lose_bookie"):
-            hurt = [g for g in plan(7, 600, **kw, recoverers=["ar1"]) if isinstance(g.target, int)
+    for f in plan(7, 600, **kw, recoverers=["ar1"], slow_disks=True):  # never more than two bookies hurt at once
+        if f.kind in ("kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail", "lose_bookie",
+                      "slow_disk"):
+            hurt = [g for g in plan(7, 600, **kw, recoverers=["ar1"], slow_disks=True) if isinstance(g.target, int)
                     and g.t <= f.t < g.t + g.duration]
             assert len({g.target for g in hurt}) <= 2
     assert all(f.kind != "full_disk" for f in plan(1, 600, **{**kw, "tmpfs_bookie": None}))

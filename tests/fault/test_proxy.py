@@ -129,3 +129,42 @@ def test_a_bookie_partitioned_from_etcd_loses_its_registration_and_registers_aga
     finally:
         store.close()
         c.close()
+
+
+def test_a_slow_disk_slows_that_bookie_s_fsyncs_only_while_on(tmp_path):
+    """The nemesis's ``slow_disk``: the bookies carry an LD_PRELOAD shim
+    (tests/fault/slow_disk.c); once the fault is on, each group commit of
+    that bookie takes at least the delay (its journal's own histogram of
+    group commits); once off, the bookie commits on."""
+    import asyncio
+
+    from stream.client import BookKeeperClient
+    from tests.fault.cluster import FaultCluster
+
+    c = FaultCluster(tmp_path, seed=1, bookies=3, tmpfs_bookie=None, slow_disks=True).start()
+    assert all(b.slow_path is not None for b in c.bookies), "no cc to build the shim"
+
+    async def go():
+        bk = BookKeeperClient(c.etcd.endpoint, c.name)
+        slow = c.bookies[0].proc.bookie_id
+        lh = await bk.create_ledger(3, 3, 3)   # (Qa 3: each add waits for the slow bookie too)
+        await lh.add_entries([b"before"] * 5)
+        bc = await bk.bookie(slow)
+        before = await bc.info()
+        c.slow_disk(0, 400)
+        await lh.add_entry(b"slow")
+        during = await bc.info()
+        c.fast_disk(0)
+        await lh.add_entries([b"after"] * 5)
+        after = await bc.info()
+        await bk.close()
+        return before, during, after
+
+    try:
+        before, during, after = asyncio.run(go())
+        # element 13 on: commits of 64 << 12 us (0.26 s) and more
+        assert sum(during.journal_sync_histogram[13:]) > sum(before.journal_sync_histogram[13:])
+        assert during.journal_sync_max_seconds >= 0.4
+        assert after.journal_fsyncs > during.journal_fsyncs   # (the bookie commits on)
+    finally:
+        c.close()
