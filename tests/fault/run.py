@@ -64,7 +64,6 @@ async def autorecovery_settled(endpoint: str, cluster: str, api: str, timeout: f
     that is not registered.  Polls etcd (what it waits for is work done by
     other processes); returns how long it took, or what was left."""
     from stream.autorecovery.keys import AutorecoveryKeys
-    from stream.log import read_ledger_list
     from stream.stream import AsyncStreamClient
     t0 = time.monotonic()
     async with AsyncStreamClient(endpoint, cluster) as sc:
@@ -72,9 +71,8 @@ async def autorecovery_settled(endpoint: str, cluster: str, api: str, timeout: f
         keys = AutorecoveryKeys(bk.store, cluster)
         while True:
             regs = {r.bookie_id for r in await asyncio.to_thread(bk.registry.list_bookies, False)}
-            lids = (await read_ledger_list(bk, STREAM))[0] if api == "log" else [await sc._ledger_of(STREAM)]
             named = set()
-            for lid in lids:
+            for lid in await _ledgers(sc, api):
                 meta, _ = await bk.meta_call(bk.ledgers.read, lid)
                 named |= {b for f in meta.fragments for b in f.ensemble}
             tasks = await asyncio.to_thread(lambda: [t.ledger_id for t in keys.tasks()])
@@ -84,6 +82,12 @@ async def autorecovery_settled(endpoint: str, cluster: str, api: str, timeout: f
             if time.monotonic() - t0 > timeout:
                 return {"unsettled_after_s": timeout, **left}
             await asyncio.sleep(0.5)
+
+
+async def _ledgers(sc, api: str) -> list[int]:
+    """The run's ledgers: the stream's one, or every ledger of the log."""
+    from stream.log import read_ledger_list
+    return (await read_ledger_list(sc.bk, STREAM))[0] if api == "log" else [await sc._ledger_of(STREAM)]
 
 
 async def final_read(endpoint: str, cluster: str, marker: str, timeout: float) -> list:
@@ -234,18 +238,12 @@ async def replica_audit(endpoint: str, cluster: str, api: str, final: list) -> d
     that failed on one bookie after Qa acked it is left to autorecovery):
     counted."""
     from stream.autorecovery.replica_check import check_ledger
-    from stream.client import BookKeeperClient
-    from stream.log import read_ledger_list
     from stream.stream import AsyncStreamClient
     out = {"ledgers": 0, "entries": 0, "under_replicated": 0, "unanswered": [], "below_ack_quorum": [],
            "lost": [], "divergent": []}
     async with AsyncStreamClient(endpoint, cluster) as sc:
         bk = sc.bk
-        if api == "log":
-            lids, _ = await read_ledger_list(bk, STREAM)
-        else:
-            lids = [await sc._ledger_of(STREAM)]
-        for lid in lids:
+        for lid in await _ledgers(sc, api):
             meta, _ = await bk.meta_call(bk.ledgers.read, lid)
             out["ledgers"] += 1
             upto = final[-1][0] if api != "log" else None   # (the marker: acknowledged, all below it too)
