@@ -8,7 +8,7 @@ import uuid
 
 from bookie import entry as E
 from bookie.core import Status
-from stream.autorecovery.replica_check import checked_fragments, tally
+from stream.autorecovery.replica_check import check_ledger, checked_fragments, tally
 from stream.client import BookKeeperClient
 from stream.stream import StreamConfig
 from tests.conftest import run
@@ -109,6 +109,16 @@ def test_ledgers_check_finds_what_real_bookies_lack_lose_and_hold_differently(ow
     assert frag["under_replicated"] == [[10, 24]] and frag["below_ack_quorum"] == [[15, 19]]
     assert frag["lost"] == [[18, 18]] and frag["divergent"] == [30]
     assert out["under_replicated"] == 15 and out["below_ack_quorum"] == 5 and out["lost"] == 1
+
+    async def in_chunks():   # (ids judged 7 at a time: the ranges above cross the chunks' edges)
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+        whole, chunked = await check_ledger(bk, meta), await check_ledger(bk, meta, chunk=7)
+        await bk.close()
+        return [f.as_json() for f in whole], [f.as_json() for f in chunked]
+
+    whole, chunked = run(in_chunks())
+    assert chunked == whole and whole[0]["missing"] == frag["missing"]
 
     next(p for p in procs if p.bookie_id == ens[2]).kill()
     code, out = _check(own, "ledgers", "check", str(lid), "--read-timeout", "3")
