@@ -3,7 +3,7 @@ the sealed fragments, and of an open ledger's last fragment up to the LAC
 its bookies report, asked of every bookie of its write set
 (stream/autorecovery/replica_check.py).
 
-Prints one row per fragment (what each bookie lacks, the ids below Qw, below
+A progress bar on a terminal (fragments checked, ETA).  Prints one row per fragment (what each bookie lacks, the ids below Qw, below
 Qa, lost, held differently, records failing their checksum, bookies that
 did not answer) and exits 5 (EXIT_CHECK_FAILED) when any of those is not
 empty: what `underreplicated list` would not show until the auditor's
@@ -17,7 +17,7 @@ from __future__ import annotations
 import click
 
 from bookstream.admin import Admin, CheckFailed, Column, Output, admin_command, print_output
-from bookstream.admin_ledgers import _read_meta, ledgers
+from bookstream.admin_ledgers import _progress, _read_meta, ledgers
 from bookstream.admin_streams import streams
 
 
@@ -49,7 +49,11 @@ async def _check(bk, meta, what: str, timeout: float) -> tuple[Output, str | Non
     from stream.ledger import read_lac_covering
 
     lac = None if meta.state is LedgerState.CLOSED else await read_lac_covering(bk, meta)
-    frags = await check_ledger(bk, meta, lac=lac, timeout=timeout)
+    bar = _progress(len(checked_fragments(meta, lac)), "fragments checked")
+    try:
+        frags = await check_ledger(bk, meta, lac=lac, timeout=timeout, progress=lambda done, _n: bar(done))
+    finally:
+        bar(None)
     rows = [f.as_json() for f in frags]
     under = sum(_ids(f.under_replicated) for f in frags)
     rec = {"ledger_id": meta.ledger_id, "state": meta.state.name, "lac": lac,

@@ -316,15 +316,16 @@ async def _simpletest(adm: Admin, e: int, qw: int, qa: int, n: int, size: int, w
         await bk.close()
 
 
-def _progress(total: int):
-    """A rich progress bar (rate, ETA) on a terminal's stderr; nothing in scripts."""
+def _progress(total: int, what: str = "adds"):
+    """A rich progress bar (rate, ETA) on a terminal's stderr; nothing in
+    scripts.  ``update(done)``, then ``update(None)`` to take it away."""
     if not sys.stderr.isatty():
         return lambda done: None
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     from bookstream.admin import console
 
-    p = Progress(TextColumn("adds"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:>9.0f}/s"),
+    p = Progress(TextColumn(what), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:>9.0f}/s"),
                  TimeRemainingColumn(), console=console(stderr=True), transient=True)
     task = p.add_task("adds", total=total, rate=0.0)
     t0 = time.monotonic()
