@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import signal
 import time
 from collections import Counter
@@ -207,7 +208,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             "operations": dict(h.ops), "errors": dict(h.errors),
             "sessions": len(h.sessions), "final_records": None if final is None else len(final),
             "final_error": final_error, "context": context, "acks_after_heal": ok_after_heal,
-            "replicas": replicas, "autorecovery": settled,
+            "replicas": replicas, "autorecovery": settled, "autorecovery_work": _ar_work(c),
             # connections through the bookies' read port proxies (readers reading over the read port)
             "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
             "anomalies": anomalies,
@@ -297,6 +298,28 @@ def _final(c: FaultCluster, marker: str, opts: Options, timeout: float) -> tuple
         return asyncio.run(final_read(c.etcd.endpoint, c.name, marker, timeout)), None
     except Exception as e:
         return None, f"{type(e).__name__}: {e}"
+
+
+_AR_OUTCOME = re.compile(r": ledger \d+: \w+ \((\d+) replaced, (\d+) entries\)")
+
+
+def _ar_work(c: FaultCluster) -> dict | None:
+    """What the autorecovery processes did, from their logs (before a clean
+    run's files are pruned): fragments replaced, entries copied, open
+    fragments sealed."""
+    if not c.recoverers:
+        return None
+    out = {"replaced": 0, "entries": 0, "sealed": 0}
+    for r in c.recoverers:
+        try:
+            text = r.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            continue
+        for m in _AR_OUTCOME.finditer(text):
+            out["replaced"] += int(m.group(1))
+            out["entries"] += int(m.group(2))
+        out["sealed"] += text.count("sealed its open fragment")
+    return out
 
 
 def _audit(c: FaultCluster, opts: Options, final: list) -> dict:
