@@ -87,8 +87,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     ``kind`` is "copy" (entries copied) or "fragment" (a fragment done).
     ``keep_going()`` is asked before each step and before a copy clears its
     target (a worker whose lock is gone stops: a read of the lock in etcd,
-    so that a worker paused past its lease finds out when it wakes up).  ``only``: the first entries of the fragments to work on (a
-    Spark task's fragment); the ledger's other fragments are left alone.
+    so that a worker paused past its lease finds out when it wakes up).
+    ``only``: the first entries of the fragments to work on (a Spark task's
+    fragment); the ledger's other fragments are left alone.
     ``writer_bound``: a stream's writer key is read with its metadata, and
     an open fragment of a writer live at the stream's term is left to it up
     to this long (``worker_core.judge_task``); None (manual recovery): not
@@ -414,8 +415,9 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
                 if bad:
                     found += 1
                     await asyncio.to_thread(keys.publish, lid, bad, True)
-                    log.warning("full check: ledger %d: %s lack entries or hold bad records: %s", lid, sorted(bad),
-                                [f.as_json() for f in frags if not f.clean])
+                    lacking = {b: sum(z - a + 1 for f in frags for a, z in f.missing.get(b, [])) for b in bad}
+                    log.warning("full check: ledger %d: %s lack entries or hold bad records (ids lacking: %s)", lid,
+                                sorted(bad), lacking)
                 continue
             expected = {b: e for b, e in expected_last_entries(meta).items() if b in registered}
             answers: dict[str, int | None] = {}
