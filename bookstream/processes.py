@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -23,6 +25,30 @@ from bookstream.cli import READY_PREFIX
 
 class ProcessStartError(RuntimeError):
     pass
+
+
+def stable_port(host: str = "127.0.0.1") -> int:
+    """A free port below the kernel's ephemeral range, for a server that
+    binds it later, and again after each restart.  The kernel hands ports of
+    that range (net.ipv4.ip_local_port_range) to outgoing connections, so a
+    port picked there can be taken by one before the server binds it, or
+    while it is down: seen once in ~100 fault-suite runs ("Failed to bind"
+    at a bookie's first start).  The kernel's pick if the range leaves no room."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    pick = random.SystemRandom()   # (processes started together draw apart)
+    for _ in range(64 if low > 10_000 else 0):
+        with socket.socket() as s:
+            try:
+                s.bind((host, pick.randrange(10_000, low)))
+                return s.getsockname()[1]
+            except OSError:
+                continue
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 class BookieStartError(ProcessStartError):
@@ -169,11 +195,14 @@ class BookieProcess(ServedProcess):
         self.admin_scheme = "http"
 
     def command(self) -> list[str]:
+        if self.port == 0:   # (kept across restarts: see stable_port)
+            self.port = stable_port()
         cmd = [sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(self.data_dir),
                "--port", str(self.port), "--log-level", self.log_level]
         if self.etcd:
             cmd += ["--etcd", self.etcd, "--cluster", self.cluster]
-        if self._read_port and "--read-port" not in self.extra_args:
+        if "--read-port" not in self.extra_args and "--no-read-port" not in self.extra_args:
+            self._read_port = self._read_port or stable_port()
             cmd += ["--read-port", str(self._read_port)]
         return cmd + self.extra_args
 
@@ -187,8 +216,6 @@ class BookieProcess(ServedProcess):
         self.address, self.bookie_id = info["address"], info["bookie_id"]
         self.admin_address = info.get("admin_address")  # with --admin-port: /health /ready /metrics /info
         self.admin_scheme = info.get("admin_scheme", "http")  # https with --admin-tls
-        if self.port == 0:  # keep the port across restarts of this process object
-            self.port = int(self.address.rsplit(":", 1)[1])
         self.read_address = info.get("read_address") or ""
         self._read_port = info.get("read_port") or 0
         self.start_draining()

@@ -109,3 +109,25 @@ def test_standalone_runs_etcd_and_bookies_and_keeps_data(tmp_path):
                 assert r.status == Status.OK and E.decode(r.entry).payload == f"on {i}".encode()
                 await c.close()
         run(read())
+
+
+def test_a_bookie_listens_below_the_ephemeral_range_and_keeps_its_ports_across_restarts(tmp_path, etcd_server,
+                                                                                         cluster):
+    """Ports the kernel hands to outgoing connections (ip_local_port_range)
+    can be taken by one while a bookie is down; a bookie started without a
+    port gets one below that range (bookstream.processes.stable_port), its
+    read port too, and restarts on both."""
+    from pathlib import Path
+
+    from bookstream.processes import BookieProcess
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    b = BookieProcess(tmp_path / "b", etcd=etcd_server.endpoint, cluster=cluster).start()
+    try:
+        port, read = b.port, int(b.read_address.rsplit(":", 1)[1])
+        assert port < low and read < low and port != read
+        b.kill()
+        b.start()
+        assert (b.port, int(b.read_address.rsplit(":", 1)[1])) == (port, read)
+    finally:
+        b.kill()

@@ -36,9 +36,8 @@ log = logging.getLogger(__name__)
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from bookstream.processes import stable_port
+    return stable_port()
 
 
 def socket_owner(local_port: int, candidates: list[int]) -> int | None:
