@@ -33,22 +33,33 @@ def stable_port(host: str = "127.0.0.1") -> int:
     that range (net.ipv4.ip_local_port_range) to outgoing connections, so a
     port picked there can be taken by one before the server binds it, or
     while it is down: seen once in ~100 fault-suite runs ("Failed to bind"
-    at a bookie's first start).  The kernel's pick if the range leaves no room."""
+    at a bookie's first start).  Never the same port twice in one process
+    (bookies started together probe before any of them binds).  The
+    kernel's pick if the range leaves no room."""
     try:
         low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         low = 32768
     pick = random.SystemRandom()   # (processes started together draw apart)
-    for _ in range(64 if low > 10_000 else 0):
-        with socket.socket() as s:
-            try:
-                s.bind((host, pick.randrange(10_000, low)))
-                return s.getsockname()[1]
-            except OSError:
+    with _HANDED_LOCK:
+        for _ in range(64 if low > 10_000 else 0):
+            port = pick.randrange(10_000, low)
+            if port in _HANDED:   # (handed to a server not listening yet: the probe below would pass)
                 continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+            _HANDED.add(port)
+            return port
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+_HANDED: set[int] = set()   # every port stable_port gave in this process
+_HANDED_LOCK = threading.Lock()
 
 
 class BookieStartError(ProcessStartError):

@@ -119,13 +119,15 @@ def test_a_bookie_listens_below_the_ephemeral_range_and_keeps_its_ports_across_r
     read port too, and restarts on both."""
     from pathlib import Path
 
-    from bookstream.processes import BookieProcess
+    from bookstream.processes import BookieProcess, stable_port
 
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    handed = [stable_port() for _ in range(500)]   # (bookies started together: no two on one port)
+    assert len(set(handed)) == 500 and max(handed) < low
     b = BookieProcess(tmp_path / "b", etcd=etcd_server.endpoint, cluster=cluster).start()
     try:
         port, read = b.port, int(b.read_address.rsplit(":", 1)[1])
-        assert port < low and read < low and port != read
+        assert port < low and read < low and port != read and not {port, read} & set(handed)
         b.kill()
         b.start()
         assert (b.port, int(b.read_address.rsplit(":", 1)[1])) == (port, read)
