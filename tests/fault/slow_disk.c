@@ -20,18 +20,21 @@ static long delay_us(void) {
     return atol(buf);
 }
 
+static void wait_slow(void) {
+    long d = delay_us();
+    if (d > 0) usleep((useconds_t)d);
+}
+
 int fdatasync(int fd) {
     static int (*real)(int);
     if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
-    long d = delay_us();
-    if (d > 0) usleep((useconds_t)d);
+    wait_slow();
     return real(fd);
 }
 
 int fsync(int fd) {
     static int (*real)(int);
     if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
-    long d = delay_us();
-    if (d > 0) usleep((useconds_t)d);
+    wait_slow();
     return real(fd);
 }
