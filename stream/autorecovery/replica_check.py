@@ -48,8 +48,9 @@ Held = tuple[str, int]
 
 @dataclasses.dataclass
 class FragmentReplicas:
-    """The check of one sealed fragment: ids ``first_entry..last_entry``
-    (from the trim point on).  Each list holds ``[first, last]`` id ranges."""
+    """The check of one fragment: ids ``first_entry..last_entry`` (from the
+    trim point on).  ``missing`` and the lists below it hold ``[first,
+    last]`` id ranges; ``divergent`` holds single ids."""
 
     first_entry: int
     last_entry: int
