@@ -181,9 +181,9 @@ class FaultCluster:
                 slot.slow_path = self.dir / f"b{i}.slow-disk"
                 proc.env = {"LD_PRELOAD": str(shim), "BOOKSTREAM_SLOW_DISK": str(slot.slow_path)}
             slots.append(slot)
+        self.bookies = slots   # (before they start: a start that fails leaves close() the others to stop)
         with ThreadPoolExecutor(len(slots)) as ex:
             list(ex.map(lambda b: b.proc.start(), slots))
-        self.bookies = slots
         return self
 
     def _build_slow_disk(self) -> Path | None:
