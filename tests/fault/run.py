@@ -202,12 +202,14 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         for a in anomalies:
             a["known"] = checker.attribute(a, context)
         ok_after_heal = _acks_after(run_dir / "history", t_healed)
+        latency = _append_latency(run_dir / "history")
         report.update({
             "faults_planned": dict(Counter(f.kind for f in faults)),
             "faults_done": nem.done, "faults_skipped": nem.skipped, "healed": healed,
             "operations": dict(h.ops), "errors": dict(h.errors),
             "sessions": len(h.sessions), "final_records": None if final is None else len(final),
             "final_error": final_error, "context": context, "acks_after_heal": ok_after_heal,
+            "append_latency_ms": latency,
             "replicas": replicas, "autorecovery": settled, "autorecovery_work": _ar_work(c),
             # connections through the bookies' read port proxies (readers reading over the read port)
             "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
@@ -351,6 +353,28 @@ def _acks_after(history: Path, t: float) -> int:
             if r["type"] == "ok" and r["t"] >= t:
                 n += r["n"]
     return n
+
+
+def _append_latency(history: Path) -> dict | None:
+    """The writers' acknowledged append batches, from invoke to ok, in ms (p50,
+    p99, max): what the faults did to latency (reported, never judged)."""
+    lat = []
+    for path in history.glob("w*.jsonl"):
+        sent = {}
+        for line in path.read_text().splitlines():
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if r["type"] == "invoke":
+                sent[(r["session"], r["seq"])] = r["t"]
+            elif r["type"] == "ok" and (r["session"], r["seq"]) in sent:
+                lat.append(1000 * (r["t"] - sent[(r["session"], r["seq"])]))
+    if not lat:
+        return None
+    lat.sort()
+    return {"n": len(lat), "p50": round(lat[len(lat) // 2], 1), "p99": round(lat[int(len(lat) * 0.99)], 1),
+            "max": round(lat[-1], 1)}
 
 
 def _prune(run_dir: Path) -> None:

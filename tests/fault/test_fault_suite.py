@@ -53,7 +53,7 @@ def test_replica_findings_are_anomalies_and_fewer_than_qw_is_not():
 
 def _show(r: dict) -> None:
     keys = ("seed", "seconds", "faults_done", "faults_skipped", "operations", "anomaly_counts", "acks_after_heal",
-            "read_port_connections", "replicas", "autorecovery", "autorecovery_work")
+            "read_port_connections", "replicas", "autorecovery", "autorecovery_work", "append_latency_ms")
     print(json.dumps({k: r.get(k) for k in keys}))
     for a in r.get("anomalies", []):
         print("  anomaly:", json.dumps(a)[:400])
