@@ -334,7 +334,10 @@ class ReplicationWorker:
         lost = task.lost - back  # a bookie back after its tasks were published: moot for it
         lid = task.ledger_id
         first = self.first_seen.setdefault(lid, time.monotonic())
-        known = {u.get("first") for u in task.unrecoverable}
+        # fragments reported before stay reported while every bookie named in
+        # the report is still lost: one back (a kill, not a lost disk) may
+        # hold the only other copy, and the fragment is recoverable again
+        known = {u.get("first") for u in task.unrecoverable if set(u.get("lost", ())) <= lost}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              writer_bound=self.cfg.writer_bound, pace=self.pace,
