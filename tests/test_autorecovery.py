@@ -200,6 +200,46 @@ def test_a_lost_bookie_that_held_the_only_copy_is_reported_not_recovered(own):
     run(go())
 
 
+def test_a_fragment_reported_unrecoverable_is_recovered_once_a_killed_replica_is_back(own):
+    """Both replicas of a Qw 2 write set go at once: one only killed, the
+    other lost for good (its disk gone).  No surviving replica holds the
+    fragment: reported.  Once the killed one is back with its copy, the
+    fragment is recoverable again, and is recovered from it."""
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(2, 2, 2)
+        for i in range(25):
+            await lh.add_entry(b"pair-%d" % i)
+        await lh.close()
+        killed, lost = (by_id[b] for b in lh.metadata.fragments[0].ensemble)
+        killed.kill()
+        lost.kill()
+        shutil.rmtree(lost.data_dir)  # never back
+        async with autorecovery(own, delay=0.5, grace=0.5) as (auditor, ws, keys):
+            async def reported():
+                t = await asyncio.to_thread(keys.get_task, lh.ledger_id)
+                return t is not None and t.unrecoverable
+            await until(reported, what="the task marked unrecoverable")
+            t = keys.get_task(lh.ledger_id)
+            assert set(t.unrecoverable[0]["lost"]) == {killed.bookie_id, lost.bookie_id}
+            assert not any(o.replaced for o in ws[0].outcomes)
+            killed.restart()
+
+            async def clean():
+                return not list(keys.tasks()) and not await names_bookie(bk, lost.bookie_id)
+            await until(clean, what="the fragment recovered from the bookie back")
+            assert sum(len(o.replaced) for o in ws[0].outcomes) == 1
+        m, _ = await bk.meta_call(bk.ledgers.read, lh.ledger_id)
+        assert killed.bookie_id in m.fragments[0].ensemble
+        assert await check_every_replica(bk, lh.ledger_id, 24, set(by_id) - {lost.bookie_id}) == 50
+        await bk.close()
+
+    run(go())
+
+
 def test_periodic_check_finds_a_wiped_bookie(own):
     """A bookie whose disk was wiped comes back under the same id: its
     registration never went away for long, so only the periodic check

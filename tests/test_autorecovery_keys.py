@@ -2,6 +2,8 @@
 a worker's per-ledger lock and the auditor's election key."""
 from __future__ import annotations
 
+import dataclasses
+
 from stream.autorecovery.keys import AutorecoveryKeys
 
 
@@ -42,3 +44,19 @@ def test_an_auditor_that_left_its_lead_on_an_error_is_still_the_auditor(store, c
         assert keys.campaign(b, other.id) and keys.auditor() == b
     finally:
         other.revoke()
+
+
+def test_a_bookie_back_takes_the_reports_naming_it_with_it(store, cluster):
+    """A fragment reported unrecoverable because every replica of its write
+    set was lost is recoverable again once one of them is back (it may hold
+    the only copy): ``moot`` drops that report with the bookie, keeps the
+    others, and deletes a task left naming nothing."""
+    keys = AutorecoveryKeys(store, cluster)
+    t = keys.publish(31, {"a", "b", "c"})
+    t = keys.update_task(dataclasses.replace(t, unrecoverable=(
+        {"first": 0, "last": 9, "lost": ["a", "b"]}, {"first": 10, "last": 19, "lost": ["c"]})))
+    assert keys.moot("a") == 1
+    t = keys.get_task(31)
+    assert t.lost == {"b", "c"} and [u["first"] for u in t.unrecoverable] == [10]
+    assert keys.moot("b") == 1 and keys.get_task(31).lost == {"c"}
+    assert keys.moot("c") == 1 and keys.get_task(31) is None

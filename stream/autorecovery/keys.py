@@ -175,16 +175,19 @@ class AutorecoveryKeys:
             return False
 
     def moot(self, bookie_id: str) -> int:
-        """A lost bookie came back: drop it from every task; a task naming
-        nothing else goes.  Returns how many tasks changed."""
+        """A lost bookie came back: drop it from every task, and every
+        unrecoverable report naming it; a task left naming nothing goes.
+        Returns how many tasks changed."""
         changed = 0
         for task in list(self.tasks()):
             if bookie_id not in task.lost or bookie_id in task.damaged:
                 continue
             for _ in range(_CAS_ROUNDS):
                 rest = task.lost - {bookie_id}
-                ok = self.delete_task(task) if not rest and not task.unrecoverable else \
-                    self.update_task(dataclasses.replace(task, lost=rest)) is not None
+                # a report naming the bookie no longer stands: it may hold the only copy
+                standing = tuple(u for u in task.unrecoverable if bookie_id not in u.get("lost", ()))
+                ok = self.delete_task(task) if not rest and not standing else \
+                    self.update_task(dataclasses.replace(task, lost=rest, unrecoverable=standing)) is not None
                 if ok:
                     changed += 1
                     break

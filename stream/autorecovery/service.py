@@ -359,8 +359,11 @@ class ReplicationWorker:
                 return
         changes: dict = {}
         new = [u for u in out.unrecoverable if u["first"] not in known]
-        if new:  # reported: visible in the task, counted by `autorecovery status`
-            changes["unrecoverable"] = tuple(task.unrecoverable) + tuple(new)
+        standing = tuple(u for u in task.unrecoverable if u.get("first") in known)
+        if new or len(standing) != len(task.unrecoverable):
+            # reported: visible in the task, counted by `autorecovery status`;
+            # a report naming a bookie since back no longer stands
+            changes["unrecoverable"] = standing + tuple(new)
         if back and out.step is Step.REPORT:
             changes["lost"] = lost
         if gone:
