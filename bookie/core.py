@@ -43,6 +43,13 @@ fencing or term-carrying read  a changed term/fence is journalled before the
                                for an entry about to be acked, nor from a
                                state a restart would forget
 delete                         unknown ledger: NO_SUCH_LEDGER
+copy's clearing (a range       token < the ledger's copy token: FENCED,
+delete with a copy token)      nothing changes; otherwise the ledger's copy
+                               token becomes the request's, and the range is
+                               deleted once durable; an unknown ledger's
+                               state is created to hold the token (a copier
+                               paused past its etcd lock must not clear what
+                               a later copy published)
 disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
 normal read                    no term, no state change; unknown ledger:
@@ -80,7 +87,8 @@ from dataclasses import dataclass, field
 from bookie.entry import FLAG_TRUNCATE, REQ_RECOVERY, EntryHeader, EntryRun, parse_header, scan_runs
 from bookie.index import LedgerIndex, Removed
 from bookie.journal import (
-    DELETE_BODY, KEY_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_KEY, R_LAC, R_RELOCATED, R_STATE, STATE_BODY,
+    CLEAR_BODY, DELETE_BODY, KEY_BODY, LAC_BODY, R_CLEAR, R_DELETE, R_ENTRIES, R_KEY, R_LAC, R_RELOCATED, R_STATE,
+    STATE_BODY,
 )
 
 # The highest term a request may carry.  A ledger at term T can be taken
@@ -136,6 +144,9 @@ class BookieLedger:
     # way to the disk; ``fence_read`` makes a read wait for that.
     durable_term: int = 0
     durable_fenced: bool = False
+    # The highest fencing token of a copy's clearing admitted (``admit_clear``):
+    # the revision of the etcd lock the ledger's copies run under.
+    copy_token: int = 0
 
     @property
     def last_entry(self) -> int:
@@ -477,13 +488,15 @@ class BookieCore:
         elif rtype == R_KEY:
             (lid,) = KEY_BODY.unpack_from(body, 0)
             self.apply_key(lid, bytes(body[KEY_BODY.size:]))
+        elif rtype == R_CLEAR:
+            self.apply_clear(*CLEAR_BODY.unpack(body))
         else:
             raise ValueError(f"unknown journal record type {rtype}")
 
     def restore(self, ledger_id: int, term: int, fenced: bool, lac: int, lafr: int, index: LedgerIndex,
-                verifier: bytes = b"") -> None:
+                verifier: bytes = b"", copy_token: int = 0) -> None:
         """A ledger's state as a checkpoint holds it."""
-        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index, verifier, term, fenced)
+        self.ledgers[ledger_id] = BookieLedger(term, fenced, lac, lafr, index, verifier, term, fenced, copy_token)
 
     # -- reads ---------------------------------------------------------------
 
@@ -524,6 +537,40 @@ class BookieCore:
             del self.ledgers[ledger_id]
             return list((loc, ln) for _, loc, ln in st.index.iter_all())
         first, last = entry_range
+        return st.index.delete_range(first, last)
+
+    def admit_clear(self, ledger_id: int, token: int, verifier: bytes = b"") -> Verdict:
+        """A copy's clearing of its target's range, carrying its fencing
+        token (the revision of the etcd lock the copy runs under; etcd
+        revisions only grow, so a later holder's is higher).  Below the
+        ledger's copy token: FENCED (a copier paused past its lock, whose
+        clearing would delete what a later copy published here).  Otherwise
+        the token is raised at once (a lower one arriving before this one is
+        durable is refused too); :meth:`apply_clear` deletes the range once
+        the R_CLEAR record is durable.  An unknown ledger's state is created
+        to hold the token (``key_learned`` as for :meth:`fence`): a later
+        copy may create it by its adds, and an older clearing arriving after
+        them must still be refused."""
+        assert token > 0
+        st = self.ledgers.get(ledger_id)
+        if st is not None and st.verifier != verifier:
+            return Verdict(Status.UNAUTHORIZED_ACCESS)
+        if st is not None and token < st.copy_token:
+            return Verdict(Status.FENCED, st.term)
+        created = st is None
+        if st is None:
+            st = self.ledgers[ledger_id] = BookieLedger(verifier=verifier)
+        st.copy_token = token
+        return Verdict(Status.OK, st.term, True, created and bool(verifier))
+
+    def clear_body(self, ledger_id: int, first: int, last: int) -> bytes:
+        """The R_CLEAR journal record of an admitted clearing."""
+        return CLEAR_BODY.pack(ledger_id, first, last, self.ledgers[ledger_id].copy_token)
+
+    def apply_clear(self, ledger_id: int, first: int, last: int, token: int) -> Removed:
+        """A durable R_CLEAR (and its replay): the token kept, the range deleted."""
+        st = self.ledgers.setdefault(ledger_id, BookieLedger())
+        st.copy_token = max(st.copy_token, token)
         return st.index.delete_range(first, last)
 
     @property

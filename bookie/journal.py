@@ -65,11 +65,13 @@ R_DELETE = 3      # body: DELETE_BODY
 R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
 R_LAC = 5         # body: LAC_BODY (an explicit LAC)
 R_KEY = 6         # body: KEY_BODY, then the ledger's verifier (bookie/core.py, master key)
+R_CLEAR = 7       # body: CLEAR_BODY (a copy's clearing of its target, with its fencing token)
 
 STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
 DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
 LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
 KEY_BODY = struct.Struct("<Q")              # ledger_id
+CLEAR_BODY = struct.Struct("<QqqQ")         # ledger_id, first, last, copy token
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
 PREPARED_SUFFIX = ".prep"

@@ -454,9 +454,14 @@ class BookieService(pb_grpc.BookieServicer):
     async def Delete(self, request, context):
         if request.has_range and (request.first_entry < 0 or request.last_entry < request.first_entry):
             return pb.DeleteResponse(status=Status.BAD_REQUEST, message="bad range")
+        if request.copy_token and not request.has_range:
+            return pb.DeleteResponse(status=Status.BAD_REQUEST, message="a copy token clears a range only")
         rng = (request.first_entry, request.last_entry) if request.has_range else None
         try:
-            status, n = await self.storage.delete(request.ledger_id, rng, request.master_key)
+            if request.copy_token:  # a copy's clearing of its target (bookie/core.py admit_clear)
+                status, n = await self.storage.clear(request.ledger_id, *rng, request.copy_token, request.master_key)
+            else:
+                status, n = await self.storage.delete(request.ledger_id, rng, request.master_key)
         except Exception as e:
             log.exception("delete failed")
             return pb.DeleteResponse(status=Status.INTERNAL_ERROR, message=str(e))

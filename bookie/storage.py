@@ -36,6 +36,7 @@ from bookie.journal import (
     DELETE_BODY,
     LAC_BODY,
     R_LAC,
+    R_CLEAR,
     R_DELETE,
     R_ENTRIES,
     R_KEY,
@@ -311,11 +312,29 @@ class Storage:
         return status, await self._journal_delete(ledger_id, entry_range,
                                                   lambda: self.core.delete(ledger_id, entry_range))
 
-    async def _journal_delete(self, ledger_id: int, entry_range: tuple[int, int] | None, remove) -> int:
-        """Journals a deletion; `remove()` runs once it is durable, in journal
-        order.  Returns how many entries went."""
+    async def clear(self, ledger_id: int, first: int, last: int, token: int, master_key=b"") -> tuple[Status, int]:
+        """A copy's clearing of its target's range under its fencing token
+        (``BookieCore.admit_clear``): FENCED below the ledger's token, else
+        the token and the deletion journalled (R_CLEAR) and applied once
+        durable.  Returns the status and how many entries went."""
+        v = self.core.admit_clear(ledger_id, token, verifier_of(master_key))
+        if v.status is not Status.OK:
+            return v.status, 0
+        if v.key_learned:
+            self._append(R_KEY, self.core.key_body(ledger_id), None)
+        return v.status, await self._journal_delete(ledger_id, (first, last),
+                                                    lambda: self.core.apply_clear(ledger_id, first, last, token),
+                                                    body=self.core.clear_body(ledger_id, first, last))
+
+    async def _journal_delete(self, ledger_id: int, entry_range: tuple[int, int] | None, remove,
+                              body: bytes | None = None) -> int:
+        """Journals a deletion (an R_DELETE, or the R_CLEAR ``body``);
+        `remove()` runs once it is durable, in journal order.  Returns how
+        many entries went."""
         first, last = entry_range if entry_range else (0, 0)
-        body = DELETE_BODY.pack(ledger_id, entry_range is not None, first, last)
+        rtype = R_DELETE if body is None else R_CLEAR
+        if body is None:
+            body = DELETE_BODY.pack(ledger_id, entry_range is not None, first, last)
         count = []
 
         def apply(_body, _seg, _off):
@@ -323,7 +342,7 @@ class Storage:
             self._dead(removed)
             count.append(len(removed))
 
-        await self._append(R_DELETE, body, apply)
+        await self._append(rtype, body, apply)
         return count[0] if count else 0
 
     # -- reads ----------------------------------------------------------------------
@@ -548,6 +567,11 @@ class Storage:
         parts.append(struct.pack("<Q", len(keyed)))
         for lid, v in keyed:
             parts.append(struct.pack("<Q", lid) + v)
+        # Then the copy tokens of the ledgers that have one (the same way: a
+        # section an earlier loader ignores).
+        tokens = [(lid, st.copy_token) for lid, st in self.core.ledgers.items() if st.copy_token]
+        parts.append(struct.pack("<Q", len(tokens)))
+        parts += [struct.pack("<QQ", lid, t) for lid, t in tokens]
         data = b"".join(parts)
         return data + struct.pack("<I", crc32(data))
 
@@ -627,6 +651,13 @@ class Storage:
                 (lid,) = struct.unpack_from("<Q", data, p)
                 self.core.ledgers[lid].verifier = data[p + 8:p + 8 + VERIFIER_SIZE]
                 p += 8 + VERIFIER_SIZE
+        if p + 8 <= len(data) - 4:  # the copy tokens (absent from an earlier bookie's checkpoint)
+            (ntokens,) = struct.unpack_from("<Q", data, p)
+            p += 8
+            for _ in range(ntokens):
+                lid, token = struct.unpack_from("<QQ", data, p)
+                self.core.ledgers[lid].copy_token = token
+                p += 16
         return JournalPosition(seg, off)
 
     # -- garbage collection ---------------------------------------------------------------------

@@ -142,7 +142,8 @@ async def recover_bookie(etcd: str, cluster: str, bookie: str, *, to: str | None
                     continue
                 out = await recover_ledger_fragments(client, lid, {bookie}, target=to, seal=seal_open, grace=0.0,
                                                      progress=bar, pace=pace,
-                                                     keep_going=lambda lid=lid: locks.still_mine(lid))
+                                                     keep_going=lambda lid=lid: locks.still_mine(lid),
+                                                     copy_token=locks.held[lid])
                 outcomes.append((lid, out))
         finally:
             await asyncio.to_thread(locks.release)

@@ -243,18 +243,20 @@ class PrepareResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[StatusCode, str]] = ..., term: _Optional[int] = ..., entries_deleted: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DeleteRequest(_message.Message):
-    __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry", "master_key")
+    __slots__ = ("ledger_id", "has_range", "first_entry", "last_entry", "master_key", "copy_token")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     HAS_RANGE_FIELD_NUMBER: _ClassVar[int]
     FIRST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     LAST_ENTRY_FIELD_NUMBER: _ClassVar[int]
     MASTER_KEY_FIELD_NUMBER: _ClassVar[int]
+    COPY_TOKEN_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     has_range: bool
     first_entry: int
     last_entry: int
     master_key: bytes
-    def __init__(self, ledger_id: _Optional[int] = ..., has_range: _Optional[bool] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., master_key: _Optional[bytes] = ...) -> None: ...
+    copy_token: int
+    def __init__(self, ledger_id: _Optional[int] = ..., has_range: _Optional[bool] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., master_key: _Optional[bytes] = ..., copy_token: _Optional[int] = ...) -> None: ...
 
 class DeleteResponse(_message.Message):
     __slots__ = ("status", "entries_deleted", "message")

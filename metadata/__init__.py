@@ -25,6 +25,7 @@ from metadata.errors import (
     Compacted,
     ConditionFailed,
     CorruptMetadata,
+    GuardFailed,
     InvalidKey,
     InvalidLedgerConfig,
     InvalidName,
@@ -55,17 +56,19 @@ from metadata.store import (
     Versioned,
     WatchEvent,
     absent,
+    created_at,
     exists,
     mod_revision_is,
 )
 from metadata.cluster import get_cluster_info, init_cluster
 
 __all__ = [
-    "BadVersion", "BookieDecommissioned", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "InvalidKey",
+    "BadVersion", "BookieDecommissioned", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "GuardFailed",
+    "InvalidKey",
     "InvalidLedgerConfig", "InvalidName", "KeyExists", "LeaseExpired", "MetadataError", "MetadataUnavailable",
     "NoFragment", "NoSuchLedger", "RegistrationLost", "TxnConflict", "EtcdServerError", "ManagedEtcd",
     "KeyLayout", "validate_name", "Fragment", "LedgerMetadata", "LedgerMode", "LedgerState", "LedgerStore",
     "BookieRegistry", "MembershipChange", "MembershipEvent", "Registration", "Delete", "EventType", "Get",
-    "KeepAlive", "Lease", "MetadataStore", "Put", "TxnResult", "Versioned", "WatchEvent", "absent", "exists",
-    "mod_revision_is", "get_cluster_info", "init_cluster", "KeptKey", "KeeperCore", "KeeperState",
+    "KeepAlive", "Lease", "MetadataStore", "Put", "TxnResult", "Versioned", "WatchEvent", "absent", "created_at",
+    "exists", "mod_revision_is", "get_cluster_info", "init_cluster", "KeptKey", "KeeperCore", "KeeperState",
 ]

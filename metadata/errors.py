@@ -89,6 +89,18 @@ class TxnConflict(ConditionFailed):
         self.current = dict(current)
 
 
+class GuardFailed(ConditionFailed):
+    """A write's guard, a condition besides the ledger's own version (a
+    recovery's lock still held: ``metadata.txn.created_at``), no longer
+    holds.  Not a lost CAS: judging again cannot help."""
+
+    def __init__(self, key: str, current: "Versioned | None") -> None:
+        have = "absent" if current is None else f"created at revision {current.create_revision}"
+        super().__init__(f"guard {key!r} no longer holds: the key is {have}")
+        self.key = key
+        self.current = current
+
+
 class LeaseExpired(MetadataError):
     """The lease is unknown to etcd: it expired or was revoked."""
 

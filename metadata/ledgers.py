@@ -33,13 +33,14 @@ from metadata.errors import (
     decode_message,
     BadVersion,
     CorruptMetadata,
+    GuardFailed,
     InvalidLedgerConfig,
     NoFragment,
     NoSuchLedger,
     TxnConflict,
 )
 from metadata.layout import MAX_ENTRY_ID, MAX_LEDGER_ID, KeyLayout, validate_name
-from metadata.store import Delete, Get, MetadataStore, Put, absent, exists, mod_revision_is, prefix_end
+from metadata.store import Compare, Delete, Get, MetadataStore, Put, absent, exists, mod_revision_is, prefix_end
 
 MAX_ENSEMBLE_SIZE = 1024
 _MAX_CREATE_ATTEMPTS = 5
@@ -414,7 +415,7 @@ class LedgerStore:
         return self.add_fragments(ledger_id, [fragment], header, expected_header_revision)
 
     def add_fragments(self, ledger_id: int, fragments: Sequence[Fragment], header: LedgerMetadata,
-                      expected_header_revision: int) -> tuple[LedgerMetadata, int]:
+                      expected_header_revision: int, guards: Sequence[Compare] = ()) -> tuple[LedgerMetadata, int]:
         """Atomically write ``fragments`` and CAS the header.
 
         A fragment starting after the current last fragment is appended; one
@@ -425,8 +426,12 @@ class LedgerStore:
         here.  Returns ``(metadata, new_header_revision)``; the metadata's
         fragments are ``header``'s with the new ones merged in.
 
+        ``guards``: conditions of the same transaction besides the header's
+        version (``created_at`` of a recovery's lock: a replacement is
+        published only while the lock it was copied under is still held).
+
         Raises ``BadVersion`` (header changed), ``NoSuchLedger``,
-        ``InvalidLedgerConfig``.
+        ``GuardFailed``, ``InvalidLedgerConfig``.
         """
         assert isinstance(header, LedgerMetadata) and header.ledger_id == ledger_id, "header of another ledger"
         fragments = list(fragments)
@@ -440,6 +445,7 @@ class LedgerStore:
         count, last = header.fragment_count, header.last_fragment_first_entry
         assert count >= 1, "the header has no fragments: was it read from the store?"
         compares = [mod_revision_is(self.layout.ledger_header_key(ledger_id), expected_header_revision)]
+        compares += guards
         for f in fragments:
             if f.first_entry > last:
                 count, last = count + 1, f.first_entry
@@ -502,6 +508,11 @@ class LedgerStore:
                 raise NoSuchLedger(ledger_id) from None
             if cur.mod_revision != expected:
                 raise BadVersion(hkey, expected, cur) from None
+            for g in compares:
+                if g.target == "create" and g.op == "==" and g.operand > 0:  # a guard (``created_at``)
+                    now = c.current.get(g.key)
+                    if now is None or now.create_revision != g.operand:
+                        raise GuardFailed(g.key, now) from None
             missing = [k for k, v in c.current.items() if v is None]
             entry = self.layout.parse_ledger_key(missing[0])[2] if missing else -1
             raise NoFragment(ledger_id, entry if entry is not None else -1,

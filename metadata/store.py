@@ -65,6 +65,7 @@ from metadata.txn import (  # (re-exported: the store's methods take and give th
     TxnResult,
     Versioned,
     absent,
+    created_at,
     exists,
     key_bytes,
     mod_revision_is,

@@ -122,6 +122,14 @@ def exists(key: str) -> Compare:
     return Compare(key, "create", ">", 0)
 
 
+def created_at(key: str, create_revision: int) -> Compare:
+    """Condition: ``key`` exists and was created at ``create_revision``: a
+    lease-bound lock still held by the same hold (deleted and taken again,
+    it has a new create revision)."""
+    assert isinstance(create_revision, int) and create_revision > 0, f"bad create_revision {create_revision!r}"
+    return Compare(key, "create", "==", create_revision)
+
+
 def mod_revision_is(key: str, mod_revision: int) -> Compare:
     """Condition: ``key`` exists and was last written at ``mod_revision``."""
     assert isinstance(mod_revision, int) and mod_revision > 0, f"mod_revision must be > 0, got {mod_revision!r}"

@@ -7,7 +7,11 @@ Faults: bookies lost for good (their data gone), bookies out for a while
 (back before or after ``lost_bookie_recovery_delay``), workers crashing in
 the middle of a copy (their lock stays until its lease expires), workers
 paused past their lease (another takes the task; the paused one resumes and
-CASes what it planned), the auditor
+CASes what it planned), workers paused just before clearing their target's
+range (another may have copied to the same target and published it: the
+target's copy fence, the shipped ``BookieCore.admit_clear``, refuses the
+older lock's token; a paused worker's replacement CAS is guarded by its lock,
+as ``LedgerStore.add_fragments``'s ``guards``), the auditor
 crashing mid-scan (a new one is elected with a fresh core), several workers
 interleaving their reads, copies and CASes.
 
@@ -40,7 +44,9 @@ Invariants, checked after every step:
 ``--mutant replace-before-copy`` (or ``replace-despite-absent``: a fragment
 "recovered" without the entries no replica holds; ``ignore-writer``: the
 plan without the writer's registration; ``no-bound``: a live writer waited
-for without end) breaks a rule, which the invariants must catch.  Only this file is simulated: the metadata,
+for without end; ``no-copy-fence``: a target clears its range for any
+token; ``no-cas-guard``: a replacement published without its lock) breaks a
+rule, which the invariants must catch.  Only this file is simulated: the metadata,
 bookies and network here are models; the decisions are the shipped cores.
 """
 from __future__ import annotations
@@ -50,6 +56,7 @@ import dataclasses
 import random
 import sys
 
+from bookie.core import BookieCore, Status
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
 from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
@@ -57,7 +64,8 @@ from stream.lifecycle import Apply, Done, ReplaceBookie
 from stream.quorum import write_set
 from stream.writer_lease import Liveness, Register, WriterRecord, judge_register, judge_writer
 
-MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound")
+MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
+           "no-cas-guard")
 DELAY, TTL, GRACE, BOUND = 5.0, 3.0, 1.0, 20.0
 STREAMS = 2   # the last ledgers are open streams with a writer
 
@@ -73,6 +81,7 @@ class SimBookie:
     dead: bool = False          # lost for good (data gone)
     back_at: float | None = None
     data: set = dataclasses.field(default_factory=set)   # (lid, eid)
+    core: BookieCore = dataclasses.field(default_factory=BookieCore)   # the shipped copy fence (its copy tokens)
 
 
 @dataclasses.dataclass
@@ -102,10 +111,13 @@ class World:
         self.meta: dict[int, tuple[LedgerMetadata, int]] = {}
         self.tasks: dict[int, SimTask] = {}
         self.locks: dict[int, tuple[str, float]] = {}     # lid -> (worker, lease expiry)
+        self.lock_token: dict[int, int] = {}               # lid -> the lock's create revision (its fencing token)
         self.rev = 1
         self.replaced = 0
         self.faults_on = True
         self.lost_cas = 0
+        self.fenced_clears = 0   # copies' clearings a target refused (a later copy's token seen)
+        self.guarded_cas = 0     # replacements refused by their guard (the lock gone)
         self.seals = 0             # streams taken over by a worker
         self.writer_waits = 0      # decisions past the grace left to a live writer
         self.writer_changes = 0    # ensemble changes writers made themselves
@@ -359,7 +371,7 @@ class World:
 
     # -- workers ---------------------------------------------------------------------------
 
-    def worker_body(self, w: str, lid: int):
+    def worker_body(self, w: str, lid: int, token: int):
         """One task under the lock, as a generator: yields between steps so
         that other workers, faults and the auditor interleave."""
         while True:
@@ -400,7 +412,21 @@ class World:
                 return
             target = self.rng.choice(cands)
             if self.mutant == "replace-before-copy":
-                yield from self._replace(w, lid, job, target)
+                yield from self._replace(w, lid, job, target, token)
+            if self.faults_on and self.rng.random() < 0.2:  # between its lock's last read and its clearing
+                self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
+                self.note(f"worker {w} paused before clearing {target}")
+                yield
+            # the clearing of the target's range, under the lock's fencing token
+            if not self.bookies[target].alive:
+                return
+            if (self.bookies[target].core.admit_clear(lid, token).status is Status.FENCED
+                    and self.mutant != "no-copy-fence"):
+                self.fenced_clears += 1
+                self.note(f"{w}: clearing {target} for ledger {lid} fenced (token {token})")
+                return  # the copy fails; the lock is released
+            self.bookies[target].data -= {(lid, e) for e in range(job.first_entry, job.last_entry + 1)}
+            yield
             absent = 0
             for e in range(job.first_entry, job.last_entry + 1):
                 if not job.holds(e):
@@ -418,21 +444,32 @@ class World:
                 t.unrecoverable.append((job.first_entry, job.last_entry))
                 return
             if self.mutant != "replace-before-copy":
-                replaced = yield from self._replace(w, lid, job, target)
+                replaced = yield from self._replace(w, lid, job, target, token)
                 if replaced and not self.bookies[target].alive:
                     # lost between its copy and the CAS, after the auditor's
                     # scan read this ledger: the worker's check after the CAS
                     t.lost.add(target)
                     self.note(f"{w}: target {target} of ledger {lid} gone: added to the task")
 
-    def _replace(self, w: str, lid: int, job, target: str):
+    def lock_held(self, lid: int, token: int) -> bool:
+        """The replacement's guard (``metadata.txn.created_at``): the lock
+        key exists, created at ``token`` (not expired, not taken since)."""
+        return self.locks.get(lid, (None, -1.0))[1] >= self.now and self.lock_token.get(lid) == token
+
+    def _replace(self, w: str, lid: int, job, target: str, token: int):
         intent = ReplaceBookie(lid, job.first_entry, job.lost, target, job.ensemble)
         m, rev = self.meta[lid]
         if self.faults_on and self.rng.random() < 0.2:  # paused between its read and its CAS
-            self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
+            # within its lease (its CAS may lose to a writer's change and is
+            # judged again) or past it (its guard refuses the CAS)
+            self.paused[w] = self.now + self.rng.choice((0.5, 1.5, TTL + 1.0, TTL + 4.0))
             self.note(f"worker {w} paused before its CAS")
         yield  # the CAS races with others
         for _ in range(5):
+            if not self.lock_held(lid, token) and self.mutant != "no-cas-guard":
+                self.guarded_cas += 1
+                self.note(f"{w}: replacement in ledger {lid} refused: its lock (token {token}) is gone")
+                return False
             cur, cur_rev = self.meta[lid]
             v = intent.judge(m) if cur_rev == rev else intent.judge(cur)
             if isinstance(v, Apply) and cur_rev == rev:
@@ -469,15 +506,16 @@ class World:
                 return
             lid = self.rng.choice(free)
             self.locks[lid] = (w, self.now + TTL)
-            g = self.workers[w] = self._locked(w, lid)
+            self.lock_token[lid] = self._bump()   # a new key: a new create revision
+            g = self.workers[w] = self._locked(w, lid, self.lock_token[lid])
         try:
             next(g)
         except StopIteration:
             self.workers[w] = None
 
-    def _locked(self, w: str, lid: int):
+    def _locked(self, w: str, lid: int, token: int):
         try:
-            for _ in self.worker_body(w, lid):
+            for _ in self.worker_body(w, lid, token):
                 if self.locks.get(lid, (None,))[0] == w:
                     self.locks[lid] = (w, self.now + TTL)   # keep-alive
                 yield
@@ -543,12 +581,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutant", choices=MUTANTS)
     p.add_argument("--trace", action="store_true")
     a = p.parse_args(argv)
-    bad = replaced = unrecoverable = lost_cas = 0
+    bad = replaced = unrecoverable = lost_cas = fenced = guarded = 0
     for seed in range(a.seed, a.seed + a.runs):
         try:
             w = run_seed(seed, a.mutant)
             replaced += w.replaced
             lost_cas += w.lost_cas
+            fenced += w.fenced_clears
+            guarded += w.guarded_cas
             unrecoverable += sum(1 for t in w.tasks.values() if t.unrecoverable)
             if a.trace:
                 print("\n".join(w.log))
@@ -558,7 +598,8 @@ def main(argv: list[str] | None = None) -> int:
             if a.mutant is not None:
                 break
     print(f"{a.runs if not bad or a.mutant is None else seed - a.seed + 1} run(s), {bad} violation(s); "
-          f"{replaced} fragment(s) replaced, {lost_cas} lost CAS(es) judged again, "
+          f"{replaced} fragment(s) replaced, {lost_cas} lost CAS(es) judged again, {fenced} clearing(s) fenced, "
+          f"{guarded} replacement(s) refused by their guard, "
           f"{unrecoverable} ledger(s) reported unrecoverable")
     return 1 if bad else 0
 

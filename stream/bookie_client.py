@@ -285,12 +285,16 @@ class BookieClient:
             await frames.aclose()
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None,
-                     timeout: float | None = 30.0, master_key: bytes = b"") -> pb.DeleteResponse:
+                     timeout: float | None = 30.0, master_key: bytes = b"",
+                     copy_token: int = 0) -> pb.DeleteResponse:
+        """Deletes the ledger, or a range of its entries; ``copy_token`` (a
+        range only) makes it a copy's clearing, fenced by that token
+        (proto/bookie.proto DeleteRequest)."""
         if entry_range is None:
             req = pb.DeleteRequest(ledger_id=ledger_id, master_key=master_key)
         else:
             req = pb.DeleteRequest(ledger_id=ledger_id, has_range=True, master_key=master_key,
-                                   first_entry=entry_range[0], last_entry=entry_range[1])
+                                   first_entry=entry_range[0], last_entry=entry_range[1], copy_token=copy_token)
         return await self._unary(self.stub.Delete, req, timeout)
 
     async def info(self, timeout: float | None = 10.0) -> pb.InfoResponse:

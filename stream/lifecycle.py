@@ -460,11 +460,13 @@ async def run_cas(intent: Intent, read: Read, write: Write, backoff: Backoff = B
     return CasResult(Wait(f"CAS kept failing after {backoff.attempts} attempts"), meta, rev, backoff.attempts)
 
 
-def ledger_store_io(client, ledger_id: int, fragments: str = "all") -> tuple[Read, Write]:
+def ledger_store_io(client, ledger_id: int, fragments: str = "all", guards=()) -> tuple[Read, Write]:
     """``read`` / ``write`` for :func:`run_cas` over a ``BookKeeperClient``'s
     ``LedgerStore`` (``fragments``: what ``read`` loads, "all" or "last";
     an Apply with fragments is one ``add_fragments`` transaction, without
-    them a header CAS)."""
+    them a header CAS).  ``guards``: the fragments' transaction's other
+    conditions (``LedgerStore.add_fragments``); one failing raises
+    ``GuardFailed`` out of :func:`run_cas` (judging again cannot help)."""
     from metadata import errors as me
 
     async def read() -> tuple[LedgerMetadata | None, int]:
@@ -476,12 +478,15 @@ def ledger_store_io(client, ledger_id: int, fragments: str = "all") -> tuple[Rea
             raise CasUnknown(str(e)) from e
 
     async def write(apply: Apply, rev: int) -> tuple[LedgerMetadata, int]:
+        assert apply.fragments or not guards, "guards ride on a fragments transaction"
         try:
             if apply.fragments:
                 return await asyncio.to_thread(client.ledgers.add_fragments, ledger_id, list(apply.fragments),
-                                               apply.header, rev)
+                                               apply.header, rev, guards)
             new_rev = await asyncio.to_thread(client.ledgers.update_header, apply.header, rev)
             return apply.header, new_rev
+        except me.GuardFailed:
+            raise
         except (me.ConditionFailed, me.NoFragment, me.NoSuchLedger) as e:
             raise CasLost(str(e)) from e
         except (me.MetadataUnavailable, me.Compacted) as e:

@@ -173,24 +173,52 @@ async def _true(v) -> bool:
     return bool(v)
 
 
+async def closed(bk: BookKeeperClient, e: int, qw: int, qa: int, payloads: list[bytes]):
+    """A classic ledger with ``payloads``, closed: its handle."""
+    lh = await bk.create_ledger(e, qw, qa)
+    for p in payloads:
+        await lh.add_entry(p)
+    await lh.close()
+    return lh
+
+
+@contextlib.contextmanager
+def an_older_and_a_later_hold(bk: BookKeeperClient, cluster: str, lid: int):
+    """Two holds of ledger ``lid``'s lock: w1's, gone (its lease expired
+    while it was paused), then w2's, held.  Yields their fencing tokens."""
+    keys = AutorecoveryKeys(bk.store, cluster)
+    first, later = bk.store.lease(10), bk.store.lease(10)
+    try:
+        t1 = keys.try_lock(lid, "w1", first.id)
+        keys.unlock(lid, "w1")
+        t2 = keys.try_lock(lid, "w2", later.id)
+        assert t1 is not None and t2 is not None and t2 > t1
+        yield t1, t2
+    finally:
+        first.revoke()
+        later.revoke()
+
+
+async def reported_task(keys: AutorecoveryKeys, lid: int):
+    """Waits until ledger ``lid``'s task reports a fragment unrecoverable; the task."""
+    async def reported():
+        t = await asyncio.to_thread(keys.get_task, lid)
+        return t is not None and t.unrecoverable
+    await until(reported, what="the task marked unrecoverable")
+    return keys.get_task(lid)
+
+
 def test_a_lost_bookie_that_held_the_only_copy_is_reported_not_recovered(own):
     procs = own.start(3)
     by_id = {p.bookie_id: p for p in procs}
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(1, 1, 1)
-        for i in range(5):
-            await lh.add_entry(b"only-%d" % i)
-        await lh.close()
+        lh = await closed(bk, 1, 1, 1, [b"only-%d" % i for i in range(5)])
         (victim,) = lh.metadata.fragments[0].ensemble
         by_id[victim].kill()
         async with autorecovery(own, delay=0.5, grace=0.5) as (auditor, ws, keys):
-            async def reported():
-                t = await asyncio.to_thread(keys.get_task, lh.ledger_id)
-                return t is not None and t.unrecoverable
-            await until(reported, what="the task marked unrecoverable")
-            t = keys.get_task(lh.ledger_id)
+            t = await reported_task(keys, lh.ledger_id)
             assert t.unrecoverable[0]["first"] == 0 and victim in t.unrecoverable[0]["lost"]
             assert not any(o.replaced for o in ws[0].outcomes)
         m, _ = await bk.meta_call(bk.ledgers.read, lh.ledger_id)
@@ -210,20 +238,13 @@ def test_a_fragment_reported_unrecoverable_is_recovered_once_a_killed_replica_is
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        lh = await bk.create_ledger(2, 2, 2)
-        for i in range(25):
-            await lh.add_entry(b"pair-%d" % i)
-        await lh.close()
+        lh = await closed(bk, 2, 2, 2, [b"pair-%d" % i for i in range(25)])
         killed, lost = (by_id[b] for b in lh.metadata.fragments[0].ensemble)
         killed.kill()
         lost.kill()
         shutil.rmtree(lost.data_dir)  # never back
         async with autorecovery(own, delay=0.5, grace=0.5) as (auditor, ws, keys):
-            async def reported():
-                t = await asyncio.to_thread(keys.get_task, lh.ledger_id)
-                return t is not None and t.unrecoverable
-            await until(reported, what="the task marked unrecoverable")
-            t = keys.get_task(lh.ledger_id)
+            t = await reported_task(keys, lh.ledger_id)
             assert set(t.unrecoverable[0]["lost"]) == {killed.bookie_id, lost.bookie_id}
             assert not any(o.replaced for o in ws[0].outcomes)
             killed.restart()
@@ -326,6 +347,79 @@ def test_a_copy_whose_lock_is_gone_does_not_clear_its_target(own):
         tc = await bk.bookie(target)
         assert [(await tc.read_entry(lid, e)).status for e in range(30)] == [Status.OK] * 30
         await bk.close()
+
+    run(go())
+
+
+def test_a_copy_under_an_older_lock_is_fenced_by_its_target(own):
+    """The window the read above leaves: a worker paused between that read
+    and its clearing.  The clearing carries the lock's fencing token (the
+    lock key's create revision); a target that has seen a later holder's
+    refuses it (FENCED), after a kill -9 and restart too, and keeps what
+    the later copy published.  The later holder's next copy, same token,
+    goes through."""
+    import dataclasses
+
+    from stream.autorecovery.copier import CopyFailed, copy_fragment
+    from stream.autorecovery.worker_core import plan_ledger
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(4)
+    lid, ens = closed_ledger(own, [b"t%d" % i for i in range(30)])
+    target = next(p for p in procs if p.bookie_id not in ens)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            with an_older_and_a_later_hold(bk, own.cluster, lid) as (t1, t2):
+                meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+                (job,) = plan_ledger(meta, {ens[0]}).jobs
+                assert (await copy_fragment(bk, job, target.bookie_id, copy_token=t2)).entries == 30
+                target.kill()
+                target.restart()
+                bk2 = BookKeeperClient(own.endpoint, own.cluster)  # (connections to the bookie restarted)
+                with pytest.raises(CopyFailed, match="later copy"):
+                    await copy_fragment(bk2, dataclasses.replace(job, sources=()), target.bookie_id,
+                                        keep_going=lambda: True, copy_token=t1)
+                tc = await bk2.bookie(target.bookie_id)
+                assert [(await tc.read_entry(lid, e)).status for e in range(30)] == [Status.OK] * 30
+                assert (await copy_fragment(bk2, job, target.bookie_id, copy_token=t2)).entries == 30
+                await bk2.close()
+        finally:
+            await bk.close()
+
+    run(go())
+
+
+def test_a_replacement_under_a_lock_since_taken_is_not_published(own):
+    """A worker paused between its copy and its replacement's CAS, past its
+    lock: another holder may have cleared the same target and be filling
+    it.  The replacement's transaction is guarded by the lock's create
+    revision: refused (the step says so), the metadata unchanged; under the
+    lock still held, the same replacement goes through."""
+    from stream.autorecovery.service import recover_ledger_fragments
+    from stream.autorecovery.worker_core import Step
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(4)
+    lid, ens = closed_ledger(own, [b"g%d" % i for i in range(20)])
+    lost = ens[0]
+    by_id = {p.bookie_id: p for p in procs}
+    by_id[lost].kill()
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            with an_older_and_a_later_hold(bk, own.cluster, lid) as (t1, t2):
+                before, _ = await bk.meta_call(bk.ledgers.read, lid)
+                out = await recover_ledger_fragments(bk, lid, {lost}, keep_going=lambda: True, copy_token=t1)
+                assert out.step is Step.WAIT and "lock lost before the replacement" in out.note and not out.replaced
+                after, _ = await bk.meta_call(bk.ledgers.read, lid)
+                assert after.fragments == before.fragments
+                out = await recover_ledger_fragments(bk, lid, {lost}, copy_token=t2)
+                assert out.step is Step.DONE and len(out.replaced) == 1
+        finally:
+            await bk.close()
 
     run(go())
 

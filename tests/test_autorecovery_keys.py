@@ -15,13 +15,15 @@ def test_a_holder_finds_its_own_lock_again_and_nobody_else_takes_it(store, clust
     keys = AutorecoveryKeys(store, cluster)
     mine, other = store.lease(10), store.lease(10)
     try:
-        assert keys.try_lock(7, "w1", mine.id)
-        assert keys.try_lock(7, "w1", mine.id)        # (ours: the release that never happened)
-        assert not keys.try_lock(7, "w2", other.id)   # someone else's
-        assert not keys.try_lock(7, "w1", other.id)   # our name on a lease that is not the lock's
+        token = keys.try_lock(7, "w1", mine.id)
+        assert token is not None
+        assert keys.try_lock(7, "w1", mine.id) == token   # (ours: the release that never happened)
+        assert keys.try_lock(7, "w2", other.id) is None   # someone else's
+        assert keys.try_lock(7, "w1", other.id) is None   # our name on a lease that is not the lock's
         assert keys.lock_holder(7) == "w1"
         keys.unlock(7, "w1")
-        assert keys.try_lock(7, "w2", other.id) and not keys.try_lock(7, "w1", mine.id)
+        # a later holder's fencing token is higher (a copy's clearing carries it)
+        assert keys.try_lock(7, "w2", other.id) > token and keys.try_lock(7, "w1", mine.id) is None
     finally:
         mine.revoke()
         other.revoke()

@@ -198,3 +198,53 @@ def test_storage_replay_rebuilds_what_the_live_core_held(tmp_path, checkpoint):
         assert live[0].fenced and live[0].term == 2 and live[0].lac == 3
     finally:
         s.close()
+
+
+def test_a_copy_clearing_below_the_ledger_copy_token_is_fenced():
+    """The copy fence (bookie/core.py ``admit_clear``), on the pure core:
+    tokens at or above the ledger's are admitted and raise it; below it,
+    FENCED and nothing changes; an unknown ledger's state is created to hold
+    the token; another key is refused before anything else."""
+    core = BookieCore()
+    v = core.admit_clear(5, 10, b"k" * 32)
+    assert v.status is Status.OK and v.key_learned and core.ledgers[5].copy_token == 10
+    assert core.admit_clear(5, 10, b"k" * 32).status is Status.OK           # the same holder, again
+    assert core.admit_clear(5, 9, b"k" * 32).status is Status.FENCED
+    assert core.admit_clear(5, 3, b"x" * 32).status is Status.UNAUTHORIZED_ACCESS
+    assert core.ledgers[5].copy_token == 10
+    assert core.admit_clear(5, 12, b"k" * 32).status is Status.OK and core.ledgers[5].copy_token == 12
+    assert core.admit_clear(5, 10, b"k" * 32).status is Status.FENCED      # raised at admission
+    assert core.admit_clear(6, 1).status is Status.OK and not core.admit_clear(6, 1).key_learned
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_the_copy_token_survives_a_restart(tmp_path, checkpoint):
+    """A clearing's token is journalled with it (R_CLEAR) and kept in a
+    checkpoint: after a restart a copy under an older lock is still
+    refused, and the range it cleared stays cleared."""
+    async def go():
+        s = Storage(tmp_path / "b")
+        s.open()
+        for e in range(6):
+            await _add(s, 4, e, 1)
+        assert await s.clear(4, 2, 3, 20) == (Status.OK, 2)
+        assert await s.clear(7, 0, 9, 21) == (Status.OK, 0)     # unknown: created to hold it
+        assert await s.clear(4, 0, 5, 19) == (Status.FENCED, 0)
+        if checkpoint:
+            await s.checkpoint()
+        s.close()
+
+    asyncio.run(go())
+
+    async def after():
+        s = Storage(tmp_path / "b")
+        s.open()
+        try:
+            assert sorted(e for e, _, _ in s.core.ledgers[4].index.iter_all()) == [0, 1, 4, 5]
+            assert (s.core.ledgers[4].copy_token, s.core.ledgers[7].copy_token) == (20, 21)
+            assert await s.clear(4, 0, 5, 19) == (Status.FENCED, 0)
+            assert await s.clear(7, 0, 9, 20) == (Status.FENCED, 0)
+        finally:
+            s.close()
+
+    asyncio.run(after())

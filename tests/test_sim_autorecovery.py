@@ -3,7 +3,9 @@ worker and fragment-replacement cores under bookie losses, outages, worker
 crashes and pauses, auditor failover, and open streams whose writers hold
 lease-bound registrations (crashed, cut off from etcd, wedged); each mutant
 caught (``ignore-writer``: a live writer fenced before the bound;
-``no-bound``: a wedged writer's stream never sealed)."""
+``no-bound``: a wedged writer's stream never sealed; ``no-copy-fence`` and
+``no-cas-guard``: a worker paused past its lock clearing or publishing a
+target another worker has since used)."""
 from __future__ import annotations
 
 import pytest
@@ -12,13 +14,16 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 
 def test_seeded_runs_are_clean_and_do_recover():
-    replaced = lost_cas = seals = waits = changes = 0
+    replaced = fenced = guarded = seals = waits = changes = 0
     for seed in range(40):
         w = run_seed(seed)
         replaced += w.replaced
-        lost_cas += w.lost_cas
+        fenced, guarded = fenced + w.fenced_clears, guarded + w.guarded_cas
         seals, waits, changes = seals + w.seals, waits + w.writer_waits, changes + w.writer_changes
-    assert replaced > 50 and lost_cas > 0  # the runs exercise copies and lost CASes
+    # the runs exercise copies, and workers paused past their lock: their
+    # clearings fenced by a target, their replacements refused by the guard
+    # (a stale worker's CAS, once the common lost CAS, no longer reaches etcd)
+    assert replaced > 50 and fenced > 0 and guarded > 0, (replaced, fenced, guarded)
     # ... and the streams' paths: writers changing their ensembles themselves,
     # workers leaving an open fragment to its live writer past the grace, and
     # taking streams with no live writer (or past the bound) over

@@ -19,6 +19,12 @@ legitimately holds; its purpose (dropping an older term's leftovers above
 it) is served instead by deleting the fragment's range on the target
 before the copy.
 
+The clearing is the one step that destroys, so it is fenced: it carries the
+fencing token of the ledger's etcd lock the copy runs under (the lock key's
+create revision), and a target that has seen a higher one for the ledger
+refuses it (bookie/core.py ``admit_clear``).  A worker paused past its lock
+cannot clear what a later holder's copy published there.
+
 A ledger with a password: the target checks the master key of the
 clearing and of every frame (bookie/core.py).  The copier does not know the
 password; it sends the key the ledger's metadata holds
@@ -71,7 +77,8 @@ class CopyStats:
 
 async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
                         progress: Callable[[int, int], None] | None = None,
-                        pace: Pace | None = None, keep_going: Callable[[], bool] | None = None) -> CopyStats:
+                        pace: Pace | None = None, keep_going: Callable[[], bool] | None = None,
+                        copy_token: int = 0) -> CopyStats:
     """Copies the entries the lost position of ``job`` held onto ``target``
     and waits until the target acknowledged them (durable: the bookie acks
     after fdatasync).  ``progress(entries, bytes)`` after each acked frame.
@@ -80,7 +87,12 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
     target's range is cleared, the one step that destroys: a worker paused
     past its lock's lease (another worker may have copied to the same
     target and published it meanwhile) must find out there, by a read of
-    its lock in etcd, not after.  Raises :class:`CopyFailed`."""
+    its lock in etcd, not after.  ``copy_token``: the fencing token of the
+    ledger's lock held (``AutorecoveryKeys.try_lock``), carried by the
+    clearing: the target refuses it (FENCED) below a token it has seen, so
+    a worker paused between that read and the clearing still cannot clear
+    what a later holder published there (0: no fence).  Raises
+    :class:`CopyFailed`."""
     stats = CopyStats()
     if job.last_entry < job.first_entry:
         return stats
@@ -91,9 +103,12 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
         raise CopyFailed(f"the ledger's lock was lost before clearing {target}")
     try:
         r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout,
-                            master_key=job.master_key)
+                            master_key=job.master_key, copy_token=copy_token)
     except BookieUnavailable as e:
         raise CopyFailed(f"target {target}: {e}") from e
+    if r.status == Status.FENCED:
+        raise CopyFailed(f"target {target} has seen a later copy of ledger {job.ledger_id} than this one's "
+                         f"(token {copy_token}): the ledger's lock was lost")
     if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
         st = status_of(r.status)
         raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")

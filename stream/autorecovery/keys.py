@@ -199,23 +199,27 @@ class AutorecoveryKeys:
 
     # -- locks --------------------------------------------------------------------------
 
-    def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> bool:
-        """Take the ledger's lock, or find it already ours (see ``_create_or_mine``)."""
+    def try_lock(self, ledger_id: int, owner: str, lease_id: int) -> int | None:
+        """Take the ledger's lock, or find it already ours (see
+        ``_create_or_mine``).  Returns the hold's fencing token, the lock
+        key's create revision (etcd revisions only grow: a later holder's
+        token is higher), or None when another holds the lock.  A copy's
+        clearing of its target carries it (bookie/core.py ``admit_clear``)."""
         return self._create_or_mine(self.layout.recovery_lock_key(ledger_id), owner.encode(), lease_id)
 
-    def _create_or_mine(self, key: str, value: bytes, lease_id: int) -> bool:
-        """Creates the lease-bound key; True also when it exists with our
-        value on our lease.  Without the second case a holder whose create
-        answer was lost, or whose release failed in an etcd outage its lease
-        outlived, would find its own key in the way (KeyExists) and wait, as
-        would everyone else, for as long as its process runs: a worker never
-        taking its task again, an elected auditor that no longer leads."""
+    def _create_or_mine(self, key: str, value: bytes, lease_id: int) -> int | None:
+        """Creates the lease-bound key; found with our value on our lease,
+        it is ours too.  Returns its create revision, or None (not ours).
+        Without the second case a holder whose create answer was lost, or
+        whose release failed in an etcd outage its lease outlived, would
+        find its own key in the way (KeyExists) and wait, as would everyone
+        else, for as long as its process runs: a worker never taking its
+        task again, an elected auditor that no longer leads."""
         try:
-            self.store.create(key, value, lease=lease_id)
-            return True
+            return self.store.create(key, value, lease=lease_id)
         except KeyExists:
             v = self.store.get(key)
-            return v is not None and v.value == value and v.lease == lease_id
+            return v.create_revision if v is not None and v.value == value and v.lease == lease_id else None
 
     def unlock(self, ledger_id: int, owner: str) -> None:
         key = self.layout.recovery_lock_key(ledger_id)
@@ -238,7 +242,8 @@ class AutorecoveryKeys:
     def campaign(self, me: dict, lease_id: int) -> bool:
         """Become the auditor: create the lease-bound key if nobody holds it
         (or find it ours, on this lease: see ``_create_or_mine``)."""
-        return self._create_or_mine(self.layout.auditor_key(), json.dumps(me, sort_keys=True).encode(), lease_id)
+        return self._create_or_mine(self.layout.auditor_key(), json.dumps(me, sort_keys=True).encode(),
+                                    lease_id) is not None
 
     def auditor(self) -> dict | None:
         v = self.store.get(self.layout.auditor_key())

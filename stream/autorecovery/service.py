@@ -28,7 +28,10 @@ import uuid
 from typing import Callable, Iterable
 
 from bookie.core import Status
+from metadata.errors import GuardFailed
+from metadata.layout import KeyLayout
 from metadata.ledgers import LedgerMode
+from metadata.txn import created_at
 from stream import errors as err
 from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
 from stream.metrics import AutorecoveryMetrics
@@ -77,6 +80,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    seal: bool = True, now: Callable[[], float] = time.monotonic,
                                    progress: Callable[[str, int, int], None] | None = None,
                                    keep_going: Callable[[], bool] = lambda: True,
+                                   copy_token: int = 0,
                                    known_unrecoverable: Iterable[int] = (),
                                    only: Iterable[int] | None = None,
                                    writer_bound: float | None = None,
@@ -88,6 +92,16 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     ``keep_going()`` is asked before each step and before a copy clears its
     target (a worker whose lock is gone stops: a read of the lock in etcd,
     so that a worker paused past its lease finds out when it wakes up).
+    ``copy_token``: the fencing token of the ledger's lock held
+    (``AutorecoveryKeys.try_lock``, the lock key's create revision).  Each
+    copy's clearing of its target carries it (a bookie refuses it below a
+    token it has seen: a copier paused past its lock cannot clear what a
+    later holder's copy published), and each replacement's transaction
+    guards on it (the lock key still created at that revision: a copier
+    paused past its lock cannot publish a target a later holder has since
+    cleared and is filling).  ``keep_going`` stops such a copier early; the
+    token closes the windows between its read and the step.  0: no lock
+    held, no fence (tests only).
     ``only``: the first entries of the fragments to work on (a Spark task's
     fragment); the ledger's other fragments are left alone.
     ``writer_bound``: a stream's writer key is read with its metadata, and
@@ -97,6 +111,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     (``worker_core.Pace``; None: none)."""
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
+    guards = [created_at(KeyLayout(client.cluster).recovery_lock_key(lid), copy_token)] if copy_token else []
     first_seen = now() if first_seen is None else first_seen
     out = LedgerOutcome(lid, Step.DONE)
     waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
@@ -156,7 +171,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                  job.last_entry, job.lost, job.index, tgt, list(job.sources))
         try:
             stats = await copy_fragment(client, job, tgt, progress=(
-                None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace, keep_going=keep_going)
+                None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace, keep_going=keep_going,
+                copy_token=copy_token)
         except CopyFailed as e:
             client.mark_failed(tgt)
             out.step, out.note = Step.WAIT, str(e)
@@ -173,9 +189,13 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if not keep_going():
             out.step, out.note = Step.WAIT, "lock lost before the replacement"
             return out
-        read, write = ledger_store_io(client, lid)
-        res = await run_cas(ReplaceBookie(lid, job.first_entry, job.lost, tgt, job.ensemble), read, write,
-                            Backoff())
+        read, write = ledger_store_io(client, lid, guards=guards)
+        try:
+            res = await run_cas(ReplaceBookie(lid, job.first_entry, job.lost, tgt, job.ensemble), read, write,
+                                Backoff())
+        except GuardFailed as e:
+            out.step, out.note = Step.WAIT, f"lock lost before the replacement: {e}"
+            return out
         if isinstance(res.verdict, (Apply, Done)):
             out.replaced.append((job.first_entry, job.lost, tgt))
             if progress is not None:
@@ -245,12 +265,15 @@ class RecoveryLocks:
         self.keys = AutorecoveryKeys(client.store, cluster)
         self.lease = StoreLeases(client.store, LOCK_TTL).acquire()
         self.holder = f"{default_id(kind)}-{uuid.uuid4().hex[:6]}"  # one holder per run
-        self.held: set[int] = set()
+        self.held: dict[int, int] = {}   # ledger -> the hold's fencing token (``try_lock``)
 
     def take(self, lid: int) -> str | None:
         """None once this recovery holds ``lid``'s lock; else who holds it."""
-        if lid in self.held or self.keys.try_lock(lid, self.holder, self.lease.id):
-            self.held.add(lid)
+        if lid in self.held:
+            return None
+        token = self.keys.try_lock(lid, self.holder, self.lease.id)
+        if token is not None:
+            self.held[lid] = token
             return None
         return self.keys.lock_holder(lid) or "someone"
 
@@ -316,16 +339,17 @@ class ReplicationWorker:
             if self.not_before.get(task.ledger_id, 0) > time.monotonic():
                 continue
             lease = await self._held_lease()
-            if not await asyncio.to_thread(self.keys.try_lock, task.ledger_id, self.id, lease.id):
+            token = await asyncio.to_thread(self.keys.try_lock, task.ledger_id, self.id, lease.id)
+            if token is None:
                 continue
             worked += 1
             try:
-                await self._work(task, lease)
+                await self._work(task, lease, token)
             finally:
                 await asyncio.to_thread(self.keys.unlock, task.ledger_id, self.id)
         return worked
 
-    async def _work(self, task: Task, lease) -> None:
+    async def _work(self, task: Task, lease, token: int) -> None:
         task = await asyncio.to_thread(self.keys.get_task, task.ledger_id)  # as of holding the lock
         if task is None:
             return
@@ -341,7 +365,8 @@ class ReplicationWorker:
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              writer_bound=self.cfg.writer_bound, pace=self.pace,
-                                             keep_going=lambda: not lease.lost and self.keys.still_mine(lid, self.id))
+                                             keep_going=lambda: not lease.lost and self.keys.still_mine(lid, self.id),
+                                             copy_token=token)
         self.outcomes.append(out)
         AutorecoveryMetrics.default().task(out)  # stream/metrics.py
         log.info("worker %s: ledger %d: %s (%d replaced, %d entries) %s", self.id, lid, out.step.value,

@@ -66,8 +66,10 @@ def spark_session(master: str | None = None, app: str = "bookstream-recover"):
 
 def recover_fragment(task: dict) -> dict:
     """One task (runs on an executor): ``task`` is ``FragmentTask.as_json()``
-    plus ``etcd``, ``cluster`` and ``holder`` (the job's lock holder: the
-    task stops before copying or replacing once the lock is not the job's).
+    plus ``etcd``, ``cluster``, ``holder`` (the job's lock holder: the
+    task stops before copying or replacing once the lock is not the job's)
+    and ``copy_token`` (that lock's fencing token, which the copy's clearing
+    of its target carries).
     Returns the fragment's result; never raises for a failure of the copy
     or the metadata (reported as failed)."""
     from stream.autorecovery.keys import AutorecoveryKeys
@@ -86,7 +88,8 @@ def recover_fragment(task: dict) -> dict:
             out = s.run(recover_ledger_fragments(
                 s.bk, lid, {task["lost"]}, target=task["target"], seal=False, grace=0.0, only={first},
                 pace=Pace.of(task.get("rate") or 0.0),   # this task's limit (a task per fragment)
-                keep_going=lambda: keys.still_mine(lid, task["holder"])))  # the job's lock (the driver's)
+                keep_going=lambda: keys.still_mine(lid, task["holder"]),  # the job's lock (the driver's)
+                copy_token=task["copy_token"]))
         res.update(entries=out.entries, bytes=out.bytes, step=out.step.value, note=out.note,
                    unrecoverable=out.unrecoverable, target=out.replaced[-1][2] if out.replaced else None)
         res["status"] = fragment_status(bool(out.replaced), out.step.value)
@@ -170,17 +173,17 @@ def recover_on_spark(spark, etcd: str, cluster: str, bookie: str, *, to: str | N
                 out["dry_run"] = True
                 out["plan"] = [t.as_json() for t in tasks]
                 return out
-            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks.holder, security, rate) if tasks else []
+            results = _run_tasks(sc, tasks, etcd, cluster, bookie, locks, security, rate) if tasks else []
         finally:
             if locks is not None:
                 locks.release()
     return summarize(bookie, plans, results, seconds=time.monotonic() - t0, left=left, extra=about)
 
 
-def _run_tasks(sc, tasks: list[FragmentTask], etcd: str, cluster: str, bookie: str, holder: str,
+def _run_tasks(sc, tasks: list[FragmentTask], etcd: str, cluster: str, bookie: str, locks,
                security: dict | None = None, rate: float = 0.0) -> list[dict]:
-    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=holder, security=security, rate=rate)
-               for t in tasks]
+    payload = [dict(t.as_json(), etcd=etcd, cluster=cluster, holder=locks.holder, copy_token=locks.held[t.ledger_id],
+                    security=security, rate=rate) for t in tasks]
     sc.setJobDescription(f"bookstream recover {bookie}: {len(tasks)} fragment(s)")
     try:
         return sc.parallelize(payload, len(payload)).map(recover_fragment).collect()
