@@ -298,7 +298,7 @@ class Storage:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
         if v.state_changed:
             self._journal_state(ledger_id)
-        return v, await self._journal_delete(ledger_id, (first_entry, (1 << 63) - 1),
+        return v, await self._journal_delete(R_DELETE, DELETE_BODY.pack(ledger_id, True, first_entry, (1 << 63) - 1),
                                              lambda: self.core.apply_prepare(ledger_id, first_entry))
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None, master_key=b"") -> tuple[Status, int]:
@@ -309,7 +309,9 @@ class Storage:
         status = self.core.admit_delete(ledger_id, verifier_of(master_key))
         if status is not Status.OK:
             return status, 0
-        return status, await self._journal_delete(ledger_id, entry_range,
+        first, last = entry_range if entry_range else (0, 0)
+        return status, await self._journal_delete(R_DELETE,
+                                                  DELETE_BODY.pack(ledger_id, entry_range is not None, first, last),
                                                   lambda: self.core.delete(ledger_id, entry_range))
 
     async def clear(self, ledger_id: int, first: int, last: int, token: int, master_key=b"") -> tuple[Status, int]:
@@ -322,19 +324,13 @@ class Storage:
             return v.status, 0
         if v.key_learned:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
-        return v.status, await self._journal_delete(ledger_id, (first, last),
-                                                    lambda: self.core.apply_clear(ledger_id, first, last, token),
-                                                    body=self.core.clear_body(ledger_id, first, last))
+        return v.status, await self._journal_delete(R_CLEAR, self.core.clear_body(ledger_id, first, last),
+                                                    lambda: self.core.apply_clear(ledger_id, first, last, token))
 
-    async def _journal_delete(self, ledger_id: int, entry_range: tuple[int, int] | None, remove,
-                              body: bytes | None = None) -> int:
-        """Journals a deletion (an R_DELETE, or the R_CLEAR ``body``);
-        `remove()` runs once it is durable, in journal order.  Returns how
-        many entries went."""
-        first, last = entry_range if entry_range else (0, 0)
-        rtype = R_DELETE if body is None else R_CLEAR
-        if body is None:
-            body = DELETE_BODY.pack(ledger_id, entry_range is not None, first, last)
+    async def _journal_delete(self, rtype: int, body: bytes, remove) -> int:
+        """Journals a deletion (an R_DELETE or R_CLEAR record); `remove()`
+        runs once it is durable, in journal order.  Returns how many entries
+        went."""
         count = []
 
         def apply(_body, _seg, _off):

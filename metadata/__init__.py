@@ -63,8 +63,8 @@ from metadata.store import (
 from metadata.cluster import get_cluster_info, init_cluster
 
 __all__ = [
-    "BadVersion", "BookieDecommissioned", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata", "GuardFailed",
-    "InvalidKey",
+    "BadVersion", "BookieDecommissioned", "BookieIdInUse", "Compacted", "ConditionFailed", "CorruptMetadata",
+    "GuardFailed", "InvalidKey",
     "InvalidLedgerConfig", "InvalidName", "KeyExists", "LeaseExpired", "MetadataError", "MetadataUnavailable",
     "NoFragment", "NoSuchLedger", "RegistrationLost", "TxnConflict", "EtcdServerError", "ManagedEtcd",
     "KeyLayout", "validate_name", "Fragment", "LedgerMetadata", "LedgerMode", "LedgerState", "LedgerStore",
