@@ -59,6 +59,8 @@ class BookieMetrics:
         self.gc_removed_segments = Counter(p + "gc_removed_segments", "journal segments deleted by GC", registry=r)
         self.gc_compacted_segments = Counter(p + "gc_compacted_segments", "journal segments compacted", registry=r)
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)
+        self.gc_deleted_ledgers = Counter(p + "gc_deleted_ledgers", "ledgers deleted here because the metadata "
+                                          "no longer has them (bookie/ledger_gc.py)", registry=r)
         # labelled children looked up once (a labels() call costs more than the observation);
         # these are exported at 0 from the start (the dashboard's series)
         self._latency = {m: self.read_latency.labels(m) for m in ("ReadEntry", "ReadRange", "ReadPort")}
@@ -92,6 +94,9 @@ class BookieMetrics:
     def commit(self, size: int, seconds: float) -> None:
         self.commit_bytes.observe(size)
         self.commit_latency.observe(seconds)
+
+    def ledger_gc(self, done: dict) -> None:
+        self.gc_deleted_ledgers.inc(len(done["ledgers_deleted"]))
 
     def gc(self, done: dict) -> None:
         self.gc_runs.inc()

@@ -58,6 +58,9 @@ class BookieConfig:
     read_frame_bytes: int = 4 << 20
     disk_check_interval_s: float = 1.0
     gc_interval_s: float = 30.0
+    # Every this long, the ledgers deleted from the metadata are deleted here
+    # too (bookie/ledger_gc.py; with a registration only).  0: never.
+    ledger_gc_interval_s: float = 600.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
@@ -586,6 +589,8 @@ class BookieServer:
             asyncio.create_task(self._disk_loop(), name="disk-check"),
             asyncio.create_task(self._upkeep_loop(), name="upkeep"),
         ]
+        if self.registration is not None and self.config.ledger_gc_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._ledger_gc_loop(), name="ledger-gc"))
 
     async def _disk_loop(self) -> None:
         """Re-checks disk usage, and keeps the etcd registration in step with
@@ -616,6 +621,30 @@ class BookieServer:
                         log.info("gc: %s", done)
             except Exception:
                 log.exception("upkeep failed")
+
+    async def _ledger_gc_loop(self) -> None:
+        """The ledgers deleted from the metadata, deleted here too
+        (bookie/ledger_gc.py), every ``ledger_gc_interval_s``: a loop of its
+        own, so that a long listing never holds checkpoints back."""
+        from bookie.ledger_gc import collect_deleted_ledgers
+        from metadata.errors import MetadataError
+        from metadata.ledgers import LedgerStore
+
+        ledgers = LedgerStore(self.registration.store, self.registration.cluster)
+        while True:
+            await asyncio.sleep(self.config.ledger_gc_interval_s)
+            try:
+                done = await collect_deleted_ledgers(self.storage, ledgers)
+            except MetadataError as e:  # etcd away: nothing deleted, tried again next interval
+                log.warning("ledger gc: %s", e)
+                continue
+            except Exception:
+                log.exception("ledger gc failed")
+                continue
+            self.service.metrics.ledger_gc(done)
+            if done["ledgers_deleted"]:
+                log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
+                         done["ledgers_deleted"][:20], done["entries_deleted"])
 
     async def stop(self, grace: float = 2.0) -> None:
         for t in self._tasks:

@@ -327,6 +327,15 @@ class Storage:
         return v.status, await self._journal_delete(R_CLEAR, self.core.clear_body(ledger_id, first, last),
                                                     lambda: self.core.apply_clear(ledger_id, first, last, token))
 
+    async def drop_ledger(self, ledger_id: int) -> int:
+        """Deletes a ledger, state included, with no key asked: the bookie's
+        own collection of a ledger deleted from the metadata
+        (bookie/ledger_gc.py).  Returns how many entries went."""
+        if ledger_id not in self.core.ledgers:
+            return 0
+        return await self._journal_delete(R_DELETE, DELETE_BODY.pack(ledger_id, False, 0, 0),
+                                          lambda: self.core.delete(ledger_id, None))
+
     async def _journal_delete(self, rtype: int, body: bytes, remove) -> int:
         """Journals a deletion (an R_DELETE or R_CLEAR record); `remove()`
         runs once it is durable, in journal order.  Returns how many entries

@@ -93,6 +93,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "its build holds the bookie (about 3 ms at the default) and the most it holds (28 B an id)")
     p.add_argument("--disk-check-interval", type=float, default=1.0)
     p.add_argument("--gc-interval", type=float, default=30.0)
+    p.add_argument("--ledger-gc-interval", type=float, default=600.0,
+                   help="every this many seconds, delete the ledgers the metadata no longer has "
+                        "(deleted while this bookie was down, or left by a failed copy); 0: never")
     p.add_argument("--admin-port", type=int, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
@@ -133,6 +136,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         storage=storage,
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
+        ledger_gc_interval_s=args.ledger_gc_interval,
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )

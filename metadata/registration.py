@@ -113,6 +113,15 @@ class Registration:
         return self.keeper.lease
 
     @property
+    def store(self) -> MetadataStore:
+        """The metadata store the registration is kept in."""
+        return self._store
+
+    @property
+    def cluster(self) -> str:
+        return self._registry.layout.cluster
+
+    @property
     def bookie_id(self) -> str:
         return self._reg.bookie_id
 

@@ -33,13 +33,14 @@ HERE = Path(__file__).resolve().parent
 BASE = HERE / "BookstreamBase.tla"  # constants, write sets, state, bookie rules (SPEC extends it)
 SPEC = HERE / "BookstreamLedger.tla"
 FINER = HERE / "BookstreamFiner.tla"  # extends SPEC: channels, restarts, explicit LAC
+COPY = HERE / "BookstreamCopy.tla"  # on its own: autorecovery's copy under its etcd lock
 MODELS = HERE / "models"
 
 
 def copy_specs(dest, extra: tuple = ()) -> None:
     """The spec's modules (and `extra` ones) into a scratch directory, where
     TLC runs: its states/ and trace files never land in the tree."""
-    for f in (BASE, SPEC, FINER, *extra):
+    for f in (BASE, SPEC, FINER, COPY, *extra):
         shutil.copy(f, Path(dest, f.name))
 
 OK = "ok"  # TLC finished the whole state space (queue empty), no error
@@ -121,6 +122,11 @@ CONFIGS = [
     Config("mutant_absent_over_ensemble", "violation:AckedDurable"),
     Config("mutant_noop_to_write_set", "violation:NoDivergence"),
     Config("mutant_replacement_appended", "violation:NoDivergence"),
+    # Autorecovery's copy under its lock, workers paused past it (a module of
+    # its own), and the mutants without the target's fence or the CAS's guard.
+    Config("copy", OK, deadlock=False, module="BookstreamCopy"),
+    Config("mutant_copy_no_fence", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
+    Config("mutant_copy_no_guard", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
     # Larger models, minutes each: `check.py --all` (or by name).
     Config("ext_lost_acks_any_order", OK, extended=True),
     Config("ext_ensemble_crash", OK, deadlock=False, extended=True),

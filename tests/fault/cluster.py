@@ -171,7 +171,11 @@ class FaultCluster:
             etcd_proxy = BookieProxy(self.ploop, self.etcd.client_port, lambda: [])
             extra = ["--registration-ttl", str(self.ttl), "--advertise-address", proxy.address,
                      "--read-port", str(read_port), "--advertise-read-address", read_proxy.address,
-                     "--disk-check-interval", "0.5"]
+                     "--disk-check-interval", "0.5",
+                     # the ledger GC (bookie/ledger_gc.py) every 2 s: under partitions, pauses and
+                     # etcd outages it must never delete a ledger the metadata has (the final read
+                     # and the replica audit would find it)
+                     "--ledger-gc-interval", "2"]
             if tmpfs:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
