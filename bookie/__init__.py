@@ -2,6 +2,8 @@
 modules).  ``native`` gives its optional C extensions, one rule for all."""
 from __future__ import annotations
 
+import bookstream_pb  # noqa: F401  (first: it sets gRPC's fork default before gRPC loads)
+
 import importlib
 import os
 from types import ModuleType

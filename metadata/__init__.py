@@ -18,6 +18,7 @@ Modules:
 * :mod:`metadata.etcd_server` -- :class:`ManagedEtcd`, a local etcd process;
 * :mod:`metadata.errors` -- the typed errors (each has ``retriable``).
 """
+import bookstream_pb  # noqa: F401  (first: it sets gRPC's fork default before gRPC loads)
 from metadata.errors import (
     BadVersion,
     BookieDecommissioned,

@@ -16,6 +16,25 @@ from grpc_tools import protoc
 import grpc_tools
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The package's __init__: every bookstream package imports it before gRPC
+# loads (gRPC reads the variable when it is imported, never after).
+INIT = '''"""Generated from proto/ by scripts/genproto.py. Do not edit.
+
+Importing this package sets gRPC's fork support off unless the environment
+says otherwise.  With it on, a process with live channels that forks to
+exec (pyspark launching its JVM, ``subprocess`` with ``preexec_fn``) runs
+gRPC's fork handlers, which abort the child now and then (SIGABRT, "Mutex::Fer
+with pending CondVar") before it reaches exec; gRPC's fork_support.md asks
+for this setting whenever a fork is followed by exec.  No bookstream
+process forks a child that uses gRPC after using gRPC itself (Spark's
+Python workers are forked by a daemon that never does).  Every bookstream
+package imports this one first (metadata, stream, bookie, bookstream).
+"""
+import os
+
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+'''
 PROTO_DIR = ROOT / "proto"
 PACKAGE = "bookstream_pb"
 
@@ -42,7 +61,7 @@ def generate(out_dir: Path) -> list[Path]:
         text = re.sub(r"^import (\w+_pb2) as", rf"from {PACKAGE} import \1 as", text, flags=re.M)
         f.write_text(text)
     init = out_dir / "__init__.py"
-    init.write_text('"""Generated from proto/ by scripts/genproto.py. Do not edit."""\n')
+    init.write_text(INIT)
     return sorted(p for p in out_dir.iterdir() if p.suffix in (".py", ".pyi"))
 
 
