@@ -445,7 +445,6 @@ class LedgerStore:
         count, last = header.fragment_count, header.last_fragment_first_entry
         assert count >= 1, "the header has no fragments: was it read from the store?"
         compares = [mod_revision_is(self.layout.ledger_header_key(ledger_id), expected_header_revision)]
-        compares += guards
         for f in fragments:
             if f.first_entry > last:
                 count, last = count + 1, f.first_entry
@@ -457,7 +456,7 @@ class LedgerStore:
                             fragments=tuple(merged[k] for k in sorted(merged)))
         ops = [Put(self.layout.fragment_key(ledger_id, f.first_entry), f.to_bytes()) for f in fragments]
         ops.append(Put(self.layout.ledger_header_key(ledger_id), meta.header_bytes()))
-        revision = self._cas_txn(ledger_id, expected_header_revision, compares, ops)
+        revision = self._cas_txn(ledger_id, expected_header_revision, compares, ops, guards)
         return meta, revision
 
     def remove_fragments_before(self, ledger_id: int, entry_id: int, header: LedgerMetadata,
@@ -498,21 +497,22 @@ class LedgerStore:
         revision = self._cas_txn(ledger_id, expected_header_revision, compares, ops)
         return meta, revision
 
-    def _cas_txn(self, ledger_id: int, expected: int, compares, ops) -> int:
+    def _cas_txn(self, ledger_id: int, expected: int, compares, ops, guards: Sequence[Compare] = ()) -> int:
+        """The transaction of ``compares`` and ``guards`` (``created_at``
+        conditions: ``GuardFailed`` when one fails), then ``ops``."""
         hkey = self.layout.ledger_header_key(ledger_id)
         try:
-            return self.store.txn(compares, ops).revision
+            return self.store.txn([*compares, *guards], ops).revision
         except TxnConflict as c:
             cur = c.current.get(hkey)
             if cur is None:
                 raise NoSuchLedger(ledger_id) from None
             if cur.mod_revision != expected:
                 raise BadVersion(hkey, expected, cur) from None
-            for g in compares:
-                if g.target == "create" and g.op == "==" and g.operand > 0:  # a guard (``created_at``)
-                    now = c.current.get(g.key)
-                    if now is None or now.create_revision != g.operand:
-                        raise GuardFailed(g.key, now) from None
+            for g in guards:
+                now = c.current.get(g.key)
+                if now is None or now.create_revision != g.operand:
+                    raise GuardFailed(g.key, now) from None
             missing = [k for k, v in c.current.items() if v is None]
             entry = self.layout.parse_ledger_key(missing[0])[2] if missing else -1
             raise NoFragment(ledger_id, entry if entry is not None else -1,
