@@ -50,6 +50,12 @@ delete with a copy token)      nothing changes; otherwise the ledger's copy
                                state is created to hold the token (a copier
                                paused past its etcd lock must not clear what
                                a later copy published)
+the bookie's own clearing of   a range reaching past the last fragment's
+over-replicated entries        start and a request admitted for the ledger
+(``admit_gc_clear``)           since the collector read its metadata:
+                               nothing changes; its lock's token < the copy
+                               token: FENCED; otherwise a copy's clearing of
+                               each range (the state stays)
 disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
 normal read                    no term, no state change; unknown ledger:
@@ -147,6 +153,12 @@ class BookieLedger:
     # The highest fencing token of a copy's clearing admitted (``admit_clear``):
     # the revision of the etcd lock the ledger's copies run under.
     copy_token: int = 0
+    # Requests admitted that may bring entries or change the state (adds,
+    # LACs, fencing and term-carrying requests, prepares, clearings,
+    # deletions), in memory only: the over-replicated collection
+    # (``admit_gc_clear``) clears a ledger only if none came since it read
+    # the metadata.
+    touched: int = 0
 
     @property
     def last_entry(self) -> int:
@@ -214,6 +226,7 @@ class BookieCore:
             learned = bool(verifier)
         changed = h.term > st.term
         st.term = h.term if changed else st.term
+        st.touched += 1
         return Verdict(Status.OK, st.term, changed, learned)
 
     @staticmethod
@@ -306,6 +319,7 @@ class BookieCore:
             return Verdict(Status.INVALID_TERM, st.term)
         if st.fenced:
             return Verdict(Status.FENCED, st.term)
+        st.touched += 1
         return Verdict(Status.OK, st.term)
 
     def apply_lac(self, ledger_id: int, lac: int, lafr: int) -> None:
@@ -337,6 +351,7 @@ class BookieCore:
         changed = created or term > st.term or (fence and not st.fenced)
         st.term = max(st.term, term)
         st.fenced = st.fenced or fence
+        st.touched += 1
         return Verdict(Status.OK, st.term, changed, created and bool(verifier))
 
     def prepare(self, ledger_id: int, first_entry: int, term: int, verifier: bytes = b"") -> Verdict:
@@ -526,7 +541,10 @@ class BookieCore:
         st = self.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER
-        return Status.OK if st.verifier == verifier else Status.UNAUTHORIZED_ACCESS
+        if st.verifier != verifier:
+            return Status.UNAUTHORIZED_ACCESS
+        st.touched += 1
+        return Status.OK
 
     def delete(self, ledger_id: int, entry_range: tuple[int, int] | None = None) -> Removed:
         """Deletes a ledger (state included), or the entries of a range."""
@@ -561,7 +579,37 @@ class BookieCore:
         if st is None:
             st = self.ledgers[ledger_id] = BookieLedger(verifier=verifier)
         st.copy_token = token
+        st.touched += 1
         return Verdict(Status.OK, st.term, True, created and bool(verifier))
+
+    def admit_gc_clear(self, ledger_id: int, token: int, touched: int | None) -> Status | None:
+        """The bookie's own clearing of entry ranges of a ledger whose
+        metadata, read under the ledger's recovery lock, names this bookie
+        for none of them (bookie/ledger_gc.py).  ``touched``: the ledger's
+        count as it stood before that read, when a range reaches past the
+        last fragment's start (a fragment naming this bookie may be published
+        there after the read; below it fragments are sealed); None: not
+        asked.  A request admitted since (a writer's fragment published and
+        prepared or written after the read, a take-over's recovery): None,
+        nothing changes.  ``token`` (the lock's) below the ledger's copy
+        token: FENCED (a later holder's copy is at work here).  Otherwise OK,
+        the token raised as a copy's clearing raises it (an older copier's
+        clearing is refused from now on), and the caller journals an R_CLEAR
+        of each range (``clear_body``).  The state (term, fence, key) stays:
+        a writer fenced here stays fenced."""
+        assert token > 0
+        st = self.ledgers.get(ledger_id)
+        if st is None or (touched is not None and st.touched != touched):
+            return None
+        if token < st.copy_token:
+            return Status.FENCED
+        st.copy_token = token
+        return Status.OK
+
+    def touched_of(self, ledger_id: int) -> int | None:
+        """The ledger's count of admitted requests (None: unknown ledger)."""
+        st = self.ledgers.get(ledger_id)
+        return None if st is None else st.touched
 
     def clear_body(self, ledger_id: int, first: int, last: int) -> bytes:
         """The R_CLEAR journal record of an admitted clearing."""

@@ -1,5 +1,7 @@
-"""The bookie's collection of ledgers deleted from the metadata (BookKeeper's
-``GarbageCollectorThread`` for ledgers gone from the ledger manager).
+"""The bookie's collection of ledgers deleted from the metadata, and of
+the entries of ledgers that no longer name it (BookKeeper's
+``GarbageCollectorThread``: ledgers gone from the ledger manager, and
+over-replicated ledgers).
 
 A ledger's deletion is sent to the bookies its fragments name.  A bookie
 down at that moment, and a copy's target whose copy failed or was fenced
@@ -18,16 +20,44 @@ deletion: a listing that came back short costs nothing.  The two lists are
 merged in id order, never held as a set: a cluster of a million ledgers
 costs the bookie its own ids and a page of etcd's.
 
-Not collected: a ledger still in the metadata whose fragments no longer name
-this bookie (back after autorecovery replaced it).  That needs the ledger's
-recovery lock first: a copy's target holds entries of a ledger that names
-it only once the copy is published.
+Over-replicated entries (BookKeeper's ``gcOverReplicatedLedger``, there per
+ledger, here per entry range): entries of a ledger still in the metadata in
+ranges whose fragments do not name this bookie (autorecovery replaced it
+while it was down; a writer's ensemble changed away from it; fragments
+trimmed away).  Nobody reads them.  Every ``over_replicated_gc_interval_s``
+(a day, as BookKeeper's ``gcOverreplicatedLedgerWaitTime``: a metadata read
+per ledger held) the bookie reads each ledger it holds entries of
+(``unnamed_ranges``, pure); where it holds some in such ranges, it reads the
+ledger again under the ledger's recovery lock and clears those ranges
+(``Storage.clear_over_replicated``), only if:
+
+- the lock is ours: no copy onto this bookie is under way (a copy writes
+  its target before publishing it).  A copier paused past its lock is
+  fenced by the lock's token, which the clearing leaves here;
+- the ledger is not IN_RECOVERY (a take-over's recovery writes its new
+  fragment's bookies before publishing it; a writer's ensemble change or
+  roll publishes first);
+- where a range reaches past the last fragment's start (the ledger's
+  open end, where a writer may publish a fragment naming this bookie after
+  the read, then prepare and write it here), no request for the ledger was
+  admitted here since that read began (``BookieCore.admit_gc_clear``).
+  Below the last fragment's start, fragments are sealed: their ensembles
+  change only by autorecovery, under the lock.  (Not asked there, so that
+  the garbage of a busy stream's older fragments is cleared between its
+  appends.)
+
+Only entries go: the ledger's term, fence and key stay, so that a writer
+fenced here stays fenced (an old writer's ensemble may still name this
+bookie).  The ledger's deletion from the metadata later drops the rest.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
 from typing import Iterable, Sequence
+
+from metadata.errors import NoSuchLedger
+from metadata.ledgers import LedgerMetadata, LedgerState
 
 log = logging.getLogger(__name__)
 
@@ -66,4 +96,90 @@ async def collect_deleted_ledgers(storage, ledgers) -> dict:
     return done
 
 
-__all__ = ["deleted", "collect_deleted_ledgers"]
+MAX_ENTRY = (1 << 63) - 1
+
+
+def unnamed_ranges(meta: LedgerMetadata, bookie_id: str) -> list[tuple[int, int]]:
+    """The entry ranges [first, last] of ``meta`` (every fragment loaded)
+    whose fragments do not name ``bookie_id``, adjacent ones merged: below
+    the first fragment (trimmed), each fragment's span without it (the last
+    one's up to ``MAX_ENTRY``).  Empty while a recovery writes a fragment not
+    yet published (IN_RECOVERY)."""
+    assert meta.fragments_complete, "judge with every fragment loaded"
+    if meta.state is LedgerState.IN_RECOVERY:
+        return []
+    out: list[tuple[int, int]] = []
+
+    def add(first: int, last: int) -> None:
+        if first > last:
+            return
+        if out and out[-1][1] + 1 == first:
+            out[-1] = (out[-1][0], last)
+        else:
+            out.append((first, last))
+
+    frags = meta.fragments
+    add(0, frags[0].first_entry - 1 if frags else MAX_ENTRY)
+    for k, f in enumerate(frags):
+        if bookie_id not in f.ensemble:
+            add(f.first_entry, frags[k + 1].first_entry - 1 if k + 1 < len(frags) else MAX_ENTRY)
+    return out
+
+
+def reaches_open_end(meta: LedgerMetadata, ranges: list[tuple[int, int]]) -> bool:
+    """Whether ``ranges`` (``unnamed_ranges``) reach an OPEN ledger's end,
+    where a fragment naming the bookie may be published after the read:
+    then the clearing asks that no request was admitted since."""
+    return bool(ranges) and ranges[-1][1] == MAX_ENTRY and meta.state is not LedgerState.CLOSED
+
+
+def _read(ledgers, lid: int) -> LedgerMetadata | None:
+    try:
+        return ledgers.read(lid)[0]
+    except NoSuchLedger:
+        return None
+
+
+def _held(storage, lid: int, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The ranges the bookie holds entries of."""
+    st = storage.core.ledgers.get(lid)
+    if st is None:
+        return []
+    return [r for r in ranges if next(st.index.run_slices(r[0], r[1], skip_gaps=True), None) is not None]
+
+
+async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_id: int) -> dict:
+    """One pass (see the module's doc): ``keys`` the cluster's
+    ``AutorecoveryKeys`` (the recovery locks), ``lease_id`` the lease the
+    locks are taken on (the bookie's registration's).  Returns what it did.
+    Raises the metadata's errors (what was cleared before stays cleared)."""
+    owner = f"bookie-gc:{bookie_id}"
+    done = {"ledgers_cleared": [], "entries_deleted": 0, "locked_elsewhere": 0, "touched_since": 0}
+    held = sorted(lid for lid, st in storage.core.ledgers.items() if len(st.index))
+    for lid in held:
+        meta = await asyncio.to_thread(_read, ledgers, lid)
+        if meta is None or not _held(storage, lid, unnamed_ranges(meta, bookie_id)):
+            continue   # deleted (the other collection's), or nothing held where it is not named
+        token = await asyncio.to_thread(keys.try_lock, lid, owner, lease_id)
+        if token is None:
+            done["locked_elsewhere"] += 1
+            continue
+        try:
+            touched = storage.core.touched_of(lid)
+            meta = await asyncio.to_thread(_read, ledgers, lid)
+            ranges = [] if meta is None else _held(storage, lid, unnamed_ranges(meta, bookie_id))
+            if touched is None or not ranges:
+                continue
+            n = await storage.clear_over_replicated(lid, token, touched if reaches_open_end(meta, ranges) else None,
+                                                    ranges)
+            if n is None:
+                done["touched_since"] += 1
+                continue
+            done["ledgers_cleared"].append(lid)
+            done["entries_deleted"] += n
+        finally:
+            await asyncio.to_thread(keys.unlock, lid, owner)
+    return done
+
+
+__all__ = ["deleted", "collect_deleted_ledgers", "unnamed_ranges", "reaches_open_end", "collect_over_replicated"]

@@ -61,6 +61,9 @@ class BookieMetrics:
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)
         self.gc_deleted_ledgers = Counter(p + "gc_deleted_ledgers", "ledgers deleted here because the metadata "
                                           "no longer has them (bookie/ledger_gc.py)", registry=r)
+        self.gc_over_replicated_ledgers = Counter(p + "gc_over_replicated_ledgers", "ledgers whose entries were "
+                                                  "cleared here because their metadata no longer names this "
+                                                  "bookie (bookie/ledger_gc.py)", registry=r)
         # labelled children looked up once (a labels() call costs more than the observation);
         # these are exported at 0 from the start (the dashboard's series)
         self._latency = {m: self.read_latency.labels(m) for m in ("ReadEntry", "ReadRange", "ReadPort")}
@@ -97,6 +100,9 @@ class BookieMetrics:
 
     def ledger_gc(self, done: dict) -> None:
         self.gc_deleted_ledgers.inc(len(done["ledgers_deleted"]))
+
+    def over_replicated_gc(self, done: dict) -> None:
+        self.gc_over_replicated_ledgers.inc(len(done["ledgers_cleared"]))
 
     def gc(self, done: dict) -> None:
         self.gc_runs.inc()

@@ -27,10 +27,19 @@ from bookstream_pb import bookie_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 64 << 20
+# The shortest interval between a client's keepalive pings the bookie
+# accepts, with or without calls in flight.  Clients ping every 10 s, idle
+# too (stream/bookie_client.py CHANNEL_OPTIONS).  gRPC servers allow one
+# ping per 5 minutes by default, without calls none, and answer the third
+# early one with GOAWAY too_many_pings: an idle client's keepalive was
+# refused (its connection dropped, or the GOAWAY logged when it closed).
+MIN_CLIENT_PING_INTERVAL_MS = 5_000
 GRPC_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.so_reuseport", 0),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
 ]
 MAX_LONG_POLL_S = 120.0
 
@@ -61,6 +70,10 @@ class BookieConfig:
     # Every this long, the ledgers deleted from the metadata are deleted here
     # too (bookie/ledger_gc.py; with a registration only).  0: never.
     ledger_gc_interval_s: float = 600.0
+    # Every this long, the entries of ledgers whose metadata no longer names
+    # this bookie are cleared (bookie/ledger_gc.py; a metadata read per
+    # ledger held; with a registration only).  0: never.
+    over_replicated_gc_interval_s: float = 86400.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
@@ -591,6 +604,8 @@ class BookieServer:
         ]
         if self.registration is not None and self.config.ledger_gc_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._ledger_gc_loop(), name="ledger-gc"))
+        if self.registration is not None and self.config.over_replicated_gc_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._over_replicated_gc_loop(), name="over-replicated-gc"))
 
     async def _disk_loop(self) -> None:
         """Re-checks disk usage, and keeps the etcd registration in step with
@@ -645,6 +660,38 @@ class BookieServer:
             if done["ledgers_deleted"]:
                 log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
                          done["ledgers_deleted"][:20], done["entries_deleted"])
+
+    async def _over_replicated_gc_loop(self) -> None:
+        """The entries of ledgers that no longer name this bookie, cleared
+        (bookie/ledger_gc.py ``collect_over_replicated``), every
+        ``over_replicated_gc_interval_s``, under each ledger's recovery lock
+        taken on the registration's lease."""
+        from bookie.ledger_gc import collect_over_replicated
+        from metadata.errors import MetadataError
+        from metadata.ledgers import LedgerStore
+        from stream.autorecovery.keys import AutorecoveryKeys
+
+        reg = self.registration
+        ledgers = LedgerStore(reg.store, reg.cluster)
+        keys = AutorecoveryKeys(reg.store, reg.cluster)
+        while True:
+            await asyncio.sleep(self.config.over_replicated_gc_interval_s)
+            try:
+                done = await collect_over_replicated(self.storage, ledgers, keys, self.config.bookie_id,
+                                                     reg.lease.id)
+            except MetadataError as e:  # etcd away: tried again next interval
+                log.warning("over-replicated gc: %s", e)
+                continue
+            except Exception:
+                log.exception("over-replicated gc failed")
+                continue
+            self.service.metrics.over_replicated_gc(done)
+            if done["locked_elsewhere"]:
+                log.info("over-replicated gc: %d ledgers under a recovery's lock, left for the next pass",
+                         done["locked_elsewhere"])
+            if done["ledgers_cleared"]:
+                log.info("over-replicated gc: cleared ledgers %s (%d entries), whose metadata no longer "
+                         "names this bookie", done["ledgers_cleared"][:20], done["entries_deleted"])
 
     async def stop(self, grace: float = 2.0) -> None:
         for t in self._tasks:

@@ -327,6 +327,31 @@ class Storage:
         return v.status, await self._journal_delete(R_CLEAR, self.core.clear_body(ledger_id, first, last),
                                                     lambda: self.core.apply_clear(ledger_id, first, last, token))
 
+    async def clear_over_replicated(self, ledger_id: int, token: int, touched: int | None,
+                                    ranges: list[tuple[int, int]]) -> int | None:
+        """The bookie's own clearing of a ledger's entries in ``ranges``,
+        which its metadata no longer names this bookie for
+        (bookie/ledger_gc.py), under the ledger's recovery lock (``token``),
+        if no request was admitted for it since its count was ``touched``
+        (None: not asked; ``BookieCore.admit_gc_clear``).  Journalled as
+        copies' clearings (R_CLEAR, one a range, all appended at once): the
+        state and the token stay.  Returns how many entries went, or None
+        (touched since, or a later copy's token here: nothing changed)."""
+        if self.core.admit_gc_clear(ledger_id, token, touched) is not Status.OK:
+            return None
+        count = [0]
+
+        def clear(first: int, last: int):
+            def apply(_body, _seg, _off):
+                removed = self.core.apply_clear(ledger_id, first, last, token)
+                self._dead(removed)
+                count[0] += len(removed)
+            return apply
+
+        await asyncio.gather(*[self._append(R_CLEAR, self.core.clear_body(ledger_id, first, last), clear(first, last))
+                               for first, last in ranges])
+        return count[0]
+
     async def drop_ledger(self, ledger_id: int) -> int:
         """Deletes a ledger, state included, with no key asked: the bookie's
         own collection of a ledger deleted from the metadata

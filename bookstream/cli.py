@@ -96,6 +96,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ledger-gc-interval", type=float, default=600.0,
                    help="every this many seconds, delete the ledgers the metadata no longer has "
                         "(deleted while this bookie was down, or left by a failed copy); 0: never")
+    p.add_argument("--over-replicated-gc-interval", type=float, default=86400.0,
+                   help="every this many seconds, clear the entries of ledgers whose metadata no longer names "
+                        "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
+                        "held; 0: never")
     p.add_argument("--admin-port", type=int, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
@@ -137,6 +141,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         disk_check_interval_s=args.disk_check_interval,
         gc_interval_s=args.gc_interval,
         ledger_gc_interval_s=args.ledger_gc_interval,
+        over_replicated_gc_interval_s=args.over_replicated_gc_interval,
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )

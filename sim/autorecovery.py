@@ -13,7 +13,11 @@ target's copy fence, the shipped ``BookieCore.admit_clear``, refuses the
 older lock's token; a paused worker's replacement CAS is guarded by its lock,
 as ``LedgerStore.add_fragments``'s ``guards``), the auditor
 crashing mid-scan (a new one is elected with a fresh core), several workers
-interleaving their reads, copies and CASes.
+interleaving their reads, copies and CASes.  The bookies' over-replicated
+GC (``bookie.ledger_gc.unnamed_ranges`` and the shipped
+``BookieCore.admit_gc_clear``) clears the entries it holds where no fragment
+names it, paused at times before its clearing, past its lock too; writers
+roll their streams' fragments and trim them.
 
 Streams (issue 15): some ledgers are open streams with a writer that
 appends, holds a lease-bound registration (its key names its term, lives
@@ -45,7 +49,9 @@ Invariants, checked after every step:
 "recovered" without the entries no replica holds; ``ignore-writer``: the
 plan without the writer's registration; ``no-bound``: a live writer waited
 for without end; ``no-copy-fence``: a target clears its range for any
-token; ``no-cas-guard``: a replacement published without its lock) breaks a
+token; ``no-cas-guard``: a replacement published without its lock; ``gc-no-lock``:
+a bookie's over-replicated GC clears without the ledger's recovery lock;
+``gc-no-touch-check``: it clears a ledger written since its read) breaks a
 rule, which the invariants must catch.  Only this file is simulated: the metadata,
 bookies and network here are models; the decisions are the shipped cores.
 """
@@ -57,6 +63,8 @@ import random
 import sys
 
 from bookie.core import BookieCore, Status
+from bookie.entry import REQ_RECOVERY, EntryHeader
+from bookie.ledger_gc import reaches_open_end, unnamed_ranges
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
 from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
@@ -65,7 +73,7 @@ from stream.quorum import write_set
 from stream.writer_lease import Liveness, Register, WriterRecord, judge_register, judge_writer
 
 MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
-           "no-cas-guard")
+           "no-cas-guard", "gc-no-lock", "gc-no-touch-check")
 DELAY, TTL, GRACE, BOUND = 5.0, 3.0, 1.0, 20.0
 STREAMS = 2   # the last ledgers are open streams with a writer
 
@@ -81,7 +89,17 @@ class SimBookie:
     dead: bool = False          # lost for good (data gone)
     back_at: float | None = None
     data: set = dataclasses.field(default_factory=set)   # (lid, eid)
-    core: BookieCore = dataclasses.field(default_factory=BookieCore)   # the shipped copy fence (its copy tokens)
+    # the shipped core: the copy fence (its copy tokens), and each ledger's
+    # count of admitted requests that the over-replicated GC checks
+    core: BookieCore = dataclasses.field(default_factory=BookieCore)
+
+    def write(self, lid: int, eid: int) -> None:
+        """An add admitted here by the shipped core (a recovery add at the
+        ledger's term: always admitted), then held."""
+        st = self.core.ledgers.get(lid)
+        h = EntryHeader(lid, eid, -1, -1, 0, REQ_RECOVERY, st.term if st else 0, 0, 0, 0, 0)
+        assert self.core.admit_add(h).status is Status.OK
+        self.data.add((lid, eid))
 
 
 @dataclasses.dataclass
@@ -118,6 +136,9 @@ class World:
         self.lost_cas = 0
         self.fenced_clears = 0   # copies' clearings a target refused (a later copy's token seen)
         self.guarded_cas = 0     # replacements refused by their guard (the lock gone)
+        self.gc_cleared = 0      # ledgers a bookie's over-replicated GC cleared
+        self.gc_refused = 0      # ... found touched since its read, or under a later copy's token
+        self.gcs: dict[str, object] = {}   # bookie -> its running over-replicated GC pass
         self.seals = 0             # streams taken over by a worker
         self.writer_waits = 0      # decisions past the grace left to a live writer
         self.writer_changes = 0    # ensemble changes writers made themselves
@@ -140,7 +161,7 @@ class World:
             for eid in range(0, last + 1):
                 f = m.fragment_at(eid)
                 for i in write_set(eid, e, qw):
-                    self.bookies[f.ensemble[i]].data.add((lid, eid))
+                    self.bookies[f.ensemble[i]].write(lid, eid)
         self.top: dict[int, int] = {}                 # an open stream's last entry written
         self.writers: dict[int, SimWriter] = {}
         self.wkeys: dict[int, tuple[int, float]] = {}  # lid -> (the term its writer key names, lease expiry)
@@ -318,9 +339,16 @@ class World:
             if m.term > w.term:
                 self._fenced(w)  # INVALID_TERM: a take-over raised the term
                 return
+            if online and self.top[lid] >= last.first_entry and self.rng.random() < 0.1:
+                self.change_ensemble(lid, roll=True)   # a roll by size: a new ensemble, published first
+                m, _ = self.meta[lid]
+                last = m.fragments[-1]
+            if online and len(m.fragments) > 1 and self.rng.random() < 0.05:
+                self.trim(lid)   # the application trims the stream below its open fragment
+                m, _ = self.meta[lid]
             eid = self.top[lid] + 1
             for i in write_set(eid, m.ensemble_size, m.write_quorum):
-                self.bookies[last.ensemble[i]].data.add((lid, eid))
+                self.bookies[last.ensemble[i]].write(lid, eid)
             self.top[lid] = eid
             self.acked.add((lid, eid))
 
@@ -334,24 +362,40 @@ class World:
         w.registered_since = None
         self.note(f"writer of {w.lid} (term {w.term}) fenced: it stops, its key goes")
 
-    def change_ensemble(self, lid: int) -> bool:
+    def change_ensemble(self, lid: int, roll: bool = False) -> bool:
         """The open fragment's unregistered bookies replaced from the entry
         after the last written (= LAFR + 1: every entry written reached its
-        whole write set here); an empty last fragment is replaced in place."""
+        whole write set here); an empty last fragment is replaced in place.
+        ``roll``: a new ensemble of registered bookies, none failed."""
         m, _ = self.meta[lid]
         last = m.fragments[-1]
-        gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive]
-        cands = [b for b in sorted(self.registered()) if b not in last.ensemble]
-        if not gone or len(cands) < len(gone):
-            return False
-        new = list(last.ensemble)
-        for i, b in zip(gone, self.rng.sample(cands, len(gone))):
-            new[i] = b
+        if roll:
+            if len(self.registered()) < m.ensemble_size:
+                return False
+            new = self.rng.sample(sorted(self.registered()), m.ensemble_size)
+        else:
+            gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive]
+            cands = [b for b in sorted(self.registered()) if b not in last.ensemble]
+            if not gone or len(cands) < len(gone):
+                return False
+            new = list(last.ensemble)
+            for i, b in zip(gone, self.rng.sample(cands, len(gone))):
+                new[i] = b
         first = self.top[lid] + 1
         frs = tuple(f for f in m.fragments if f.first_entry != first) + (Fragment(first, tuple(new)),)
         self.meta[lid] = (m.with_(fragments=frs, fragment_count=len(frs), last_fragment_first_entry=first),
                           self._bump())
         return True
+
+    def trim(self, lid: int) -> None:
+        """Every fragment below the last removed (``remove_fragments_before``):
+        their entries are no longer the stream's, their bookies hold garbage."""
+        m, _ = self.meta[lid]
+        first = m.fragments[-1].first_entry
+        self.meta[lid] = (m.with_(fragments=m.fragments[-1:], fragment_count=1, trimmed_before=first),
+                          self._bump())
+        self.acked = {(l, e) for l, e in self.acked if l != lid or e >= first}
+        self.note(f"stream {lid} trimmed below {first}")
 
     def _seal(self, w: str, lid: int) -> None:
         """The worker's take-over of a stream: term + 1 (its writer is fenced),
@@ -438,7 +482,7 @@ class World:
                     continue
                 if not self.bookies[target].alive:
                     return  # the copy fails; the lock is released
-                self.bookies[target].data.add((lid, e))
+                self.bookies[target].write(lid, e)
                 yield
             if absent and self.mutant != "replace-despite-absent":
                 t.unrecoverable.append((job.first_entry, job.last_entry))
@@ -523,6 +567,71 @@ class World:
             if self.locks.get(lid, (None,))[0] == w:
                 del self.locks[lid]
 
+    # -- the bookies' over-replicated GC (bookie/ledger_gc.py) -----------------------------
+
+    def gc_step(self) -> None:
+        for bid, g in list(self.gcs.items()):
+            if bid in self.paused and self.now < self.paused[bid]:
+                continue
+            self.paused.pop(bid, None)
+            try:
+                next(g)
+            except StopIteration:
+                del self.gcs[bid]
+        idle = [b for b in self.bookies.values() if b.alive and b.id not in self.gcs]
+        if idle and self.rng.random() < 0.2:
+            b = self.rng.choice(idle)
+            self.gcs[b.id] = self.gc_pass(b)
+
+    def gc_pass(self, b: SimBookie):
+        """``collect_over_replicated`` on one bookie, a yield between its
+        steps: read, lock, count, read again, clear.  (Its first read and
+        the filter on what the bookie holds are one: the second read decides.)"""
+        owner = f"gc-{b.id}"
+
+        def held(lid: int) -> list[tuple[int, int]]:
+            return [(a, z) for a, z in unnamed_ranges(self.meta[lid][0], b.id)
+                    if any(l == lid and a <= e <= z for l, e in b.data)]
+
+        for lid in sorted({lid for lid, _ in b.data}):
+            if not held(lid):
+                continue
+            yield
+            lock = self.locks.get(lid)
+            if self.mutant == "gc-no-lock":
+                token = self._bump()   # a token above every copy's, no lock taken
+            elif lock is not None and lock[1] >= self.now:
+                continue
+            else:
+                self.locks[lid] = (owner, self.now + TTL)
+                token = self.lock_token[lid] = self._bump()
+            try:
+                touched = b.core.touched_of(lid)
+                ranges = held(lid)
+                if touched is None or not ranges:
+                    continue
+                if self.faults_on and self.rng.random() < 0.3:  # paused before its clearing, maybe past its lock
+                    self.paused[b.id] = self.now + self.rng.choice((0.5, TTL + 1.0, TTL + 4.0))
+                    self.note(f"{b.id}'s GC paused before clearing ledger {lid}")
+                for _ in range(self.rng.randint(1, 4)):
+                    yield  # writers, copies and take-overs move on meanwhile
+                    if self.locks.get(lid, (None,))[0] == owner and self.locks[lid][1] >= self.now:
+                        self.locks[lid] = (owner, self.now + TTL)   # keep-alive
+                if not b.alive:
+                    return
+                if self.mutant == "gc-no-touch-check" or not reaches_open_end(self.meta[lid][0], ranges):
+                    touched = None
+                if b.core.admit_gc_clear(lid, token, touched) is not Status.OK:
+                    self.gc_refused += 1
+                    self.note(f"{b.id}'s GC: ledger {lid} touched since its read (or a later token): kept")
+                    continue
+                b.data = {(l, e) for l, e in b.data if l != lid or not any(a <= e <= z for a, z in ranges)}
+                self.gc_cleared += 1
+                self.note(f"{b.id}'s GC cleared {ranges} of ledger {lid}, where no fragment names it")
+            finally:
+                if self.locks.get(lid, (None,))[0] == owner:
+                    del self.locks[lid]
+
     # -- the run ---------------------------------------------------------------------------
 
     def step(self, faults: bool) -> None:
@@ -533,11 +642,13 @@ class World:
                 self.note(f"{b.id} back")
         if faults and self.rng.random() < 0.04:
             self.fault()
-        actors = ["auditor"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
+        actors = ["auditor", "gc"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
         self.rng.shuffle(actors)
         for a in actors:
             if a == "auditor":
                 self.auditor_step()
+            elif a == "gc":
+                self.gc_step()
             elif a.startswith("writer-"):
                 self.writer_step(self.writers[int(a[len("writer-"):])])
             else:
@@ -581,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutant", choices=MUTANTS)
     p.add_argument("--trace", action="store_true")
     a = p.parse_args(argv)
-    bad = replaced = unrecoverable = lost_cas = fenced = guarded = 0
+    bad = replaced = unrecoverable = lost_cas = fenced = guarded = gc_cleared = gc_refused = 0
     for seed in range(a.seed, a.seed + a.runs):
         try:
             w = run_seed(seed, a.mutant)
@@ -589,6 +700,8 @@ def main(argv: list[str] | None = None) -> int:
             lost_cas += w.lost_cas
             fenced += w.fenced_clears
             guarded += w.guarded_cas
+            gc_cleared += w.gc_cleared
+            gc_refused += w.gc_refused
             unrecoverable += sum(1 for t in w.tasks.values() if t.unrecoverable)
             if a.trace:
                 print("\n".join(w.log))
@@ -600,7 +713,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{a.runs if not bad or a.mutant is None else seed - a.seed + 1} run(s), {bad} violation(s); "
           f"{replaced} fragment(s) replaced, {lost_cas} lost CAS(es) judged again, {fenced} clearing(s) fenced, "
           f"{guarded} replacement(s) refused by their guard, "
-          f"{unrecoverable} ledger(s) reported unrecoverable")
+          f"{unrecoverable} ledger(s) reported unrecoverable, {gc_cleared} over-replicated clearing(s) by a "
+          f"bookie's GC, {gc_refused} such clearing(s) refused")
     return 1 if bad else 0
 
 

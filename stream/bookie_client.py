@@ -28,8 +28,14 @@ log = logging.getLogger(__name__)
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    # a ping every 10 s, idle or not, without limit (gRPC stops after two
+    # pings with no data sent by default): a dead or partitioned bookie's
+    # connection is found within keepalive_time + keepalive_timeout (20 s),
+    # before the next call on it waits out its deadline.  The bookie accepts
+    # this pace (bookie/server.py MIN_CLIENT_PING_INTERVAL_MS).
     ("grpc.keepalive_time_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
     # a bookie that restarts is reached again within a second, not after
     # gRPC's default back-off (up to 2 minutes).  Not min_reconnect_backoff_ms:
     # gRPC takes it as the connect timeout too (100 ms failed connects on a

@@ -681,3 +681,32 @@ def test_prepare_raises_the_term_and_deletes_from_the_first_entry_on(bookies):
         assert (await c.read_entry(70, 6)).status == Status.NO_SUCH_ENTRY
         assert (await c.read_lac(70)).term == 3
     run(with_client(b.address, after))
+
+
+def test_an_idle_client_connection_keeps_its_keepalive_without_goaway(bookies):
+    """Clients ping their bookies every 10 s, idle too (stream/bookie_client.py
+    CHANNEL_OPTIONS).  The bookie accepts pings down to
+    ``MIN_CLIENT_PING_INTERVAL_MS``, calls in flight or not: an idle channel
+    pinging at that pace stays READY through three pings and more (gRPC's default
+    server policy answers the third with GOAWAY too_many_pings, and the
+    channel leaves READY).  The clients' own pace is no faster."""
+    from bookie.server import MIN_CLIENT_PING_INTERVAL_MS
+    from bookstream_pb import bookie_pb2_grpc as pb_grpc
+    from stream.bookie_client import CHANNEL_OPTIONS
+
+    assert dict(CHANNEL_OPTIONS)["grpc.keepalive_time_ms"] >= MIN_CLIENT_PING_INTERVAL_MS
+    b = bookies()
+    pace_s = MIN_CLIENT_PING_INTERVAL_MS / 1000 * 1.1
+    options = [(k, v) for k, v in CHANNEL_OPTIONS if k != "grpc.keepalive_time_ms"]
+    options.append(("grpc.keepalive_time_ms", int(pace_s * 1000)))
+
+    async def go():
+        async with grpc.aio.insecure_channel(b.address, options=options) as ch:
+            r = await pb_grpc.BookieStub(ch).ReadLac(pb.ReadLacRequest(ledger_id=1))
+            assert r.status == int(Status.NO_SUCH_LEDGER)
+            assert ch.get_state() is grpc.ChannelConnectivity.READY
+            with pytest.raises(asyncio.TimeoutError):   # no change of state: still READY
+                await asyncio.wait_for(ch.wait_for_state_change(grpc.ChannelConnectivity.READY),
+                                       timeout=4 * pace_s)
+
+    run(go())

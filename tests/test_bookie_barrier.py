@@ -248,3 +248,58 @@ def test_the_copy_token_survives_a_restart(tmp_path, checkpoint):
             s.close()
 
     asyncio.run(after())
+
+
+def test_the_over_replicated_clearing_refuses_a_ledger_touched_since_its_read(tmp_path):
+    """``Storage.clear_over_replicated`` (bookie/ledger_gc.py's step on the
+    bookie): given the ledger's count of admitted requests as it stood
+    before the collector read the metadata, any request admitted since (an
+    add, a prepare, a fencing read, a copy's clearing) leaves the ledger
+    alone; not asked (None: ranges below the open end), it clears anyway; a
+    token below the ledger's copy token is refused too.  Otherwise the
+    ranges go and the state stays (term, fence, token), through a restart:
+    a writer fenced here is still refused."""
+    END = (1 << 63) - 1
+
+    def held(s):
+        return sorted(e for e, _, _ in s.core.ledgers[4].index.iter_all())
+
+    async def go():
+        s = Storage(tmp_path / "b")
+        s.open()
+        for e in range(8):
+            await _add(s, 4, e, 3)
+        assert (await s.fence(4, 3, True)).status is Status.OK       # a recovery fenced it here
+        for touch in (lambda: _add(s, 4, 8, 3, recovery=True),        # a recovery add
+                      lambda: s.fence(4, 3, False),                   # a term-carrying read
+                      lambda: s.prepare(4, 20, 3),                    # a bookie joining a fragment
+                      lambda: s.clear(4, 20, 20, 5)):                 # a copy's clearing
+            seen = s.core.touched_of(4)
+            await touch()
+            assert await s.clear_over_replicated(4, 7, seen, [(0, 1), (6, END)]) is None
+            assert held(s) == list(range(9))
+        assert await s.clear_over_replicated(4, 7, seen, [(0, 1)]) is None   # still touched since
+        assert await s.clear_over_replicated(4, 7, None, [(0, 1)]) == 2      # not asked
+        seen = s.core.touched_of(4)
+        assert await s.clear_over_replicated(4, 4, seen, [(6, END)]) is None  # a later copy's token is here
+        assert await s.clear_over_replicated(4, 8, seen, [(3, 3), (6, END)]) == 4
+        assert held(s) == [2, 4, 5]
+        st = s.core.ledgers[4]
+        assert (st.term, st.fenced, st.copy_token) == (3, True, 8)
+        assert await s.clear(4, 0, 9, 7) == (Status.FENCED, 0)        # an older copier's clearing
+        assert await s.clear_over_replicated(5, 9, 0, [(0, END)]) is None   # unknown ledger
+        s.close()
+        s = Storage(tmp_path / "b")
+        s.open()
+        try:
+            st = s.core.ledgers[4]
+            assert (held(s), st.term, st.fenced, st.copy_token) == ([2, 4, 5], 3, True, 8)
+            for term, why in ((2, Status.INVALID_TERM), (3, Status.FENCED)):   # an old writer, back
+                rec = E.encode(4, 9, b"late", term=term)
+                _status, _msg, runs = s.validate_frame(rec)
+                refused, durable = s.admit_frame(rec, runs)
+                assert [v.status for _, v in refused] == [why] and durable is None
+        finally:
+            s.close()
+
+    asyncio.run(go())

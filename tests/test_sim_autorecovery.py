@@ -5,7 +5,10 @@ lease-bound registrations (crashed, cut off from etcd, wedged); each mutant
 caught (``ignore-writer``: a live writer fenced before the bound;
 ``no-bound``: a wedged writer's stream never sealed; ``no-copy-fence`` and
 ``no-cas-guard``: a worker paused past its lock clearing or publishing a
-target another worker has since used)."""
+target another worker has since used; ``gc-no-lock`` and
+``gc-no-touch-check``: a bookie's over-replicated GC clearing a copy's
+target before its publication, or a fragment a writer rolled onto it since
+the GC's read)."""
 from __future__ import annotations
 
 import pytest
@@ -14,11 +17,12 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 
 def test_seeded_runs_are_clean_and_do_recover():
-    replaced = fenced = guarded = seals = waits = changes = 0
+    replaced = fenced = guarded = seals = waits = changes = gc_cleared = gc_refused = 0
     for seed in range(40):
         w = run_seed(seed)
         replaced += w.replaced
         fenced, guarded = fenced + w.fenced_clears, guarded + w.guarded_cas
+        gc_cleared, gc_refused = gc_cleared + w.gc_cleared, gc_refused + w.gc_refused
         seals, waits, changes = seals + w.seals, waits + w.writer_waits, changes + w.writer_changes
     # the runs exercise copies, and workers paused past their lock: their
     # clearings fenced by a target, their replacements refused by the guard
@@ -28,6 +32,9 @@ def test_seeded_runs_are_clean_and_do_recover():
     # workers leaving an open fragment to its live writer past the grace, and
     # taking streams with no live writer (or past the bound) over
     assert changes > 10 and waits > 0 and seals > 0, (changes, waits, seals)
+    # ... and the bookies' over-replicated GC: clearings, and some refused
+    # (the ledger written since its read, or a later copy's token there)
+    assert gc_cleared > 50 and gc_refused > 0, (gc_cleared, gc_refused)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)

@@ -20,12 +20,22 @@
 (*     created at the worker's token (metadata.txn.created_at).            *)
 (* Mutant "no_fence" drops the first, "no_guard" the second: each breaks   *)
 (* PublishedHolds.                                                         *)
+(*                                                                         *)
+(* Each target also runs its over-replicated GC (bookie/ledger_gc.py): it  *)
+(* takes the same lock, reads the metadata (the fragment does not name it *)
+(* while it holds entries), then, maybe long after, clears the range with *)
+(* the lock's token (bookie/core.py admit_gc_clear: below the highest     *)
+(* token seen, FENCED).  The fragment is sealed, so the count of requests *)
+(* admitted since the read is not asked (it is for an open ledger's end). *)
+(* Mutant "gc_no_lock": the GC clears without the lock (a token above     *)
+(* every copy's); "gc_no_fence": its clearing is admitted for any token.   *)
+(* Each breaks PublishedHolds.                                             *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets, TLC
 
 CONSTANTS Workers, Targets, Entries, MaxLocks, Mutant
 
-ASSUME Mutant \in {"none", "no_fence", "no_guard"}
+ASSUME Mutant \in {"none", "no_fence", "no_guard", "gc_no_lock", "gc_no_fence"}
 
 None == "none"
 Lost == "lost"
@@ -36,13 +46,15 @@ VARIABLES
     meta,       \* the fragment's bookie at the lost position: Lost, or the target published
     data,       \* data[t]: the fragment's entries target t holds
     seen,       \* seen[t]: the highest copy token target t has admitted for the ledger
-    pc, token, tgt, copied
+    pc, token, tgt, copied,
+    gc,         \* gc[t]: target t's over-replicated GC: "idle", "locked", "read" (found itself not named)
+    gcToken     \* gcToken[t]: its hold's token
 
-vars == <<rev, lock, meta, data, seen, pc, token, tgt, copied>>
+vars == <<rev, lock, meta, data, seen, pc, token, tgt, copied, gc, gcToken>>
 
 TypeOK ==
     /\ rev \in 0..MaxLocks
-    /\ lock \in [holder : Workers \cup {None}, created : 0..MaxLocks]
+    /\ lock \in [holder : Workers \cup Targets \cup {None}, created : 0..MaxLocks]
     /\ meta \in Targets \cup {Lost}
     /\ data \in [Targets -> SUBSET Entries]
     /\ seen \in [Targets -> 0..MaxLocks]
@@ -50,6 +62,8 @@ TypeOK ==
     /\ token \in [Workers -> 0..MaxLocks]
     /\ tgt \in [Workers -> Targets \cup {None}]
     /\ copied \in [Workers -> SUBSET Entries]
+    /\ gc \in [Targets -> {"idle", "locked", "read"}]
+    /\ gcToken \in [Targets -> 0..MaxLocks]
 
 Init ==
     /\ rev = 0
@@ -61,6 +75,8 @@ Init ==
     /\ token = [w \in Workers |-> 0]
     /\ tgt = [w \in Workers |-> None]
     /\ copied = [w \in Workers |-> {}]
+    /\ gc = [t \in Targets |-> "idle"]
+    /\ gcToken = [t \in Targets |-> 0]
 
 Holds(w) == lock.holder = w /\ lock.created = token[w]
 
@@ -78,25 +94,25 @@ Lock(w) ==
     /\ lock' = [holder |-> w, created |-> rev + 1]
     /\ token' = [token EXCEPT ![w] = rev + 1]
     /\ pc' = [pc EXCEPT ![w] = "locked"]
-    /\ UNCHANGED <<meta, data, seen, tgt, copied>>
+    /\ UNCHANGED <<meta, data, seen, tgt, copied, gc, gcToken>>
 
 \* The lease expires (the holder paused or cut off): etcd deletes the key.
 Expire ==
     /\ lock.holder # None
     /\ lock' = [holder |-> None, created |-> 0]
-    /\ UNCHANGED <<rev, meta, data, seen, pc, token, tgt, copied>>
+    /\ UNCHANGED <<rev, meta, data, seen, pc, token, tgt, copied, gc, gcToken>>
 
 \* The clearing of the target's range, carrying the hold's token.
 Clear(w, t) ==
     /\ pc[w] = "locked"
     /\ IF seen[t] > token[w] /\ Mutant # "no_fence"
        THEN /\ Release(w)                                    \* FENCED: CopyFailed
-            /\ UNCHANGED <<rev, meta, data, seen, token>>
+            /\ UNCHANGED <<rev, meta, data, seen, token, gc, gcToken>>
        ELSE /\ data' = [data EXCEPT ![t] = {}]
             /\ seen' = [seen EXCEPT ![t] = IF token[w] > @ THEN token[w] ELSE @]
             /\ tgt' = [tgt EXCEPT ![w] = t]
             /\ pc' = [pc EXCEPT ![w] = "copying"]
-            /\ UNCHANGED <<rev, lock, meta, token, copied>>
+            /\ UNCHANGED <<rev, lock, meta, token, copied, gc, gcToken>>
 
 \* One entry copied (recovery adds are not fenced: every copy is the same bytes).
 CopyOne(w, e) ==
@@ -104,7 +120,7 @@ CopyOne(w, e) ==
     /\ data' = [data EXCEPT ![tgt[w]] = @ \cup {e}]
     /\ copied' = [copied EXCEPT ![w] = @ \cup {e}]
     /\ pc' = [pc EXCEPT ![w] = IF copied'[w] = Entries THEN "copied" ELSE "copying"]
-    /\ UNCHANGED <<rev, lock, meta, seen, token, tgt>>
+    /\ UNCHANGED <<rev, lock, meta, seen, token, tgt, gc, gcToken>>
 
 \* The replacement's CAS: moot once another published; refused by its guard
 \* once the lock is not this hold.
@@ -112,10 +128,43 @@ Publish(w) ==
     /\ pc[w] = "copied"
     /\ meta' = IF meta = Lost /\ (Holds(w) \/ Mutant = "no_guard") THEN tgt[w] ELSE meta
     /\ Release(w)
-    /\ UNCHANGED <<rev, data, seen, token>>
+    /\ UNCHANGED <<rev, data, seen, token, gc, gcToken>>
+
+\* Target t's GC takes the ledger's lock (the mutant: no lock, a fresh token).
+GcLock(t) ==
+    /\ gc[t] = "idle" /\ data[t] # {} /\ rev < MaxLocks
+    /\ IF Mutant = "gc_no_lock" THEN UNCHANGED lock
+       ELSE lock.holder = None /\ lock' = [holder |-> t, created |-> rev + 1]
+    /\ rev' = rev + 1
+    /\ gcToken' = [gcToken EXCEPT ![t] = rev + 1]
+    /\ gc' = [gc EXCEPT ![t] = "locked"]
+    /\ UNCHANGED <<meta, data, seen, pc, token, tgt, copied>>
+
+GcDone(t) ==
+    /\ gc' = [gc EXCEPT ![t] = "idle"]
+    /\ lock' = IF lock.holder = t /\ lock.created = gcToken[t] THEN [holder |-> None, created |-> 0] ELSE lock
+
+\* It reads the metadata under the lock: the fragment does not name it.
+GcRead(t) ==
+    /\ gc[t] = "locked"
+    /\ IF meta # t /\ data[t] # {}
+       THEN /\ gc' = [gc EXCEPT ![t] = "read"] /\ UNCHANGED lock
+       ELSE GcDone(t)
+    /\ UNCHANGED <<rev, meta, data, seen, pc, token, tgt, copied, gcToken>>
+
+\* Its clearing, with the hold's token, maybe long after the read.
+GcClear(t) ==
+    /\ gc[t] = "read"
+    /\ IF seen[t] > gcToken[t] /\ Mutant # "gc_no_fence"
+       THEN UNCHANGED <<data, seen>>                              \* FENCED: a later copy is here
+       ELSE /\ data' = [data EXCEPT ![t] = {}]
+            /\ seen' = [seen EXCEPT ![t] = IF gcToken[t] > @ THEN gcToken[t] ELSE @]
+    /\ GcDone(t)
+    /\ UNCHANGED <<rev, meta, pc, token, tgt, copied, gcToken>>
 
 Next ==
     \/ Expire
+    \/ \E t \in Targets : GcLock(t) \/ GcRead(t) \/ GcClear(t)
     \/ \E w \in Workers :
         \/ Lock(w)
         \/ Publish(w)

@@ -127,6 +127,8 @@ CONFIGS = [
     Config("copy", OK, deadlock=False, module="BookstreamCopy"),
     Config("mutant_copy_no_fence", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
     Config("mutant_copy_no_guard", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
+    Config("mutant_copy_gc_no_lock", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
+    Config("mutant_copy_gc_no_fence", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
     # Larger models, minutes each: `check.py --all` (or by name).
     Config("ext_lost_acks_any_order", OK, extended=True),
     Config("ext_ensemble_crash", OK, deadlock=False, extended=True),

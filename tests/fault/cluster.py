@@ -172,10 +172,11 @@ class FaultCluster:
             extra = ["--registration-ttl", str(self.ttl), "--advertise-address", proxy.address,
                      "--read-port", str(read_port), "--advertise-read-address", read_proxy.address,
                      "--disk-check-interval", "0.5",
-                     # the ledger GC (bookie/ledger_gc.py) every 2 s: under partitions, pauses and
-                     # etcd outages it must never delete a ledger the metadata has (the final read
-                     # and the replica audit would find it)
-                     "--ledger-gc-interval", "2"]
+                     # the ledger GCs (bookie/ledger_gc.py) every 2 s: under partitions, pauses and
+                     # etcd outages they must never delete a ledger the metadata has, nor entries of
+                     # a fragment that names the bookie (the final read and the replica audit would
+                     # find it)
+                     "--ledger-gc-interval", "2", "--over-replicated-gc-interval", "2"]
             if tmpfs:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
