@@ -56,8 +56,8 @@ import asyncio
 import logging
 from typing import Iterable, Sequence
 
-from metadata.errors import NoSuchLedger
-from metadata.ledgers import LedgerMetadata, LedgerState
+from metadata.errors import MetadataError, NoSuchLedger
+from metadata.ledgers import LedgerMetadata, LedgerState, LedgerStore
 
 log = logging.getLogger(__name__)
 
@@ -182,4 +182,61 @@ async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_
     return done
 
 
-__all__ = ["deleted", "collect_deleted_ledgers", "unnamed_ranges", "reaches_open_end", "collect_over_replicated"]
+# -- the bookie's loops -------------------------------------------------------------------
+
+async def _periodic(interval: float, name: str, one_pass, report) -> None:
+    """``report(await one_pass())`` every ``interval`` seconds, in a loop of
+    its own (a long pass never holds the bookie's checkpoints back); etcd
+    away: logged, nothing done, tried again next interval."""
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            done = await one_pass()
+        except MetadataError as e:
+            log.warning("%s: %s", name, e)
+            continue
+        except Exception:
+            log.exception("%s failed", name)
+            continue
+        report(done)
+
+
+async def deleted_ledgers_loop(storage, registration, metrics, interval: float) -> None:
+    """``collect_deleted_ledgers`` every ``interval`` (``--ledger-gc-interval``)."""
+    ledgers = LedgerStore(registration.store, registration.cluster)
+
+    def report(done: dict) -> None:
+        metrics.ledger_gc(done)
+        if done["ledgers_deleted"]:
+            log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
+                     done["ledgers_deleted"][:20], done["entries_deleted"])
+
+    await _periodic(interval, "ledger gc", lambda: collect_deleted_ledgers(storage, ledgers), report)
+
+
+async def over_replicated_loop(storage, registration, metrics, interval: float, bookie_id: str) -> None:
+    """``collect_over_replicated`` every ``interval``
+    (``--over-replicated-gc-interval``), the locks taken on the
+    registration's lease (its current one: a registration re-created after
+    an etcd outage has a new lease)."""
+    from stream.autorecovery.keys import AutorecoveryKeys  # (the client package's: the recovery locks)
+
+    ledgers = LedgerStore(registration.store, registration.cluster)
+    keys = AutorecoveryKeys(registration.store, registration.cluster)
+
+    def report(done: dict) -> None:
+        metrics.over_replicated_gc(done)
+        if done["locked_elsewhere"]:
+            log.info("over-replicated gc: %d ledgers under a recovery's lock, left for the next pass",
+                     done["locked_elsewhere"])
+        if done["ledgers_cleared"]:
+            log.info("over-replicated gc: cleared ledgers %s (%d entries), whose metadata no longer "
+                     "names this bookie", done["ledgers_cleared"][:20], done["entries_deleted"])
+
+    await _periodic(interval, "over-replicated gc",
+                    lambda: collect_over_replicated(storage, ledgers, keys, bookie_id, registration.lease.id),
+                    report)
+
+
+__all__ = ["deleted", "collect_deleted_ledgers", "unnamed_ranges", "reaches_open_end", "collect_over_replicated",
+           "deleted_ledgers_loop", "over_replicated_loop"]

@@ -602,10 +602,16 @@ class BookieServer:
             asyncio.create_task(self._disk_loop(), name="disk-check"),
             asyncio.create_task(self._upkeep_loop(), name="upkeep"),
         ]
-        if self.registration is not None and self.config.ledger_gc_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._ledger_gc_loop(), name="ledger-gc"))
-        if self.registration is not None and self.config.over_replicated_gc_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._over_replicated_gc_loop(), name="over-replicated-gc"))
+        if self.registration is not None:  # the ledger GCs (bookie/ledger_gc.py), each a loop of its own
+            from bookie.ledger_gc import deleted_ledgers_loop, over_replicated_loop
+            cfg, args = self.config, (self.storage, self.registration, self.service.metrics)
+            if cfg.ledger_gc_interval_s > 0:
+                self._tasks.append(asyncio.create_task(deleted_ledgers_loop(*args, cfg.ledger_gc_interval_s),
+                                                       name="ledger-gc"))
+            if cfg.over_replicated_gc_interval_s > 0:
+                self._tasks.append(asyncio.create_task(
+                    over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id),
+                    name="over-replicated-gc"))
 
     async def _disk_loop(self) -> None:
         """Re-checks disk usage, and keeps the etcd registration in step with
@@ -636,62 +642,6 @@ class BookieServer:
                         log.info("gc: %s", done)
             except Exception:
                 log.exception("upkeep failed")
-
-    async def _ledger_gc_loop(self) -> None:
-        """The ledgers deleted from the metadata, deleted here too
-        (bookie/ledger_gc.py), every ``ledger_gc_interval_s``: a loop of its
-        own, so that a long listing never holds checkpoints back."""
-        from bookie.ledger_gc import collect_deleted_ledgers
-        from metadata.errors import MetadataError
-        from metadata.ledgers import LedgerStore
-
-        ledgers = LedgerStore(self.registration.store, self.registration.cluster)
-        while True:
-            await asyncio.sleep(self.config.ledger_gc_interval_s)
-            try:
-                done = await collect_deleted_ledgers(self.storage, ledgers)
-            except MetadataError as e:  # etcd away: nothing deleted, tried again next interval
-                log.warning("ledger gc: %s", e)
-                continue
-            except Exception:
-                log.exception("ledger gc failed")
-                continue
-            self.service.metrics.ledger_gc(done)
-            if done["ledgers_deleted"]:
-                log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
-                         done["ledgers_deleted"][:20], done["entries_deleted"])
-
-    async def _over_replicated_gc_loop(self) -> None:
-        """The entries of ledgers that no longer name this bookie, cleared
-        (bookie/ledger_gc.py ``collect_over_replicated``), every
-        ``over_replicated_gc_interval_s``, under each ledger's recovery lock
-        taken on the registration's lease."""
-        from bookie.ledger_gc import collect_over_replicated
-        from metadata.errors import MetadataError
-        from metadata.ledgers import LedgerStore
-        from stream.autorecovery.keys import AutorecoveryKeys
-
-        reg = self.registration
-        ledgers = LedgerStore(reg.store, reg.cluster)
-        keys = AutorecoveryKeys(reg.store, reg.cluster)
-        while True:
-            await asyncio.sleep(self.config.over_replicated_gc_interval_s)
-            try:
-                done = await collect_over_replicated(self.storage, ledgers, keys, self.config.bookie_id,
-                                                     reg.lease.id)
-            except MetadataError as e:  # etcd away: tried again next interval
-                log.warning("over-replicated gc: %s", e)
-                continue
-            except Exception:
-                log.exception("over-replicated gc failed")
-                continue
-            self.service.metrics.over_replicated_gc(done)
-            if done["locked_elsewhere"]:
-                log.info("over-replicated gc: %d ledgers under a recovery's lock, left for the next pass",
-                         done["locked_elsewhere"])
-            if done["ledgers_cleared"]:
-                log.info("over-replicated gc: cleared ledgers %s (%d entries), whose metadata no longer "
-                         "names this bookie", done["ledgers_cleared"][:20], done["entries_deleted"])
 
     async def stop(self, grace: float = 2.0) -> None:
         for t in self._tasks:

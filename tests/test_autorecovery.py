@@ -321,6 +321,50 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     run(go())
 
 
+def test_damaged_bookies_with_no_spare_bookie_are_filled_in_place(own):
+    """Every bookie of the cluster is in the ledger's ensemble, and each
+    lacks different entries (writes that failed on it after Qa others
+    acked; ids 30-31 are left on the first bookie alone).  The full check
+    names all three damaged; there is no bookie to replace one with, so
+    each takes its position's copy itself (no clearing), read from the
+    others and, last, from itself: all hold every entry again, the
+    metadata unchanged.  (Before: a write set of damaged bookies was
+    reported unrecoverable; with a healthy one left, no target, the task
+    waited for ever.)"""
+    from stream.autorecovery.service import recover_ledger_fragments, run_check
+    from stream.autorecovery.worker_core import Step
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(3)
+    lid, ens = closed_ledger(own, [b"f%d" % i for i in range(40)])
+    live = {p.bookie_id for p in procs}
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            assert (await (await bk.bookie(ens[0])).delete(lid, (5, 9))).status == Status.OK
+            assert (await (await bk.bookie(ens[1])).delete(lid, (20, 24))).status == Status.OK
+            for b in ens[1:]:
+                assert (await (await bk.bookie(b)).delete(lid, (30, 31))).status == Status.OK
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+            assert await run_check(bk, keys, full=True) == 1
+            (task,) = keys.tasks()
+            assert task.damaged == set(ens), task
+            before, _ = await bk.meta_call(bk.ledgers.read, lid)
+            out = await recover_ledger_fragments(bk, lid, set(), damaged=task.damaged)
+            assert out.step is Step.DONE and not out.replaced and not out.unrecoverable, out
+            assert sorted(out.filled) == sorted((0, b) for b in ens) and out.entries == 120
+            after, _ = await bk.meta_call(bk.ledgers.read, lid)
+            assert after.fragments == before.fragments
+            assert await check_every_replica(bk, lid, 39, live) == 120
+            keys.delete_task(task)
+            assert await run_check(bk, keys, full=True) == 0
+        finally:
+            await bk.close()
+
+    run(go())
+
+
 def test_a_copy_whose_lock_is_gone_does_not_clear_its_target(own):
     """A worker paused past its lock's lease wakes up about to clear its
     target's range, while another worker has copied the fragment to that

@@ -155,6 +155,25 @@ def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():
     assert plan_ledger(m, {"a"}).open_fragment == 10
 
 
+def test_damaged_bookies_are_sources_and_never_make_a_fragment_unrecoverable():
+    """A damaged bookie is alive and holds most of its entries: a write set
+    of damaged bookies is no reason to report (the copy counts what no
+    replica holds), damaged bookies are sources after the healthy ones, and
+    each is the last source of its own position; a write set of
+    unregistered bookies is still reported."""
+    m = meta([(0, "abcd")], e=4, qw=2, last=19)
+    p = plan_ledger(m, (), damaged={"a", "b", "c"})
+    assert not p.unrecoverable and [j.lost for j in p.jobs] == ["a", "b", "c"]
+    # position 1 (b) shares write sets with a (0) and c (2): both damaged, both sources;
+    # each damaged bookie last for its own position (what only it still holds)
+    assert {j.lost: j.sources for j in p.jobs} == {"a": ("d", "b", "a"), "b": ("a", "c", "b"),
+                                                   "c": ("d", "b", "c")}
+    p = plan_ledger(m, {"a", "b"}, damaged={"c"})
+    assert [(u.first_entry, sorted(u.lost)) for u in p.unrecoverable] == [(0, ["a", "b", "c"])]
+    p = plan_ledger(m, {"a"}, damaged={"b"})
+    assert not p.unrecoverable and {j.lost: j.sources for j in p.jobs} == {"a": ("d", "b"), "b": ("c", "b")}
+
+
 def test_pace_holds_copies_to_the_rate_with_one_burst_ahead():
     """The rate limit: at 10 bytes/s with a burst of 20, 5-byte frames sent
     as fast as allowed go five at once (the burst and the frame reaching

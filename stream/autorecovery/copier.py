@@ -78,7 +78,7 @@ class CopyStats:
 async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float = 30.0,
                         progress: Callable[[int, int], None] | None = None,
                         pace: Pace | None = None, keep_going: Callable[[], bool] | None = None,
-                        copy_token: int = 0) -> CopyStats:
+                        copy_token: int = 0, clear: bool = True) -> CopyStats:
     """Copies the entries the lost position of ``job`` held onto ``target``
     and waits until the target acknowledged them (durable: the bookie acks
     after fdatasync).  ``progress(entries, bytes)`` after each acked frame.
@@ -91,7 +91,11 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
     ledger's lock held (``AutorecoveryKeys.try_lock``), carried by the
     clearing: the target refuses it (FENCED) below a token it has seen, so
     a worker paused between that read and the clearing still cannot clear
-    what a later holder published there (0: no fence).  Raises
+    what a later holder published there (0: no fence).  ``clear=False``:
+    a damaged bookie filled in place (``target`` is the position's own
+    bookie, which the fragment names and which holds its other entries): no
+    clearing; every entry of the position is added again (the same bytes: a
+    missing one comes back, a bad record is replaced).  Raises
     :class:`CopyFailed`."""
     stats = CopyStats()
     if job.last_entry < job.first_entry:
@@ -99,19 +103,8 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
     tc = await client.bookie(target)
     if tc is None:
         raise CopyFailed(f"target {target} is not registered")
-    if keep_going is not None and not keep_going():
-        raise CopyFailed(f"the ledger's lock was lost before clearing {target}")
-    try:
-        r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout,
-                            master_key=job.master_key, copy_token=copy_token)
-    except BookieUnavailable as e:
-        raise CopyFailed(f"target {target}: {e}") from e
-    if r.status == Status.FENCED:
-        raise CopyFailed(f"target {target} has seen a later copy of ledger {job.ledger_id} than this one's "
-                         f"(token {copy_token}): the ledger's lock was lost")
-    if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
-        st = status_of(r.status)
-        raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
+    if clear:
+        await _clear(tc, job, target, timeout, keep_going, copy_token)
 
     sender = _Sender(tc, target, timeout, stats, progress, job.master_key, pace)
     # (lo, hi) ranges still to read; a run of ids the current source lacked
@@ -135,6 +128,22 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
         raise CopyFailed(f"{left} entries not read: {stats.source_errors} source error(s)")
     stats.absent = left  # every surviving replica answered, and none holds them
     return stats
+
+
+async def _clear(tc, job: FragmentJob, target: str, timeout: float, keep_going, copy_token: int) -> None:
+    if keep_going is not None and not keep_going():
+        raise CopyFailed(f"the ledger's lock was lost before clearing {target}")
+    try:
+        r = await tc.delete(job.ledger_id, (job.first_entry, job.last_entry), timeout=timeout,
+                            master_key=job.master_key, copy_token=copy_token)
+    except BookieUnavailable as e:
+        raise CopyFailed(f"target {target}: {e}") from e
+    if r.status == Status.FENCED:
+        raise CopyFailed(f"target {target} has seen a later copy of ledger {job.ledger_id} than this one's "
+                         f"(token {copy_token}): the ledger's lock was lost")
+    if r.status not in (Status.OK, Status.NO_SUCH_LEDGER):
+        st = status_of(r.status)
+        raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
 
 
 async def _read_range(sc, job: FragmentJob, lo: int, hi: int, sender: "_Sender",

@@ -52,6 +52,7 @@ class LedgerOutcome:
     ledger_id: int
     step: Step
     replaced: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)  # (first, lost, target)
+    filled: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (first, damaged bookie) in place
     entries: int = 0
     bytes: int = 0
     unrecoverable: list[dict] = dataclasses.field(default_factory=list)
@@ -64,6 +65,7 @@ class LedgerOutcome:
     def as_json(self) -> dict:
         return {"ledger_id": self.ledger_id, "step": self.step.value, "entries": self.entries,
                 "bytes": self.bytes, "replaced": [list(r) for r in self.replaced],
+                "filled": [list(f) for f in self.filled],
                 "unrecoverable": self.unrecoverable, "open_fragment": self.open_fragment,
                 "sealed": self.sealed, "note": self.note, "writer": self.writer,
                 "paced_seconds": round(self.paced_seconds, 3)}
@@ -115,6 +117,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     first_seen = now() if first_seen is None else first_seen
     out = LedgerOutcome(lid, Step.DONE)
     waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
+    filled: set[tuple[int, str]] = set()    # damaged positions filled in place (this call): done
     absent: dict[int, dict] = {}             # fragments the copy found entries of on no replica
     known = set(known_unrecoverable)         # fragments already reported (the task): not copied again
     for _ in range(max_rounds):
@@ -136,7 +139,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
                   for j in skipped if j.first_entry not in absent]
         out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
-        jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting]
+        jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting | filled]
         step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace,
                           float("inf") if writer_bound is None else writer_bound)
         out.writer = writer.value
@@ -160,19 +163,24 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             continue
         job = jobs[0]
         tgt = target if target is not None and target not in job.ensemble and target not in lost else None
+        fill = False
         if tgt is None:  # no target given, or the given one is in this fragment already
             exclude = set(job.ensemble) | lost | client.quarantined()
             try:
                 (tgt,) = await client.choose_bookies(1, exclude, None)
             except err.NotEnoughBookies as e:
-                out.step, out.note = Step.WAIT, f"no target for fragment {job.first_entry}: {e}"
-                return out
-        log.info("ledger %d: copying fragment %d..%d (%s at position %d) to %s from %s", lid, job.first_entry,
-                 job.last_entry, job.lost, job.index, tgt, list(job.sources))
+                if job.lost not in damaged:
+                    out.step, out.note = Step.WAIT, f"no target for fragment {job.first_entry}: {e}"
+                    return out
+                # a damaged bookie and no spare one: it is alive, it takes the
+                # copy itself (every entry of its position again, no clearing)
+                tgt, fill = job.lost, True
+        log.info("ledger %d: copying fragment %d..%d (%s at position %d) to %s%s from %s", lid, job.first_entry,
+                 job.last_entry, job.lost, job.index, tgt, " in place" if fill else "", list(job.sources))
         try:
             stats = await copy_fragment(client, job, tgt, progress=(
                 None if progress is None else lambda n, b: progress("copy", n, b)), pace=pace, keep_going=keep_going,
-                copy_token=copy_token)
+                copy_token=copy_token, clear=not fill)
         except CopyFailed as e:
             client.mark_failed(tgt)
             out.step, out.note = Step.WAIT, str(e)
@@ -185,6 +193,10 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             # never "recovered" with a fragment naming a bookie without them
             absent[job.first_entry] = {"first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
                                        "why": f"{stats.absent} entries held by no surviving replica"}
+            continue
+        if fill:  # nothing to publish: the fragment names it already
+            filled.add((job.first_entry, job.lost))
+            out.filled.append((job.first_entry, job.lost))
             continue
         if not keep_going():
             out.step, out.note = Step.WAIT, "lock lost before the replacement"

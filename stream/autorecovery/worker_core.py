@@ -123,11 +123,16 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
     ``damaged``: registered bookies the periodic check found lacking
     entries; their sealed fragments are copied like a lost bookie's, but an
-    open fragment naming one stays its writer's (the bookie is alive).
+    open fragment naming one stays its writer's (the bookie is alive).  A
+    damaged bookie is alive and holds most of its entries: it is a source
+    for the others' copies (after the healthy replicas) and, last, for its
+    own; a write set of damaged bookies is no reason to report a fragment
+    (the copy counts the ids no replica holds).
     ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
-    lost = frozenset(lost) | damaged
+    away = frozenset(lost) - damaged   # unregistered: what they held is gone
+    lost = away | damaged
     E, Qw = meta.ensemble_size, meta.write_quorum
     jobs: list[FragmentJob] = []
     bad: list[Unrecoverable] = []
@@ -144,7 +149,7 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
         count = end - frag.first_entry + 1
         # the write sets the fragment's entries use (at most E distinct ones)
         sets = {write_set(e, E, Qw) for e in range(frag.first_entry, frag.first_entry + min(count, E))}
-        dead = [ws for ws in sets if all(i in gone for i in ws)]
+        dead = [ws for ws in sets if all(frag.ensemble[i] in away for i in ws)]
         if dead:
             bad.append(Unrecoverable(meta.ledger_id, frag.first_entry, end,
                                      frozenset(frag.ensemble[i] for i in gone),
@@ -152,7 +157,10 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
                                      f"{[frag.ensemble[i] for i in dead[0]]}"))
             continue
         for i in gone:
-            src = sorted({j for ws in sets if i in ws for j in ws if j not in gone})
+            src = sorted({j for ws in sets if i in ws for j in ws if j != i and frag.ensemble[j] not in away},
+                         key=lambda j: (frag.ensemble[j] in damaged, j))
+            if frag.ensemble[i] in damaged:
+                src.append(i)   # last: what only the damaged bookie itself still holds
             jobs.append(FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, frag.ensemble[i],
                                     tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode,
                                     ledger_password.master_key(meta.custom)))
