@@ -14,10 +14,10 @@ older lock's token; a paused worker's replacement CAS is guarded by its lock,
 as ``LedgerStore.add_fragments``'s ``guards``), the auditor
 crashing mid-scan (a new one is elected with a fresh core), several workers
 interleaving their reads, copies and CASes.  The bookies' over-replicated
-GC (``bookie.ledger_gc.unnamed_ranges`` and the shipped
-``BookieCore.admit_gc_clear``) clears the entries it holds where no fragment
-names it, paused at times before its clearing, past its lock too; writers
-roll their streams' fragments and trim them.
+GC (sim/autorecovery_gc.py: ``bookie.ledger_gc.unnamed_ranges`` and the
+shipped ``BookieCore.admit_gc_clear``) clears the entries it holds where no
+fragment names it, paused at times before its clearing, past its lock too;
+writers roll their streams' fragments and trim them.
 
 Streams (issue 15): some ledgers are open streams with a writer that
 appends, holds a lease-bound registration (its key names its term, lives
@@ -64,7 +64,7 @@ import sys
 
 from bookie.core import BookieCore, Status
 from bookie.entry import REQ_RECOVERY, EntryHeader
-from bookie.ledger_gc import reaches_open_end, unnamed_ranges
+from sim.autorecovery_gc import BookieGC
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
 from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
@@ -120,7 +120,9 @@ class SimTask:
     unrecoverable: list = dataclasses.field(default_factory=list)
 
 
-class World:
+class World(BookieGC):
+    TTL = TTL   # the leases of locks and keys (sim/autorecovery_gc.py reads it here)
+
     def __init__(self, seed: int, mutant: str | None = None, ledgers: int = 6, bookies: int = 7) -> None:
         self.rng = random.Random(seed)
         self.seed, self.mutant = seed, mutant
@@ -566,71 +568,6 @@ class World:
         finally:
             if self.locks.get(lid, (None,))[0] == w:
                 del self.locks[lid]
-
-    # -- the bookies' over-replicated GC (bookie/ledger_gc.py) -----------------------------
-
-    def gc_step(self) -> None:
-        for bid, g in list(self.gcs.items()):
-            if bid in self.paused and self.now < self.paused[bid]:
-                continue
-            self.paused.pop(bid, None)
-            try:
-                next(g)
-            except StopIteration:
-                del self.gcs[bid]
-        idle = [b for b in self.bookies.values() if b.alive and b.id not in self.gcs]
-        if idle and self.rng.random() < 0.2:
-            b = self.rng.choice(idle)
-            self.gcs[b.id] = self.gc_pass(b)
-
-    def gc_pass(self, b: SimBookie):
-        """``collect_over_replicated`` on one bookie, a yield between its
-        steps: read, lock, count, read again, clear.  (Its first read and
-        the filter on what the bookie holds are one: the second read decides.)"""
-        owner = f"gc-{b.id}"
-
-        def held(lid: int) -> list[tuple[int, int]]:
-            return [(a, z) for a, z in unnamed_ranges(self.meta[lid][0], b.id)
-                    if any(l == lid and a <= e <= z for l, e in b.data)]
-
-        for lid in sorted({lid for lid, _ in b.data}):
-            if not held(lid):
-                continue
-            yield
-            lock = self.locks.get(lid)
-            if self.mutant == "gc-no-lock":
-                token = self._bump()   # a token above every copy's, no lock taken
-            elif lock is not None and lock[1] >= self.now:
-                continue
-            else:
-                self.locks[lid] = (owner, self.now + TTL)
-                token = self.lock_token[lid] = self._bump()
-            try:
-                touched = b.core.touched_of(lid)
-                ranges = held(lid)
-                if touched is None or not ranges:
-                    continue
-                if self.faults_on and self.rng.random() < 0.3:  # paused before its clearing, maybe past its lock
-                    self.paused[b.id] = self.now + self.rng.choice((0.5, TTL + 1.0, TTL + 4.0))
-                    self.note(f"{b.id}'s GC paused before clearing ledger {lid}")
-                for _ in range(self.rng.randint(1, 4)):
-                    yield  # writers, copies and take-overs move on meanwhile
-                    if self.locks.get(lid, (None,))[0] == owner and self.locks[lid][1] >= self.now:
-                        self.locks[lid] = (owner, self.now + TTL)   # keep-alive
-                if not b.alive:
-                    return
-                if self.mutant == "gc-no-touch-check" or not reaches_open_end(self.meta[lid][0], ranges):
-                    touched = None
-                if b.core.admit_gc_clear(lid, token, touched) is not Status.OK:
-                    self.gc_refused += 1
-                    self.note(f"{b.id}'s GC: ledger {lid} touched since its read (or a later token): kept")
-                    continue
-                b.data = {(l, e) for l, e in b.data if l != lid or not any(a <= e <= z for a, z in ranges)}
-                self.gc_cleared += 1
-                self.note(f"{b.id}'s GC cleared {ranges} of ledger {lid}, where no fragment names it")
-            finally:
-                if self.locks.get(lid, (None,))[0] == owner:
-                    del self.locks[lid]
 
     # -- the run ---------------------------------------------------------------------------
 
