@@ -26,6 +26,7 @@ from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bookie import entry as E
 from bookie import striped_read
@@ -298,8 +299,8 @@ class Storage:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
         if v.state_changed:
             self._journal_state(ledger_id)
-        return v, await self._journal_delete(R_DELETE, DELETE_BODY.pack(ledger_id, True, first_entry, (1 << 63) - 1),
-                                             lambda: self.core.apply_prepare(ledger_id, first_entry))
+        return v, await self._journal_delete(R_DELETE, (DELETE_BODY.pack(ledger_id, True, first_entry, (1 << 63) - 1),
+                                                        lambda: self.core.apply_prepare(ledger_id, first_entry)))
 
     async def delete(self, ledger_id: int, entry_range: tuple[int, int] | None, master_key=b"") -> tuple[Status, int]:
         """Deletes a ledger or a range of its entries, once the deletion is
@@ -311,8 +312,8 @@ class Storage:
             return status, 0
         first, last = entry_range if entry_range else (0, 0)
         return status, await self._journal_delete(R_DELETE,
-                                                  DELETE_BODY.pack(ledger_id, entry_range is not None, first, last),
-                                                  lambda: self.core.delete(ledger_id, entry_range))
+                                                  (DELETE_BODY.pack(ledger_id, entry_range is not None, first, last),
+                                                   lambda: self.core.delete(ledger_id, entry_range)))
 
     async def clear(self, ledger_id: int, first: int, last: int, token: int, master_key=b"") -> tuple[Status, int]:
         """A copy's clearing of its target's range under its fencing token
@@ -324,8 +325,9 @@ class Storage:
             return v.status, 0
         if v.key_learned:
             self._append(R_KEY, self.core.key_body(ledger_id), None)
-        return v.status, await self._journal_delete(R_CLEAR, self.core.clear_body(ledger_id, first, last),
-                                                    lambda: self.core.apply_clear(ledger_id, first, last, token))
+        return v.status, await self._journal_delete(R_CLEAR, (self.core.clear_body(ledger_id, first, last),
+                                                              lambda: self.core.apply_clear(ledger_id, first, last,
+                                                                                            token)))
 
     async def clear_over_replicated(self, ledger_id: int, token: int, touched: int | None,
                                     ranges: list[tuple[int, int]]) -> int | None:
@@ -339,18 +341,10 @@ class Storage:
         (touched since, or a later copy's token here: nothing changed)."""
         if self.core.admit_gc_clear(ledger_id, token, touched) is not Status.OK:
             return None
-        count = [0]
-
-        def clear(first: int, last: int):
-            def apply(_body, _seg, _off):
-                removed = self.core.apply_clear(ledger_id, first, last, token)
-                self._dead(removed)
-                count[0] += len(removed)
-            return apply
-
-        await asyncio.gather(*[self._append(R_CLEAR, self.core.clear_body(ledger_id, first, last), clear(first, last))
-                               for first, last in ranges])
-        return count[0]
+        return await self._journal_delete(R_CLEAR, *[
+            (self.core.clear_body(ledger_id, first, last),
+             lambda first=first, last=last: self.core.apply_clear(ledger_id, first, last, token))
+            for first, last in ranges])
 
     async def drop_ledger(self, ledger_id: int) -> int:
         """Deletes a ledger, state included, with no key asked: the bookie's
@@ -358,22 +352,25 @@ class Storage:
         (bookie/ledger_gc.py).  Returns how many entries went."""
         if ledger_id not in self.core.ledgers:
             return 0
-        return await self._journal_delete(R_DELETE, DELETE_BODY.pack(ledger_id, False, 0, 0),
-                                          lambda: self.core.delete(ledger_id, None))
+        return await self._journal_delete(R_DELETE, (DELETE_BODY.pack(ledger_id, False, 0, 0),
+                                                     lambda: self.core.delete(ledger_id, None)))
 
-    async def _journal_delete(self, rtype: int, body: bytes, remove) -> int:
-        """Journals a deletion (an R_DELETE or R_CLEAR record); `remove()`
-        runs once it is durable, in journal order.  Returns how many entries
-        went."""
-        count = []
+    async def _journal_delete(self, rtype: int, *records: tuple[bytes, Callable[[], Removed]]) -> int:
+        """Journals deletions (R_DELETE or R_CLEAR records), each a (body,
+        remove) pair, appended together (no request admitted between them);
+        each `remove()` runs once its record is durable, in journal order.
+        Returns how many entries went."""
+        count = [0]
 
-        def apply(_body, _seg, _off):
-            removed = remove()
-            self._dead(removed)
-            count.append(len(removed))
+        def applier(remove):
+            def apply(_body, _seg, _off):
+                removed = remove()
+                self._dead(removed)
+                count[0] += len(removed)
+            return apply
 
-        await self._append(rtype, body, apply)
-        return count[0] if count else 0
+        await asyncio.gather(*[self._append(rtype, body, applier(remove)) for body, remove in records])
+        return count[0]
 
     # -- reads ----------------------------------------------------------------------
 

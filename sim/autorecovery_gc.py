@@ -1,7 +1,8 @@
 """The bookies' over-replicated GC in the autorecovery simulation
 (sim/autorecovery.py): each bookie's pass of
-``bookie.ledger_gc.collect_over_replicated`` as a generator, a yield between its steps (read, lock, count, read again,
-clear), paused at times before its clearing, within its lock or past it.
+``bookie.ledger_gc.collect_over_replicated`` as a generator, a yield
+between its steps (read, lock, count, read again, clear), paused at times
+before its clearing, within its lock or past it.
 The decisions are the shipped ones: ``unnamed_ranges``, ``reaches_open_end``
 and ``BookieCore.admit_gc_clear``.  Mutants (``World.mutant``):
 ``gc-no-lock`` (no recovery lock taken: a fresh token instead) and
@@ -32,7 +33,7 @@ class BookieGC:
             b = self.rng.choice(idle)
             self.gcs[b.id] = self.gc_pass(b)
 
-    def gc_pass(self, b: SimBookie):
+    def gc_pass(self, b):   # b: sim.autorecovery.SimBookie
         """``collect_over_replicated`` on one bookie, a yield between its
         steps: read, lock, count, read again, clear.  (Its first read and
         the filter on what the bookie holds are one: the second read decides.)"""
