@@ -56,7 +56,7 @@ import asyncio
 import logging
 from typing import Iterable, Sequence
 
-from metadata.errors import MetadataError, NoSuchLedger
+from metadata.errors import InvalidCookie, MetadataError, NoSuchLedger
 from metadata.ledgers import LedgerMetadata, LedgerState, LedgerStore
 
 log = logging.getLogger(__name__)
@@ -77,17 +77,23 @@ def deleted(local: Sequence[int], listed: Iterable[int]) -> list[int]:
     return out
 
 
-async def collect_deleted_ledgers(storage, ledgers) -> dict:
+async def collect_deleted_ledgers(storage, ledgers, guard=None) -> dict:
     """One pass: ``storage`` (bookie/storage.py), ``ledgers`` the cluster's
-    ``metadata.ledgers.LedgerStore``.  Returns what it did.  Raises the
-    metadata's errors (etcd unavailable: nothing deleted)."""
+    ``metadata.ledgers.LedgerStore``, ``guard`` the bookie's
+    ``bookie.cookie.CookieGuard`` (each read the deletion rests on is made
+    with etcd's cookie, and raises ``InvalidCookie`` where it is gone or
+    another: a rebuilt etcd lists nothing).  Returns what it did.  Raises
+    the metadata's errors (etcd unavailable: nothing deleted)."""
     local = sorted(storage.core.ledgers)  # before the listing
     done = {"ledgers_deleted": [], "entries_deleted": 0, "kept_on_second_read": 0}
     if not local:
         return done
-    gone = await asyncio.to_thread(lambda: deleted(local, ledgers.list_ledgers()))
+    revision = None if guard is None else await asyncio.to_thread(guard.revision)
+    gone = await asyncio.to_thread(lambda: deleted(local, ledgers.list_ledgers(revision=revision)))
     for lid in gone:
-        if await asyncio.to_thread(ledgers.exists, lid):
+        present = (await asyncio.to_thread(ledgers.exists, lid) if guard is None else
+                   not await asyncio.to_thread(guard.absent, ledgers.layout.ledger_header_key(lid)))
+        if present:
             done["kept_on_second_read"] += 1
             log.warning("ledger gc: ledger %d absent from the listing but its metadata is there: kept", lid)
             continue
@@ -192,6 +198,9 @@ async def _periodic(interval: float, name: str, one_pass, report) -> None:
         await asyncio.sleep(interval)
         try:
             done = await one_pass()
+        except InvalidCookie as e:
+            log.error("%s refused: %s", name, e)
+            continue
         except MetadataError as e:
             log.warning("%s: %s", name, e)
             continue
@@ -201,9 +210,13 @@ async def _periodic(interval: float, name: str, one_pass, report) -> None:
         report(done)
 
 
-async def deleted_ledgers_loop(storage, registration, metrics, interval: float) -> None:
-    """``collect_deleted_ledgers`` every ``interval`` (``--ledger-gc-interval``)."""
+async def deleted_ledgers_loop(storage, registration, metrics, interval: float, cookie=None) -> None:
+    """``collect_deleted_ledgers`` every ``interval`` (``--ledger-gc-interval``),
+    guarded by the bookie's ``cookie`` when it has one (bookie/cookie.py)."""
+    from bookie.cookie import CookieGuard
+
     ledgers = LedgerStore(registration.store, registration.cluster)
+    guard = None if cookie is None else CookieGuard(registration.store, registration.cluster, cookie)
 
     def report(done: dict) -> None:
         metrics.ledger_gc(done)
@@ -211,7 +224,7 @@ async def deleted_ledgers_loop(storage, registration, metrics, interval: float) 
             log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
                      done["ledgers_deleted"][:20], done["entries_deleted"])
 
-    await _periodic(interval, "ledger gc", lambda: collect_deleted_ledgers(storage, ledgers), report)
+    await _periodic(interval, "ledger gc", lambda: collect_deleted_ledgers(storage, ledgers, guard), report)
 
 
 async def over_replicated_loop(storage, registration, metrics, interval: float, bookie_id: str) -> None:

@@ -544,10 +544,12 @@ class BookieServer:
     """A running bookie: storage, gRPC server, background upkeep, and an
     optional registration hook (set_read_only / close) for etcd."""
 
-    def __init__(self, config: BookieConfig, registration_factory=None):
+    def __init__(self, config: BookieConfig, registration_factory=None, cookie_check=None):
         self.config = config
         self.storage = Storage(config.data_dir, config.storage)
         self._registration_factory = registration_factory
+        self._cookie_check = cookie_check  # (server) -> Cookie, before any port serves (bookie/cookie.py)
+        self.cookie = None
         self.registration = None
         self.server: grpc.aio.Server | None = None
         self.port = 0
@@ -586,14 +588,20 @@ class BookieServer:
             self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
+        if not self.config.bookie_id:
+            self.config.bookie_id = self.address
+        if self._cookie_check is not None:  # (raises InvalidCookie: nothing served)
+            try:
+                self.cookie = await asyncio.get_running_loop().run_in_executor(None, self._cookie_check, self)
+            except BaseException:
+                self.storage.close()
+                raise
         await self.server.start()
         cfg = self.config
         if cfg.read_port is not None and not tls and (cfg.advertise_read_address or not cfg.advertise_address):
             from bookie.read_port import ReadPort
             self.read_port = ReadPort(service, cfg.host, cfg.read_port)
             await self.read_port.start()
-        if not self.config.bookie_id:
-            self.config.bookie_id = self.address
         if self._registration_factory is not None:
             self.registration = await asyncio.get_running_loop().run_in_executor(
                 None, self._registration_factory, self
@@ -606,8 +614,8 @@ class BookieServer:
             from bookie.ledger_gc import deleted_ledgers_loop, over_replicated_loop
             cfg, args = self.config, (self.storage, self.registration, self.service.metrics)
             if cfg.ledger_gc_interval_s > 0:
-                self._tasks.append(asyncio.create_task(deleted_ledgers_loop(*args, cfg.ledger_gc_interval_s),
-                                                       name="ledger-gc"))
+                self._tasks.append(asyncio.create_task(
+                    deleted_ledgers_loop(*args, cfg.ledger_gc_interval_s, self.cookie), name="ledger-gc"))
             if cfg.over_replicated_gc_interval_s > 0:
                 self._tasks.append(asyncio.create_task(
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id),

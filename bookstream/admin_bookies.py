@@ -1,4 +1,4 @@
-"""`bookstream bookies list|info|sanity`: the bookies of a cluster.
+"""`bookstream bookies list|info|sanity|cookie`: the bookies of a cluster.
 
 A BOOKIE argument is a bookie id (as registered) or its address (host:port).
 """
@@ -8,7 +8,7 @@ import time
 
 import click
 
-from bookstream.admin import Admin, CheckFailed, Column, NotFound, Output, admin_command, human_bytes
+from bookstream.admin import Admin, AdminError, CheckFailed, Column, NotFound, Output, admin_command, human_bytes
 
 
 @click.group("bookies")
@@ -146,6 +146,68 @@ async def _sanity(adm: Admin, bookie_id: str, n: int) -> dict:
             except Exception:
                 pass
         await bk.close()
+
+
+@bookies.group("cookie")
+def cookie() -> None:
+    """A bookie's cookie in etcd: which data dir and cluster its id belongs
+    to, compared with the data dir's at every start (bookie/cookie.py)."""
+
+
+def _cookie_record(c) -> dict:
+    return {"bookie_id": c.bookie_id, "cluster_id": c.cluster_id, "dir_id": c.dir_id,
+            "stamped": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.created_ms / 1000)) if c.created_ms else None}
+
+
+@admin_command(cookie, "show")
+@click.argument("bookie_id")
+def cookie_show(adm: Admin, bookie_id: str) -> Output:
+    """etcd's cookie for BOOKIE_ID."""
+    from bookie.cookie import read_etcd
+
+    with adm.store() as store:
+        c = read_etcd(store, adm.cluster, bookie_id)
+    if c is None:
+        raise NotFound(f"no cookie for bookie {bookie_id!r} in cluster {adm.cluster!r}")
+    return Output(record=_cookie_record(c), title=f"cookie of bookie {bookie_id}")
+
+
+async def _ledgers_naming(adm: Admin, bookie_id: str) -> list[int]:
+    from stream.autorecovery.service import scan_pages
+
+    bk = adm.bk()
+    try:
+        return [lid async for named in scan_pages(bk) for lid, ids in sorted(named.items()) if bookie_id in ids]
+    finally:
+        await bk.close()
+
+
+@admin_command(cookie, "delete")
+@click.argument("bookie_id")
+@click.option("--force", is_flag=True,
+              help="delete it though ledgers still name the bookie: their entries on it are then replicas "
+                   "in name only, until autorecovery's full check finds it damaged")
+def cookie_delete(adm: Admin, bookie_id: str, force: bool) -> Output:
+    """Deletes etcd's cookie for BOOKIE_ID, so that a bookie whose data was
+    lost can start again under its id, as a new bookie with an empty disk.
+    Refused while it is registered (running), and while any ledger names it
+    (run `bookstream recover BOOKIE_ID` first) unless --force."""
+    from bookie.cookie import delete_etcd, read_etcd
+    from metadata.registration import BookieRegistry
+
+    with adm.store() as store:
+        if read_etcd(store, adm.cluster, bookie_id) is None:
+            raise NotFound(f"no cookie for bookie {bookie_id!r} in cluster {adm.cluster!r}")
+        if any(r.bookie_id == bookie_id for r in BookieRegistry(store, adm.cluster).list_bookies()):
+            raise AdminError(f"refused: bookie {bookie_id!r} is registered (running); stop it first")
+        named = adm.run(_ledgers_naming(adm, bookie_id))
+        if named and not force:
+            shown = ", ".join(map(str, named[:10])) + (", ..." if len(named) > 10 else "")
+            raise AdminError(f"refused: {len(named)} ledger(s) still name bookie {bookie_id!r} ({shown}); "
+                             f"run `bookstream recover {bookie_id}` first, or give --force")
+        delete_etcd(store, adm.cluster, bookie_id)
+    return Output(record={"bookie_id": bookie_id, "deleted": True, "ledgers_naming_it": len(named)},
+                  title=f"cookie of bookie {bookie_id}")
 
 
 COMMANDS = [bookies]

@@ -153,28 +153,51 @@ def _security(args: argparse.Namespace):
     return Security.of(vars(args))
 
 
+def _with_metadata_wait(args: argparse.Namespace, what: str, fn):
+    """``fn()``, tried again while etcd is unavailable, for up to
+    ``--metadata-wait`` (etcd may still be starting, or slow to answer on a
+    loaded machine)."""
+    from metadata.errors import MetadataUnavailable
+
+    deadline = time.monotonic() + args.metadata_wait
+    delay = 0.1
+    while True:
+        try:
+            return fn()
+        except MetadataUnavailable as e:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: %s; retrying in %.1f s", what, e, delay)
+            time.sleep(delay)  # back-off before a retry
+            delay = min(2.0, delay * 2)
+
+
+def _cookie_check(args: argparse.Namespace):
+    """The bookie's cookie, judged before it serves (bookie/cookie.py)."""
+    if not args.etcd:
+        return None
+    from bookie.cookie import verify
+    from metadata.store import MetadataStore
+
+    def check_once(server: BookieServer):
+        store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
+        try:
+            return verify(store, args.cluster, Path(server.config.data_dir), server.config.bookie_id)
+        finally:
+            store.close()
+
+    return lambda server: _with_metadata_wait(args, "cookie", lambda: check_once(server))
+
+
 def _registration_factory(args: argparse.Namespace):
     if not args.etcd:
         return None
-    from metadata.errors import MetadataUnavailable
     from metadata.registration import BookieRegistry
     from metadata.store import MetadataStore
     from bookstream_pb import metadata_pb2 as mpb
 
     def register(server: BookieServer):
-        # etcd may still be starting (or slow to answer, on a loaded
-        # machine): keep trying for a while before giving up.
-        deadline = time.monotonic() + args.metadata_wait
-        delay = 0.1
-        while True:
-            try:
-                return register_once(server)
-            except MetadataUnavailable as e:
-                if time.monotonic() + delay > deadline:
-                    raise
-                log.warning("registration: %s; retrying in %.1f s", e, delay)
-                time.sleep(delay)  # back-off before a retry
-                delay = min(2.0, delay * 2)
+        return _with_metadata_wait(args, "registration", lambda: register_once(server))
 
     def register_once(server: BookieServer):
         store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
@@ -219,7 +242,7 @@ async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     config = bookie_config(args)
     if hasattr(formatter, "bookie_id"):  # JSON logs name the bookie from here on
         formatter.bookie_id = config.bookie_id
-    server = BookieServer(config, _registration_factory(args))
+    server = BookieServer(config, _registration_factory(args), _cookie_check(args))
     await server.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -258,7 +281,13 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     except TlsConfigError as e:  # a cert without its key, a user without a password: one line
         log.error("%s", e)
         return 2
-    run_loop(run_bookie(args, formatter))
+    from metadata.errors import InvalidCookie
+
+    try:
+        run_loop(run_bookie(args, formatter))
+    except InvalidCookie as e:  # (bookie/cookie.py: nothing was served)
+        log.error("%s", e)
+        return 3
     return 0
 
 

@@ -181,6 +181,17 @@ class BookieDecommissioned(MetadataError):
         self.bookie_id = bookie_id
 
 
+class InvalidCookie(MetadataError):
+    """A bookie's data dir and etcd disagree about who it is (its cookie,
+    bookie/cookie.py): its disk lost its data, or the etcd is another
+    cluster's or was rebuilt.  The bookie refuses to start (and its ledger
+    GC to delete anything); the message says what differs and what to do."""
+
+    def __init__(self, bookie_id: str, message: str) -> None:
+        super().__init__(message)
+        self.bookie_id = bookie_id
+
+
 class RegistrationLost(MetadataError):
     """A bookie registration's key vanished (its lease expired or someone
     removed it); the registration must be redone."""

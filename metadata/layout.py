@@ -12,6 +12,8 @@ key                                        value               notes
 ``bookies/writable/<bookie_id>``           BookieRegistration  under the bookie's lease
 ``bookies/readonly/<bookie_id>``           BookieRegistration  under the bookie's lease; a bookie id
                                                                is under at most one of the two
+``cookies/<bookie_id>``                    JSON cookie         the bookie's data dir and cluster
+                                                               (create-if-absent; bookie/cookie.py)
 ``ledgers/<lid>/header``                   LedgerHeader        CAS'd by every metadata change
 ``ledgers/<lid>/fragments/<entry>``        Fragment            ``<entry>`` = the fragment's first
                                                                entry; fragments sort by it
@@ -143,6 +145,10 @@ class KeyLayout:
         except InvalidName as exc:
             raise InvalidKey(f"not a bookie key: {key!r} ({exc.reason})") from None
         return bookie_id, state == "readonly"
+
+    def cookie_key(self, bookie_id: str) -> str:
+        """The bookie's cookie (bookie/cookie.py)."""
+        return self.root + "cookies/" + validate_name(bookie_id, "bookie id")
 
     # -- ledgers --------------------------------------------------------------
 

@@ -534,15 +534,15 @@ class LedgerStore:
     def exists(self, ledger_id: int) -> bool:
         return self.store.get(self.layout.ledger_header_key(ledger_id)) is not None
 
-    def list_ledgers(self, page_size: int | None = None) -> Iterator[int]:
+    def list_ledgers(self, page_size: int | None = None, revision: int | None = None) -> Iterator[int]:
         """The ids of all ledgers, ascending, read lazily page by page at one
-        revision.  After each page, the rest of the last ledger's keys (its
-        fragments) are skipped, so big ledgers do not slow the listing."""
+        revision (``revision``, or the first page's).  After each page, the
+        rest of the last ledger's keys (its fragments) are skipped, so big
+        ledgers do not slow the listing."""
         page = page_size or self.store._page_size
         assert page > 0
         start = self.layout.ledgers_prefix()
         end = prefix_end(start.encode())
-        revision: int | None = None
         last: int | None = None
         while True:
             (items,), revision = self.store.read([Get(start, end, limit=page, keys_only=True)], revision)

@@ -55,6 +55,8 @@ class Bookie:
         self.slow_path: Path | None = None   # its fsyncs' delay (µs) while this file exists (slow_disk.c)
         self.state = "up"   # up / killed / stopped
         self.filler: Path | None = None
+        self.wiped_id: str | None = None      # the id of the data it lost (wipe_bookie), until restarted
+        self.old_id: list[str] = []           # how its starts under that id ended (start_wiped_bookie)
 
     @property
     def data_dir(self) -> Path:
@@ -319,7 +321,29 @@ class FaultCluster:
                 shutil.rmtree(p) if p.is_dir() else p.unlink()
         with open(b.proc.log_path, "a") as f:
             f.write(f"--- the fault suite wiped this data dir (bookie {old}): a new bookie starts here ---\n")
+        b.wiped_id = old
         return {"wiped": old, "entries_removed": gone}
+
+    def start_wiped_bookie(self, i: int) -> bool:
+        """A wiped bookie's restart: first under its old id (its ``bookie.id``
+        put back, as a bookie given its id on the command line), which its
+        cookie must refuse (bookie/cookie.py: exit code 3, nothing served;
+        ``b.old_id`` says how it ended), then as a new bookie."""
+        b = self.bookies[i]
+        old, b.wiped_id = b.wiped_id, None
+        if old is not None:
+            (b.data_dir / "bookie.id").write_text(old + "\n")
+            try:
+                b.proc.start(timeout=60)
+            except BookieStartError as e:
+                b.old_id.append("refused" if "exited with 3" in str(e) else f"failed: {str(e)[:200]}")
+            else:
+                b.old_id.append("served")   # (an anomaly: run.py)
+                b.proc.kill()
+            for p in b.data_dir.iterdir():
+                if p != b.proc.log_path:
+                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+        return self.start_bookie(i)
 
     def cut_journal_tail(self, i: int, rng) -> dict:
         """After a kill -9: the newest journal segment loses its last bytes

@@ -270,8 +270,10 @@ class Nemesis:
             return {}
         if f.params.get("skipped"):
             return {"skipped": True}
-        if k in ("kill_bookie", "torn_tail", "cut_tail", "lose_bookie"):
+        if k in ("kill_bookie", "torn_tail", "cut_tail"):
             self.pending.append(self.pool.submit(self._logged, n, "restarted", c.start_bookie, f.target))
+        elif k == "lose_bookie":
+            self.pending.append(self.pool.submit(self._logged, n, "restarted", c.start_wiped_bookie, f.target))
         elif k == "kill_autorecovery":
             self.pending.append(self.pool.submit(self._logged, n, "restarted", c.recoverer(f.target).start))
         elif k == "pause_autorecovery":

@@ -196,6 +196,9 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         anomalies += replica_anomalies(replicas)
         if first_failure is not None:
             anomalies.insert(0, first_failure)
+        served = {b.index: b.old_id for b in c.bookies if "served" in b.old_id}
+        if served:   # a wiped bookie served under the id of the data it lost (bookie/cookie.py)
+            anomalies.insert(0, {"kind": "wiped_bookie_served", "bookies": served})
         unregistered = [b.proc.bookie_id for b in c.bookies if b.proc.bookie_id not in regs]
         if len(regs) < alive:  # healed, running, and still not in etcd after the quiet period
             anomalies.insert(0, {"kind": "unregistered", "bookies": unregistered})
@@ -214,6 +217,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             # connections through the bookies' read port proxies (readers reading over the read port)
             "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
             "anomalies": anomalies,
+            "wiped_bookies_old_id": {b.index: b.old_id for b in c.bookies if b.old_id},
             "anomaly_counts": dict(Counter(a["kind"] for a in anomalies)),
             "new_anomalies": sum(1 for a in anomalies if a["known"] is None),
             "seconds": round(time.time() - t_start, 1),

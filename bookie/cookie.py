@@ -1,0 +1,255 @@
+"""The bookie's cookie (BookKeeper's ``Cookie``): who a data dir belongs to,
+kept twice, as the file ``cookie`` in the data dir and as the etcd key
+``cookies/<bookie id>``, and compared at every start before the bookie
+serves anything.
+
+The protocol assumes a bookie never forgets what it acknowledged.  A bookie
+whose disk was lost (a replaced volume, a Kubernetes pod whose claim was
+recreated) and which comes back under its old id answers NO_SUCH_LEDGER and
+NO_SUCH_ENTRY for entries it acknowledged.  A writer's recovery counts Qw -
+Qa + 1 such answers as proof that an entry was never acknowledged and
+truncates there: with E3 Qw3 Qa2, an entry acknowledged by this bookie and
+one other, the third never having had it, is lost.  The empty bookie also
+has no term and no fence left: an old writer fenced there writes again.
+And a bookie started against a rebuilt or another cluster's etcd would find
+none of its ledgers listed, and its ledger GC (bookie/ledger_gc.py) would
+delete them all.
+
+A cookie names the bookie id, the cluster (the ``cluster_id`` of its
+``cluster`` record, created once) and the data dir (a random ``dir_id``
+chosen when the cookie is stamped).  The rule (``judge``, pure), before any
+port serves:
+
+=========  ==========  ==================  ===================================
+data dir   etcd        cluster record      verdict
+=========  ==========  ==================  ===================================
+none       none        any                 STAMP: a new bookie, or one from
+                                           before cookies; the file first,
+                                           then etcd (create-if-absent)
+none       a cookie    -                   REFUSE: the data dir lost its data
+                                           (or is the wrong one)
+a cookie   none        the cookie's        STAMP_ETCD: a first start cut off
+                                           between the two writes, or the key
+                                           deleted while the data was kept
+a cookie   none        none or another     REFUSE: another or a rebuilt etcd
+a cookie   a cookie    the cookies'        OK when the two are the same
+                                           (bookie id, cluster, data dir)
+a cookie   a cookie    none or another     REFUSE
+=========  ==========  ==================  ===================================
+
+and a data dir whose cookie names another bookie id is refused in any row.
+The file is written before the key, so no crash leaves the key without
+the file (the one row that refuses for good).
+
+A refused bookie exits with the reason.  Where its data was lost, the way
+back is ``bookstream recover BOOKIE`` (or autorecovery) until no ledger
+names it, then ``bookstream bookies cookie delete BOOKIE``: it is then a new
+bookie with an empty disk under the old id.  (``--force`` deletes the key of
+a bookie ledgers still name: their entries on it are then its replicas in
+name only, until autorecovery's full check finds it damaged.)
+
+The ledger GC compares the two again before deleting anything
+(``CookieGuard``): the listing is read at a revision where the cookie is
+there and the same, and each candidate's absence in one read with it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import os
+import time
+import uuid
+from pathlib import Path
+
+from bookstream_pb import metadata_pb2 as mpb
+from metadata.errors import InvalidCookie, KeyExists, decode_message
+from metadata.layout import KeyLayout
+from metadata.txn import Get
+
+COOKIE_FILE = "cookie"
+COOKIE_VERSION = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Cookie:
+    bookie_id: str
+    cluster_id: str
+    dir_id: str
+    created_ms: int = 0
+
+    def same(self, other: "Cookie | None") -> bool:
+        """The same bookie, cluster and data dir (when it was stamped is no part of who)."""
+        return other is not None and (self.bookie_id, self.cluster_id, self.dir_id) == \
+            (other.bookie_id, other.cluster_id, other.dir_id)
+
+    def encode(self) -> bytes:
+        return json.dumps({"version": COOKIE_VERSION, **dataclasses.asdict(self)}, sort_keys=True).encode() + b"\n"
+
+    @staticmethod
+    def decode(data: bytes, where: str, bookie_id: str) -> "Cookie":
+        try:
+            d = json.loads(data)
+            if d.get("version") != COOKIE_VERSION:
+                raise ValueError(f"version {d.get('version')!r}")
+            return Cookie(str(d["bookie_id"]), str(d["cluster_id"]), str(d["dir_id"]), int(d.get("created_ms", 0)))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: the cookie in {where} is unreadable ({e}); "
+                                           "look at it before doing anything else") from None
+
+
+class Verdict(enum.Enum):
+    OK = "ok"
+    STAMP = "stamp"              # write the file, then the key
+    STAMP_ETCD = "stamp-etcd"    # write the key (the file is there)
+    REFUSE = "refuse"
+
+
+def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
+          bookie_id: str) -> tuple[Verdict, str]:
+    """The verdict on a start of bookie ``bookie_id``, and why when REFUSE
+    (see the module's table): ``local`` the data dir's cookie, ``remote``
+    etcd's for ``bookie_id``, ``cluster_id`` the cluster record's."""
+    if local is not None and local.bookie_id != bookie_id:
+        return Verdict.REFUSE, (f"the data dir's cookie names bookie {local.bookie_id!r}, not {bookie_id!r}: "
+                                "this is another bookie's data dir")
+    if local is None and remote is None:
+        return Verdict.STAMP, ""
+    if local is None:
+        return Verdict.REFUSE, (
+            f"etcd has a cookie for bookie {bookie_id!r} (stamped {_when(remote)}) but its data dir has none: "
+            "the data dir lost its data, or is not this bookie's. A bookie that lost what it acknowledged must "
+            "not serve under its old id (a recovery would take its empty answers as proof that acknowledged "
+            f"entries were never written). Start it with a new id; or run `bookstream recover {bookie_id}` "
+            f"until no ledger names it, then `bookstream bookies cookie delete {bookie_id}`")
+    if local.cluster_id != cluster_id:
+        etcd_has = f"cluster id {cluster_id}" if cluster_id else "no cluster record"
+        return Verdict.REFUSE, (
+            f"the data dir's cookie belongs to cluster id {local.cluster_id}, and this etcd has {etcd_has}: "
+            "another cluster's etcd, or one rebuilt from nothing (the ledgers this bookie holds are not "
+            "listed there; its ledger GC would delete them). Point the bookie at its own cluster's etcd")
+    if remote is None:
+        return Verdict.STAMP_ETCD, ""
+    if not local.same(remote):
+        return Verdict.REFUSE, (
+            f"the data dir's cookie (cluster {local.cluster_id}, dir {local.dir_id}, stamped {_when(local)}) "
+            f"is not etcd's for bookie {bookie_id!r} (cluster {remote.cluster_id}, dir {remote.dir_id}, "
+            f"stamped {_when(remote)}): another data dir holds this id")
+    return Verdict.OK, ""
+
+
+def _when(c: Cookie) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.created_ms / 1000)) if c.created_ms else "?"
+
+
+# -- the data dir's file ------------------------------------------------------------------
+
+def read_local(data_dir: Path, bookie_id: str) -> Cookie | None:
+    path = Path(data_dir) / COOKIE_FILE
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    return Cookie.decode(data, str(path), bookie_id)
+
+
+def write_local(data_dir: Path, cookie: Cookie) -> None:
+    """Durably: the file and its directory entry fsynced before etcd's key is written."""
+    data_dir = Path(data_dir)
+    tmp = data_dir / (COOKIE_FILE + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(cookie.encode())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, data_dir / COOKIE_FILE)
+    fd = os.open(data_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- etcd's key ---------------------------------------------------------------------------
+
+def _read_etcd(store, layout: KeyLayout, bookie_id: str, extra: list[Get] = (), revision: int | None = None):
+    """(cluster id or None, etcd's cookie or None, the pages of ``extra``, revision): one read."""
+    pages, rev = store.read([Get(layout.cluster_key()), Get(layout.cookie_key(bookie_id)), *extra], revision)
+    cluster_id = None
+    if pages[0].items:
+        cluster_id = decode_message(mpb.ClusterInfo, pages[0].items[0][1].value).cluster_id
+    remote = None
+    if pages[1].items:
+        remote = Cookie.decode(pages[1].items[0][1].value, "etcd (" + layout.cookie_key(bookie_id) + ")", bookie_id)
+    return cluster_id, remote, pages[2:], rev
+
+
+def read_etcd(store, cluster: str, bookie_id: str) -> Cookie | None:
+    return _read_etcd(store, KeyLayout(cluster), bookie_id)[1]
+
+
+def verify(store, cluster: str, data_dir: Path, bookie_id: str) -> Cookie:
+    """Judges the start of ``bookie_id`` on ``data_dir`` and stamps what the
+    verdict says; returns the cookie both now hold, or raises
+    ``InvalidCookie``.  Raises the metadata's errors (etcd unavailable)."""
+    from metadata.cluster import init_cluster
+
+    layout = KeyLayout(cluster)
+    local = read_local(data_dir, bookie_id)
+    for _ in range(3):   # (a KeyExists below: judged again on what won)
+        cluster_id, remote, _, _ = _read_etcd(store, layout, bookie_id)
+        verdict, why = judge(local, remote, cluster_id, bookie_id)
+        if verdict is Verdict.OK:
+            return local
+        if verdict is Verdict.REFUSE:
+            raise InvalidCookie(bookie_id, f"bookie {bookie_id!r} refuses to start: {why}")
+        if verdict is Verdict.STAMP:
+            info = init_cluster(store, cluster)
+            local = Cookie(bookie_id, info.cluster_id, uuid.uuid4().hex, int(time.time() * 1000))
+            write_local(data_dir, local)
+        try:
+            store.create(layout.cookie_key(bookie_id), local.encode())
+            return local
+        except KeyExists:
+            continue
+    raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: its cookie in etcd keeps changing under it")
+
+
+@dataclasses.dataclass
+class CookieGuard:
+    """The ledger GC's check (bookie/ledger_gc.py) that etcd is still the
+    one the bookie's cookie names: a read of etcd's cookie (and the cluster
+    record) beside each read the deletion rests on."""
+
+    store: object
+    cluster: str
+    cookie: Cookie
+
+    def _check(self, cluster_id: str | None, remote: Cookie | None) -> None:
+        if self.cookie.cluster_id != cluster_id or not self.cookie.same(remote):
+            raise InvalidCookie(self.cookie.bookie_id, (
+                f"etcd no longer holds bookie {self.cookie.bookie_id!r}'s cookie as its data dir does "
+                f"(cluster record {cluster_id or 'absent'}, cookie {'absent' if remote is None else 'different'}): "
+                "nothing deleted"))
+
+    def revision(self) -> int:
+        """A revision at which etcd's cookie is the bookie's (raises ``InvalidCookie``)."""
+        cluster_id, remote, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
+        self._check(cluster_id, remote)
+        return rev
+
+    def absent(self, key: str) -> bool:
+        """Whether ``key`` is absent, read with the cookie (raises ``InvalidCookie``)."""
+        cluster_id, remote, (page,), _ = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id,
+                                                    [Get(key)])
+        self._check(cluster_id, remote)
+        return not page.items
+
+
+def delete_etcd(store, cluster: str, bookie_id: str) -> bool:
+    """Deletes etcd's cookie for ``bookie_id`` (the caller checked that
+    nothing needs it); whether there was one."""
+    return store.delete(KeyLayout(cluster).cookie_key(bookie_id))
+
+
+__all__ = ["COOKIE_FILE", "Cookie", "CookieGuard", "Verdict", "delete_etcd", "judge", "read_etcd", "read_local",
+           "verify", "write_local"]

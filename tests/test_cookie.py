@@ -1,0 +1,172 @@
+"""The bookie's cookie (bookie/cookie.py): the rule on its own, the data
+dir's file, then real etcd and real bookie processes: a bookie whose data
+dir was wiped refuses to come back under its id (and comes back once no
+ledger names it and its cookie is deleted), and an etcd that lost the
+cluster's keys is refused by a bookie's start and by its ledger GC."""
+from __future__ import annotations
+
+import shutil
+import socket
+
+import pytest
+
+from bookie.cookie import Cookie, CookieGuard, Verdict, judge, read_etcd, read_local, verify, write_local
+from bookie.core import Status
+from bookstream.processes import BookieStartError
+from metadata.errors import InvalidCookie
+from metadata.layout import KeyLayout
+from metadata.txn import Delete
+from stream.client import BookKeeperClient
+from tests.conftest import run
+from tests.test_autorecovery import until
+from tests.test_recovery_cli import cli, closed_ledger
+
+
+def test_the_rule():
+    mine = Cookie("b1", "c1", "d1", 1)
+    same_later = Cookie("b1", "c1", "d1", 99)          # when it was stamped is no part of who
+    other_dir = Cookie("b1", "c1", "d2", 1)
+    assert judge(None, None, None, "b1") == (Verdict.STAMP, "")          # a new cluster's first bookie
+    assert judge(None, None, "c1", "b1") == (Verdict.STAMP, "")          # a new bookie, or one from before cookies
+    assert judge(mine, same_later, "c1", "b1") == (Verdict.OK, "")
+    assert judge(mine, None, "c1", "b1") == (Verdict.STAMP_ETCD, "")     # a first start cut off between the writes
+    refused = {
+        "wiped": judge(None, mine, "c1", "b1"),
+        "another dir holds the id": judge(mine, other_dir, "c1", "b1"),
+        "rebuilt etcd": judge(mine, None, None, "b1"),
+        "another cluster's etcd": judge(mine, None, "c2", "b1"),
+        "the record recreated": judge(mine, mine, "c2", "b1"),
+        "another bookie's dir": judge(mine, None, "c1", "b2"),
+        "another bookie's dir, etcd agreeing": judge(mine, mine, "c1", "b2"),
+    }
+    for case, (verdict, why) in refused.items():
+        assert verdict is Verdict.REFUSE and why, case
+    assert "lost its data" in refused["wiped"][1]
+    assert "rebuilt" in refused["rebuilt etcd"][1]
+
+
+def test_the_data_dirs_file(tmp_path):
+    assert read_local(tmp_path, "b1") is None
+    c = Cookie("b1", "c1", "d1", 1234)
+    write_local(tmp_path, c)
+    assert read_local(tmp_path, "b1") == c
+    assert [p.name for p in tmp_path.iterdir()] == ["cookie"]       # (no temporary left)
+    (tmp_path / "cookie").write_bytes(b"{not json")
+    with pytest.raises(InvalidCookie, match="unreadable"):
+        read_local(tmp_path, "b1")
+
+
+def test_verify_stamps_once_then_refuses_what_differs(store, cluster, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    first = verify(store, cluster, a, "b1")
+    assert read_local(a, "b1") == first == read_etcd(store, cluster, "b1")
+    assert verify(store, cluster, a, "b1") == first                  # the next start: the same, nothing written
+    with pytest.raises(InvalidCookie, match="lost its data"):
+        verify(store, cluster, b, "b1")                              # an empty dir under the id
+    assert read_local(b, "b1") is None
+    store.delete(KeyLayout(cluster).cookie_key("b1"))
+    assert verify(store, cluster, a, "b1") == first                  # the key written again from the file
+    assert read_etcd(store, cluster, "b1") == first
+    guard = CookieGuard(store, cluster, first)
+    assert guard.revision() > 0 and guard.absent(KeyLayout(cluster).ledger_header_key(1))
+    store.txn([], [Delete.prefix(KeyLayout(cluster).root)])            # etcd loses the cluster
+    with pytest.raises(InvalidCookie, match="rebuilt"):
+        verify(store, cluster, a, "b1")
+    with pytest.raises(InvalidCookie, match="nothing deleted"):
+        guard.revision()
+    with pytest.raises(InvalidCookie, match="nothing deleted"):
+        guard.absent(KeyLayout(cluster).ledger_header_key(1))
+
+
+def _refused(proc, match: str) -> None:
+    """``proc`` (stopped) does not start: exit code 3, ``match`` in its log,
+    its port never served."""
+    with pytest.raises(BookieStartError, match="exited with 3"):
+        proc.start()
+    assert match in proc.log_path.read_text()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", proc.port), timeout=2).close()
+
+
+def test_a_wiped_bookie_is_refused_under_its_id_until_nothing_names_it(own):
+    """An E3 Qw3 Qa2 ledger; one of its bookies loses its data dir (its id
+    kept, as a bookie given its id on the command line would).  It may not
+    come back (its empty answers would count as proof of absence in a
+    recovery): refused at start, nothing served.  Its cookie may not be
+    deleted while the ledger names it; after `bookstream recover`, it can,
+    and the bookie starts as a new one under the old id."""
+    procs = own.start(4)
+    payloads = [b"cookie-%d" % i for i in range(20)]
+    lid, ens = closed_ledger(own, payloads)
+    victim = next(p for p in procs if p.bookie_id == ens[0])
+    stamped = read_local(victim.data_dir, victim.bookie_id)
+    assert stamped is not None and read_etcd(own_store(own), own.cluster, victim.bookie_id) == stamped
+    victim.restart()                                                  # the same data dir: started
+    victim.kill()
+    for f in victim.data_dir.iterdir():
+        if f.name not in ("bookie.id", "bookie.log"):
+            f.unlink() if f.is_file() else shutil.rmtree(f)
+    _refused(victim, "lost its data")
+    p = cli(own, "bookies", "cookie", "delete", victim.bookie_id)
+    assert p.returncode == 1 and "is registered (running)" in p.stderr   # (its lease outlives a kill -9 a while)
+
+    async def unregistered():
+        from metadata.registration import BookieRegistry
+        with own_store(own) as store:
+            return victim.bookie_id not in {r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
+    run(until(unregistered, what="the killed bookie's registration gone"))
+    p = cli(own, "bookies", "cookie", "delete", victim.bookie_id)
+    assert p.returncode == 1 and f"1 ledger(s) still name bookie {victim.bookie_id!r} ({lid})" in p.stderr
+    _refused(victim, "lost its data")                                 # (nothing was deleted)
+    assert cli(own, "recover", victim.bookie_id).returncode == 0
+    p = cli(own, "bookies", "cookie", "delete", victim.bookie_id)
+    assert p.returncode == 0, p.stderr
+    victim.start()
+    fresh = read_local(victim.data_dir, victim.bookie_id)
+    assert fresh is not None and fresh.dir_id != stamped.dir_id
+
+    async def read_back():
+        async with BookKeeperClient(own.endpoint, own.cluster) as bk:
+            lh = await bk.open_ledger(lid)
+            assert victim.bookie_id not in lh.metadata.fragments[0].ensemble
+            return [e.payload for e in await lh.read_entries(0, 19)]
+    assert run(read_back()) == payloads
+
+
+def own_store(env):
+    from metadata.store import MetadataStore
+    return MetadataStore([env.endpoint])
+
+
+def test_an_etcd_that_lost_the_cluster_is_refused_by_the_gc_and_at_start(own):
+    """etcd loses every key of the cluster (rebuilt from nothing, or another
+    etcd at the address).  A running bookie's ledger GC, which deletes
+    ledgers absent from etcd, refuses its passes: its ledger stays.  Its
+    next start is refused."""
+    procs = own.start(3, extra_args=["--ledger-gc-interval", "1"])
+    lid, _ = closed_ledger(own, [b"kept-%d" % i for i in range(10)])
+    b = procs[0]
+    store = own_store(own)
+    try:
+        store.txn([], [Delete.prefix(KeyLayout(own.cluster).root)])
+        passes = ("ledger gc refused", "ledger gc: deleted")
+        run(until(lambda: _async(any(p in b.log_path.read_text() for p in passes)),
+                  what="a ledger GC pass after the loss"))
+        async def held():
+            from stream.bookie_client import BookieClient
+            c = BookieClient(b.address)
+            try:
+                return [(await c.read_entry(lid, e)).status for e in range(10)]
+            finally:
+                await c.close()
+        assert run(held()) == [Status.OK] * 10
+        assert "ledger gc refused" in b.log_path.read_text()
+        b.stop()
+        _refused(b, "rebuilt")
+    finally:
+        store.close()
+
+
+async def _async(value):
+    return value
