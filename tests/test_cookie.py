@@ -5,7 +5,9 @@ ledger names it and its cookie is deleted), and an etcd that lost the
 cluster's keys is refused by a bookie's start and by its ledger GC."""
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import socket
 
 import pytest
@@ -17,6 +19,7 @@ from metadata.errors import InvalidCookie
 from metadata.layout import KeyLayout
 from metadata.txn import Delete
 from stream.client import BookKeeperClient
+from stream.errors import LedgerRecoveryFailed
 from tests.conftest import run
 from tests.test_autorecovery import until
 from tests.test_recovery_cli import cli, closed_ledger
@@ -170,3 +173,52 @@ def test_an_etcd_that_lost_the_cluster_is_refused_by_the_gc_and_at_start(own):
 
 async def _async(value):
     return value
+
+
+def test_the_cookie_keeps_an_entry_only_a_wiped_bookie_and_a_paused_one_were_asked_for(own):
+    """E3 Qw3 Qa2 over four bookies a, b, c (the ensemble) and d. Entry 10
+    is acknowledged by a and b while c is paused; c is killed and comes
+    back without it; the writer dies. Then a's disk is lost, and b is
+    paused while a new client recovers the ledger. Had a come back under
+    its id, a and c would both say "no such entry" (Qw - Qa + 1 = 2: proof
+    of absence) and the recovery would close the ledger at 9 (so it did, ad
+    hoc, with the cookie deleted by force). Refused, a answers nothing: the
+    recovery has no coverage and fails rather than guess; with b back, the
+    ledger closes at 10."""
+    procs = own.start(4)
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(10):
+            await lh.add_entry(b"e%d" % i)
+        by = {p.bookie_id: p for p in procs}
+        a, b, c = (by[x] for x in lh.metadata.fragments[0].ensemble)
+        os.kill(c.pid, signal.SIGSTOP)
+        await lh.add_entry(b"e10")          # acknowledged at Qa = 2, by a and b
+        c.kill()                            # never had it
+        return lh.ledger_id, a, b, c        # (the writer dies with this loop, never closed)
+
+    lid, a, b, c = run(write())
+    c.start()
+    a.kill()
+    for f in a.data_dir.iterdir():
+        if f.name not in ("bookie.id", "bookie.log"):
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
+    _refused(a, "lost its data")
+
+    async def recover():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            lh = await bk.open_ledger(lid)
+            return lh.metadata.last_entry, [e.payload for e in await lh.read_entries(0, lh.metadata.last_entry)]
+        finally:
+            await bk.close()
+
+    os.kill(b.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(LedgerRecoveryFailed, match="coverage"):
+            run(recover())
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    assert run(recover()) == (10, [b"e%d" % i for i in range(11)])
