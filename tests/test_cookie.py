@@ -82,6 +82,13 @@ def test_verify_stamps_once_then_refuses_what_differs(store, cluster, tmp_path):
         guard.absent(KeyLayout(cluster).ledger_header_key(1))
 
 
+def _wipe(proc) -> None:
+    """A killed bookie's data dir lost, its id kept (as ``--bookie-id`` would)."""
+    for f in proc.data_dir.iterdir():
+        if f.name not in ("bookie.id", "bookie.log"):
+            shutil.rmtree(f) if f.is_dir() else f.unlink()
+
+
 def _refused(proc, match: str) -> None:
     """``proc`` (stopped) does not start: exit code 3, ``match`` in its log,
     its port never served."""
@@ -107,9 +114,7 @@ def test_a_wiped_bookie_is_refused_under_its_id_until_nothing_names_it(own):
     assert stamped is not None and read_etcd(own_store(own), own.cluster, victim.bookie_id) == stamped
     victim.restart()                                                  # the same data dir: started
     victim.kill()
-    for f in victim.data_dir.iterdir():
-        if f.name not in ("bookie.id", "bookie.log"):
-            f.unlink() if f.is_file() else shutil.rmtree(f)
+    _wipe(victim)
     _refused(victim, "lost its data")
     p = cli(own, "bookies", "cookie", "delete", victim.bookie_id)
     assert p.returncode == 1 and "is registered (running)" in p.stderr   # (its lease outlives a kill -9 a while)
@@ -202,9 +207,7 @@ def test_the_cookie_keeps_an_entry_only_a_wiped_bookie_and_a_paused_one_were_ask
     lid, a, b, c = run(write())
     c.start()
     a.kill()
-    for f in a.data_dir.iterdir():
-        if f.name not in ("bookie.id", "bookie.log"):
-            shutil.rmtree(f) if f.is_dir() else f.unlink()
+    _wipe(a)
     _refused(a, "lost its data")
 
     async def recover():
