@@ -477,8 +477,8 @@ class World(BookieGC):
             for e in range(job.first_entry, job.last_entry + 1):
                 if not job.holds(e):
                     continue
-                src = next((self.bookies[s] for s in job.sources
-                            if self.bookies[s].alive and (lid, e) in self.bookies[s].data), None)
+                src = next((self.bookies[s] for s in job.sources if job.replica_of(s, e)
+                            and self.bookies[s].alive and (lid, e) in self.bookies[s].data), None)
                 if src is None:
                     absent += 1
                     continue

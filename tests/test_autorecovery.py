@@ -505,3 +505,51 @@ def test_a_worker_with_a_rate_limit_says_how_long_the_limit_held_its_copy(own):
         await bk.close()
 
     run(go())
+
+
+def test_a_copy_takes_each_id_only_from_a_bookie_of_its_write_set(own):
+    """A bookie may hold records at ids outside its write sets: a leftover
+    of an earlier term's fragment that a later one replaced from the same
+    first entry (in fault run 9921, a term-6 recovery's truncate no-op at
+    an id whose entry term 7 recovered, the next fragment giving that id to
+    two other bookies). Here: an E3 Qw2 ledger whose first bookie holds
+    such no-ops at every id of the write sets it is not in. Its second
+    bookie is lost; the copy of its position must take each id from the
+    third (the one other replica), never the first's leftover: every
+    replica then holds the entry, the same record as the other. (Copied
+    from the first source, the new replica held no-ops: shown.)"""
+    from stream.autorecovery.service import recover_ledger_fragments
+    from stream.autorecovery.worker_core import Step
+
+    procs = own.start(4)
+    by_id = {p.bookie_id: p for p in procs}
+    payloads = [b"w%d" % i for i in range(30)]
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            lh = await bk.create_ledger(3, 2, 2)
+            await lh.add_entries(payloads)
+            await lh.close()
+            lid, ens = lh.ledger_id, lh.metadata.fragments[0].ensemble
+            others = [e for e in range(30) if 0 not in write_set(e, 3, 2)]
+            c0 = await bk.bookie(ens[0])
+            ack = await c0.add(b"".join(E.encode(lid, e, b"", data_flags=E.FLAG_NOOP) for e in others))
+            assert ack.status == Status.OK
+            by_id[ens[1]].kill()
+            out = await recover_ledger_fragments(bk, lid, {ens[1]})
+            assert out.step is Step.DONE and len(out.replaced) == 1
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            for e in range(30):
+                got = []
+                for i in write_set(e, 3, 2):
+                    r = await (await bk.bookie(meta.fragments[0].ensemble[i])).read_entry(lid, e)
+                    assert r.status == Status.OK, (e, i)
+                    got.append(E.scan(r.entry)[0])
+                assert [h.is_noop for h in got] == [False, False] and got[0].checksum == got[1].checksum, e
+            rh = await bk.open_ledger(lid)
+            assert [x.payload for x in await rh.read_entries(0, 29)] == payloads
+        finally:
+            await bk.close()
+
+    run(go())

@@ -3,7 +3,8 @@ what to copy is :class:`autorecovery.worker_core.FragmentJob`).
 
 Batched: sparse range reads from a surviving replica (every record's CRC
 checked as it arrives: a bad record is never forwarded, it is read from
-another replica), framed adds of up to ``FRAME_BYTES`` to the target with a
+another replica; an id is taken only from a bookie of its write set, never
+from a leftover record elsewhere: ``FragmentJob.replica_of``), framed adds of up to ``FRAME_BYTES`` to the target with a
 few frames in flight.  Ids a replica does not hold are asked of the next
 one; ids no surviving replica holds are counted as ``absent`` (the worker
 then reports the fragment, never replaces it).
@@ -118,7 +119,7 @@ async def copy_fragment(client, job: FragmentJob, target: str, *, timeout: float
             continue
         missing: list[tuple[int, int]] = []
         for lo, hi in todo:
-            missing += await _read_range(sc, job, lo, hi, sender, stats)
+            missing += await _read_range(sc, src, job, lo, hi, sender, stats)
             sender.check()
         todo = missing
     await sender.drain()
@@ -146,10 +147,11 @@ async def _clear(tc, job: FragmentJob, target: str, timeout: float, keep_going, 
         raise CopyFailed(f"target {target}: clearing the fragment's range: {st.name if st else r.status}")
 
 
-async def _read_range(sc, job: FragmentJob, lo: int, hi: int, sender: "_Sender",
+async def _read_range(sc, src: str, job: FragmentJob, lo: int, hi: int, sender: "_Sender",
                       stats: CopyStats) -> list[tuple[int, int]]:
-    """Reads [lo, hi] (sparse) from one source, forwarding what the lost
-    position held; returns the sub-ranges this source did not deliver."""
+    """Reads [lo, hi] (sparse) from one source ``src``, forwarding what the
+    lost position held and ``src`` holds as a replica
+    (``FragmentJob.replica_of``); returns the sub-ranges it did not deliver."""
     missing: list[tuple[int, int]] = []
     want = lo  # every id below ``want`` is settled (forwarded, or noted missing)
 
@@ -179,9 +181,14 @@ async def _read_range(sc, job: FragmentJob, lo: int, hi: int, sender: "_Sender",
                     stats.bad_records += 1
                     gap(eid)        # this id from another replica
                     continue
-                gap(eid - 1)
-                want = eid + 1
-                if job.holds(eid):
+                if not job.holds(eid):
+                    gap(eid - 1)
+                    want = eid + 1
+                elif not job.replica_of(src, eid):
+                    gap(eid)        # no replica's record: this id from a replica
+                else:
+                    gap(eid - 1)
+                    want = eid + 1
                     batch.append(_resend(rec, h, job.term))
             sender.send(batch)
             gap(min(resp.through, hi))  # vouched absent here: ask the next replica

@@ -93,6 +93,17 @@ class FragmentJob:
         """Whether the lost position held ``entry_id`` (its write set)."""
         return self.index in write_set(entry_id, self.ensemble_size, self.write_quorum)
 
+    def replica_of(self, source: str, entry_id: int) -> bool:
+        """Whether ``source`` is a replica of ``entry_id`` (its position is
+        in the id's write set).  Only a replica's record is copied: a bookie
+        may hold records at other ids of the range, which are no replica's
+        (a leftover of an earlier term's fragment that a later one replaced
+        from the same first entry, e.g. a recovery's truncate no-op where
+        the next term recovered the entry), and which a reader never asks it
+        for."""
+        ws = write_set(entry_id, self.ensemble_size, self.write_quorum)
+        return any(self.ensemble[i] == source for i in ws)
+
 
 @dataclasses.dataclass(frozen=True)
 class Unrecoverable:
