@@ -114,7 +114,10 @@ Clear(w, t) ==
             /\ pc' = [pc EXCEPT ![w] = "copying"]
             /\ UNCHANGED <<rev, lock, meta, token, copied, gc, gcToken>>
 
-\* One entry copied (recovery adds are not fenced: every copy is the same bytes).
+\* One entry copied (recovery adds are not fenced: every copy is the same bytes,
+\* because a copy takes an id only from a bookie of its write set,
+\* FragmentJob.replica_of; a record elsewhere in the range may be a leftover
+\* of another term's fragment, which this module does not model).
 CopyOne(w, e) ==
     /\ pc[w] = "copying" /\ e \notin copied[w]
     /\ data' = [data EXCEPT ![tgt[w]] = @ \cup {e}]
