@@ -33,8 +33,9 @@ writer learns it was fenced at its next append and drops its key.
 
 Invariants, checked after every step:
 
-- *no fragment names a live bookie lacking its entries*: a fragment's
-  bookie is replaced only once the target holds every entry of its position;
+- *no fragment names a live bookie lacking its entries* (a leftover is
+  not the entry): a fragment's bookie is replaced only once the target
+  holds every entry of its position;
 - *no acknowledged entry is lost while a replica survives*: an entry with
   no replica left is reported (the task says unrecoverable);
 - *a task deleted as done leaves its ledger clean* at that moment;
@@ -51,8 +52,12 @@ plan without the writer's registration; ``no-bound``: a live writer waited
 for without end; ``no-copy-fence``: a target clears its range for any
 token; ``no-cas-guard``: a replacement published without its lock; ``gc-no-lock``:
 a bookie's over-replicated GC clears without the ledger's recovery lock;
-``gc-no-touch-check``: it clears a ledger written since its read) breaks a
-rule, which the invariants must catch.  Only this file is simulated: the metadata,
+``gc-no-touch-check``: it clears a ledger written since its read;
+``copy-any-source``: a copy takes an id from any source holding a record
+there, a leftover too) breaks a rule, which the invariants must catch.
+Bookies hold leftovers from the start: records at ids outside their write
+sets (an earlier term's layout), which are no replica (its own random
+draws, so a seed's run is as before).  Only this file is simulated: the metadata,
 bookies and network here are models; the decisions are the shipped cores.
 """
 from __future__ import annotations
@@ -73,7 +78,7 @@ from stream.quorum import write_set
 from stream.writer_lease import Liveness, Register, WriterRecord, judge_register, judge_writer
 
 MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
-           "no-cas-guard", "gc-no-lock", "gc-no-touch-check")
+           "no-cas-guard", "gc-no-lock", "gc-no-touch-check", "copy-any-source")
 DELAY, TTL, GRACE, BOUND = 5.0, 3.0, 1.0, 20.0
 STREAMS = 2   # the last ledgers are open streams with a writer
 
@@ -89,6 +94,9 @@ class SimBookie:
     dead: bool = False          # lost for good (data gone)
     back_at: float | None = None
     data: set = dataclasses.field(default_factory=set)   # (lid, eid)
+    # (lid, eid) held as a leftover: a record at an id outside the bookie's
+    # write sets in that fragment (an earlier term's layout), no replica's
+    leftover: set = dataclasses.field(default_factory=set)
     # the shipped core: the copy fence (its copy tokens), and each ledger's
     # count of admitted requests that the over-replicated GC checks
     core: BookieCore = dataclasses.field(default_factory=BookieCore)
@@ -100,6 +108,11 @@ class SimBookie:
         h = EntryHeader(lid, eid, -1, -1, 0, REQ_RECOVERY, st.term if st else 0, 0, 0, 0, 0)
         assert self.core.admit_add(h).status is Status.OK
         self.data.add((lid, eid))
+        self.leftover.discard((lid, eid))
+
+    def holds(self, lid: int, eid: int) -> bool:
+        """The entry itself (a leftover record is not it)."""
+        return (lid, eid) in self.data and (lid, eid) not in self.leftover
 
 
 @dataclasses.dataclass
@@ -146,6 +159,7 @@ class World(BookieGC):
         self.writer_changes = 0    # ensemble changes writers made themselves
         self.log: list[str] = []
         ids = sorted(self.bookies)
+        leftovers = random.Random(seed + 7919)
         for lid in range(1, ledgers + 1):
             e = self.rng.choice((1, 2, 3, 3))
             qw = self.rng.randint(1, e) if e > 1 else 1
@@ -164,6 +178,10 @@ class World(BookieGC):
                 f = m.fragment_at(eid)
                 for i in write_set(eid, e, qw):
                     self.bookies[f.ensemble[i]].write(lid, eid)
+                for i in set(range(e)) - set(write_set(eid, e, qw)):   # (its own draws: seeds unchanged)
+                    if leftovers.random() < 0.3:
+                        self.bookies[f.ensemble[i]].data.add((lid, eid))
+                        self.bookies[f.ensemble[i]].leftover.add((lid, eid))
         self.top: dict[int, int] = {}                 # an open stream's last entry written
         self.writers: dict[int, SimWriter] = {}
         self.wkeys: dict[int, tuple[int, float]] = {}  # lid -> (the term its writer key names, lease expiry)
@@ -197,7 +215,7 @@ class World(BookieGC):
     def holds_position(self, b: str, m: LedgerMetadata, frag: Fragment, i: int) -> bool:
         end = (self.top.get(m.ledger_id, m.last_entry) if frag is m.fragments[-1]
                else m.fragments[m.fragments.index(frag) + 1].first_entry - 1)
-        return all((m.ledger_id, e) in self.bookies[b].data for e in range(frag.first_entry, end + 1)
+        return all(self.bookies[b].holds(m.ledger_id, e) for e in range(frag.first_entry, end + 1)
                    if i in write_set(e, m.ensemble_size, m.write_quorum))
 
     def dirty(self, lid: int) -> list:
@@ -211,7 +229,7 @@ class World(BookieGC):
                 if self.bookies[b].alive and not self.bookies[b].dead and b not in self._wiped:
                     raise Violation(f"ledger {lid} fragment {first} names live {b} lacking entries")
         for lid, eid in self.acked:
-            if not any((lid, eid) in b.data for b in self.bookies.values() if not b.dead):
+            if not any(b.holds(lid, eid) for b in self.bookies.values() if not b.dead):
                 t = self.tasks.get(lid)
                 if t is not None and any(u[0] <= eid <= u[1] for u in t.unrecoverable):
                     continue
@@ -477,7 +495,8 @@ class World(BookieGC):
             for e in range(job.first_entry, job.last_entry + 1):
                 if not job.holds(e):
                     continue
-                src = next((self.bookies[s] for s in job.sources if job.replica_of(s, e)
+                src = next((self.bookies[s] for s in job.sources
+                            if (job.replica_of(s, e) or self.mutant == "copy-any-source")
                             and self.bookies[s].alive and (lid, e) in self.bookies[s].data), None)
                 if src is None:
                     absent += 1
@@ -485,6 +504,8 @@ class World(BookieGC):
                 if not self.bookies[target].alive:
                     return  # the copy fails; the lock is released
                 self.bookies[target].write(lid, e)
+                if (lid, e) in src.leftover:   # (what the source holds is what is copied)
+                    self.bookies[target].leftover.add((lid, e))
                 yield
             if absent and self.mutant != "replace-despite-absent":
                 t.unrecoverable.append((job.first_entry, job.last_entry))
@@ -610,7 +631,7 @@ class World(BookieGC):
                 if t is None or not t.unrecoverable:
                     raise Violation(f"ledger {lid} fragment {first} names {b} lacking entries at the end")
         for lid, eid in self.acked:
-            if not any((lid, eid) in b.data for b in self.bookies.values() if not b.dead):
+            if not any(b.holds(lid, eid) for b in self.bookies.values() if not b.dead):
                 t = self.tasks.get(lid)
                 if t is None or not any(a <= eid <= z for a, z in t.unrecoverable):
                     raise Violation(f"entry {lid}:{eid} lost and not reported")
