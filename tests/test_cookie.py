@@ -153,7 +153,7 @@ def test_an_etcd_that_lost_the_cluster_is_refused_by_the_gc_and_at_start(own):
     ledgers absent from etcd, refuses its passes: its ledger stays.  Its
     next start is refused."""
     procs = own.start(3, extra_args=["--ledger-gc-interval", "1"])
-    lid, _ = closed_ledger(own, [b"kept-%d" % i for i in range(10)])
+    lid, _ = closed_ledger(own, [b"kept-%d" % i for i in range(10)], ack_quorum=3)
     b = procs[0]
     store = own_store(own)
     try:

@@ -35,7 +35,7 @@ def test_a_bookie_down_while_its_ledger_was_deleted_deletes_it_when_back(own):
         bk = BookKeeperClient(own.endpoint, own.cluster)
         lids = []
         for k in range(2):
-            lh = await bk.create_ledger(3, 3, 2)
+            lh = await bk.create_ledger(3, 3, 3)   # (Qa = Qw: closed, every bookie holds every entry)
             for i in range(10):
                 await lh.add_entry(b"gc-%d-%d" % (k, i))
             await lh.close()
@@ -102,12 +102,12 @@ def test_a_bookie_back_after_its_replacement_clears_the_entries_no_fragment_name
     procs = own.start(4, extra_args=["--over-replicated-gc-interval", "1"])
     by_id = {p.bookie_id: p for p in procs}
     payloads = [b"over-%d" % i for i in range(20)]
-    lid, ens = closed_ledger(own, payloads)
+    lid, ens = closed_ledger(own, payloads, ack_quorum=3)   # (every bookie holds every entry)
     lost = by_id[ens[0]]
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        kept = await bk.create_ledger(4, 4, 2)          # names every bookie
+        kept = await bk.create_ledger(4, 4, 4)          # names every bookie (and each holds every entry)
         await kept.add_entries(payloads)
         await kept.close()
         lost.kill()
