@@ -32,7 +32,7 @@ def _spans(ranges: list[list[int]], limit: int = 4) -> str:
 
 COLUMNS = [
     Column("first_entry", "first", justify="right"), Column("last_entry", "last", justify="right"),
-    Column("ensemble", "ensemble", ", ".join),
+    Column("checked", "ids read", justify="right"), Column("ensemble", "ensemble", ", ".join),
     Column("missing", "lacking", lambda m: "; ".join(f"{b}: {_spans(r)}" for b, r in m.items()) or "-"),
     Column("under_replicated", "< Qw", lambda r: str(_ids(r))),
     Column("below_ack_quorum", "< Qa", lambda r: str(_ids(r))),
@@ -43,7 +43,7 @@ COLUMNS = [
 ]
 
 
-async def _check(bk, meta, what: str, timeout: float) -> tuple[Output, str | None]:
+async def _check(bk, meta, what: str, timeout: float, percent: float = 100.0) -> tuple[Output, str | None]:
     from metadata.ledgers import LedgerState
     from stream.autorecovery.replica_check import check_ledger, checked_fragments
     from stream.ledger import read_lac_covering
@@ -51,14 +51,16 @@ async def _check(bk, meta, what: str, timeout: float) -> tuple[Output, str | Non
     lac = None if meta.state is LedgerState.CLOSED else await read_lac_covering(bk, meta)
     bar = _progress(len(checked_fragments(meta, lac)), "fragments checked")   # (the fragments check_ledger reads)
     try:
-        frags = await check_ledger(bk, meta, lac=lac, timeout=timeout, progress=lambda done, _n: bar(done))
+        frags = await check_ledger(bk, meta, lac=lac, timeout=timeout, progress=lambda done, _n: bar(done),
+                                   percent=percent)
     finally:
         bar(None)
     rows = [f.as_json() for f in frags]
     rec = {"ledger_id": meta.ledger_id, "state": meta.state.name, "lac": lac,
            "E": meta.ensemble_size, "Qw": meta.write_quorum, "Qa": meta.ack_quorum,
            "fragments_checked": len(frags), "fragments": meta.fragment_count,
-           "entries_checked": sum(f.last_entry - f.first_entry + 1 for f in frags),
+           "entries_checked": sum(f.ids_checked for f in frags),
+           "entries_spanned": sum(f.last_entry - f.first_entry + 1 for f in frags), "percent": percent,
            "under_replicated": sum(_ids(f.under_replicated) for f in frags), "below_ack_quorum": sum(_ids(f.below_ack_quorum) for f in frags),
            "lost": sum(_ids(f.lost) for f in frags), "divergent": sum(len(f.divergent) for f in frags),
            "bad_records": sum(sum(f.bad_records.values()) for f in frags),
@@ -75,18 +77,24 @@ def _report(adm: Admin, out: Output, failure: str | None) -> None:
         raise CheckFailed(failure)
 
 
+_PERCENT = click.option("--percent", type=click.FloatRange(0, 100), default=100.0, show_default=True,
+                        help="read this share of each fragment's ids (windows drawn at random) and its first and "
+                             "last id always; 0: those two only")
+
+
 @admin_command(ledgers, "check")
 @click.argument("ledger_id", type=click.IntRange(1))
 @click.option("--read-timeout", type=float, default=10.0, show_default=True,
               help="the longest wait for each frame of a bookie's answer")
-def check_ledger(adm: Admin, ledger_id: int, read_timeout: float) -> None:
+@_PERCENT
+def check_ledger(adm: Admin, ledger_id: int, read_timeout: float, percent: float) -> None:
     """Reads every entry of the ledger (an open one's up to the LAC) from
     every bookie of its write set; exit status 5 when one lacks, or differs,
     or did not answer."""
     async def go():
         async with adm.bk() as bk:
             meta, _ = await _read_meta(bk, ledger_id)
-            return await _check(bk, meta, f"ledger {ledger_id}", read_timeout)
+            return await _check(bk, meta, f"ledger {ledger_id}", read_timeout, percent)
     _report(adm, *adm.run(go()))
 
 
@@ -94,7 +102,8 @@ def check_ledger(adm: Admin, ledger_id: int, read_timeout: float) -> None:
 @click.argument("name")
 @click.option("--read-timeout", type=float, default=10.0, show_default=True,
               help="the longest wait for each frame of a bookie's answer")
-def check_stream(adm: Admin, name: str, read_timeout: float) -> None:
+@_PERCENT
+def check_stream(adm: Admin, name: str, read_timeout: float, percent: float) -> None:
     """`ledgers check` of the stream's ledger (from the trim point on; the
     open fragment up to the LAC)."""
     async def go():
@@ -102,7 +111,7 @@ def check_stream(adm: Admin, name: str, read_timeout: float) -> None:
             bk = sc.bk
             lid = await sc._ledger_of(name)
             meta, _ = await bk.meta_call(bk.ledgers.read, lid)
-            return await _check(bk, meta, f"stream {name}", read_timeout)
+            return await _check(bk, meta, f"stream {name}", read_timeout, percent)
     _report(adm, *adm.run(go()))
 
 

@@ -348,6 +348,10 @@ def disable(etcd, cluster, fmt):
               help="the periodic check reads every entry from every replica (BookKeeper's LedgerChecker): finds an "
                    "entry missing mid-fragment or failing its checksum, at the cost of reading every ledger Qw times "
                    "a period (default: one ReadLac per ledger and bookie)")
+@click.option("--full-check-percentage", type=click.FloatRange(0, 100), default=100.0, show_default=True,
+              help="the full check reads this share of each fragment's ids, in windows drawn anew each period, "
+                   "and its first and last id always (BookKeeper's auditorLedgerVerificationPercentage; "
+                   "0: those two only)")
 @click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True, help=_RATE_HELP)
 @click.option("--log-level", default="info")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
@@ -359,13 +363,15 @@ def disable(etcd, cluster, fmt):
               help="serve --metrics-port over HTTPS only with --tls-cert/--tls-key (bookstream's root options or "
                    "$BOOKSTREAM_TLS_*); with --tls-ca, clients must present a certificate of that CA")
 @_common
-def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, full_check, rate_mb, log_level, log_format,
-        metrics_port, metrics_tls, etcd, cluster, fmt):
+def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, full_check, full_check_percentage, rate_mb,
+        log_level, log_format, metrics_port, metrics_tls, etcd, cluster, fmt):
     """Run an auditor candidate and a replication worker until SIGTERM/Ctrl-C."""
     from bookstream import logs
 
     if full_check and check_interval is None:
         raise click.UsageError("--full-check is a kind of periodic check: give --check-interval too")
+    if full_check_percentage < 100 and not full_check:
+        raise click.UsageError("--full-check-percentage is the full check's: give --full-check too")
 
     logs.setup(log_level, log_format, "autorecovery")
     if metrics_port is not None:
@@ -388,12 +394,12 @@ def run(delay, grace, writer_bound, no_auditor, no_worker, check_interval, full_
                                                           "https" if tls else "http", httpd.server_port)
     asyncio.run(run_daemon(etcd, cluster, delay=delay, grace=grace, auditor=not no_auditor, worker=not no_worker,
                            check_interval=check_interval, full_check=full_check, writer_bound=writer_bound,
-                           rate=rate_mb * MB))
+                           rate=rate_mb * MB, full_check_percent=full_check_percentage))
 
 
 async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, auditor: bool = True,
                      worker: bool = True, check_interval: float | None = None, full_check: bool = False,
-                     writer_bound: float = 600.0, rate: float = 0.0) -> None:
+                     writer_bound: float = 600.0, rate: float = 0.0, full_check_percent: float = 100.0) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -405,7 +411,7 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
                                       WorkerConfig(grace=grace, writer_bound=writer_bound, rate=rate)).run(stop))
     if auditor:
         runs.append(Auditor(ac, AutorecoveryKeys(ac.store, cluster), StoreLeases(ac.store),
-                            AuditorConfig(delay, check_interval, full_check)).run(stop))
+                            AuditorConfig(delay, check_interval, full_check, full_check_percent)).run(stop))
     print("AUTORECOVERY_READY", flush=True)
     try:
         await asyncio.gather(*runs)

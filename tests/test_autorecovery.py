@@ -304,7 +304,7 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     from tests.test_recovery_cli import closed_ledger
 
     procs = own.start(4)
-    lid, ens = closed_ledger(own, [b"m%d" % i for i in range(40)])
+    lid, ens = closed_ledger(own, [b"m%d" % i for i in range(40)], ack_quorum=3)
     hurt = ens[1]
 
     async def go():
@@ -312,6 +312,7 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
         assert (await (await bk.bookie(hurt)).delete(lid, (10, 14))).status == Status.OK
         keys = AutorecoveryKeys(bk.store, own.cluster)
         assert await run_check(bk, keys) == 0 and not list(keys.tasks())   # ReadLac: 39, as expected
+        assert await run_check(bk, keys, full=True, percent=0) == 0         # the ends only: held
         assert await run_check(bk, keys, full=True) == 1
         (task,) = keys.tasks()
         assert task.ledger_id == lid and hurt in task.lost, task
@@ -341,7 +342,7 @@ def test_damaged_bookies_with_no_spare_bookie_are_filled_in_place(own):
     from tests.test_recovery_cli import closed_ledger
 
     procs = own.start(3)
-    lid, ens = closed_ledger(own, [b"f%d" % i for i in range(40)])
+    lid, ens = closed_ledger(own, [b"f%d" % i for i in range(40)], ack_quorum=3)
     live = {p.bookie_id for p in procs}
 
     async def go():

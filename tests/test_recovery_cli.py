@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 import uuid
+from types import SimpleNamespace
 
 import pytest
 
@@ -324,3 +325,14 @@ def test_a_rate_limit_below_zero_is_refused(own):
     for cmd in (["recover", "bookie-x"], ["decommission", "bookie-x"], ["autorecovery", "run"]):
         p = cli(own, *cmd, "--rate-mb", "-1", check=False)
         assert p.returncode == 2 and "--rate-mb" in p.stderr, (cmd, p.stderr)
+
+
+def test_the_periodic_checks_options_are_refused_without_what_they_qualify(etcd_server, cluster):
+    env = SimpleNamespace(endpoint=etcd_server.endpoint, cluster=cluster)
+    p = cli(env, "autorecovery", "run", "--full-check", check=False)
+    assert p.returncode == 2 and "give --check-interval too" in p.stderr, p.stderr
+    p = cli(env, "autorecovery", "run", "--check-interval", "5", "--full-check-percentage", "50", check=False)
+    assert p.returncode == 2 and "give --full-check too" in p.stderr, p.stderr
+    p = cli(env, "autorecovery", "run", "--check-interval", "5", "--full-check", "--full-check-percentage", "101",
+            check=False)
+    assert p.returncode == 2 and "101" in p.stderr, p.stderr

@@ -151,3 +151,50 @@ def test_streams_check_of_a_striped_stream(own):
             sp[1] += 1
     assert len(held) == 4 and code == 5 and f["missing"] == {victim: spans}, f
     assert f["below_ack_quorum"] == f["under_replicated"] == spans and not f["lost"]
+
+
+def test_sampled_ranges_take_the_ends_and_a_share_of_the_windows():
+    import random
+
+    from stream.autorecovery.replica_check import sampled_ranges
+
+    assert sampled_ranges(5, 9000, 100, random.Random(1)) == [(5, 9000)]
+    assert sampled_ranges(5, 9000, 0, random.Random(1)) == [(5, 5), (9000, 9000)]      # BookKeeper's default
+    assert sampled_ranges(7, 7, 0, random.Random(1)) == [(7, 7)]
+    for seed in range(20):
+        got = sampled_ranges(0, 6399, 10, random.Random(seed), window=64)         # 100 windows, 10 drawn
+        assert got[0][0] == 0 and got[-1][1] == 6399
+        assert all(a <= b for a, b in got) and all(x[1] + 1 < y[0] for x, y in zip(got, got[1:]))
+        ids = sum(b - a + 1 for a, b in got)
+        assert 640 <= ids <= 640 + 2 * 64, ids   # ten windows, and the two ends (maybe inside one)
+        assert all(a % 64 == 0 or a in (0, 6399) for a, _ in got)
+    assert sampled_ranges(0, 6399, 10, random.Random(3)) != sampled_ranges(0, 6399, 10, random.Random(4))
+
+
+def test_a_sampled_check_reads_the_ends_and_what_it_draws(own):
+    """A closed ledger whose first bookie lacks its last entry and ids 40-49.
+    ``--percent 0`` (BookKeeper's default: the first and last id of each
+    fragment) finds the last entry missing and reads 2 ids, not the middle;
+    ``--percent 100`` finds both; a 50 % sample reads about half, and what
+    it finds is what it read."""
+    own.start(3)
+    lid, ens = closed_ledger(own, [b"s%d" % i for i in range(200)], ack_quorum=3)
+
+    async def hurt():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        bc = await bk.bookie(ens[0])
+        for r in ((40, 49), (199, 199)):
+            assert (await bc.delete(lid, r)).status == Status.OK
+        await bk.close()
+
+    run(hurt())
+    code, out = _check(own, "ledgers", "check", str(lid), "--percent", "0")
+    assert code == 5 and out["entries_checked"] == 2 and out["entries_spanned"] == 200, out
+    assert out["fragments"][0]["missing"] == {ens[0]: [[199, 199]]}
+    code, out = _check(own, "ledgers", "check", str(lid))
+    assert code == 5 and out["entries_checked"] == 200
+    assert out["fragments"][0]["missing"] == {ens[0]: [[40, 49], [199, 199]]}
+    code, out = _check(own, "ledgers", "check", str(lid), "--percent", "50")
+    assert code == 5 and 2 + 64 <= out["entries_checked"] <= 2 + 128, out     # two of four windows of 64
+    missing = out["fragments"][0]["missing"][ens[0]]
+    assert [199, 199] in missing and all(r in ([40, 49], [199, 199]) for r in missing), missing

@@ -47,10 +47,14 @@ class AuditorConfig:
     # the periodic check reads every entry from every replica of the sealed
     # fragments (stream/autorecovery/replica_check.py) instead of one ReadLac
     full_check: bool = False
+    # ... of that share of each fragment's ids (its first and last always;
+    # BookKeeper's auditorLedgerVerificationPercentage; replica_check.sampled_ranges)
+    full_check_percent: float = 100.0
 
     def __post_init__(self) -> None:
         assert self.lost_bookie_recovery_delay >= 0
         assert self.check_interval is None or self.check_interval > 0
+        assert 0 <= self.full_check_percent <= 100
 
 
 @dataclasses.dataclass(frozen=True)

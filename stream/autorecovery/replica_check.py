@@ -8,7 +8,11 @@ of a range (a write that timed out on one bookie after Qa others acked it,
 the fragment then changed from the LAC on, as BookKeeper's ensemble change
 does) and to replicas that disagree.  This check reads them all: one sparse
 range read per bookie and fragment (a striped one asks only the residues
-the bookie's position holds), every record's checksum verified.
+the bookie's position holds), every record's checksum verified.  Or a
+share of each fragment (``sampled_ranges``, BookKeeper's
+``auditorLedgerVerificationPercentage``): its first and last id, and
+windows of ids drawn at random, so that a periodic check of a big cluster
+need not read every ledger Qw times a period; a pass finds what it reads.
 
 :func:`tally` is the judgement, pure: given what each bookie of a fragment
 answered, the ids held by fewer than Qw replicas (under-replicated), by
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import random
 from typing import Iterable
 
 from bookie import entry as entry_codec
@@ -41,6 +46,7 @@ from stream.quorum import write_set
 
 READ_FRAME_BYTES = 1 << 20
 CHUNK_IDS = 1 << 16   # ids of a fragment judged at a time (check_ledger)
+SAMPLE_WINDOW = 64    # ids a sampled check reads together (sampled_ranges)
 
 # What a bookie holds at one id: ("data", checksum) or ("noop", origin term).
 Held = tuple[str, int]
@@ -62,13 +68,18 @@ class FragmentReplicas:
     lost: list[list[int]] = dataclasses.field(default_factory=list)                # none, every replica answered
     divergent: list[int] = dataclasses.field(default_factory=list)                 # ids held as different entries
     bad_records: dict[str, int] = dataclasses.field(default_factory=dict)          # bookie -> records failing their CRC
+    checked: int = -1   # ids judged (a sampled check: fewer than the span); -1: every id of the span
 
     @property
     def clean(self) -> bool:
         return not (self.unanswered or self.under_replicated or self.divergent or self.bad_records)
 
+    @property
+    def ids_checked(self) -> int:
+        return self.last_entry - self.first_entry + 1 if self.checked < 0 else self.checked
+
     def as_json(self) -> dict:
-        return dataclasses.asdict(self) | {"ensemble": list(self.ensemble)}
+        return dataclasses.asdict(self) | {"ensemble": list(self.ensemble), "checked": self.ids_checked}
 
 
 def _ranges(ids: Iterable[int]) -> list[list[int]]:
@@ -134,6 +145,28 @@ def tally(first: int, last: int, ensemble: tuple[str, ...], write_quorum: int, a
     return out
 
 
+def sampled_ranges(first: int, last: int, percent: float, rng: random.Random,
+                   window: int = SAMPLE_WINDOW) -> list[tuple[int, int]]:
+    """The ids of ``first..last`` a check reading ``percent`` of a fragment
+    reads (BookKeeper's ``auditorLedgerVerificationPercentage``): the first
+    and the last id always (0: only those, BookKeeper's default), and that
+    share of the fragment's windows of ``window`` ids, drawn by ``rng``;
+    ascending, disjoint, adjacent ones merged.  100: the whole range."""
+    assert 0 <= percent <= 100 and first <= last
+    if percent >= 100:
+        return [(first, last)]
+    starts = range(first, last + 1, window)
+    k = round(len(starts) * percent / 100)
+    picked = [(a, min(a + window - 1, last)) for a in sorted(rng.sample(starts, k))]
+    out: list[tuple[int, int]] = []
+    for a, b in sorted([(first, first), (last, last), *picked]):
+        if out and a <= out[-1][1] + 1:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
 def damaged(frags: list[FragmentReplicas], registered: Iterable[str]) -> frozenset[str]:
     """The registered bookies a check found lacking ids of their write sets,
     or holding records that fail their checksum: what the auditor's full
@@ -181,24 +214,29 @@ async def _read_held(client, bookie: str, lid: int, first: int, last: int, E: in
 
 
 async def check_ledger(client, meta: LedgerMetadata, *, lac: int | None = None, timeout: float = 10.0,
-                       progress=None, chunk: int = CHUNK_IDS) -> list[FragmentReplicas]:
+                       progress=None, chunk: int = CHUNK_IDS, percent: float = 100.0,
+                       rng: random.Random | None = None) -> list[FragmentReplicas]:
     """Reads every sealed fragment of ``meta`` (all its fragments loaded),
     and an open one up to ``lac`` if given, from each bookie of its
     ensemble, the bookies of a fragment at once, ``chunk`` ids at a time
     (what is held in memory: a fragment of 256 MiB of 100-byte entries has
-    2.6 M ids); ``progress(fragments_done, fragments)`` after each."""
+    2.6 M ids); ``progress(fragments_done, fragments)`` after each.
+    ``percent`` below 100: only ``sampled_ranges`` of each fragment (its
+    first and last id, and that share of its windows, drawn by ``rng``)."""
     lid, E, Qw, Qa = meta.ledger_id, meta.ensemble_size, meta.write_quorum, meta.ack_quorum
     frags = checked_fragments(meta, lac)
+    rng = rng or random.Random()
     out = []
     for k, (first, last, ensemble) in enumerate(frags):
         acc = None
-        for a in range(first, last + 1, chunk):
-            b = min(last, a + chunk - 1)
-            got = await asyncio.gather(*(_read_held(client, bk, lid, a, b, E, Qw, i, timeout)
-                                         for i, bk in enumerate(ensemble)))
-            part = tally(a, b, ensemble, Qw, Qa, {i: held for i, (held, _) in enumerate(got)},
-                         {i: n for i, (_, n) in enumerate(got)})
-            acc = part if acc is None else _joined(acc, part)
+        for lo, hi in sampled_ranges(first, last, percent, rng):
+            for a in range(lo, hi + 1, chunk):
+                b = min(hi, a + chunk - 1)
+                got = await asyncio.gather(*(_read_held(client, bk, lid, a, b, E, Qw, i, timeout)
+                                             for i, bk in enumerate(ensemble)))
+                part = tally(a, b, ensemble, Qw, Qa, {i: held for i, (held, _) in enumerate(got)},
+                             {i: n for i, (_, n) in enumerate(got)})
+                acc = part if acc is None else _joined(acc, part)
         out.append(acc)
         if progress is not None:
             progress(k + 1, len(frags))
@@ -206,13 +244,14 @@ async def check_ledger(client, meta: LedgerMetadata, *, lac: int | None = None, 
 
 
 def _joined(acc: FragmentReplicas, part: FragmentReplicas) -> FragmentReplicas:
-    """``acc`` (ids up to ``part.first_entry - 1``) and ``part`` as one."""
+    """``acc`` (ids below ``part.first_entry``; a sampled check's skip
+    ids between them) and ``part`` as one."""
     def join(x: list[list[int]], y: list[list[int]]) -> list[list[int]]:
         if x and y and x[-1][1] + 1 == y[0][0]:
             return x[:-1] + [[x[-1][0], y[0][1]]] + y[1:]
         return x + y
 
-    assert acc.last_entry + 1 == part.first_entry
+    assert acc.last_entry < part.first_entry
     missing = dict(acc.missing)
     for b, r in part.missing.items():
         missing[b] = join(missing.get(b, []), r)
@@ -224,7 +263,7 @@ def _joined(acc: FragmentReplicas, part: FragmentReplicas) -> FragmentReplicas:
                             missing=missing, under_replicated=join(acc.under_replicated, part.under_replicated),
                             below_ack_quorum=join(acc.below_ack_quorum, part.below_ack_quorum),
                             lost=join(acc.lost, part.lost), divergent=acc.divergent + part.divergent,
-                            bad_records=bad)
+                            bad_records=bad, checked=acc.ids_checked + part.ids_checked)
 
 
-__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "tally"]
+__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "sampled_ranges", "tally"]

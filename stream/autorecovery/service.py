@@ -433,7 +433,7 @@ async def scan_pages(client, page: int = 100):
 
 
 async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0,
-                    full: bool = False) -> int:
+                    full: bool = False, percent: float = 100.0) -> int:
     """The periodic check: every registered bookie named by a sealed
     fragment is asked, with one ``ReadLac`` per ledger (the existing RPC;
     without a term or the fence it changes nothing), the highest entry it
@@ -444,7 +444,10 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
     in the middle of a range.  ``full``: every entry read from every replica
     instead (``replica_check``, BookKeeper's LedgerChecker), which finds
     those too, and records failing their checksum, at the cost of reading
-    every sealed fragment Qw times.  Returns the ledgers found damaged."""
+    every sealed fragment Qw times; ``percent`` below 100 reads only that
+    share of each fragment's ids (its first and last always:
+    ``replica_check.sampled_ranges``, drawn anew each pass).  Returns the
+    ledgers found damaged."""
     registered = {r.bookie_id for r in await asyncio.to_thread(client.registry.list_bookies, False)}
     found = 0
     async for named in scan_pages(client, page):
@@ -453,7 +456,7 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
             if meta is None:
                 continue
             if full:
-                frags = await check_ledger(client, meta, timeout=timeout)
+                frags = await check_ledger(client, meta, timeout=timeout, percent=percent)
                 bad = damaged(frags, registered)
                 if bad:
                     found += 1
@@ -552,7 +555,8 @@ class Auditor:
                     pending = fx
                 elif isinstance(fx, Check):
                     if await asyncio.to_thread(self.keys.enabled):
-                        found = await run_check(self.client, self.keys, self.page, full=self.cfg.full_check)
+                        found = await run_check(self.client, self.keys, self.page, full=self.cfg.full_check,
+                                                percent=self.cfg.full_check_percent)
                         log.info("auditor: periodic check: %d ledger(s) with damaged replicas", found)
                 elif isinstance(fx, MootTasks):
                     n = await asyncio.to_thread(self.keys.moot, fx.bookie)
