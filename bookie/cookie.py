@@ -57,11 +57,11 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
-import os
 import time
 import uuid
 from pathlib import Path
 
+from bookie.journal import write_durably
 from bookstream_pb import metadata_pb2 as mpb
 from metadata.errors import InvalidCookie, KeyExists, decode_message
 from metadata.layout import KeyLayout
@@ -155,25 +155,14 @@ def read_local(data_dir: Path, bookie_id: str) -> Cookie | None:
 
 def write_local(data_dir: Path, cookie: Cookie) -> None:
     """Durably: the file and its directory entry fsynced before etcd's key is written."""
-    data_dir = Path(data_dir)
-    tmp = data_dir / (COOKIE_FILE + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(cookie.encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, data_dir / COOKIE_FILE)
-    fd = os.open(data_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_durably(Path(data_dir) / COOKIE_FILE, cookie.encode())
 
 
 # -- etcd's key ---------------------------------------------------------------------------
 
-def _read_etcd(store, layout: KeyLayout, bookie_id: str, extra: list[Get] = (), revision: int | None = None):
+def _read_etcd(store, layout: KeyLayout, bookie_id: str, extra: list[Get] = ()):
     """(cluster id or None, etcd's cookie or None, the pages of ``extra``, revision): one read."""
-    pages, rev = store.read([Get(layout.cluster_key()), Get(layout.cookie_key(bookie_id)), *extra], revision)
+    pages, rev = store.read([Get(layout.cluster_key()), Get(layout.cookie_key(bookie_id)), *extra])
     cluster_id = None
     if pages[0].items:
         cluster_id = decode_message(mpb.ClusterInfo, pages[0].items[0][1].value).cluster_id

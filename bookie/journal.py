@@ -117,6 +117,19 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_durably(path: Path, data: bytes) -> None:
+    """``path`` replaced by ``data`` atomically and durably: a temporary
+    file beside it fsynced, renamed over it, the directory fsynced (the
+    bookie's checkpoint, FORMAT and cookie files)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
 ENTRY_RECORD_TYPES = frozenset((R_ENTRIES, R_RELOCATED))
 
 

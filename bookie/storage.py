@@ -45,6 +45,7 @@ from bookie.journal import (
     R_STATE,
     Journal,
     JournalPosition,
+    write_durably,
 )
 
 log = logging.getLogger(__name__)
@@ -603,17 +604,7 @@ class Storage:
         return data + struct.pack("<I", crc32(data))
 
     def _write_checkpoint(self, data: bytes) -> None:
-        tmp = self.dir / "checkpoint.tmp"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.dir / "checkpoint")
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(self.dir / "checkpoint", data)
 
     def has_history(self) -> bool:
         """Whether this data dir was served before (a journal or checkpoint
@@ -633,17 +624,7 @@ class Storage:
         if self.journal.segments() or (self.dir / "checkpoint").exists():
             raise StorageFormatError(f"{self.dir} was written by an earlier bookie (52-byte entry records, no "
                                      f"FORMAT file); this bookie reads {want!r}: use a new data dir")
-        tmp = path.with_name("FORMAT.tmp")
-        with open(tmp, "w") as f:
-            f.write(want + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        write_durably(path, (want + "\n").encode())
 
     def _load_checkpoint(self) -> JournalPosition | None:
         path = self.dir / "checkpoint"
