@@ -59,7 +59,7 @@ async def _check(bk, meta, what: str, timeout: float, percent: float = 100.0) ->
     rec = {"ledger_id": meta.ledger_id, "state": meta.state.name, "lac": lac,
            "E": meta.ensemble_size, "Qw": meta.write_quorum, "Qa": meta.ack_quorum,
            "fragments_checked": len(frags), "fragments": meta.fragment_count,
-           "entries_checked": sum(f.ids_checked for f in frags),
+           "entries_checked": sum(f.checked for f in frags),
            "entries_spanned": sum(f.last_entry - f.first_entry + 1 for f in frags), "percent": percent,
            "under_replicated": sum(_ids(f.under_replicated) for f in frags), "below_ack_quorum": sum(_ids(f.below_ack_quorum) for f in frags),
            "lost": sum(_ids(f.lost) for f in frags), "divergent": sum(len(f.divergent) for f in frags),

@@ -4,8 +4,8 @@ what to copy is :class:`autorecovery.worker_core.FragmentJob`).
 Batched: sparse range reads from a surviving replica (every record's CRC
 checked as it arrives: a bad record is never forwarded, it is read from
 another replica; an id is taken only from a bookie of its write set, never
-from a leftover record elsewhere: ``FragmentJob.replica_of``), framed adds of up to ``FRAME_BYTES`` to the target with a
-few frames in flight.  Ids a replica does not hold are asked of the next
+from a leftover record elsewhere: ``FragmentJob.replica_of``), framed adds
+of up to ``FRAME_BYTES`` to the target with a few frames in flight.  Ids a replica does not hold are asked of the next
 one; ids no surviving replica holds are counted as ``absent`` (the worker
 then reports the fragment, never replaces it).
 
@@ -181,14 +181,13 @@ async def _read_range(sc, src: str, job: FragmentJob, lo: int, hi: int, sender: 
                     stats.bad_records += 1
                     gap(eid)        # this id from another replica
                     continue
-                if not job.holds(eid):
-                    gap(eid - 1)
-                    want = eid + 1
-                elif not job.replica_of(src, eid):
+                held = job.holds(eid)
+                if held and not job.replica_of(src, eid):
                     gap(eid)        # no replica's record: this id from a replica
-                else:
-                    gap(eid - 1)
-                    want = eid + 1
+                    continue
+                gap(eid - 1)
+                want = eid + 1
+                if held:
                     batch.append(_resend(rec, h, job.term))
             sender.send(batch)
             gap(min(resp.through, hi))  # vouched absent here: ask the next replica

@@ -68,18 +68,14 @@ class FragmentReplicas:
     lost: list[list[int]] = dataclasses.field(default_factory=list)                # none, every replica answered
     divergent: list[int] = dataclasses.field(default_factory=list)                 # ids held as different entries
     bad_records: dict[str, int] = dataclasses.field(default_factory=dict)          # bookie -> records failing their CRC
-    checked: int = -1   # ids judged (a sampled check: fewer than the span); -1: every id of the span
+    checked: int = 0    # ids judged (a sampled check: fewer than first..last)
 
     @property
     def clean(self) -> bool:
         return not (self.unanswered or self.under_replicated or self.divergent or self.bad_records)
 
-    @property
-    def ids_checked(self) -> int:
-        return self.last_entry - self.first_entry + 1 if self.checked < 0 else self.checked
-
     def as_json(self) -> dict:
-        return dataclasses.asdict(self) | {"ensemble": list(self.ensemble), "checked": self.ids_checked}
+        return dataclasses.asdict(self) | {"ensemble": list(self.ensemble)}
 
 
 def _ranges(ids: Iterable[int]) -> list[list[int]]:
@@ -116,7 +112,7 @@ def tally(first: int, last: int, ensemble: tuple[str, ...], write_quorum: int, a
     or None when it did not answer; ``bad``: index -> records that failed
     their checksum (held by nobody, as far as this check goes)."""
     E = len(ensemble)
-    out = FragmentReplicas(first, last, ensemble,
+    out = FragmentReplicas(first, last, ensemble, checked=last - first + 1,
                            unanswered=[ensemble[i] for i in range(E) if answers.get(i) is None],
                            bad_records={ensemble[i]: n for i, n in (bad or {}).items() if n})
     missing: dict[int, list[int]] = {}
@@ -263,7 +259,7 @@ def _joined(acc: FragmentReplicas, part: FragmentReplicas) -> FragmentReplicas:
                             missing=missing, under_replicated=join(acc.under_replicated, part.under_replicated),
                             below_ack_quorum=join(acc.below_ack_quorum, part.below_ack_quorum),
                             lost=join(acc.lost, part.lost), divergent=acc.divergent + part.divergent,
-                            bad_records=bad, checked=acc.ids_checked + part.ids_checked)
+                            bad_records=bad, checked=acc.checked + part.checked)
 
 
 __all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "sampled_ranges", "tally"]

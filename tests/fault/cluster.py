@@ -313,12 +313,9 @@ class FaultCluster:
         a disk lost for good; its next start is a new bookie with a new id."""
         b = self.bookies[i]
         assert not b.proc.alive()
-        old, gone = b.proc.bookie_id, 0
+        old = b.proc.bookie_id
         b.filler = None
-        for p in b.data_dir.iterdir():
-            if p != b.proc.log_path:
-                gone += 1
-                shutil.rmtree(p) if p.is_dir() else p.unlink()
+        gone = _empty(b)
         with open(b.proc.log_path, "a") as f:
             f.write(f"--- the fault suite wiped this data dir (bookie {old}): a new bookie starts here ---\n")
         b.wiped_id = old
@@ -340,9 +337,7 @@ class FaultCluster:
             else:
                 b.old_id.append("served")   # (an anomaly: run.py)
                 b.proc.kill()
-            for p in b.data_dir.iterdir():
-                if p != b.proc.log_path:
-                    shutil.rmtree(p) if p.is_dir() else p.unlink()
+            _empty(b)
         return self.start_bookie(i)
 
     def cut_journal_tail(self, i: int, rng) -> dict:
@@ -452,6 +447,16 @@ class FaultCluster:
 
 def dump(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=1, default=str))
+
+
+def _empty(b: Bookie) -> int:
+    """Removes everything in ``b``'s data dir but its log; how many entries."""
+    gone = 0
+    for p in b.data_dir.iterdir():
+        if p != b.proc.log_path:
+            gone += 1
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return gone
 
 
 def rmtree(path: Path) -> None:
