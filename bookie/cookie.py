@@ -26,8 +26,10 @@ data dir   etcd        cluster record      verdict
 none       none        any                 STAMP: a new bookie, or one from
                                            before cookies; the file first,
                                            then etcd (create-if-absent)
-none       a cookie    -                   REFUSE: the data dir lost its data
-                                           (or is the wrong one)
+none       a cookie    -                   LOST: the data dir lost its data
+                                           (or is the wrong one): refused, or
+                                           with ``--on-lost-disk rejoin``
+                                           STAMP once the id is free (below)
 a cookie   none        the cookie's        STAMP_ETCD: a first start cut off
                                            between the two writes, or the key
                                            deleted while the data was kept
@@ -48,6 +50,18 @@ bookie with an empty disk under the old id.  (``--force`` deletes the key of
 a bookie ledgers still name: their entries on it are then its replicas in
 name only, until autorecovery's full check finds it damaged.)
 
+With ``--on-lost-disk rejoin`` the bookie walks that way itself: it waits,
+unregistered and serving nothing (so autorecovery, which sees it lost,
+re-replicates what it held), until its id is *free* (``holds_id``: no
+bookie registered under it, no ledger's fragment naming it, read at the
+revision of the cookie's read), then deletes etcd's cookie if unchanged
+since (a CAS on its mod revision) and starts as a new bookie.  A ledger
+created after that read cannot name it: placement chooses registered
+bookies only.  (BookKeeper's data-integrity check keeps such a bookie in
+its ensembles and copies its entries back to it, answering "unknown"
+meanwhile; draining it is the rule this module already has, with
+autorecovery doing the copies.)
+
 The ledger GC compares the two again before deleting anything
 (``CookieGuard``): the listing is read at a revision where the cookie is
 there and the same, and each candidate's absence in one read with it.
@@ -63,7 +77,7 @@ from pathlib import Path
 
 from bookie.journal import write_durably
 from bookstream_pb import metadata_pb2 as mpb
-from metadata.errors import InvalidCookie, KeyExists, decode_message
+from metadata.errors import InvalidCookie, KeyExists, LostDiskNotDrained, decode_message
 from metadata.layout import KeyLayout
 from metadata.txn import Get
 
@@ -102,6 +116,7 @@ class Verdict(enum.Enum):
     OK = "ok"
     STAMP = "stamp"              # write the file, then the key
     STAMP_ETCD = "stamp-etcd"    # write the key (the file is there)
+    LOST = "lost"                # the data dir lost its data: refuse, or rejoin once the id is free
     REFUSE = "refuse"
 
 
@@ -116,12 +131,13 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
     if local is None and remote is None:
         return Verdict.STAMP, ""
     if local is None:
-        return Verdict.REFUSE, (
+        return Verdict.LOST, (
             f"etcd has a cookie for bookie {bookie_id!r} (stamped {_when(remote)}) but its data dir has none: "
             "the data dir lost its data, or is not this bookie's. A bookie that lost what it acknowledged must "
             "not serve under its old id (a recovery would take its empty answers as proof that acknowledged "
             f"entries were never written). Start it with a new id; or run `bookstream recover {bookie_id}` "
-            f"until no ledger names it, then `bookstream bookies cookie delete {bookie_id}`")
+            f"until no ledger names it, then `bookstream bookies cookie delete {bookie_id}`; or start it with "
+            "`--on-lost-disk rejoin`, which waits for that itself")
     if local.cluster_id != cluster_id:
         etcd_has = f"cluster id {cluster_id}" if cluster_id else "no cluster record"
         return Verdict.REFUSE, (
@@ -161,36 +177,59 @@ def write_local(data_dir: Path, cookie: Cookie) -> None:
 # -- etcd's key ---------------------------------------------------------------------------
 
 def _read_etcd(store, layout: KeyLayout, bookie_id: str, extra: list[Get] = ()):
-    """(cluster id or None, etcd's cookie or None, the pages of ``extra``, revision): one read."""
+    """(cluster id or None, etcd's cookie or None, its key's mod revision
+    (0: none), the pages of ``extra``, revision): one read."""
     pages, rev = store.read([Get(layout.cluster_key()), Get(layout.cookie_key(bookie_id)), *extra])
     cluster_id = None
     if pages[0].items:
         cluster_id = decode_message(mpb.ClusterInfo, pages[0].items[0][1].value).cluster_id
-    remote = None
+    remote, remote_rev = None, 0
     if pages[1].items:
-        remote = Cookie.decode(pages[1].items[0][1].value, "etcd (" + layout.cookie_key(bookie_id) + ")", bookie_id)
-    return cluster_id, remote, pages[2:], rev
+        v = pages[1].items[0][1]
+        remote = Cookie.decode(v.value, "etcd (" + layout.cookie_key(bookie_id) + ")", bookie_id)
+        remote_rev = v.mod_revision
+    return cluster_id, remote, remote_rev, pages[2:], rev
 
 
 def read_etcd(store, cluster: str, bookie_id: str) -> Cookie | None:
     return _read_etcd(store, KeyLayout(cluster), bookie_id)[1]
 
 
-def verify(store, cluster: str, data_dir: Path, bookie_id: str) -> Cookie:
+def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -> tuple[bool, list[int]]:
+    """What still needs ``bookie_id``'s old disk: whether a bookie is
+    registered under it, and the ledgers a fragment of which names it
+    (``LedgerStore.naming``, at ``revision``).  Its id is free when neither."""
+    from metadata.ledgers import LedgerStore
+    from metadata.registration import BookieRegistry
+
+    registered = any(r.bookie_id == bookie_id for r in BookieRegistry(store, cluster).list_bookies())
+    return registered, LedgerStore(store, cluster).naming(bookie_id, revision)
+
+
+def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = False) -> Cookie:
     """Judges the start of ``bookie_id`` on ``data_dir`` and stamps what the
     verdict says; returns the cookie both now hold, or raises
-    ``InvalidCookie``.  Raises the metadata's errors (etcd unavailable)."""
+    ``InvalidCookie``.  ``rejoin`` (``--on-lost-disk rejoin``): a data dir
+    that lost its data is stamped anew once its id is free, and
+    ``LostDiskNotDrained`` says what holds it until then (the caller waits
+    and asks again).  Raises the metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
     layout = KeyLayout(cluster)
     local = read_local(data_dir, bookie_id)
-    for _ in range(3):   # (a KeyExists below: judged again on what won)
-        cluster_id, remote, _, _ = _read_etcd(store, layout, bookie_id)
+    for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
+        cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
         verdict, why = judge(local, remote, cluster_id, bookie_id)
         if verdict is Verdict.OK:
             return local
-        if verdict is Verdict.REFUSE:
+        if verdict is Verdict.REFUSE or (verdict is Verdict.LOST and not rejoin):
             raise InvalidCookie(bookie_id, f"bookie {bookie_id!r} refuses to start: {why}")
+        if verdict is Verdict.LOST:
+            registered, named = holds_id(store, cluster, bookie_id, rev)
+            if registered or named:
+                raise LostDiskNotDrained(bookie_id, registered, named)
+            store.delete(layout.cookie_key(bookie_id), mod_revision=remote_rev)   # (False: changed; judged again)
+            continue
         if verdict is Verdict.STAMP:
             info = init_cluster(store, cluster)
             local = Cookie(bookie_id, info.cluster_id, uuid.uuid4().hex, int(time.time() * 1000))
@@ -222,13 +261,13 @@ class CookieGuard:
 
     def revision(self) -> int:
         """A revision at which etcd's cookie is the bookie's (raises ``InvalidCookie``)."""
-        cluster_id, remote, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
+        cluster_id, remote, _, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
         self._check(cluster_id, remote)
         return rev
 
     def absent(self, key: str) -> bool:
         """Whether ``key`` is absent, read with the cookie (raises ``InvalidCookie``)."""
-        cluster_id, remote, (page,), _ = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id,
+        cluster_id, remote, _, (page,), _ = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id,
                                                     [Get(key)])
         self._check(cluster_id, remote)
         return not page.items
@@ -240,5 +279,5 @@ def delete_etcd(store, cluster: str, bookie_id: str) -> bool:
     return store.delete(KeyLayout(cluster).cookie_key(bookie_id))
 
 
-__all__ = ["COOKIE_FILE", "Cookie", "CookieGuard", "Verdict", "delete_etcd", "judge", "read_etcd", "read_local",
-           "verify", "write_local"]
+__all__ = ["COOKIE_FILE", "Cookie", "CookieGuard", "Verdict", "delete_etcd", "holds_id", "judge", "read_etcd",
+           "read_local", "verify", "write_local"]

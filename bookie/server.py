@@ -567,6 +567,15 @@ class BookieServer:
             return ""
         return self.config.advertise_read_address or f"{self.config.host}:{self.read_port.port}"
 
+    async def _judge_cookie(self) -> None:
+        """The cookie check (raises InvalidCookie: nothing served)."""
+        if self._cookie_check is not None:
+            try:
+                self.cookie = await asyncio.get_running_loop().run_in_executor(None, self._cookie_check, self)
+            except BaseException:
+                self.storage.close()
+                raise
+
     async def start(self) -> None:
         t0 = time.monotonic()
         restarted = self.config.trace and self.storage.has_history()  # (tests only: the trace's restart)
@@ -578,6 +587,8 @@ class BookieServer:
             if restarted:
                 self.storage.tracer.restart()
         self.storage.update_read_only()
+        if self.config.bookie_id:   # (known: judged before any port is bound, so a refused or waiting bookie
+            await self._judge_cookie()   # refuses connections rather than leave them unanswered)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
         service = BookieService(self.storage, self.config)
         service.registration_status = lambda: self.registration.status() if self.registration else None
@@ -588,14 +599,9 @@ class BookieServer:
             self.server.add_insecure_port(bind)
         if not self.port:
             raise OSError(f"cannot bind {self.config.host}:{self.config.port}")
-        if not self.config.bookie_id:
+        if not self.config.bookie_id:   # (its address is its id: judged once bound, before it serves)
             self.config.bookie_id = self.address
-        if self._cookie_check is not None:  # (raises InvalidCookie: nothing served)
-            try:
-                self.cookie = await asyncio.get_running_loop().run_in_executor(None, self._cookie_check, self)
-            except BaseException:
-                self.storage.close()
-                raise
+            await self._judge_cookie()
         await self.server.start()
         cfg = self.config
         if cfg.read_port is not None and not tls and (cfg.advertise_read_address or not cfg.advertise_address):

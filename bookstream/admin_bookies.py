@@ -172,16 +172,6 @@ def cookie_show(adm: Admin, bookie_id: str) -> Output:
     return Output(record=_cookie_record(c), title=f"cookie of bookie {bookie_id}")
 
 
-async def _ledgers_naming(adm: Admin, bookie_id: str) -> list[int]:
-    from stream.autorecovery.service import scan_pages
-
-    bk = adm.bk()
-    try:
-        return [lid async for named in scan_pages(bk) for lid, ids in sorted(named.items()) if bookie_id in ids]
-    finally:
-        await bk.close()
-
-
 @admin_command(cookie, "delete")
 @click.argument("bookie_id")
 @click.option("--force", is_flag=True,
@@ -192,18 +182,17 @@ def cookie_delete(adm: Admin, bookie_id: str, force: bool) -> Output:
     lost can start again under its id, as a new bookie with an empty disk.
     Refused while it is registered (running), and while any ledger names it
     (run `bookstream recover BOOKIE_ID` first) unless --force."""
-    from bookie.cookie import delete_etcd, read_etcd
-    from metadata.registration import BookieRegistry
+    from bookie.cookie import delete_etcd, holds_id, read_etcd
+    from metadata.errors import few
 
     with adm.store() as store:
         if read_etcd(store, adm.cluster, bookie_id) is None:
             raise NotFound(f"no cookie for bookie {bookie_id!r} in cluster {adm.cluster!r}")
-        if any(r.bookie_id == bookie_id for r in BookieRegistry(store, adm.cluster).list_bookies()):
+        registered, named = holds_id(store, adm.cluster, bookie_id)
+        if registered:
             raise AdminError(f"refused: bookie {bookie_id!r} is registered (running); stop it first")
-        named = adm.run(_ledgers_naming(adm, bookie_id))
         if named and not force:
-            shown = ", ".join(map(str, named[:10])) + (", ..." if len(named) > 10 else "")
-            raise AdminError(f"refused: {len(named)} ledger(s) still name bookie {bookie_id!r} ({shown}); "
+            raise AdminError(f"refused: {len(named)} ledger(s) still name bookie {bookie_id!r} ({few(named)}); "
                              f"run `bookstream recover {bookie_id}` first, or give --force")
         delete_etcd(store, adm.cluster, bookie_id)
     return Output(record={"bookie_id": bookie_id, "deleted": True, "ledgers_naming_it": len(named)},

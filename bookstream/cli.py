@@ -56,6 +56,13 @@ def bookie_id_for(data_dir: Path, given: str | None) -> str:
     return bid
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
+    return value
+
+
 def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
@@ -100,6 +107,12 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="every this many seconds, clear the entries of ledgers whose metadata no longer names "
                         "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
                         "held; 0: never")
+    p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
+                   help="a data dir that lost its data (etcd holds a cookie for the id, the dir none): refuse to "
+                        "start (exit code 3), or wait, serving nothing, until no ledger names the id (autorecovery "
+                        "or `bookstream recover` re-replicates it), then start as a new bookie under it")
+    p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
+                   help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
     p.add_argument("--admin-port", type=int, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
@@ -182,11 +195,30 @@ def _cookie_check(args: argparse.Namespace):
     def check_once(server: BookieServer):
         store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
         try:
-            return verify(store, args.cluster, Path(server.config.data_dir), server.config.bookie_id)
+            return verify(store, args.cluster, Path(server.config.data_dir), server.config.bookie_id,
+                          rejoin=args.on_lost_disk == "rejoin")
         finally:
             store.close()
 
-    return lambda server: _with_metadata_wait(args, "cookie", lambda: check_once(server))
+    def check(server: BookieServer):
+        from metadata.errors import LostDiskNotDrained, MetadataUnavailable
+
+        said = None
+        while True:
+            try:
+                return _with_metadata_wait(args, "cookie", lambda: check_once(server))
+            except LostDiskNotDrained as e:   # (--on-lost-disk rejoin: serving nothing, unregistered)
+                if str(e) != said:   # progress: what holds the id, as it changes
+                    log.warning("%s; waiting (autorecovery, or `bookstream recover %s`), looking again every "
+                                "%g s", e, e.bookie_id, args.lost_disk_poll)
+                    said = str(e)
+            except MetadataUnavailable as e:   # (an outage while it waits is waited out too)
+                if said is None:
+                    raise
+                log.warning("waiting to rejoin: %s", e)
+            time.sleep(args.lost_disk_poll)   # (a poll of etcd: the bookie has nothing to serve meanwhile)
+
+    return check
 
 
 def _registration_factory(args: argparse.Namespace):

@@ -192,6 +192,25 @@ class InvalidCookie(MetadataError):
         self.bookie_id = bookie_id
 
 
+def few(ids, limit: int = 10) -> str:
+    """``ids`` for a message: the first ``limit``, then "..."."""
+    ids = list(ids)
+    return ", ".join(map(str, ids[:limit])) + (", ..." if len(ids) > limit else "")
+
+
+class LostDiskNotDrained(InvalidCookie):
+    """A bookie started with ``--on-lost-disk rejoin`` on a data dir that
+    lost its data: its old id is not free yet (bookie/cookie.py).  It waits
+    and asks again; ``named`` the ledgers whose fragments still name it."""
+
+    def __init__(self, bookie_id: str, registered: bool, named: list[int]) -> None:
+        held = [f"{len(named)} ledger(s) still name it ({few(named)})"] if named else []
+        if registered:
+            held.append("a bookie is registered under its id")
+        super().__init__(bookie_id, f"bookie {bookie_id!r} lost its data and waits to rejoin: " + "; ".join(held))
+        self.registered, self.named = registered, list(named)
+
+
 class RegistrationLost(MetadataError):
     """A bookie registration's key vanished (its lease expired or someone
     removed it); the registration must be redone."""

@@ -534,6 +534,21 @@ class LedgerStore:
     def exists(self, ledger_id: int) -> bool:
         return self.store.get(self.layout.ledger_header_key(ledger_id)) is not None
 
+    def naming(self, bookie_id: str, revision: int | None = None) -> list[int]:
+        """The ids of the ledgers a fragment of which names ``bookie_id``,
+        ascending: one paged scan of every ledger key at one revision
+        (``revision``, or the first page's), fragments decoded, the rest
+        skipped.  What a bookie's old id must be free of before it serves
+        an empty disk (``bookstream bookies cookie delete``, a bookie's
+        ``--on-lost-disk rejoin``: bookie/cookie.py)."""
+        out: list[int] = []
+        for key, v in self.store.iter_range(self.layout.ledgers_prefix(), revision=revision):
+            lid, kind, _ = self.layout.parse_ledger_key(key)
+            if kind == "fragment" and (not out or out[-1] != lid) and \
+                    bookie_id in Fragment.from_bytes(v.value).ensemble:
+                out.append(lid)
+        return out
+
     def list_ledgers(self, page_size: int | None = None, revision: int | None = None) -> Iterator[int]:
         """The ids of all ledgers, ascending, read lazily page by page at one
         revision (``revision``, or the first page's).  After each page, the

@@ -14,9 +14,11 @@ import pytest
 
 from bookie.cookie import Cookie, CookieGuard, Verdict, judge, read_etcd, read_local, verify, write_local
 from bookie.core import Status
+from bookstream_pb import metadata_pb2 as mpb
 from bookstream.processes import BookieStartError
 from metadata.errors import InvalidCookie
 from metadata.layout import KeyLayout
+from metadata.ledgers import Fragment
 from metadata.txn import Delete
 from stream.client import BookKeeperClient
 from stream.errors import LedgerRecoveryFailed
@@ -33,8 +35,9 @@ def test_the_rule():
     assert judge(None, None, "c1", "b1") == (Verdict.STAMP, "")          # a new bookie, or one from before cookies
     assert judge(mine, same_later, "c1", "b1") == (Verdict.OK, "")
     assert judge(mine, None, "c1", "b1") == (Verdict.STAMP_ETCD, "")     # a first start cut off between the writes
+    verdict, why = judge(None, mine, "c1", "b1")                         # wiped: refused, or rejoins when free
+    assert verdict is Verdict.LOST and "lost its data" in why and "--on-lost-disk rejoin" in why
     refused = {
-        "wiped": judge(None, mine, "c1", "b1"),
         "another dir holds the id": judge(mine, other_dir, "c1", "b1"),
         "rebuilt etcd": judge(mine, None, None, "b1"),
         "another cluster's etcd": judge(mine, None, "c2", "b1"),
@@ -44,7 +47,6 @@ def test_the_rule():
     }
     for case, (verdict, why) in refused.items():
         assert verdict is Verdict.REFUSE and why, case
-    assert "lost its data" in refused["wiped"][1]
     assert "rebuilt" in refused["rebuilt etcd"][1]
 
 
@@ -80,6 +82,46 @@ def test_verify_stamps_once_then_refuses_what_differs(store, cluster, tmp_path):
         guard.revision()
     with pytest.raises(InvalidCookie, match="nothing deleted"):
         guard.absent(KeyLayout(cluster).ledger_header_key(1))
+
+
+def test_a_lost_disk_rejoins_once_its_id_is_free(store, cluster, tmp_path):
+    """``verify(rejoin=True)`` on a data dir that lost its data: held while
+    a ledger's fragment names the id (every ledger counted, only fragments
+    read) or a bookie is registered under it; stamped anew once neither,
+    etcd's old cookie replaced.  The default refuses whatever holds."""
+    from metadata.errors import LostDiskNotDrained
+    from metadata.ledgers import LedgerMetadata, LedgerStore
+    from metadata.registration import BookieRegistry
+
+    a, wiped = tmp_path / "a", tmp_path / "wiped"
+    a.mkdir(), wiped.mkdir()
+    first = verify(store, cluster, a, "b1")
+    ledgers = LedgerStore(store, cluster)
+    header = LedgerMetadata(ensemble_size=3, write_quorum=2, ack_quorum=2)
+    named, _ = ledgers.create(header, ["b0", "b1", "b2"])
+    other, _ = ledgers.create(header, ["b0", "b2", "b3"])
+    later, _ = ledgers.create(header, ["b0", "b2", "b3"])
+    meta, rev = ledgers.read(later.ledger_id)
+    ledgers.add_fragment(later.ledger_id, Fragment(5, ("b1", "b2", "b3")), meta, rev)   # a later fragment names it
+    assert ledgers.naming("b1") == [named.ledger_id, later.ledger_id] and ledgers.naming("b4") == []
+    with pytest.raises(InvalidCookie, match="lost its data") as refused:
+        verify(store, cluster, wiped, "b1")
+    assert not isinstance(refused.value, LostDiskNotDrained)
+    with pytest.raises(LostDiskNotDrained) as held:
+        verify(store, cluster, wiped, "b1", rejoin=True)
+    assert held.value.named == [named.ledger_id, later.ledger_id] and not held.value.registered
+    assert read_etcd(store, cluster, "b1") == first and read_local(wiped, "b1") is None   # nothing written
+    ledgers.delete(named.ledger_id), ledgers.delete(later.ledger_id)
+    registry = BookieRegistry(store, cluster)
+    reg = registry.register(mpb.BookieRegistration(bookie_id="b1", address="127.0.0.1:1"), ttl=30)  # another process
+    with pytest.raises(LostDiskNotDrained) as held:
+        verify(store, cluster, wiped, "b1", rejoin=True)
+    assert held.value.registered and held.value.named == []
+    reg.close()
+    fresh = verify(store, cluster, wiped, "b1", rejoin=True)
+    assert fresh.dir_id != first.dir_id and read_local(wiped, "b1") == fresh == read_etcd(store, cluster, "b1")
+    with pytest.raises(InvalidCookie, match="another data dir"):       # the old dir is now the stranger
+        verify(store, cluster, a, "b1", rejoin=True)
 
 
 def _wipe(proc) -> None:
@@ -133,6 +175,50 @@ def test_a_wiped_bookie_is_refused_under_its_id_until_nothing_names_it(own):
     victim.start()
     fresh = read_local(victim.data_dir, victim.bookie_id)
     assert fresh is not None and fresh.dir_id != stamped.dir_id
+
+    async def read_back():
+        async with BookKeeperClient(own.endpoint, own.cluster) as bk:
+            lh = await bk.open_ledger(lid)
+            assert victim.bookie_id not in lh.metadata.fragments[0].ensemble
+            return [e.payload for e in await lh.read_entries(0, 19)]
+    assert run(read_back()) == payloads
+
+
+def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
+    """The same loss, the bookie started with ``--on-lost-disk rejoin``: it
+    waits, its ports closed and unregistered, saying which ledger holds its
+    id, until `bookstream recover` has re-replicated that ledger; then it
+    serves as a new bookie under the old id, and the ledger reads back."""
+    from concurrent.futures import ThreadPoolExecutor
+    from metadata.registration import BookieRegistry
+
+    procs = own.start(4)
+    payloads = [b"rejoin-%d" % i for i in range(20)]
+    lid, ens = closed_ledger(own, payloads)
+    victim = next(p for p in procs if p.bookie_id == ens[0])
+    stamped = read_local(victim.data_dir, victim.bookie_id)
+    victim.kill()
+    _wipe(victim)
+    victim.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.2"]
+    waiting = f"1 ledger(s) still name it ({lid}); waiting"   # (and no more: the killed one's lease gone)
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(victim.start, 120)
+
+        async def says_it_waits():
+            return waiting in victim.log_path.read_text()
+        run(until(says_it_waits, what="the wiped bookie saying what holds its id"))
+        assert victim.alive() and not started.done()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", victim.port), timeout=2).close()
+        with own_store(own) as store:
+            assert victim.bookie_id not in {r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
+            assert read_etcd(store, own.cluster, victim.bookie_id) == stamped      # (nothing deleted yet)
+        assert cli(own, "recover", victim.bookie_id).returncode == 0
+        started.result(timeout=120)
+    fresh = read_local(victim.data_dir, victim.bookie_id)
+    assert fresh is not None and fresh.dir_id != stamped.dir_id
+    with own_store(own) as store:
+        assert read_etcd(store, own.cluster, victim.bookie_id) == fresh
 
     async def read_back():
         async with BookKeeperClient(own.endpoint, own.cluster) as bk:

@@ -29,6 +29,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from tests.fault.worker import WORKER_READY
 log = logging.getLogger(__name__)
 
 TMPFS_BYTES = 48 << 20
+REJOIN_TIMEOUT = 100.0       # a lost disk's rejoin under its old id (below heal_all's 120 s wait for a restart)
 TMPFS_SEGMENT = 4 << 20      # journal segments of the tmpfs bookie (so several fit)
 
 
@@ -138,7 +140,7 @@ class Recoverer(Signalled, AutorecoveryProcess):
 
 class FaultCluster:
     def __init__(self, base: Path, *, seed: int, bookies: int = 5, ttl: int = 3, tmpfs_bookie: int | None = 0,
-                 name: str | None = None, slow_disks: bool = False):
+                 name: str | None = None, slow_disks: bool = False, lost_disk_rejoin: bool = False):
         self.dir = Path(base)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.seed = seed
@@ -154,6 +156,7 @@ class FaultCluster:
         self.tmpfs_bookie = tmpfs_bookie
         self.mounts: list[Path] = []
         self.slow_disks = slow_disks
+        self.lost_disk_rejoin = lost_disk_rejoin
 
     # -- life cycle --------------------------------------------------------------------
 
@@ -325,7 +328,10 @@ class FaultCluster:
         """A wiped bookie's restart: first under its old id (its ``bookie.id``
         put back, as a bookie given its id on the command line), which its
         cookie must refuse (bookie/cookie.py: exit code 3, nothing served;
-        ``b.old_id`` says how it ended), then as a new bookie."""
+        ``b.old_id`` says how it ended), then as a new bookie, or with
+        ``lost_disk_rejoin`` under its old id again with ``--on-lost-disk
+        rejoin``: ready once autorecovery has drained the id (the final
+        replica audit finds any entry it was named for and lacks)."""
         b = self.bookies[i]
         old, b.wiped_id = b.wiped_id, None
         if old is not None:
@@ -337,8 +343,23 @@ class FaultCluster:
             else:
                 b.old_id.append("served")   # (an anomaly: run.py)
                 b.proc.kill()
+            if self.lost_disk_rejoin:
+                return self._rejoin(b)
             _empty(b)
         return self.start_bookie(i)
+
+    def _rejoin(self, b: "Bookie") -> bool:
+        if "--on-lost-disk" not in b.proc.extra_args:   # (inert on its later starts: its dir has a cookie)
+            b.proc.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.5"]
+        t0 = time.monotonic()
+        try:
+            b.proc.start(timeout=REJOIN_TIMEOUT)
+        except BookieStartError as e:   # (heal_all starts it again, rejoining as before)
+            b.old_id.append(f"rejoin failed after {time.monotonic() - t0:.1f} s: {str(e)[-200:]}")
+            return False
+        b.state = "up"
+        b.old_id.append(f"rejoined after {time.monotonic() - t0:.1f} s")
+        return True
 
     def cut_journal_tail(self, i: int, rng) -> dict:
         """After a kill -9: the newest journal segment loses its last bytes

@@ -46,6 +46,7 @@ class Options:
     plan_file: str | None = None   # replay this schedule (a run's plan.json) instead of the seed's
     autorecovery: int = 0          # auditor + worker processes (AR_ARGS); with them the lose_bookie kind
     slow_disks: bool = False       # the slow_disk kind (an LD_PRELOAD shim in the bookies)
+    lost_disk_rejoin: bool = False # a lost disk comes back under its old id with --on-lost-disk rejoin
     ensemble: int = 3              # the writers' stream (or ledgers): E, Qw, Qa; E > Qw stripes it
     write_quorum: int = 3
     ack_quorum: int = 2
@@ -127,7 +128,8 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     writers = [f"w{i + 1}" for i in range(opts.writers)]
     readers = [f"r{i + 1}" for i in range(opts.readers)]
     c = FaultCluster(run_dir, seed=seed, bookies=opts.bookies, ttl=opts.ttl,
-                     tmpfs_bookie=0 if opts.tmpfs else None, slow_disks=opts.slow_disks)
+                     tmpfs_bookie=0 if opts.tmpfs else None, slow_disks=opts.slow_disks,
+                     lost_disk_rejoin=opts.lost_disk_rejoin)
     recoverers = [f"ar{i + 1}" for i in range(opts.autorecovery)]
     t_start = time.time()
     report: dict = {"seed": seed, "options": asdict(opts)}
