@@ -8,13 +8,14 @@
     bookstream bench table suite.json                         (report.py: the README's table)
     bookstream bench profile [...]                            (profile.py)
     bookstream bench walk [...]                               (walk.py: the reader's record walk, C and Python)
+    bookstream bench scan [...]                               (scan.py: the auditor's scan of every ledger)
     bookstream bench spark [...]                              (spark.py)
 """
 from __future__ import annotations
 
 import argparse
 
-from bench import profile, reads, report, single, suite, walk
+from bench import profile, reads, report, scan, single, suite, walk
 
 
 def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
@@ -26,6 +27,7 @@ def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
     profile.add_parser(bsub)
     report.add_parser(bsub)
     walk.add_parser(bsub)
+    scan.add_parser(bsub)
     s = bsub.add_parser("spark", add_help=False, help="the Spark source and sink beside the plain reader "
                                                       "(bookstream bench spark --help)")
     s.add_argument("spark_args", nargs=argparse.REMAINDER)

@@ -534,20 +534,43 @@ class LedgerStore:
     def exists(self, ledger_id: int) -> bool:
         return self.store.get(self.layout.ledger_header_key(ledger_id)) is not None
 
+    def named_bookies(self, revision: int | None = None,
+                      page_size: int | None = None) -> Iterator[tuple[int, frozenset[str]]]:
+        """``(ledger id, the bookies its fragments name)`` for every ledger,
+        ascending: one paged scan of every ledger key, fragments decoded and
+        the rest skipped; a page of keys a request, not a request a ledger.
+        What finds the ledgers a bookie's loss touches (autorecovery's
+        auditor and periodic check, manual recovery) and what a bookie's old
+        id must be free of before it serves an empty disk (:meth:`naming`).
+
+        With ``revision``, every page is read at it.  Without, each page at
+        the then current revision: a scan read lazily between other work (a
+        full check reads every entry between two pages) may outlast etcd's
+        compaction retention.  A ledger whose keys two pages share is then
+        named by fragments read at two revisions; a bookie named at the
+        first and not the second was replaced there, and one named only at
+        the second was placed there since: the union holds every bookie
+        named when the scan began and not replaced before its read."""
+        lid: int | None = None
+        named: set[str] = set()
+        for key, v in self.store.iter_range(self.layout.ledgers_prefix(), revision=revision, page_size=page_size,
+                                            pin=False):
+            this, kind, _ = self.layout.parse_ledger_key(key)
+            if this != lid:
+                if lid is not None:
+                    yield lid, frozenset(named)
+                lid, named = this, set()
+            if kind == "fragment":
+                named.update(Fragment.from_bytes(v.value).ensemble)
+        if lid is not None:
+            yield lid, frozenset(named)
+
     def naming(self, bookie_id: str, revision: int | None = None) -> list[int]:
         """The ids of the ledgers a fragment of which names ``bookie_id``,
-        ascending: one paged scan of every ledger key at one revision
-        (``revision``, or the first page's), fragments decoded, the rest
-        skipped.  What a bookie's old id must be free of before it serves
-        an empty disk (``bookstream bookies cookie delete``, a bookie's
-        ``--on-lost-disk rejoin``: bookie/cookie.py)."""
-        out: list[int] = []
-        for key, v in self.store.iter_range(self.layout.ledgers_prefix(), revision=revision):
-            lid, kind, _ = self.layout.parse_ledger_key(key)
-            if kind == "fragment" and (not out or out[-1] != lid) and \
-                    bookie_id in Fragment.from_bytes(v.value).ensemble:
-                out.append(lid)
-        return out
+        ascending (:meth:`named_bookies`): what ``bookstream bookies cookie
+        delete`` and a bookie's ``--on-lost-disk rejoin`` wait for
+        (bookie/cookie.py)."""
+        return [lid for lid, named in self.named_bookies(revision) if bookie_id in named]
 
     def list_ledgers(self, page_size: int | None = None, revision: int | None = None) -> Iterator[int]:
         """The ids of all ledgers, ascending, read lazily page by page at one

@@ -285,12 +285,16 @@ class MetadataStore:
 
     def iter_range(self, prefix: str, *, limit: int | None = None, start_after: str | None = None,
                    keys_only: bool = False, page_size: int | None = None,
-                   revision: int | None = None) -> Iterator[tuple[str, Versioned]]:
-        """Generator form of :meth:`range` (fetches pages lazily)."""
+                   revision: int | None = None, pin: bool = True) -> Iterator[tuple[str, Versioned]]:
+        """Generator form of :meth:`range` (fetches pages lazily).  Without
+        ``revision``, every page is read at the first page's revision; with
+        ``pin=False`` each at the then current one instead (a scan that may
+        outlast etcd's compaction retention: a page at a compacted revision
+        fails)."""
         pb = key_bytes(prefix)
         return self._scan(pb, prefix_end(pb), limit=limit,
                           start_after=None if start_after is None else key_bytes(start_after),
-                          keys_only=keys_only, page_size=page_size, revision=revision)
+                          keys_only=keys_only, page_size=page_size, revision=revision, pin=pin)
 
     def iter_key_range(self, start: str, end: str | bytes, *, limit: int | None = None,
                        keys_only: bool = False, page_size: int | None = None,
@@ -302,7 +306,7 @@ class MetadataStore:
 
     def _scan(self, start: bytes, end: bytes, *, limit: int | None, start_after: bytes | None,
               keys_only: bool, page_size: int | None, revision: int | None,
-              rev_out: list[int] | None = None) -> Iterator[tuple[str, Versioned]]:
+              rev_out: list[int] | None = None, pin: bool = True) -> Iterator[tuple[str, Versioned]]:
         page = self._page_size if page_size is None else page_size
         assert 0 < page <= MAX_PAGE_SIZE, f"page_size must be in 1..{MAX_PAGE_SIZE}"
         assert limit is None or limit >= 0
@@ -318,7 +322,7 @@ class MetadataStore:
             n = page if remaining is None else min(page, remaining)
             resp = self._unary("kvstub", "Range", rpc.RangeRequest(
                 key=start, range_end=end, limit=n, revision=rev, keys_only=keys_only))
-            if not rev:
+            if not rev and pin:
                 rev = resp.header.revision
             if rev_out is not None and not rev_out:
                 rev_out.append(rev)

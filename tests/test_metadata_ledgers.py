@@ -235,6 +235,36 @@ def test_delete(store, cluster):
     assert list(ls.list_ledgers()) == [other.ledger_id]
 
 
+def test_named_bookies_is_one_scan(store, cluster):
+    """Every ledger with the bookies its fragments name, in id order, from
+    pages of keys that cut ledgers apart (page size 2: a header and its
+    first fragment); at a revision, a change after it is not seen; without
+    one, each page is read at the current revision; a ledger deleted before
+    is gone; ``naming`` asks it for one bookie."""
+    ls = LedgerStore(store, cluster)
+    a, arev = _new(ls)
+    b, _ = _new(ls)
+    gone, _ = _new(ls)
+    ls.add_fragments(a.ledger_id, [Fragment(10, ("b4", "b2", "b3")), Fragment(20, ("b4", "b5", "b3"))], a, arev)
+    ls.delete(gone.ledger_id)
+    rev = store.current_revision()
+    fetched = _count_kvs(store)
+    want = [(a.ledger_id, frozenset({"b1", "b2", "b3", "b4", "b5"})), (b.ledger_id, frozenset(E3))]
+    assert list(ls.named_bookies(page_size=2)) == want
+    assert fetched == [2, 2, 2]                          # a's 4 keys, b's 2: three pages, never a ledger a request
+    meta, brev = ls.read(b.ledger_id)
+    ls.add_fragment(b.ledger_id, Fragment(5, ("b6", "b2", "b3")), meta, brev)
+    assert list(ls.named_bookies(revision=rev, page_size=2)) == want
+    assert ls.naming("b6") == [b.ledger_id] and ls.naming("b6", revision=rev) == []
+    scan = ls.named_bookies(page_size=2)                # without a revision, each page at the current one:
+    assert next(scan)[0] == a.ledger_id                 # (a's keys read: b's not yet)
+    meta, brev = ls.read(b.ledger_id)
+    ls.add_fragment(b.ledger_id, Fragment(8, ("b7", "b2", "b3")), meta, brev)
+    assert next(scan) == (b.ledger_id, frozenset({"b1", "b2", "b3", "b6", "b7"}))   # a long scan never reads a
+    assert next(scan, None) is None                                                   # compacted revision
+    assert ls.naming("b4") == [a.ledger_id] and ls.naming("b1") == [a.ledger_id, b.ledger_id]
+
+
 # -- big ledgers -------------------------------------------------------------------
 
 

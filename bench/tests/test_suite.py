@@ -433,6 +433,21 @@ def test_profile_of_a_catch_up_read_samples_the_reader_and_every_bookie(tmp_path
     assert "catch-up read, 1024 B" in proc.stdout and "CPU seconds while sampled: reader" in proc.stdout
 
 
+def test_scan_puts_the_auditors_scan_beside_per_ledger_reads_and_a_plain_range(tmp_path):
+    """`bench scan` on its own etcd: the figures exist, for the keys it
+    wrote (a header and two fragments a ledger), after the two ways agreed
+    on every ledger's bookies (the command fails otherwise)."""
+    out = tmp_path / "scan.json"
+    proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "scan", "--ledgers", "40", "--rounds",
+                           "1", "--dir", str(tmp_path / "d"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "scan" and doc["ledgers"] == 40 and doc["keys"] == 40 * 3
+    assert all(doc["seconds"][k] > 0 for k in ("per_ledger", "scan", "range"))
+    assert doc["per_ledger_over_scan"] > 0 and doc["scan_over_range"] > 0 and "x its floor" in proc.stdout
+
+
 def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     out = tmp_path / "walk.json"
     proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "walk", "--sizes", "100,2000",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import socket
@@ -417,18 +418,13 @@ class ReplicationWorker:
 
 async def scan_pages(client, page: int = 100):
     """Yields ``{ledger id: bookies its fragments name}`` a page of ledgers
-    at a time (ids listed lazily, each ledger read with its fragments)."""
-    ids = await asyncio.to_thread(lambda: client.ledgers.list_ledgers(page))
-    it = iter(ids)
+    at a time: one scan of the ledgers' keys at one revision
+    (``LedgerStore.named_bookies``), read lazily."""
+    it = client.ledgers.named_bookies()
     while True:
-        chunk = await asyncio.to_thread(lambda: [lid for _, lid in zip(range(page), it)])
-        if not chunk:
+        named = await asyncio.to_thread(lambda: dict(itertools.islice(it, page)))
+        if not named:
             return
-        named: dict[int, set[str]] = {}
-        for lid in chunk:
-            meta, _ = await _read_meta(client, lid)
-            if meta is not None:
-                named[lid] = {b for f in meta.fragments for b in f.ensemble}
         yield named
 
 
