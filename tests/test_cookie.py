@@ -173,14 +173,23 @@ def test_a_wiped_bookie_is_refused_under_its_id_until_nothing_names_it(own):
     p = cli(own, "bookies", "cookie", "delete", victim.bookie_id)
     assert p.returncode == 0, p.stderr
     victim.start()
+    _back_as_new(own, victim, stamped, lid, payloads)
+
+
+def _back_as_new(own, victim, stamped, lid, payloads) -> None:
+    """``victim`` serves under its old id as a new bookie (a cookie of
+    another data dir, in its dir and in etcd), and the recovered ledger,
+    which no longer names it, reads back whole."""
     fresh = read_local(victim.data_dir, victim.bookie_id)
     assert fresh is not None and fresh.dir_id != stamped.dir_id
+    with own_store(own) as store:
+        assert read_etcd(store, own.cluster, victim.bookie_id) == fresh
 
     async def read_back():
         async with BookKeeperClient(own.endpoint, own.cluster) as bk:
             lh = await bk.open_ledger(lid)
             assert victim.bookie_id not in lh.metadata.fragments[0].ensemble
-            return [e.payload for e in await lh.read_entries(0, 19)]
+            return [e.payload for e in await lh.read_entries(0, len(payloads) - 1)]
     assert run(read_back()) == payloads
 
 
@@ -215,17 +224,7 @@ def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
             assert read_etcd(store, own.cluster, victim.bookie_id) == stamped      # (nothing deleted yet)
         assert cli(own, "recover", victim.bookie_id).returncode == 0
         started.result(timeout=120)
-    fresh = read_local(victim.data_dir, victim.bookie_id)
-    assert fresh is not None and fresh.dir_id != stamped.dir_id
-    with own_store(own) as store:
-        assert read_etcd(store, own.cluster, victim.bookie_id) == fresh
-
-    async def read_back():
-        async with BookKeeperClient(own.endpoint, own.cluster) as bk:
-            lh = await bk.open_ledger(lid)
-            assert victim.bookie_id not in lh.metadata.fragments[0].ensemble
-            return [e.payload for e in await lh.read_entries(0, 19)]
-    assert run(read_back()) == payloads
+    _back_as_new(own, victim, stamped, lid, payloads)
 
 
 def own_store(env):
