@@ -26,14 +26,18 @@ data dir   etcd        cluster record      verdict
 none       none        any                 STAMP: a new bookie, or one from
                                            before cookies; the file first,
                                            then etcd (create-if-absent)
+none       released    -                   STAMP over it (a CAS): the id taken
+                                           again, a rejoin (below)
 none       a cookie    -                   LOST: the data dir lost its data
                                            (or is the wrong one): refused, or
                                            with ``--on-lost-disk rejoin``
-                                           STAMP once the id is free (below)
+                                           released once the id is free
 a cookie   none        the cookie's        STAMP_ETCD: a first start cut off
                                            between the two writes, or the key
                                            deleted while the data was kept
 a cookie   none        none or another     REFUSE: another or a rebuilt etcd
+a cookie   released    the cookie's        REFUSE: the id's data was moved
+                                           elsewhere; this dir is stale
 a cookie   a cookie    the cookies'        OK when the two are the same
                                            (bookie id, cluster, data dir)
 a cookie   a cookie    none or another     REFUSE
@@ -45,22 +49,33 @@ the file (the one row that refuses for good).
 
 A refused bookie exits with the reason.  Where its data was lost, the way
 back is ``bookstream recover BOOKIE`` (or autorecovery) until no ledger
-names it, then ``bookstream bookies cookie delete BOOKIE``: it is then a new
-bookie with an empty disk under the old id.  (``--force`` deletes the key of
-a bookie ledgers still name: their entries on it are then its replicas in
-name only, until autorecovery's full check finds it damaged.)
+names it, then ``bookstream bookies cookie delete BOOKIE``, which *releases*
+the id: etcd's cookie is replaced by one naming no data dir (``release``),
+and the next start under the id stamps over it as a new bookie with an
+empty disk.  (``--force`` releases the id of a bookie ledgers still name:
+their entries on it are then its replicas in name only, until
+autorecovery's full check finds it damaged.)  ``decommission`` releases
+the id too.
 
 With ``--on-lost-disk rejoin`` the bookie walks that way itself: it waits,
 unregistered and serving nothing (so autorecovery, which sees it lost,
 re-replicates what it held), until its id is *free* (``holds_id``: no
 bookie registered under it, no ledger's fragment naming it, read at the
-revision of the cookie's read), then deletes etcd's cookie if unchanged
-since (a CAS on its mod revision) and starts as a new bookie.  A ledger
-created after that read cannot name it: placement chooses registered
-bookies only.  (BookKeeper's data-integrity check keeps such a bookie in
-its ensembles and copies its entries back to it, answering "unknown"
-meanwhile; draining it is the rule this module already has, with
-autorecovery doing the copies.)
+revision of the cookie's read), then releases it if etcd's cookie is
+unchanged since (a CAS on its mod revision) and starts as a new bookie.  A
+ledger created after that read cannot name it: placement chooses
+registered bookies only.
+
+A cookie stamped over a released one keeps the revision of the read that
+saw it released (``rejoined_at``): a ledger below it may have a writer cut
+off since (a zombie) whose ensemble still names the id and whose fence
+here went with the disk, so those ledgers take no normal add here
+(bookie/core.py, the rule's reason).  Only a reused id pays that: a new
+bookie under a new id takes every ledger's adds, old streams' rolls
+included.  (BookKeeper's data-integrity check keeps such a bookie in its
+ensembles and copies its entries back to it, its ledgers fenced and
+answering "unknown" meanwhile; draining it is the rule this module
+already has, with autorecovery doing the copies.)
 
 The ledger GC compares the two again before deleting anything
 (``CookieGuard``): the listing is read at a revision where the cookie is
@@ -77,7 +92,7 @@ from pathlib import Path
 
 from bookie.journal import write_durably
 from bookstream_pb import metadata_pb2 as mpb
-from metadata.errors import InvalidCookie, KeyExists, LostDiskNotDrained, decode_message
+from metadata.errors import BadVersion, InvalidCookie, KeyExists, LostDiskNotDrained, decode_message
 from metadata.layout import KeyLayout
 from metadata.txn import Get
 
@@ -91,6 +106,14 @@ class Cookie:
     cluster_id: str
     dir_id: str
     created_ms: int = 0
+    # stamped over a released cookie (a rejoin): the revision of the read
+    # that saw it released; ledgers below it take no normal add here (bookie/core.py)
+    rejoined_at: int = 0
+
+    @property
+    def released(self) -> bool:
+        """etcd's mark of an id released (``release``): no data dir holds it."""
+        return not self.dir_id
 
     def same(self, other: "Cookie | None") -> bool:
         """The same bookie, cluster and data dir (when it was stamped is no part of who)."""
@@ -106,7 +129,8 @@ class Cookie:
             d = json.loads(data)
             if d.get("version") != COOKIE_VERSION:
                 raise ValueError(f"version {d.get('version')!r}")
-            return Cookie(str(d["bookie_id"]), str(d["cluster_id"]), str(d["dir_id"]), int(d.get("created_ms", 0)))
+            return Cookie(str(d["bookie_id"]), str(d["cluster_id"]), str(d["dir_id"]), int(d.get("created_ms", 0)),
+                          int(d.get("rejoined_at", 0)))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: the cookie in {where} is unreadable ({e}); "
                                            "look at it before doing anything else") from None
@@ -128,7 +152,7 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
     if local is not None and local.bookie_id != bookie_id:
         return Verdict.REFUSE, (f"the data dir's cookie names bookie {local.bookie_id!r}, not {bookie_id!r}: "
                                 "this is another bookie's data dir")
-    if local is None and remote is None:
+    if local is None and (remote is None or remote.released):
         return Verdict.STAMP, ""
     if local is None:
         return Verdict.LOST, (
@@ -136,8 +160,8 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
             "the data dir lost its data, or is not this bookie's. A bookie that lost what it acknowledged must "
             "not serve under its old id (a recovery would take its empty answers as proof that acknowledged "
             f"entries were never written). Start it with a new id; or run `bookstream recover {bookie_id}` "
-            f"until no ledger names it, then `bookstream bookies cookie delete {bookie_id}`; or start it with "
-            "`--on-lost-disk rejoin`, which waits for that itself")
+            f"until no ledger names it, then `bookstream bookies cookie delete {bookie_id}` (which releases the id); "
+            "or start it with `--on-lost-disk rejoin`, which waits for that itself")
     if local.cluster_id != cluster_id:
         etcd_has = f"cluster id {cluster_id}" if cluster_id else "no cluster record"
         return Verdict.REFUSE, (
@@ -146,6 +170,10 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
             "listed there; its ledger GC would delete them). Point the bookie at its own cluster's etcd")
     if remote is None:
         return Verdict.STAMP_ETCD, ""
+    if remote.released:
+        return Verdict.REFUSE, (
+            f"etcd marks bookie {bookie_id!r}'s id released ({_when(remote)}): its ledgers were moved to other "
+            "bookies, and this data dir's are stale. Empty the data dir to start as a new bookie under the id")
     if not local.same(remote):
         return Verdict.REFUSE, (
             f"the data dir's cookie (cluster {local.cluster_id}, dir {local.dir_id}, stamped {_when(local)}) "
@@ -228,16 +256,21 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
             registered, named = holds_id(store, cluster, bookie_id, rev)
             if registered or named:
                 raise LostDiskNotDrained(bookie_id, registered, named)
-            store.delete(layout.cookie_key(bookie_id), mod_revision=remote_rev)   # (False: changed; judged again)
+            _release(store, layout, remote, remote_rev)   # (False: it changed; judged again)
             continue
+        over = remote_rev if remote is not None and remote.released else 0
         if verdict is Verdict.STAMP:
             info = init_cluster(store, cluster)
-            local = Cookie(bookie_id, info.cluster_id, uuid.uuid4().hex, int(time.time() * 1000))
+            local = Cookie(bookie_id, info.cluster_id, uuid.uuid4().hex, int(time.time() * 1000),
+                           rev if over else 0)
             write_local(data_dir, local)
         try:
-            store.create(layout.cookie_key(bookie_id), local.encode())
+            if over:
+                store.cas(layout.cookie_key(bookie_id), local.encode(), over)
+            else:
+                store.create(layout.cookie_key(bookie_id), local.encode())
             return local
-        except KeyExists:
+        except (KeyExists, BadVersion):
             continue
     raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: its cookie in etcd keeps changing under it")
 
@@ -273,11 +306,30 @@ class CookieGuard:
         return not page.items
 
 
-def delete_etcd(store, cluster: str, bookie_id: str) -> bool:
-    """Deletes etcd's cookie for ``bookie_id`` (the caller checked that
-    nothing needs it); whether there was one."""
-    return store.delete(KeyLayout(cluster).cookie_key(bookie_id))
+def _release(store, layout: KeyLayout, remote: Cookie, mod_revision: int) -> bool:
+    """etcd's cookie ``remote`` replaced by a released one, if its key is at
+    ``mod_revision``; whether it was."""
+    marked = Cookie(remote.bookie_id, remote.cluster_id, "", int(time.time() * 1000))
+    try:
+        store.cas(layout.cookie_key(remote.bookie_id), marked.encode(), mod_revision)
+        return True
+    except BadVersion:
+        return False
 
 
-__all__ = ["COOKIE_FILE", "Cookie", "CookieGuard", "Verdict", "delete_etcd", "holds_id", "judge", "read_etcd",
-           "read_local", "verify", "write_local"]
+def release(store, cluster: str, bookie_id: str) -> bool:
+    """Releases ``bookie_id``'s id (the caller checked that nothing needs
+    its data dir): its next start stamps a new cookie over the mark, as a
+    rejoin.  Whether there was a cookie (a released one stays released)."""
+    layout = KeyLayout(cluster)
+    for _ in range(3):
+        _, remote, remote_rev, _, _ = _read_etcd(store, layout, bookie_id)
+        if remote is None:
+            return False
+        if remote.released or _release(store, layout, remote, remote_rev):
+            return True
+    raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: its cookie in etcd keeps changing under it")
+
+
+__all__ = ["COOKIE_FILE", "Cookie", "CookieGuard", "Verdict", "holds_id", "judge", "read_etcd", "read_local",
+           "release", "verify", "write_local"]

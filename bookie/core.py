@@ -30,7 +30,9 @@ any request carrying a term    term < ledger term: INVALID_TERM, nothing
                                changes; otherwise the ledger's term becomes
                                the request's term
 normal add                     refused with FENCED on a fenced ledger, with
-                               READ_ONLY on a read-only bookie
+                               READ_ONLY on a read-only bookie, and with
+                               READ_ONLY for a ledger older than the
+                               bookie's rejoin (below)
 recovery add                   accepted on a fenced ledger and in read-only
 truncate no-op at e            once durable, deletes every entry > e
 fencing read (READ_FENCE)      sets the fence; creates the ledger if unknown,
@@ -74,6 +76,22 @@ master key (ledger password)   the request that creates a ledger's state sets
                                UNAUTHORIZED_ACCESS, checked first, nothing
                                changes.  Normal reads are not checked.
 ============================== ===============================================
+
+A bookie that lost its disk and took its old id again (``--on-lost-disk
+rejoin``, bookie/cookie.py: once no ledger names it) lost the fences and
+terms it held.  A writer cut off since (a zombie: its ledger recovered or
+taken over without it, then the lost bookie replaced in that fragment)
+still holds an ensemble naming it, and the fence it raised there counted
+among the Qw - Qa + 1 of its write set: its normal adds would find one more
+bookie accepting them than the recovery left, Qa with one that was never
+fenced, and be acknowledged past the ledger's end.  So ``rejoined_at`` (the
+etcd revision its cookie was stamped over the lost one at; 0: never): a
+normal add or a prepare for a ledger whose id (a revision too) is below it
+gets READ_ONLY, state or not; recovery adds (autorecovery's copies),
+fencing and term-carrying reads and reads are as on any bookie.  A
+writer's add is then replaced elsewhere (classic ledgers), a stream's
+joining bookie chosen again; the ledgers created after the rejoin use it
+fully.
 
 The master key is BookKeeper's: the client derives it from the ledger's
 password (stream/password.py) and never sends the password.  The bookie keeps
@@ -200,6 +218,7 @@ class BookieCore:
     def __init__(self) -> None:
         self.ledgers: dict[int, BookieLedger] = {}
         self.read_only = False
+        self.rejoined_at = 0   # ledgers below it take no normal add, no prepare (the module's doc)
         # ledger -> normal adds admitted but not yet applied (the fence barrier)
         self.pending: dict[int, int] = {}
 
@@ -218,7 +237,7 @@ class BookieCore:
         if not h.is_recovery:
             if st is not None and st.fenced:
                 return Verdict(Status.FENCED, st.term)
-            if self.read_only:
+            if self.read_only or h.ledger_id < self.rejoined_at:
                 return Verdict(Status.READ_ONLY, st.term if st else 0)
         learned = False
         if st is None:
@@ -361,6 +380,9 @@ class BookieCore:
         journalled, :meth:`apply_prepare` deletes the entries >= first_entry:
         an older term's leftovers, never entries of the new fragment."""
         assert first_entry >= 0
+        if ledger_id < self.rejoined_at:
+            st = self.ledgers.get(ledger_id)
+            return Verdict(Status.READ_ONLY, st.term if st else 0)
         return self.fence(ledger_id, term, False, verifier)
 
     def apply_prepare(self, ledger_id: int, first_entry: int) -> Removed:

@@ -575,6 +575,7 @@ class BookieServer:
             except BaseException:
                 self.storage.close()
                 raise
+            self.storage.core.rejoined_at = self.cookie.rejoined_at   # (bookie/core.py: a lost disk's rejoin)
 
     async def start(self) -> None:
         t0 = time.monotonic()

@@ -156,33 +156,41 @@ def cookie() -> None:
 
 def _cookie_record(c) -> dict:
     return {"bookie_id": c.bookie_id, "cluster_id": c.cluster_id, "dir_id": c.dir_id,
-            "stamped": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.created_ms / 1000)) if c.created_ms else None}
+            "stamped": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(c.created_ms / 1000)) if c.created_ms else None,
+            # a lost disk's rejoin: ledgers below this revision take no normal add there (bookie/core.py)
+            "rejoined_at_revision": c.rejoined_at or None, "released": c.released}
 
 
 @admin_command(cookie, "show")
 @click.argument("bookie_id")
 def cookie_show(adm: Admin, bookie_id: str) -> Output:
-    """etcd's cookie for BOOKIE_ID."""
-    from bookie.cookie import read_etcd
+    """etcd's cookie for BOOKIE_ID, whether a bookie is registered under the
+    id, and how many ledgers name it (what a lost disk's rejoin, and
+    `cookie delete`, wait for)."""
+    from bookie.cookie import holds_id, read_etcd
 
     with adm.store() as store:
         c = read_etcd(store, adm.cluster, bookie_id)
-    if c is None:
-        raise NotFound(f"no cookie for bookie {bookie_id!r} in cluster {adm.cluster!r}")
-    return Output(record=_cookie_record(c), title=f"cookie of bookie {bookie_id}")
+        if c is None:
+            raise NotFound(f"no cookie for bookie {bookie_id!r} in cluster {adm.cluster!r}")
+        registered, named = holds_id(store, adm.cluster, bookie_id)
+    return Output(record={**_cookie_record(c), "registered": registered, "ledgers_naming_it": len(named)},
+                  title=f"cookie of bookie {bookie_id}")
 
 
 @admin_command(cookie, "delete")
 @click.argument("bookie_id")
 @click.option("--force", is_flag=True,
-              help="delete it though ledgers still name the bookie: their entries on it are then replicas "
+              help="release it though ledgers still name the bookie: their entries on it are then replicas "
                    "in name only, until autorecovery's full check finds it damaged")
 def cookie_delete(adm: Admin, bookie_id: str, force: bool) -> Output:
-    """Deletes etcd's cookie for BOOKIE_ID, so that a bookie whose data was
-    lost can start again under its id, as a new bookie with an empty disk.
-    Refused while it is registered (running), and while any ledger names it
-    (run `bookstream recover BOOKIE_ID` first) unless --force."""
-    from bookie.cookie import delete_etcd, holds_id, read_etcd
+    """Releases BOOKIE_ID's id: etcd's cookie is replaced by a mark that no
+    data dir holds it, so that a bookie whose data was lost can start again
+    under its id, as a new bookie with an empty disk (a rejoin: the ledgers
+    older than it take no normal add there, bookie/core.py).  Refused while
+    it is registered (running), and while any ledger names it (run
+    `bookstream recover BOOKIE_ID` first) unless --force."""
+    from bookie.cookie import holds_id, read_etcd, release
     from metadata.errors import few
 
     with adm.store() as store:
@@ -194,8 +202,8 @@ def cookie_delete(adm: Admin, bookie_id: str, force: bool) -> Output:
         if named and not force:
             raise AdminError(f"refused: {len(named)} ledger(s) still name bookie {bookie_id!r} ({few(named)}); "
                              f"run `bookstream recover {bookie_id}` first, or give --force")
-        delete_etcd(store, adm.cluster, bookie_id)
-    return Output(record={"bookie_id": bookie_id, "deleted": True, "ledgers_naming_it": len(named)},
+        release(store, adm.cluster, bookie_id)
+    return Output(record={"bookie_id": bookie_id, "released": True, "ledgers_naming_it": len(named)},
                   title=f"cookie of bookie {bookie_id}")
 
 

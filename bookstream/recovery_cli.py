@@ -259,8 +259,8 @@ def decommission(bookie, rate_mb, etcd, cluster, fmt):
             kl = KeyLayout(cluster)
             AutorecoveryKeys(store, cluster).mark_decommissioned(
                 bookie, [kl.bookie_key(bookie, False), kl.bookie_key(bookie, True)])
-            from bookie.cookie import delete_etcd
-            delete_etcd(store, cluster, bookie)   # (as BookKeeper's decommission: its id is retired)
+            from bookie.cookie import release
+            release(store, cluster, bookie)   # (as BookKeeper's decommission: its id retired; taken again, a rejoin)
             s["decommissioned"] = True
         else:
             s["decommissioned"] = False

@@ -263,11 +263,11 @@ def test_a_fragment_reported_unrecoverable_is_recovered_once_a_killed_replica_is
 
 def test_periodic_check_finds_a_wiped_bookie(own):
     """A bookie whose disk was wiped comes back under the same id, its
-    cookie deleted by force (``bookstream bookies cookie delete --force``:
+    cookie released by force (``bookstream bookies cookie delete --force``:
     without it the bookie refuses to start, tests/test_cookie.py): its
     registration never went away for long, so only the periodic check
     (ReadLac's last entry per ledger) finds that it lacks its entries."""
-    from bookie.cookie import delete_etcd
+    from bookie.cookie import release
 
     procs = own.start(4)
 
@@ -282,7 +282,7 @@ def test_periodic_check_finds_a_wiped_bookie(own):
         for f in victim.data_dir.iterdir():
             if f.name != "bookie.id":  # the same id, nothing else
                 shutil.rmtree(f) if f.is_dir() else f.unlink()
-        delete_etcd(bk.store, own.cluster, victim.bookie_id)
+        release(bk.store, own.cluster, victim.bookie_id)
         victim.restart()
         async with autorecovery(own, delay=60.0, grace=1.0, check=1.0) as (auditor, ws, keys):
             async def clean():

@@ -171,6 +171,28 @@ def test_read_only_transitions_have_a_margin():
     assert core.judge_disk(0.89, 0.95, 0.05) and not core.read_only
 
 
+def test_a_rejoined_bookie_takes_no_normal_add_nor_prepare_below_its_rejoin():
+    """A lost disk's rejoin (bookie/cookie.py) at revision 100: a zombie
+    writer's normal add for ledger 40 is refused, known ledger or not (its
+    fence here was lost with the disk), and so is a stream writer's prepare
+    (it chooses another bookie); a copy's recovery add, a fencing read and
+    every request for a ledger created after it go as on any bookie."""
+    def add(core, lid, recovery=False, term=0):
+        return core.admit_add(E.parse_header(E.encode(lid, 0, b"x", term=term,
+                                                      req_flags=E.REQ_RECOVERY if recovery else 0), 0))
+    core = BookieCore()
+    core.rejoined_at = 100
+    assert add(core, 40).status is Status.READ_ONLY and 40 not in core.ledgers
+    assert core.prepare(40, 5, 3).status is Status.READ_ONLY and 40 not in core.ledgers
+    assert add(core, 40, recovery=True, term=3).status is Status.OK          # autorecovery's copy onto it
+    assert add(core, 40, term=3).status is Status.READ_ONLY                  # known now: still none
+    assert core.fence(41, 2, True).status is Status.OK and add(core, 41, term=2).status is Status.FENCED
+    assert add(core, 100).status is Status.OK and add(core, 101).status is Status.OK
+    assert core.prepare(102, 0, 1).status is Status.OK
+    core.rejoined_at = 0                                                      # (a bookie that never rejoined)
+    assert add(core, 40, term=3).status is Status.OK
+
+
 @pytest.mark.parametrize("checkpoint", [False, True])
 def test_storage_replay_rebuilds_what_the_live_core_held(tmp_path, checkpoint):
     async def go():

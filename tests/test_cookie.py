@@ -1,10 +1,14 @@
 """The bookie's cookie (bookie/cookie.py): the rule on its own, the data
 dir's file, then real etcd and real bookie processes: a bookie whose data
 dir was wiped refuses to come back under its id (and comes back once no
-ledger names it and its cookie is deleted), and an etcd that lost the
-cluster's keys is refused by a bookie's start and by its ledger GC."""
+ledger names it and its id is released, by `cookie delete` or by its own
+`--on-lost-disk rejoin`), a zombie writer's add refused by the bookie
+back under its id, and an etcd that lost the cluster's keys refused by a
+bookie's start and by its ledger GC."""
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import shutil
 import signal
@@ -13,6 +17,7 @@ import socket
 import pytest
 
 from bookie.cookie import Cookie, CookieGuard, Verdict, judge, read_etcd, read_local, verify, write_local
+from bookie import entry as E
 from bookie.core import Status
 from bookstream_pb import metadata_pb2 as mpb
 from bookstream.processes import BookieStartError
@@ -35,6 +40,9 @@ def test_the_rule():
     assert judge(None, None, "c1", "b1") == (Verdict.STAMP, "")          # a new bookie, or one from before cookies
     assert judge(mine, same_later, "c1", "b1") == (Verdict.OK, "")
     assert judge(mine, None, "c1", "b1") == (Verdict.STAMP_ETCD, "")     # a first start cut off between the writes
+    released = Cookie("b1", "c1", "", 5)
+    assert released.released and not mine.released
+    assert judge(None, released, "c1", "b1") == (Verdict.STAMP, "")      # the id taken again: a rejoin
     verdict, why = judge(None, mine, "c1", "b1")                         # wiped: refused, or rejoins when free
     assert verdict is Verdict.LOST and "lost its data" in why and "--on-lost-disk rejoin" in why
     refused = {
@@ -44,10 +52,11 @@ def test_the_rule():
         "the record recreated": judge(mine, mine, "c2", "b1"),
         "another bookie's dir": judge(mine, None, "c1", "b2"),
         "another bookie's dir, etcd agreeing": judge(mine, mine, "c1", "b2"),
+        "a dir whose id was released": judge(mine, released, "c1", "b1"),
     }
     for case, (verdict, why) in refused.items():
         assert verdict is Verdict.REFUSE and why, case
-    assert "rebuilt" in refused["rebuilt etcd"][1]
+    assert "rebuilt" in refused["rebuilt etcd"][1] and "stale" in refused["a dir whose id was released"][1]
 
 
 def test_the_data_dirs_file(tmp_path):
@@ -82,6 +91,27 @@ def test_verify_stamps_once_then_refuses_what_differs(store, cluster, tmp_path):
         guard.revision()
     with pytest.raises(InvalidCookie, match="nothing deleted"):
         guard.absent(KeyLayout(cluster).ledger_header_key(1))
+
+
+def test_a_released_id_is_stamped_anew_as_a_rejoin(store, cluster, tmp_path):
+    """``release`` (``cookie delete``, ``decommission``) marks the id free
+    in etcd: the old data dir is refused as stale, an empty one stamps a
+    new cookie over the mark (a CAS), keeping the revision it saw the mark
+    at (``rejoined_at``: bookie/core.py)."""
+    from bookie.cookie import release
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    first = verify(store, cluster, a, "b1")
+    assert release(store, cluster, "b1") and read_etcd(store, cluster, "b1").released
+    assert release(store, cluster, "b1") and not release(store, cluster, "b9")   # (released stays; none: False)
+    with pytest.raises(InvalidCookie, match="released"):
+        verify(store, cluster, a, "b1")
+    rev = store.current_revision()
+    fresh = verify(store, cluster, b, "b1")
+    assert fresh.rejoined_at >= rev > first.rejoined_at == 0
+    assert read_etcd(store, cluster, "b1") == fresh == read_local(b, "b1")
+    assert verify(store, cluster, b, "b1") == fresh                        # its next start: OK, nothing written
 
 
 def test_a_lost_disk_rejoins_once_its_id_is_free(store, cluster, tmp_path):
@@ -120,6 +150,7 @@ def test_a_lost_disk_rejoins_once_its_id_is_free(store, cluster, tmp_path):
     reg.close()
     fresh = verify(store, cluster, wiped, "b1", rejoin=True)
     assert fresh.dir_id != first.dir_id and read_local(wiped, "b1") == fresh == read_etcd(store, cluster, "b1")
+    assert first.rejoined_at == 0 and fresh.rejoined_at > later.ledger_id   # (its older ledgers: bookie/core.py)
     with pytest.raises(InvalidCookie, match="another data dir"):       # the old dir is now the stranger
         verify(store, cluster, a, "b1", rejoin=True)
 
@@ -178,10 +209,11 @@ def test_a_wiped_bookie_is_refused_under_its_id_until_nothing_names_it(own):
 
 def _back_as_new(own, victim, stamped, lid, payloads) -> None:
     """``victim`` serves under its old id as a new bookie (a cookie of
-    another data dir, in its dir and in etcd), and the recovered ledger,
-    which no longer names it, reads back whole."""
+    another data dir, in its dir and in etcd, stamped over the released one
+    after the ledger: a rejoin), and the recovered ledger, which no longer
+    names it, reads back whole."""
     fresh = read_local(victim.data_dir, victim.bookie_id)
-    assert fresh is not None and fresh.dir_id != stamped.dir_id
+    assert fresh is not None and fresh.dir_id != stamped.dir_id and fresh.rejoined_at > lid
     with own_store(own) as store:
         assert read_etcd(store, own.cluster, victim.bookie_id) == fresh
 
@@ -222,9 +254,72 @@ def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
         with own_store(own) as store:
             assert victim.bookie_id not in {r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
             assert read_etcd(store, own.cluster, victim.bookie_id) == stamped      # (nothing deleted yet)
+        shown = json.loads(cli(own, "bookies", "cookie", "show", victim.bookie_id, "--format", "json").stdout)
+        assert (shown["dir_id"], shown["registered"], shown["ledgers_naming_it"]) == (stamped.dir_id, False, 1)
+        assert shown["rejoined_at_revision"] is None
         assert cli(own, "recover", victim.bookie_id).returncode == 0
         started.result(timeout=120)
     _back_as_new(own, victim, stamped, lid, payloads)
+
+
+def test_a_bookie_rejoined_under_its_id_gives_a_zombie_writer_no_ack(own):
+    """E3 Qw3 Qa2 on a, b, c (and d), entries 0..9, the writer gone quiet
+    (a zombie: cut off, it never learns). b is down while another client
+    recovers the ledger: a and c fenced (Qw - Qa + 1 = 2 enough), closed at
+    9; b comes back from its journal, never fenced. c's disk is lost,
+    `bookstream recover` moves its copy to d, and c rejoins under its id,
+    empty. The zombie's next add, entry 10: a refuses it (FENCED), b takes
+    it, and c, whose fence went with its disk, would too: Qa, acknowledged
+    past the ledger's end (so it was, ad hoc, by the writer's own client with
+    the rule off). The rejoined c takes no normal add for a ledger older
+    than its rejoin (bookie/core.py): READ_ONLY.  A copy's recovery add and
+    a newer ledger's add it takes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stream.bookie_client import BookieClient
+
+    procs = own.start(4)
+    by = {p.bookie_id: p for p in procs}
+
+    async def write():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        lh = await bk.create_ledger(3, 3, 2)
+        for i in range(10):
+            await lh.add_entry(b"z%d" % i)
+        return lh.ledger_id, [by[x] for x in lh.metadata.fragments[0].ensemble]   # (never closed)
+
+    lid, (a, b, c) = run(write())
+    b.kill()                      # (not paused: a paused b would take the recovery's fence once resumed)
+
+    async def recover():
+        async with BookKeeperClient(own.endpoint, own.cluster) as other:
+            return (await other.open_ledger(lid)).metadata.last_entry
+    assert run(recover()) == 9
+    b.start()
+    c.kill()
+    _wipe(c)
+    c.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.2"]
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(c.start, 120)
+        assert cli(own, "recover", c.bookie_id).returncode == 0
+        started.result(timeout=120)
+    rejoined_at = read_local(c.data_dir, c.bookie_id).rejoined_at
+    assert rejoined_at > lid
+
+    async def zombie_add(p, ledger, entry, recovery=False):
+        client = BookieClient(p.address)
+        try:
+            frame = E.encode(ledger, entry, b"zombie", lac=entry - 1, term=0,
+                             req_flags=E.REQ_RECOVERY if recovery else 0)
+            ack = await client.add(frame)
+            return Status(ack.errors[0].status if ack.errors else ack.status)
+        finally:
+            await client.close()
+    assert run(zombie_add(a, lid, 10)) is Status.FENCED
+    assert run(zombie_add(b, lid, 10)) is Status.OK              # (b and c: Qa)
+    assert run(zombie_add(c, lid, 10)) is Status.READ_ONLY
+    assert run(zombie_add(c, lid, 5, recovery=True)) is Status.OK
+    assert run(zombie_add(c, rejoined_at + 1000, 0)) is Status.OK
 
 
 def own_store(env):

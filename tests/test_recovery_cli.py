@@ -159,6 +159,8 @@ def test_status_switch_list_and_whoisauditor(own):
                     mpb.BookieRegistration(bookie_id=victim.bookie_id, address="127.0.0.1:1"), ttl=5)
             assert victim.bookie_id not in {
                 r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
+            from bookie.cookie import read_etcd
+            assert read_etcd(store, own.cluster, victim.bookie_id).released   # (bookie/cookie.py: no dir holds it)
         finally:
             store.close()
         await bk.close()

@@ -418,8 +418,8 @@ class ReplicationWorker:
 
 async def scan_pages(client, page: int = 100):
     """Yields ``{ledger id: bookies its fragments name}`` a page of ledgers
-    at a time: one scan of the ledgers' keys at one revision
-    (``LedgerStore.named_bookies``), read lazily."""
+    at a time: one scan of the ledgers' keys (``LedgerStore.named_bookies``,
+    each page of keys at the then current revision), read lazily."""
     it = client.ledgers.named_bookies()
     while True:
         named = await asyncio.to_thread(lambda: dict(itertools.islice(it, page)))
