@@ -37,7 +37,11 @@ a cookie   none        the cookie's        STAMP_ETCD: a first start cut off
                                            deleted while the data was kept
 a cookie   none        none or another     REFUSE: another or a rebuilt etcd
 a cookie   released    the cookie's        REFUSE: the id's data was moved
-                                           elsewhere; this dir is stale
+                                           elsewhere; this dir is stale (but
+                                           STAMP_ETCD over the mark where the
+                                           file was stamped over that very
+                                           mark: its rejoined_at is at or
+                                           above the mark's revision)
 a cookie   a cookie    the cookies'        OK when the two are the same
                                            (bookie id, cluster, data dir)
 a cookie   a cookie    none or another     REFUSE
@@ -145,10 +149,11 @@ class Verdict(enum.Enum):
 
 
 def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
-          bookie_id: str) -> tuple[Verdict, str]:
+          bookie_id: str, remote_rev: int = 0) -> tuple[Verdict, str]:
     """The verdict on a start of bookie ``bookie_id``, and why when REFUSE
     (see the module's table): ``local`` the data dir's cookie, ``remote``
-    etcd's for ``bookie_id``, ``cluster_id`` the cluster record's."""
+    etcd's for ``bookie_id`` (written at ``remote_rev``), ``cluster_id``
+    the cluster record's."""
     if local is not None and local.bookie_id != bookie_id:
         return Verdict.REFUSE, (f"the data dir's cookie names bookie {local.bookie_id!r}, not {bookie_id!r}: "
                                 "this is another bookie's data dir")
@@ -171,6 +176,8 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
     if remote is None:
         return Verdict.STAMP_ETCD, ""
     if remote.released:
+        if local.rejoined_at >= remote_rev > 0:   # stamped over this mark, cut off before the key's CAS
+            return Verdict.STAMP_ETCD, ""
         return Verdict.REFUSE, (
             f"etcd marks bookie {bookie_id!r}'s id released ({_when(remote)}): its ledgers were moved to other "
             "bookies, and this data dir's are stale. Empty the data dir to start as a new bookie under the id")
@@ -247,7 +254,7 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     local = read_local(data_dir, bookie_id)
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
         cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
-        verdict, why = judge(local, remote, cluster_id, bookie_id)
+        verdict, why = judge(local, remote, cluster_id, bookie_id, remote_rev)
         if verdict is Verdict.OK:
             return local
         if verdict is Verdict.REFUSE or (verdict is Verdict.LOST and not rejoin):

@@ -77,15 +77,15 @@ master key (ledger password)   the request that creates a ledger's state sets
                                changes.  Normal reads are not checked.
 ============================== ===============================================
 
-A bookie that lost its disk and took its old id again (``--on-lost-disk
-rejoin``, bookie/cookie.py: once no ledger names it) lost the fences and
-terms it held.  A writer cut off since (a zombie: its ledger recovered or
+A bookie that lost its disk and took its old id again (bookie/cookie.py:
+once no ledger names it, by ``--on-lost-disk rejoin`` or ``bookies cookie
+delete``) lost the fences and terms it held.  A writer cut off since (a zombie: its ledger recovered or
 taken over without it, then the lost bookie replaced in that fragment)
 still holds an ensemble naming it, and the fence it raised there counted
 among the Qw - Qa + 1 of its write set: its normal adds would find one more
 bookie accepting them than the recovery left, Qa with one that was never
 fenced, and be acknowledged past the ledger's end.  So ``rejoined_at`` (the
-etcd revision its cookie was stamped over the lost one at; 0: never): a
+etcd revision its cookie was stamped over the released one at; 0: never): a
 normal add or a prepare for a ledger whose id (a revision too) is below it
 gets READ_ONLY, state or not; recovery adds (autorecovery's copies),
 fencing and term-carrying reads and reads are as on any bookie.  A

@@ -43,6 +43,9 @@ def test_the_rule():
     released = Cookie("b1", "c1", "", 5)
     assert released.released and not mine.released
     assert judge(None, released, "c1", "b1") == (Verdict.STAMP, "")      # the id taken again: a rejoin
+    over = Cookie("b1", "c1", "d3", 9, rejoined_at=70)                   # stamped over a mark written at 70,
+    assert judge(over, released, "c1", "b1", 70) == (Verdict.STAMP_ETCD, "")   # cut off before etcd's key
+    assert judge(over, released, "c1", "b1", 71)[0] is Verdict.REFUSE    # (a later mark: this dir is stale)
     verdict, why = judge(None, mine, "c1", "b1")                         # wiped: refused, or rejoins when free
     assert verdict is Verdict.LOST and "lost its data" in why and "--on-lost-disk rejoin" in why
     refused = {
@@ -112,6 +115,15 @@ def test_a_released_id_is_stamped_anew_as_a_rejoin(store, cluster, tmp_path):
     assert fresh.rejoined_at >= rev > first.rejoined_at == 0
     assert read_etcd(store, cluster, "b1") == fresh == read_local(b, "b1")
     assert verify(store, cluster, b, "b1") == fresh                        # its next start: OK, nothing written
+    # a rejoin cut off between its file and etcd's key: the file stamped over the mark, the mark still there
+    assert release(store, cluster, "b1")
+    c = tmp_path / "c"
+    c.mkdir()
+    cut = Cookie("b1", first.cluster_id, "d-cut", 1, store.current_revision())
+    write_local(c, cut)
+    with pytest.raises(InvalidCookie, match="released"):
+        verify(store, cluster, b, "b1")                                    # (b's stamp is older than the mark)
+    assert verify(store, cluster, c, "b1") == cut == read_etcd(store, cluster, "b1")
 
 
 def test_a_lost_disk_rejoins_once_its_id_is_free(store, cluster, tmp_path):
