@@ -189,21 +189,36 @@ async def connect(urls: list[str], window: int = 10_000):
 API_RETRIES = {"count": 0}
 
 
-async def _api(call, *args, **kw):
-    """A JetStream API request, asked again (twice at most) when it gets no
-    answer in time: seen, rarely, for requests right after a burst of
-    publishes on this 2-core machine.  Each of these requests is idempotent
-    here (creating an identical stream, reading its info, creating an
-    ephemeral consumer, deleting)."""
-    import nats.errors
+NO_PEERS = 10005   # JetStream's "no suitable peers for placement" (JSClusterNoPeersErrF)
+NO_PEERS_WAIT = 10.0   # seconds that answer is asked again for
 
-    for attempt in range(3):
+
+async def _api(call, *args, **kw):
+    """A JetStream API request, asked again when it gets no answer in time
+    (twice at most: seen, rarely, for requests right after a burst of
+    publishes on this 2-core machine), or "no suitable peers for placement"
+    (for up to ``NO_PEERS_WAIT``: a metadata leader elected anew while the machine is
+    loaded, as in CI with TLC beside the suite, counts no peer current
+    until they answer it; seen once, in a stream's creation).  Each of these
+    requests is idempotent here (creating an identical stream, reading its
+    info, creating an ephemeral consumer, deleting)."""
+    import nats.errors
+    import nats.js.errors
+
+    timeouts, deadline, delay = 0, time.monotonic() + NO_PEERS_WAIT, 0.1
+    while True:
         try:
             return await call(*args, **kw)
         except nats.errors.TimeoutError:
-            if attempt == 2:
+            timeouts += 1
+            if timeouts == 3:
                 raise
-            API_RETRIES["count"] += 1
+        except nats.js.errors.APIError as e:
+            if e.err_code != NO_PEERS or time.monotonic() + delay > deadline:
+                raise
+            await asyncio.sleep(delay)   # (the peer's server announces no such event to a client)
+            delay = min(1.0, delay * 2)
+        API_RETRIES["count"] += 1
 
 
 async def create_stream(js, name: str, subject: str, replicas: int = 3) -> dict:

@@ -396,6 +396,40 @@ def test_jetstream_peer_is_a_3_node_cluster_with_replicas_3_that_reads_back(tmp_
     assert not any(s.alive() for s in cluster.servers)
 
 
+def test_jetstream_peer_asks_again_while_no_peers_are_suitable(tmp_path, monkeypatch):
+    """"No suitable peers for placement" (as after a metadata leader's
+    re-election under load: CI's case, once) is asked again for
+    ``NO_PEERS_WAIT``, then raised; any other refusal at once.  Real
+    answers of the real cluster: an R5 stream on three servers, a stream's
+    name taken by another configuration."""
+    pytest.importorskip("nats")
+    import nats.js.errors
+
+    monkeypatch.setattr(peer_jetstream, "NO_PEERS_WAIT", 1.0)
+    cluster = peer_jetstream.JetStreamCluster(tmp_path / "js").start()
+    try:
+        async def go():
+            nc, js = await peer_jetstream.connect(cluster.urls)
+            try:
+                before = peer_jetstream.API_RETRIES["count"]
+                with pytest.raises(nats.js.errors.APIError) as no_peers:
+                    await peer_jetstream.create_stream(js, "t5", "t5.data", replicas=5)
+                asked_again = peer_jetstream.API_RETRIES["count"] - before
+                await peer_jetstream.create_stream(js, "t", "t.data")
+                before = peer_jetstream.API_RETRIES["count"]
+                with pytest.raises(nats.js.errors.APIError) as other:
+                    await peer_jetstream.create_stream(js, "t", "other.data")
+                return no_peers.value, asked_again, other.value, peer_jetstream.API_RETRIES["count"] - before
+            finally:
+                await nc.close()
+
+        no_peers, asked_again, other, other_again = asyncio.run(go())
+    finally:
+        cluster.stop()
+    assert no_peers.err_code == peer_jetstream.NO_PEERS and asked_again >= 3   # (0.1 + 0.2 + 0.4 s ... < 1 s)
+    assert other.err_code != peer_jetstream.NO_PEERS and other_again == 0
+
+
 def test_profile_names_where_the_client_and_a_bookie_spend_their_cpu(tmp_path):
     out = tmp_path / "profile.json"
     proc = subprocess.run(
