@@ -68,7 +68,9 @@ bookie registered under it, no ledger's fragment naming it, read at the
 revision of the cookie's read), then releases it if etcd's cookie is
 unchanged since (a CAS on its mod revision) and starts as a new bookie.  A
 ledger created after that read cannot name it: placement chooses
-registered bookies only.
+registered bookies only.  (tla/BookstreamRejoin.tla: a rejoin while a
+ledger names the id, mutant ``rejoin_while_named``, lets a recovery take
+its empty answers for the truth and close before an acknowledged entry.)
 
 A cookie stamped over a released one keeps the revision of the read that
 saw it released (``rejoined_at``): a ledger below it may have a writer cut

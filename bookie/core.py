@@ -91,7 +91,8 @@ gets READ_ONLY, state or not; recovery adds (autorecovery's copies),
 fencing and term-carrying reads and reads are as on any bookie.  A
 writer's add is then replaced elsewhere (classic ledgers), a stream's
 joining bookie chosen again; the ledgers created after the rejoin use it
-fully.
+fully.  (tla/BookstreamRejoin.tla: without the rule, mutant ``no_barrier``,
+TLC finds the zombie's add acknowledged past the closed end.)
 
 The master key is BookKeeper's: the client derives it from the ledger's
 password (stream/password.py) and never sends the password.  The bookie keeps

@@ -34,13 +34,14 @@ BASE = HERE / "BookstreamBase.tla"  # constants, write sets, state, bookie rules
 SPEC = HERE / "BookstreamLedger.tla"
 FINER = HERE / "BookstreamFiner.tla"  # extends SPEC: channels, restarts, explicit LAC
 COPY = HERE / "BookstreamCopy.tla"  # on its own: autorecovery's copy under its etcd lock
+REJOIN = HERE / "BookstreamRejoin.tla"  # on its own: a lost disk back under its id, a zombie writer
 MODELS = HERE / "models"
 
 
 def copy_specs(dest, extra: tuple = ()) -> None:
     """The spec's modules (and `extra` ones) into a scratch directory, where
     TLC runs: its states/ and trace files never land in the tree."""
-    for f in (BASE, SPEC, FINER, COPY, *extra):
+    for f in (BASE, SPEC, FINER, COPY, REJOIN, *extra):
         shutil.copy(f, Path(dest, f.name))
 
 OK = "ok"  # TLC finished the whole state space (queue empty), no error
@@ -129,6 +130,11 @@ CONFIGS = [
     Config("mutant_copy_no_guard", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
     Config("mutant_copy_gc_no_lock", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
     Config("mutant_copy_gc_no_fence", "violation:PublishedHolds", deadlock=False, module="BookstreamCopy"),
+    # A lost disk back under its old id and a zombie writer (a module of its
+    # own), and the mutants without each rule of the way back.
+    Config("rejoin", OK, module="BookstreamRejoin"),
+    Config("mutant_rejoin_no_barrier", "violation:ClosedCoversAcked", module="BookstreamRejoin"),
+    Config("mutant_rejoin_while_named", "violation:ClosedCoversAcked", module="BookstreamRejoin"),
     # Larger models, minutes each: `check.py --all` (or by name).
     Config("ext_lost_acks_any_order", OK, extended=True),
     Config("ext_ensemble_crash", OK, deadlock=False, extended=True),
