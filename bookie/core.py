@@ -88,10 +88,12 @@ fenced, and be acknowledged past the ledger's end.  So ``rejoined_at`` (the
 etcd revision its cookie was stamped over the released one at; 0: never): a
 normal add or a prepare for a ledger whose id (a revision too) is below it
 gets READ_ONLY, state or not; recovery adds (autorecovery's copies),
-fencing and term-carrying reads and reads are as on any bookie.  A
-writer's add is then replaced elsewhere (classic ledgers), a stream's
-joining bookie chosen again; the ledgers created after the rejoin use it
-fully.  (tla/BookstreamRejoin.tla: without the rule, mutant ``no_barrier``,
+fencing and term-carrying reads and reads are as on any bookie.  Its
+registration carries ``rejoined_at`` and placement leaves it out of those
+ledgers' changes and rolls (``stream.placement.rejoined_after``); a writer
+that chose it before seeing the registration has its add replaced
+elsewhere (classic ledgers), a stream's joining bookie chosen again.  The
+ledgers created after the rejoin use it fully.  (tla/BookstreamRejoin.tla: without the rule, mutant ``no_barrier``,
 TLC finds the zombie's add acknowledged past the closed end.)
 
 The master key is BookKeeper's: the client derives it from the ledger's

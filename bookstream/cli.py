@@ -243,6 +243,7 @@ def _registration_factory(args: argparse.Namespace):
             free_bytes=free,
             total_bytes=total,
             max_entry_size=server.config.storage.max_entry_size,  # the clients' limit (EntryTooLarge)
+            rejoined_at=server.storage.core.rejoined_at,   # older ledgers' changes leave it out
         )
         lease_file = Path(server.config.data_dir) / LEASE_FILE
         # The lease of this bookie's previous run (recorded below): a

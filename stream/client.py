@@ -36,7 +36,7 @@ from stream.mutations import Mutations
 from stream.ledger import LedgerHandle, read_lac_covering, recover_ledger
 from stream import password as ledger_password
 from stream.metrics import ClientMetrics
-from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy
+from stream.placement import BookieHealth, PlacementPolicy, choose_with_fallback, get_policy, rejoined_after
 
 log = logging.getLogger(__name__)
 
@@ -397,13 +397,19 @@ class BookKeeperClient:
         return bc
 
     async def choose_bookies(self, n: int, exclude: "Iterable[str] | dict[str, str]" = (),
-                             policy: PlacementPolicy | str | None = None) -> list[str]:
+                             policy: PlacementPolicy | str | None = None, *,
+                             ledger_id: int | None = None) -> list[str]:
         """``n`` writable bookies, none of ``exclude`` (ids, or id -> why);
         recently failed ones only when the others are too few (the least
-        suspect first).  NotEnoughBookies names who was left out and why."""
+        suspect first).  For an existing ledger's change or roll
+        (``ledger_id``), none that rejoined its id after the ledger was
+        created (``rejoined_after``: it would refuse the adds).
+        NotEnoughBookies names who was left out and why."""
         regs = await self._registrations(True)
         pol = self.placement if policy is None else get_policy(policy)
         why = dict(exclude) if isinstance(exclude, dict) else {b: "excluded" for b in exclude}
+        if ledger_id is not None:
+            why.update((b, w) for b, w in rejoined_after(regs, ledger_id).items() if b not in why)
         return choose_with_fallback(pol, regs, n, why, self.health.suspects(time.monotonic()))
 
     # -- ledgers --------------------------------------------------------------------

@@ -316,7 +316,7 @@ class RecoveryDriver:
             self.client.mark_failed(rp.bookie_id, "recovery write failed")
             exclude = {b: "in the ensemble" for b in (*self.core.ensemble, *self.core.read_ensemble)}
             try:
-                (new,) = await self.client.choose_bookies(1, exclude, None)
+                (new,) = await self.client.choose_bookies(1, exclude, None, ledger_id=self.lid)
             except err.BookKeeperError as e:
                 self.missing.setdefault(rp.bookie_id, "failed")
                 self._traced(self.core.abort, f"no bookie to replace {rp.bookie_id}: {e}")

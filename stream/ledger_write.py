@@ -464,7 +464,8 @@ class LedgerWriter:
                 if prop.reason is not ChangeReason.ROLL:
                     exclude = {b: "in the ensemble" for b in prop.ensemble}
                 try:
-                    picks = await client.choose_bookies(len(prop.replace), exclude, self.h.placement)
+                    picks = await client.choose_bookies(len(prop.replace), exclude, self.h.placement,
+                                                         ledger_id=lid)
                 except err.NotEnoughBookies as e:
                     # No bookie to replace them with: while Qa of every write
                     # set is left, the writer goes on without the failed ones

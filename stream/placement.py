@@ -55,6 +55,17 @@ def eligible(candidates: Sequence, n: int, exclude: Iterable[str]) -> list:
     return out
 
 
+def rejoined_after(candidates: Sequence, ledger_id: int) -> dict[str, str]:
+    """The bookies that took their ids again after a lost disk
+    (``rejoined_at``, bookie/cookie.py) at a revision above ``ledger_id``
+    (a revision too): they refuse that ledger's normal adds and prepares
+    (READ_ONLY, bookie/core.py), so its changes and rolls leave them out
+    (bookie -> why)."""
+    return {c.bookie_id: f"rejoined its id after a lost disk (revision {c.rejoined_at}), "
+                         f"after ledger {ledger_id} was created"
+            for c in candidates if ledger_id < int(getattr(c, "rejoined_at", 0) or 0)}
+
+
 def choose_with_fallback(policy: "PlacementPolicy", candidates: Sequence, n: int,
                          exclude: Mapping[str, str], avoid: Sequence[tuple[str, str]]) -> list[str]:
     """``n`` bookies from ``policy``, never one of ``exclude`` (bookie ->
@@ -193,4 +204,4 @@ def get_policy(policy: "str | PlacementPolicy | None") -> PlacementPolicy:
 
 
 __all__ = ["PlacementPolicy", "RandomPlacement", "LeastLoadedPlacement", "POLICIES", "get_policy", "eligible",
-           "choose_with_fallback", "BookieHealth"]
+           "choose_with_fallback", "rejoined_after", "BookieHealth"]

@@ -26,7 +26,7 @@ from metadata.layout import KeyLayout
 from metadata.ledgers import Fragment
 from metadata.txn import Delete
 from stream.client import BookKeeperClient
-from stream.errors import LedgerRecoveryFailed
+from stream.errors import LedgerRecoveryFailed, NotEnoughBookies
 from tests.conftest import run
 from tests.test_autorecovery import until
 from tests.test_recovery_cli import cli, closed_ledger
@@ -332,6 +332,19 @@ def test_a_bookie_rejoined_under_its_id_gives_a_zombie_writer_no_ack(own):
     assert run(zombie_add(c, lid, 10)) is Status.READ_ONLY
     assert run(zombie_add(c, lid, 5, recovery=True)) is Status.OK
     assert run(zombie_add(c, rejoined_at + 1000, 0)) is Status.OK
+
+    # Its registration says so, and placement leaves it out of the old
+    # ledger's changes (it would refuse them), not out of new ledgers.
+    async def choices():
+        async with BookKeeperClient(own.endpoint, own.cluster) as bk:
+            reg = {r.bookie_id: r for r in await bk._registrations(True)}[c.bookie_id]
+            with pytest.raises(NotEnoughBookies) as ei:
+                await bk.choose_bookies(4, (), ledger_id=lid)
+            return reg.rejoined_at, ei.value.excluded, await bk.choose_bookies(4, ()), \
+                await bk.choose_bookies(4, (), ledger_id=rejoined_at)
+    reg_at, left_out, new_ledger, newer = run(choices())
+    assert reg_at == rejoined_at and "rejoined its id" in left_out[c.bookie_id] and len(left_out) == 1
+    assert c.bookie_id in new_ledger and c.bookie_id in newer
 
 
 def own_store(env):

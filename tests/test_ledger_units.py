@@ -12,7 +12,7 @@ from metadata import errors as me
 from stream import errors as se
 from stream import writer_core as wc
 from stream.bookie_client import BookieUnavailable
-from stream.placement import LeastLoadedPlacement, RandomPlacement, get_policy
+from stream.placement import LeastLoadedPlacement, RandomPlacement, get_policy, rejoined_after
 
 
 def reg(bid, free=0, ro=False):
@@ -68,6 +68,15 @@ def test_least_loaded_prefers_free_bytes():
     cands = [reg("a", 10), reg("b", 300), reg("c", 200), reg("d", 5)]
     assert LeastLoadedPlacement().choose(cands, 2) == ["b", "c"]
     assert LeastLoadedPlacement().choose(cands, 2, exclude={"b"}) == ["c", "a"]
+
+
+def test_a_bookie_rejoined_after_a_ledger_is_left_out_of_its_changes():
+    # (bookie/cookie.py: a lost disk back under its id refuses older ledgers' adds)
+    cands = [reg("a"), reg("b"), reg("c")]
+    cands[2].rejoined_at = 500
+    assert rejoined_after(cands, 499).keys() == {"c"} and "revision 500" in rejoined_after(cands, 499)["c"]
+    assert rejoined_after(cands, 500) == {} and rejoined_after(cands, 10_000) == {}
+    assert rejoined_after([SimpleNamespace(bookie_id="x")], 1) == {}     # (a registration without the field)
 
 
 def test_get_policy():
