@@ -176,14 +176,14 @@ def range_request_problem(request) -> str:
 
 
 class BookieService(pb_grpc.BookieServicer):
-    def __init__(self, storage: Storage, config: BookieConfig):
+    def __init__(self, storage: Storage, config: BookieConfig, metrics: BookieMetrics | None = None):
         self.storage = storage
         self.config = config
         self.read_entry_requests = 0
         self.read_range_requests = 0
         self.read_range_entries = 0
         self.registration_status = lambda: None  # set by BookieServer: the etcd registration's status()
-        self.metrics = BookieMetrics()  # bookie/metrics.py; served by bookstream/admin_http.py
+        self.metrics = metrics or BookieMetrics()  # bookie/metrics.py; served by bookstream/admin_http.py
         storage.journal.on_commit = self.metrics.commit
 
     # -- adds ----------------------------------------------------------------
@@ -555,6 +555,11 @@ class BookieServer:
         self.port = 0
         self.read_port = None   # bookie/read_port.py ReadPort, once started
         self._tasks: list[asyncio.Task] = []
+        self.service: BookieService | None = None   # once its storage is open and its cookie judged
+        self.metrics = BookieMetrics()   # (before start: the admin port serves while it starts)
+        # What start() is doing, None once it serves: the admin port's /ready
+        # and /info say it (a long journal replay, a lost disk waiting to rejoin).
+        self.starting: str | None = "not started"
 
     @property
     def address(self) -> str:
@@ -580,6 +585,7 @@ class BookieServer:
     async def start(self) -> None:
         t0 = time.monotonic()
         restarted = self.config.trace and self.storage.has_history()  # (tests only: the trace's restart)
+        self.starting = "opening its storage (replaying the journal)"
         await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
         log.info("storage opened in %.2fs", time.monotonic() - t0)
         if self.config.trace:  # (after the replay: a restart's replay is one step, with what it replayed)
@@ -588,10 +594,11 @@ class BookieServer:
             if restarted:
                 self.storage.tracer.restart()
         self.storage.update_read_only()
+        self.starting = "checking its cookie"
         if self.config.bookie_id:   # (known: judged before any port is bound, so a refused or waiting bookie
             await self._judge_cookie()   # refuses connections rather than leave them unanswered)
         self.server = grpc.aio.server(options=GRPC_OPTIONS)
-        service = BookieService(self.storage, self.config)
+        service = BookieService(self.storage, self.config, self.metrics)
         service.registration_status = lambda: self.registration.status() if self.registration else None
         self.service = service  # the admin HTTP port reads its Info (bookstream/admin_http.py)
         register(service, self.server)
@@ -610,6 +617,7 @@ class BookieServer:
             self.read_port = ReadPort(service, cfg.host, cfg.read_port)
             await self.read_port.start()
         if self._registration_factory is not None:
+            self.starting = "registering in etcd"
             self.registration = await asyncio.get_running_loop().run_in_executor(
                 None, self._registration_factory, self
             )
@@ -627,6 +635,7 @@ class BookieServer:
                 self._tasks.append(asyncio.create_task(
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id),
                     name="over-replicated-gc"))
+        self.starting = None
 
     async def _disk_loop(self) -> None:
         """Re-checks disk usage, and keeps the etcd registration in step with

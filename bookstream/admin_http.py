@@ -11,6 +11,14 @@
   counters and histograms (``bookie/metrics.py``) and the Info figures;
 - `/info`: the Info figures as JSON (the same record `bookstream bookies info` prints).
 
+The port opens before the bookie starts (``BookieServer.starting``: its
+journal's replay, its cookie's check, a lost disk waiting to rejoin under
+its id, its registration), so a liveness probe does not restart a bookie
+that is busy starting: meanwhile `/health` is 200 while the loop answers,
+`/ready` 503 with what it is doing, `/info` 503 with the same, and
+`/metrics` has `bookstream_bookie_starting` 1 and the data path's figures
+only.
+
 Every figure comes from one source, the bookie's own Info RPC handler, run on
 the bookie's event loop (so what HTTP reports is a consistent snapshot, read
 where the values change); the HTTP server is a small threaded WSGI server of
@@ -71,6 +79,13 @@ def readiness(rec: dict) -> tuple[bool, str]:
     return True, "ready"
 
 
+class Starting:
+    """What a snapshot is while the bookie starts: its id and what it is doing."""
+
+    def __init__(self, bookie_id: str, phase: str):
+        self.bookie_id, self.phase = bookie_id, phase
+
+
 class _Collector:
     """Prometheus families from one Info snapshot per scrape."""
 
@@ -85,6 +100,12 @@ class _Collector:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
         i = self._snapshot()
+        if isinstance(i, Starting):
+            g = GaugeMetricFamily("bookstream_bookie_starting", "1 while the bookie starts (not serving yet)",
+                                  labels=["bookie_id"])
+            g.add_metric([i.bookie_id], 1.0)
+            yield g
+            return
         rec = info_record(i)
         bid = [i.bookie_id]
 
@@ -98,6 +119,7 @@ class _Collector:
             c.add_metric(bid, float(value))
             return c
 
+        yield gauge("starting", "1 while the bookie starts (not serving yet)", 0)
         yield gauge("registered", "1 while the bookie's etcd registration is held",
                     rec["registration_state"] in ("held", "suspect"))
         yield gauge("unregistered_seconds", "seconds since the registration was lost (0 when held)",
@@ -205,7 +227,7 @@ class AdminHttp:
         self._bookie = server
         self._loop = loop
         # the data path's counters and histograms (bookie/metrics.py), and the Info figures read per scrape
-        self._registry = server.service.metrics.registry
+        self._registry = server.metrics.registry
         self._registry.register(_Collector(self.snapshot, server.storage.journal))
         self._generate = generate_latest
         context = _TlsContext(tls) if tls is not None else None  # checked before the port is opened
@@ -226,8 +248,14 @@ class AdminHttp:
         self._httpd.server_close()
 
     def snapshot(self):
-        """The bookie's InfoResponse, computed on its event loop."""
-        fut = asyncio.run_coroutine_threadsafe(self._bookie.service.Info(None, None), self._loop)
+        """The bookie's InfoResponse, computed on its event loop; while it
+        starts, a ``Starting`` once the loop has answered."""
+        b = self._bookie
+        service, phase = b.service, b.starting
+        if service is None or phase is not None:
+            asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop).result(LOOP_TIMEOUT)
+            return Starting(b.config.bookie_id, phase or "starting")
+        fut = asyncio.run_coroutine_threadsafe(service.Info(None, None), self._loop)
         return fut.result(LOOP_TIMEOUT)
 
     def _app(self, environ, start_response):
@@ -236,16 +264,22 @@ class AdminHttp:
             if path == "/metrics":
                 body, ctype, status = self._generate(self._registry), "text/plain; version=0.0.4; charset=utf-8", 200
             elif path in ("/health", "/healthz", "/livez"):
-                self.snapshot()
-                body, ctype, status = b"ok\n", "text/plain", 200
+                i = self.snapshot()
+                body = f"ok (starting: {i.phase})\n".encode() if isinstance(i, Starting) else b"ok\n"
+                ctype, status = "text/plain", 200
             elif path in ("/ready", "/readyz"):
-                ok, why = readiness(info_record(self.snapshot()))
+                i = self.snapshot()
+                ok, why = (False, f"starting: {i.phase}") if isinstance(i, Starting) else readiness(info_record(i))
                 body, ctype, status = (json.dumps({"ready": ok, "reason": why}) + "\n").encode(), "application/json", \
                     200 if ok else 503
             elif path == "/info":
-                rec = info_record(self.snapshot())
-                rec["address"] = self._bookie.address
-                body, ctype, status = (json.dumps(rec) + "\n").encode(), "application/json", 200
+                i = self.snapshot()
+                if isinstance(i, Starting):
+                    rec, status = {"bookie_id": i.bookie_id, "starting": i.phase}, 503
+                else:
+                    rec, status = info_record(i), 200
+                    rec["address"] = self._bookie.address
+                body, ctype = (json.dumps(rec) + "\n").encode(), "application/json"
             else:
                 body, ctype, status = b"not found: try /health /ready /metrics /info\n", "text/plain", 404
         except Exception as e:  # the loop did not answer in time (a stuck bookie), or a bug

@@ -208,6 +208,7 @@ def _cookie_check(args: argparse.Namespace):
             try:
                 return _with_metadata_wait(args, "cookie", lambda: check_once(server))
             except LostDiskNotDrained as e:   # (--on-lost-disk rejoin: serving nothing, unregistered)
+                server.starting = f"waiting to rejoin under its id: {e}"   # (the admin port's /ready)
                 if str(e) != said:   # progress: what holds the id, as it changes
                     log.warning("%s; waiting (autorecovery, or `bookstream recover %s`), looking again every "
                                 "%g s", e, e.bookie_id, args.lost_disk_poll)
@@ -276,20 +277,26 @@ async def run_bookie(args: argparse.Namespace, formatter=None) -> None:
     if hasattr(formatter, "bookie_id"):  # JSON logs name the bookie from here on
         formatter.bookie_id = config.bookie_id
     server = BookieServer(config, _registration_factory(args), _cookie_check(args))
-    await server.start()
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
+    http = None
+    if args.admin_port is not None:   # open while it starts: /health answers through a long replay
+        from bookstream.admin_http import AdminHttp   # or a lost disk's wait, /ready says which
+
+        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port,
+                         tls=_security(args).tls if args.admin_tls else None).start()
+    try:
+        await server.start()
+    except BaseException:
+        if http is not None:
+            http.stop()
+        raise
+    stop = asyncio.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     info = {"bookie_id": config.bookie_id, "address": server.address, "pid": os.getpid(),
             "read_port": server.read_port.port if server.read_port else None,
             "read_address": server.read_address}
-    http = None
-    if args.admin_port is not None:
-        from bookstream.admin_http import AdminHttp
-
-        http = AdminHttp(server, loop, args.admin_host or args.host, args.admin_port,
-                         tls=_security(args).tls if args.admin_tls else None).start()
+    if http is not None:
         info["admin_address"] = http.address
         info["admin_scheme"] = http.scheme
     tune_process()  # after start-up (replay, index): bookstream/tuning.py

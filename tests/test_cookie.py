@@ -28,6 +28,8 @@ from metadata.txn import Delete
 from stream.client import BookKeeperClient
 from stream.errors import LedgerRecoveryFailed, NotEnoughBookies
 from tests.conftest import run
+from tests.test_admin_http import get, wait_status
+from tests.test_read_port import free_port
 from tests.test_autorecovery import until
 from tests.test_recovery_cli import cli, closed_ledger
 
@@ -252,7 +254,9 @@ def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
     stamped = read_local(victim.data_dir, victim.bookie_id)
     victim.kill()
     _wipe(victim)
-    victim.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.2"]
+    admin = f"127.0.0.1:{free_port()}"   # (the admin port opens while it waits: a liveness probe's)
+    victim.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.2",
+                          "--admin-port", admin.split(":")[1]]
     waiting = f"1 ledger(s) still name it ({lid}); waiting"   # (and no more: the killed one's lease gone)
     with ThreadPoolExecutor(1) as pool:
         started = pool.submit(victim.start, 120)
@@ -263,6 +267,10 @@ def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
         assert victim.alive() and not started.done()
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", victim.port), timeout=2).close()
+        health, ready, metrics = get(admin, "/health"), get(admin, "/ready"), get(admin, "/metrics")
+        assert health[0] == 200 and b"starting: waiting to rejoin" in health[1]
+        assert ready[0] == 503 and "still name it" in json.loads(ready[1])["reason"]
+        assert f'bookstream_bookie_starting{{bookie_id="{victim.bookie_id}"}} 1.0' in metrics[1].decode()
         with own_store(own) as store:
             assert victim.bookie_id not in {r.bookie_id for r in BookieRegistry(store, own.cluster).list_bookies()}
             assert read_etcd(store, own.cluster, victim.bookie_id) == stamped      # (nothing deleted yet)
@@ -271,6 +279,7 @@ def test_a_wiped_bookie_told_to_rejoin_waits_unserved_until_recovered(own):
         assert shown["rejoined_at_revision"] is None
         assert cli(own, "recover", victim.bookie_id).returncode == 0
         started.result(timeout=120)
+    assert victim.admin_address == admin and wait_status(admin, "/ready", 200)
     _back_as_new(own, victim, stamped, lid, payloads)
 
 
