@@ -92,6 +92,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import time
 import uuid
 from pathlib import Path
@@ -101,6 +102,8 @@ from bookstream_pb import metadata_pb2 as mpb
 from metadata.errors import BadVersion, InvalidCookie, KeyExists, LostDiskNotDrained, decode_message
 from metadata.layout import KeyLayout
 from metadata.txn import Get
+
+log = logging.getLogger(__name__)
 
 COOKIE_FILE = "cookie"
 COOKIE_VERSION = 1
@@ -163,7 +166,8 @@ def judge(local: Cookie | None, remote: Cookie | None, cluster_id: str | None,
         return Verdict.STAMP, ""
     if local is None:
         return Verdict.LOST, (
-            f"etcd has a cookie for bookie {bookie_id!r} (stamped {_when(remote)}) but its data dir has none: "
+            f"etcd has a cookie for bookie {bookie_id!r} (stamped {_when(remote)}) but its data dir has none "
+            "(or a cookie file and no data): "
             "the data dir lost its data, or is not this bookie's. A bookie that lost what it acknowledged must "
             "not serve under its old id (a recovery would take its empty answers as proof that acknowledged "
             f"entries were never written). Start it with a new id; or run `bookstream recover {bookie_id}` "
@@ -243,17 +247,25 @@ def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -
     return registered, LedgerStore(store, cluster).naming(bookie_id, revision)
 
 
-def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = False) -> Cookie:
+def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = False,
+           data_present: bool = True) -> Cookie:
     """Judges the start of ``bookie_id`` on ``data_dir`` and stamps what the
     verdict says; returns the cookie both now hold, or raises
     ``InvalidCookie``.  ``rejoin`` (``--on-lost-disk rejoin``): a data dir
     that lost its data is stamped anew once its id is free, and
     ``LostDiskNotDrained`` says what holds it until then (the caller waits
-    and asks again).  Raises the metadata's errors (etcd unavailable)."""
+    and asks again).  ``data_present``: whether the data dir held a journal
+    or a checkpoint before this start (``Storage.had_history``); a cookie
+    file without them is judged as no cookie (the data lost).  Raises the
+    metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
     layout = KeyLayout(cluster)
     local = read_local(data_dir, bookie_id)
+    if local is not None and not data_present:   # (its journal and checkpoint gone, the cookie file kept)
+        log.warning("bookie %s: the data dir keeps its cookie file but no journal and no checkpoint: judged as "
+                    "a data dir that lost its data", bookie_id)
+        local = None
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
         cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
         verdict, why = judge(local, remote, cluster_id, bookie_id, remote_rev)

@@ -14,7 +14,11 @@ covers only those records' 8 header bytes and the scan verifies the entries'
 CRCs instead (one pass over the bytes on the add path, not two).  A torn tail
 (a record cut short, or failing its CRCs, after a crash) is detected on open
 and cut off: everything after it in that segment is discarded, and it is never
-served.
+served.  Only the newest segment holding records can have one: a segment is
+begun only once the one before it is durable (``_open_write_segment``), so
+a bad record followed by a segment holding records is a loss of the disk's,
+and the scan refuses it (``JournalDamaged``) rather than cut acknowledged
+records off.
 
 Group commit: ``append`` only buffers; ``sync()`` returns once everything
 appended before the call is written and fdatasync'ed.  One flusher thread does
@@ -187,6 +191,34 @@ def pread_exactly(fd: int, length: int, offset: int, seg: int | str = "?") -> by
         raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
     return data
 
+class JournalDamaged(RuntimeError):
+    """The journal lost records a crash cannot explain (Journal.scan)."""
+
+
+def _record_at(mv: memoryview, seg: int, off: int) -> ScannedRecord | None:
+    """The valid record at ``off`` of a segment's bytes, or None: none fits
+    there (the end, zeros, a torn or corrupt record)."""
+    if off + RECORD_HEADER_SIZE > len(mv):
+        return None
+    blen, rtype, crc = RECORD_HEADER.unpack_from(mv, off)
+    if rtype == 0:
+        return None  # no record has type 0: zeros, or a torn tail
+    body_off = off + RECORD_HEADER_SIZE
+    if body_off + blen > len(mv):
+        return None
+    body = mv[body_off : body_off + blen]
+    runs = None
+    if rtype in ENTRY_RECORD_TYPES:
+        if crc32(mv[off : off + 8]) != crc:
+            return None
+        runs = verified_runs(rtype, body)
+        if runs is None:
+            return None
+    elif crc32(body, crc32(mv[off : off + 8])) != crc:
+        return None
+    return ScannedRecord(rtype, body, seg, body_off, JournalPosition(seg, body_off + blen), runs)
+
+
 class Journal:
     """Segments under `directory`; one writer (this object), many readers."""
 
@@ -293,7 +325,11 @@ class Journal:
         """Yields the valid records from `start` to the end of the journal.
 
         Stops at the first torn or corrupt record; `self.scan_end` then says
-        where the valid journal ends."""
+        where the valid journal ends.  Raises JournalDamaged when a later
+        segment holds a valid record: that segment was begun only once this
+        one was durable (``_open_write_segment``), so the bad record is the
+        disk's loss, not a crash's torn tail, and cutting the journal there
+        would drop acknowledged entries."""
         self.scan_end = start
         for seg in self.segments():
             if seg < start.segment:
@@ -301,37 +337,25 @@ class Journal:
             data = self.path(seg).read_bytes()
             mv = memoryview(data)
             off = start.offset if seg == start.segment else 0
-            while off + RECORD_HEADER_SIZE <= len(data):
-                blen, rtype, crc = RECORD_HEADER.unpack_from(data, off)
-                if rtype == 0:
-                    break  # no record has type 0: zeros, or a torn tail
-                body_off = off + RECORD_HEADER_SIZE
-                if body_off + blen > len(data):
-                    break
-                body = mv[body_off : body_off + blen]
-                runs = None
-                if rtype in ENTRY_RECORD_TYPES:
-                    if crc32(mv[off : off + 8]) != crc:
-                        break
-                    runs = verified_runs(rtype, body)
-                    if runs is None:
-                        break
-                elif crc32(body, crc32(mv[off : off + 8])) != crc:
-                    break
-                off = body_off + blen
-                self.scan_end = JournalPosition(seg, off)
-                yield ScannedRecord(rtype, body, seg, body_off, self.scan_end, runs)
+            while (rec := _record_at(mv, seg, off)) is not None:
+                off = rec.end.offset
+                self.scan_end = rec.end
+                yield rec
             if off != len(data) and data.count(0, off) == len(data) - off:
                 pass  # the zeros of a preallocated segment: its records end here
             elif off != len(data):
+                later = [s for s in self.segments() if s > seg]
+                written = [s for s in later if _record_at(memoryview(self.read_segment(s)), s, 0) is not None]
+                if written:
+                    raise JournalDamaged(
+                        f"journal segment {seg} has a bad record at {off} of {len(data)} bytes, and segment "
+                        f"{written[0]}, begun only once it was durable, holds records: the disk lost data there "
+                        "(not a crash's torn tail); not cut off")
                 log.warning("journal segment %d: torn tail at %d of %d bytes, cut off", seg, off, len(data))
                 self.scan_end = JournalPosition(seg, off)
-                # A torn record ends the valid journal: later segments cannot
-                # have been written after it.
-                for later in self.segments():
-                    if later > seg:
-                        log.warning("journal segment %d follows a torn tail: removed", later)
-                        os.unlink(self.path(later))
+                for s in later:   # (empty, or the zeros of a prepared segment)
+                    log.warning("journal segment %d follows a torn tail: removed", s)
+                    os.unlink(self.path(s))
                 return
             self.scan_end = JournalPosition(seg, off)
 

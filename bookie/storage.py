@@ -44,6 +44,7 @@ from bookie.journal import (
     R_RELOCATED,
     R_STATE,
     Journal,
+    JournalDamaged,
     JournalPosition,
     write_durably,
 )
@@ -57,6 +58,14 @@ _CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
 
 class StorageFormatError(RuntimeError):
     """The data dir holds records of another layout than this bookie's."""
+
+
+class DamagedDataDir(RuntimeError):
+    """The data dir lost part of what the bookie acknowledged (``Storage.open``):
+    a journal segment or the checkpoint gone, a segment cut short, a record
+    lost before later ones.  Served, it would answer "no such entry" for
+    entries it acknowledged; the bookie refuses to start (its way back is a
+    lost disk's, bookie/cookie.py)."""
 
 
 @dataclass
@@ -103,31 +112,61 @@ class Storage:
 
     def open(self) -> None:
         """Load the checkpoint and replay the journal after it.  Blocking; run
-        before serving."""
+        before serving.  Raises DamagedDataDir (nothing changed on disk)."""
+        self.had_history = self.has_history()   # (a data dir emptied under its cookie: bookie/cookie.py)
         self._check_format()
         ckp = self._load_checkpoint()
         if ckp is not None:
             self.checkpoint_pos = ckp
         segs = self.journal.segments()
+        self._check_segments(ckp, segs)
         start = self.checkpoint_pos
         if segs and start.segment < segs[0]:
             start = JournalPosition(segs[0], 0)
         t0 = time.perf_counter()
-        for rec in self.journal.scan(start):
-            self._replay(rec)
-            self.replayed_records += 1
-            self.replayed_bytes += len(rec.body)
+        try:
+            for rec in self.journal.scan(start):
+                self._replay(rec)
+                self.replayed_records += 1
+                self.replayed_bytes += len(rec.body)
+        except JournalDamaged as e:
+            raise DamagedDataDir(f"{self.dir}: {e}") from None
         self.replay_seconds = time.perf_counter() - t0
         end = self.journal.scan_end
         if not segs:
             end = JournalPosition(max(start.segment, 1), 0)
+        self._recount_live()
+        gone = sorted(seg for seg, n in self.live_bytes.items() if n > 0 and seg not in set(segs))
+        if gone:
+            raise DamagedDataDir(f"{self.dir}: journal segment(s) {gone} are gone, and the index has "
+                                 f"entries there")
         self.journal.open_for_append(end)
         self.applied_end = end
-        self._recount_live()
         log.info(
             "storage open: %d ledgers, %d entries; replayed %d records (%d bytes) from %s",
             len(self.core.ledgers), self.core.entry_count, self.replayed_records, self.replayed_bytes, start,
         )
+
+    def _check_segments(self, ckp: JournalPosition | None, segs: list[int]) -> None:
+        """What a crash cannot leave behind.  The journal's first segment is
+        1; only segments wholly before the checkpoint's are ever removed
+        (``collect_garbage``); the checkpoint's own segment held its
+        position when it was written."""
+        where = f"{self.dir}: "
+        if ckp is None:
+            if segs and segs[0] != 1:
+                raise DamagedDataDir(where + f"no checkpoint, and the journal begins at segment {segs[0]}: the "
+                                              "checkpoint that covered the segments before it is gone")
+            return
+        if ckp.segment not in segs:
+            raise DamagedDataDir(where + f"journal segment {ckp.segment}, the checkpoint's, is gone")
+        size = self.journal.path(ckp.segment).stat().st_size
+        if size < ckp.offset:
+            raise DamagedDataDir(where + f"journal segment {ckp.segment} has {size} bytes, fewer than the "
+                                          f"{ckp.offset} the checkpoint found there")
+        hole = sorted(set(range(ckp.segment, segs[-1] + 1)) - set(segs))
+        if hole:
+            raise DamagedDataDir(where + f"journal segment(s) {hole} after the checkpoint's are gone")
 
     def _replay(self, rec) -> None:
         # (live bytes are recounted once replay is done)

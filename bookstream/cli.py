@@ -108,8 +108,8 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
                         "held; 0: never")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
-                   help="a data dir that lost its data (etcd holds a cookie for the id, the dir none): refuse to "
-                        "start (exit code 3), or wait, serving nothing, until no ledger names the id (autorecovery "
+                   help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
+                        "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names the id (autorecovery "
                         "or `bookstream recover` re-replicates it), then start as a new bookie under it")
     p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
                    help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
@@ -196,7 +196,7 @@ def _cookie_check(args: argparse.Namespace):
         store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
         try:
             return verify(store, args.cluster, Path(server.config.data_dir), server.config.bookie_id,
-                          rejoin=args.on_lost_disk == "rejoin")
+                          rejoin=args.on_lost_disk == "rejoin", data_present=server.storage.had_history)
         finally:
             store.close()
 
@@ -321,12 +321,22 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     except TlsConfigError as e:  # a cert without its key, a user without a password: one line
         log.error("%s", e)
         return 2
+    from bookie.storage import DamagedDataDir, StorageFormatError
     from metadata.errors import InvalidCookie
 
     try:
         run_loop(run_bookie(args, formatter))
     except InvalidCookie as e:  # (bookie/cookie.py: nothing was served)
         log.error("%s", e)
+        return 3
+    except StorageFormatError as e:
+        log.error("refusing to start: %s", e)
+        return 3
+    except DamagedDataDir as e:   # (nothing was served, nothing changed on disk)
+        log.error("refusing to start: the data dir is damaged: %s. Served, it would answer \"no such entry\" for "
+                  "entries it acknowledged. Move the data dir aside (keep it for a look) and start with an empty "
+                  "one: the cookie then finds the data lost, and the way back is a lost disk's (--on-lost-disk "
+                  "rejoin, or `bookstream recover ID` then `bookstream bookies cookie delete ID`)", e)
         return 3
     return 0
 

@@ -1,0 +1,193 @@
+"""A data dir that lost part of what its bookie acknowledged, its cookie
+kept: the bookie refuses to start (``bookie.storage.DamagedDataDir``),
+where it would have answered "no such entry" for acknowledged entries (a
+recovery takes that as proof they were never written).  What a crash
+leaves (a torn tail) is still cut off as before.  Real Storage, real
+files; the last two on real bookie processes and etcd."""
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+
+import pytest
+
+from bookie import entry as E
+from bookie.journal import R_ENTRIES, frame_record, segment_name
+from bookie.storage import DamagedDataDir, Storage, StorageConfig
+from bookstream.processes import BookieStartError
+from tests.storage_support import admit_durably
+
+SEGMENT = 1 << 16
+LID = 7
+
+
+def _config() -> StorageConfig:
+    return StorageConfig(segment_size=SEGMENT, checkpoint_bytes=1 << 30)
+
+
+def _frame(first: int, n: int = 8, size: int = 1000) -> bytes:
+    return b"".join(E.encode(LID, e, bytes([e % 251]) * size, term=1) for e in range(first, first + n))
+
+
+def _write(path, plan: list) -> list[int]:
+    """Opens a Storage in ``path``, then per item of ``plan``: an int n,
+    n frames of 8 entries (8 KB) made durable; "checkpoint", a checkpoint.
+    Returns the journal's segments at the end."""
+    async def go():
+        s = Storage(path, _config())
+        s.open()
+        nxt = 0
+        try:
+            for step in plan:
+                if step == "checkpoint":
+                    await s.checkpoint()
+                    continue
+                for _ in range(step):
+                    await admit_durably(s, [_frame(nxt)])
+                    nxt += 8
+            await s.journal.sync()
+            return s.journal.segments()
+        finally:
+            s.close()
+    return asyncio.run(go())
+
+
+def _reopen(path) -> Storage:
+    s = Storage(path, _config())
+    try:
+        s.open()
+    except BaseException:
+        s.close()
+        raise
+    return s
+
+
+def _seg(path, n: int):
+    return path / "journal" / segment_name(n)
+
+
+def _snapshot(path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted((path / "journal").iterdir())}
+
+
+def test_an_intact_dir_reopens_with_every_entry(tmp_path):
+    segs = _write(tmp_path, [20, "checkpoint", 20])
+    assert len(segs) >= 4 and _seg(tmp_path, 1).exists()
+    s = _reopen(tmp_path)
+    try:
+        assert s.core.ledgers[LID].index.get(319) is not None and s.had_history
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("damage, says", [
+    ("checkpoint gone, early segments gone", "no checkpoint, and the journal begins at segment"),
+    ("the checkpoint's segment gone", "the checkpoint's, is gone"),
+    ("the checkpoint's segment cut short", "fewer than the"),
+    ("a segment after the checkpoint gone", "after the checkpoint's are gone"),
+    ("a segment before the checkpoint gone", "are gone, and the index has entries there"),
+])
+def test_a_damaged_dir_is_refused_and_left_as_it_was(tmp_path, damage, says):
+    segs = _write(tmp_path, [20, "checkpoint", 20])
+    s = _reopen(tmp_path)
+    ckp = s.checkpoint_pos.segment
+    s.close()
+    assert segs[0] < ckp < segs[-1] - 1, (segs, ckp)
+    if damage == "checkpoint gone, early segments gone":
+        (tmp_path / "checkpoint").unlink()
+        _seg(tmp_path, 1).unlink()
+    elif damage == "the checkpoint's segment gone":
+        _seg(tmp_path, ckp).unlink()
+    elif damage == "the checkpoint's segment cut short":
+        with open(_seg(tmp_path, ckp), "r+b") as f:
+            f.truncate(s.checkpoint_pos.offset - 1)
+    elif damage == "a segment after the checkpoint gone":
+        _seg(tmp_path, ckp + 1).unlink()
+    else:
+        _seg(tmp_path, segs[0]).unlink()   # (its entries live: nothing was collected)
+    before = _snapshot(tmp_path)
+    with pytest.raises(DamagedDataDir, match=says):
+        _reopen(tmp_path)
+    assert _snapshot(tmp_path) == before        # nothing cut, nothing removed
+
+
+def test_a_bad_record_before_a_written_segment_is_a_loss_not_a_torn_tail(tmp_path):
+    """Segment k + 1 is begun only once segment k is durable: a bad record
+    in k with records in k + 1 is the disk's loss.  Cut there, as a torn
+    tail is, it would drop every acknowledged entry after it."""
+    segs = _write(tmp_path, [4])
+    assert segs == [1]
+    segs = _write(tmp_path, [30])         # (a reopen: the first segment is the checkpoint-less replay's)
+    assert len(segs) >= 3
+    data = bytearray(_seg(tmp_path, 1).read_bytes())
+    data[len(data) // 2] ^= 0xFF          # a flipped payload byte, mid-segment
+    _seg(tmp_path, 1).write_bytes(bytes(data))
+    before = _snapshot(tmp_path)
+    with pytest.raises(DamagedDataDir, match="holds records: the disk lost data"):
+        _reopen(tmp_path)
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_torn_tail_before_an_empty_segment_is_still_cut(tmp_path, caplog):
+    """What a crash leaves: the last segment's tail torn (its write never
+    made durable), and a segment begun but empty: cut and removed."""
+    segs = _write(tmp_path, [30])
+    last = segs[-1]
+    good = _seg(tmp_path, last).stat().st_size
+    body = _frame(10_000)
+    with open(_seg(tmp_path, last), "ab") as f:
+        f.write(frame_record(R_ENTRIES, body) + body[: len(body) // 2])
+    _seg(tmp_path, last + 1).write_bytes(b"")
+    s = _reopen(tmp_path)
+    try:
+        assert _seg(tmp_path, last).stat().st_size == good and not _seg(tmp_path, last + 1).exists()
+        assert s.core.ledgers[LID].index.get(10_000) is None
+    finally:
+        s.close()
+
+
+# -- real bookie processes ------------------------------------------------------------------
+
+
+def _refused(proc, match: str) -> None:
+    with pytest.raises(BookieStartError, match="exited with 3"):
+        proc.start()
+    assert match in proc.log_path.read_text()
+
+
+def test_a_bookie_whose_dir_lost_a_segment_refuses_to_start(own):
+    """A segment of a real bookie's journal lost (its cookie kept): exit 3,
+    saying what is gone and the way back; the data dir untouched."""
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(3, ["--segment-size", str(SEGMENT)])
+    closed_ledger(own, [b"x" * 6_000 for _ in range(30)], batch=2)   # (every journal rolls: E3 Qw3)
+    victim = procs[0]
+    victim.kill()
+    journal = victim.data_dir / "journal"
+    segs = sorted(journal.glob("segment-*.log"))
+    assert len(segs) >= 2
+    segs[0].unlink()
+    before = sorted(p.name for p in journal.iterdir())
+    _refused(victim, "the data dir is damaged")
+    assert "Move the data dir aside" in victim.log_path.read_text()
+    assert sorted(p.name for p in journal.iterdir()) == before
+
+
+def test_a_dir_emptied_under_its_cookie_is_a_lost_disk(own):
+    """The journal and checkpoint gone, the cookie file kept: judged as a
+    data dir that lost its data (refused under its id), not a bookie
+    with nothing to say about its ledgers."""
+    from tests.test_recovery_cli import cli, closed_ledger
+
+    procs = own.start(3)
+    closed_ledger(own, [b"y%d" % i for i in range(10)])
+    victim = procs[0]
+    victim.kill()
+    shutil.rmtree(victim.data_dir / "journal")
+    (victim.data_dir / "checkpoint").unlink(missing_ok=True)
+    assert (victim.data_dir / "cookie").exists()
+    _refused(victim, "or a cookie file and no data")
+    shown = json.loads(cli(own, "bookies", "cookie", "show", victim.bookie_id, "--format", "json").stdout)
+    assert shown["ledgers_naming_it"] == 1
