@@ -345,7 +345,7 @@ class Journal:
                 pass  # the zeros of a preallocated segment: its records end here
             elif off != len(data):
                 later = [s for s in self.segments() if s > seg]
-                written = [s for s in later if _record_at(memoryview(self.read_segment(s)), s, 0) is not None]
+                written = [s for s in later if self._holds_a_record(s)]
                 if written:
                     raise JournalDamaged(
                         f"journal segment {seg} has a bad record at {off} of {len(data)} bytes, and segment "
@@ -358,6 +358,15 @@ class Journal:
                     os.unlink(self.path(s))
                 return
             self.scan_end = JournalPosition(seg, off)
+
+    def _holds_a_record(self, seg: int) -> bool:
+        """Whether segment ``seg`` begins with a valid record (read: that one)."""
+        with open(self.path(seg), "rb") as f:
+            head = f.read(RECORD_HEADER_SIZE)
+            if len(head) < RECORD_HEADER_SIZE:
+                return False
+            first = head + f.read(RECORD_HEADER.unpack_from(head)[0])
+        return _record_at(memoryview(first), seg, 0) is not None
 
     def read_segment(self, seg: int) -> bytes:
         return self.path(seg).read_bytes()
