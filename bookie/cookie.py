@@ -247,8 +247,25 @@ def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -
     return registered, LedgerStore(store, cluster).naming(bookie_id, revision)
 
 
+def check_revision(bookie_id: str, revision: int, highest: int) -> None:
+    """Raises ``InvalidCookie`` when etcd's ``revision`` is below
+    ``highest``, a revision the bookie knows etcd reached (the highest id of
+    the ledgers it holds: ids are the revisions that created them; a
+    rejoin's).  etcd went back in time: restored from a snapshot without
+    ``--bump-revision``.  New ledgers would take ids this bookie holds state
+    for (terms, fences, entries), and its ledger GC would delete the ledgers
+    created since the snapshot, which the restored etcd no longer lists."""
+    if revision < highest:
+        raise InvalidCookie(bookie_id, (
+            f"etcd's revision {revision} is below {highest}, a revision bookie {bookie_id!r} has seen (the id of "
+            "a ledger it holds): etcd went back in time, restored from a snapshot without --bump-revision. New "
+            "ledgers would reuse ids this bookie holds, and its ledger GC would delete the ledgers created since "
+            "the snapshot. Restore again with `etcdutl snapshot restore ... --bump-revision N --mark-compacted` "
+            "(README: restoring etcd)"))
+
+
 def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = False,
-           data_present: bool = True) -> Cookie:
+           data_present: bool = True, highest_ledger: int = 0) -> Cookie:
     """Judges the start of ``bookie_id`` on ``data_dir`` and stamps what the
     verdict says; returns the cookie both now hold, or raises
     ``InvalidCookie``.  ``rejoin`` (``--on-lost-disk rejoin``): a data dir
@@ -256,8 +273,9 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     ``LostDiskNotDrained`` says what holds it until then (the caller waits
     and asks again).  ``data_present``: whether the data dir held a journal
     or a checkpoint before this start (``Storage.had_history``); a cookie
-    file without them is judged as no cookie (the data lost).  Raises the
-    metadata's errors (etcd unavailable)."""
+    file without them is judged as no cookie (the data lost).
+    ``highest_ledger``: the highest id of the ledgers the data dir holds
+    (``check_revision``).  Raises the metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
     layout = KeyLayout(cluster)
@@ -268,6 +286,7 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
         local = None
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
         cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
+        check_revision(bookie_id, rev, max(highest_ledger, local.rejoined_at if local is not None else 0))
         verdict, why = judge(local, remote, cluster_id, bookie_id, remote_rev)
         if verdict is Verdict.OK:
             return local
@@ -313,10 +332,13 @@ class CookieGuard:
                 f"(cluster record {cluster_id or 'absent'}, cookie {'absent' if remote is None else 'different'}): "
                 "nothing deleted"))
 
-    def revision(self) -> int:
-        """A revision at which etcd's cookie is the bookie's (raises ``InvalidCookie``)."""
+    def revision(self, highest: int = 0) -> int:
+        """A revision at which etcd's cookie is the bookie's, and not below
+        ``highest`` (the bookie's highest ledger id: ``check_revision``);
+        raises ``InvalidCookie``."""
         cluster_id, remote, _, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
         self._check(cluster_id, remote)
+        check_revision(self.cookie.bookie_id, rev, highest)
         return rev
 
     def absent(self, key: str) -> bool:

@@ -88,7 +88,8 @@ async def collect_deleted_ledgers(storage, ledgers, guard=None) -> dict:
     done = {"ledgers_deleted": [], "entries_deleted": 0, "kept_on_second_read": 0}
     if not local:
         return done
-    revision = None if guard is None else await asyncio.to_thread(guard.revision)
+    # (not below the highest id held: an etcd gone back in time lists none of the newer ledgers)
+    revision = None if guard is None else await asyncio.to_thread(guard.revision, local[-1])
     gone = await asyncio.to_thread(lambda: deleted(local, ledgers.list_ledgers(revision=revision)))
     for lid in gone:
         present = (await asyncio.to_thread(ledgers.exists, lid) if guard is None else
