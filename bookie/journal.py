@@ -191,6 +191,7 @@ def pread_exactly(fd: int, length: int, offset: int, seg: int | str = "?") -> by
         raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
     return data
 
+
 class JournalDamaged(RuntimeError):
     """The journal lost records a crash cannot explain (Journal.scan)."""
 

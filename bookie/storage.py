@@ -136,7 +136,8 @@ class Storage:
         if not segs:
             end = JournalPosition(max(start.segment, 1), 0)
         self._recount_live()
-        gone = sorted(seg for seg, n in self.live_bytes.items() if n > 0 and seg not in set(segs))
+        have = set(segs)
+        gone = sorted(seg for seg, n in self.live_bytes.items() if n > 0 and seg not in have)
         if gone:
             raise DamagedDataDir(f"{self.dir}: journal segment(s) {gone} are gone, and the index has "
                                  f"entries there")
