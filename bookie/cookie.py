@@ -247,25 +247,46 @@ def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -
     return registered, LedgerStore(store, cluster).naming(bookie_id, revision)
 
 
-def check_revision(bookie_id: str, revision: int, highest: int) -> None:
-    """Raises ``InvalidCookie`` when etcd's ``revision`` is below
-    ``highest``, a revision the bookie knows etcd reached (the highest id of
-    the ledgers it holds: ids are the revisions that created them; a
-    rejoin's).  etcd went back in time: restored from a snapshot without
-    ``--bump-revision``.  New ledgers would take ids this bookie holds state
-    for (terms, fences, entries), and its ledger GC would delete the ledgers
-    created since the snapshot, which the restored etcd no longer lists."""
-    if revision < highest:
+SEEN_FILE = "etcd.revision"   # the highest revision of etcd the bookie has read (its start, its ledger GC)
+
+
+def seen_revision(data_dir: Path | None) -> int:
+    """The highest etcd revision this data dir's bookie has noted (0: none)."""
+    if data_dir is None:
+        return 0
+    try:
+        return int((Path(data_dir) / SEEN_FILE).read_text().strip() or 0)
+    except FileNotFoundError:
+        return 0
+
+
+def note_revision(data_dir: Path | None, revision: int) -> None:
+    """Records ``revision`` as seen, if above what was (durably: a restart's
+    check rests on it)."""
+    if data_dir is not None and revision > seen_revision(data_dir):
+        write_durably(Path(data_dir) / SEEN_FILE, f"{revision}\n".encode())
+
+
+def check_revision(bookie_id: str, revision: int, seen: int) -> None:
+    """Raises ``InvalidCookie`` when etcd's ``revision`` is below ``seen``,
+    one this bookie read from etcd before (``seen_revision``; a rejoin's):
+    etcd went back in time, restored from a snapshot without
+    ``--bump-revision``.  New ledgers would take ids (revisions) this
+    bookie may hold state for (terms, fences, entries), and its ledger GC
+    would delete the ledgers created since the snapshot, which the restored
+    etcd no longer lists.  (Noted from etcd's own answers, not from ledger
+    ids: a client may send any ledger id.)"""
+    if revision < seen:
         raise InvalidCookie(bookie_id, (
-            f"etcd's revision {revision} is below {highest}, a revision bookie {bookie_id!r} has seen (the id of "
-            "a ledger it holds): etcd went back in time, restored from a snapshot without --bump-revision. New "
-            "ledgers would reuse ids this bookie holds, and its ledger GC would delete the ledgers created since "
-            "the snapshot. Restore again with `etcdutl snapshot restore ... --bump-revision N --mark-compacted` "
-            "(README: restoring etcd)"))
+            f"etcd's revision {revision} is below {seen}, which bookie {bookie_id!r} read from it before: etcd "
+            "went back in time, restored from a snapshot without --bump-revision. New ledgers would reuse ids "
+            "this bookie may hold, and its ledger GC would delete the ledgers created since the snapshot. Restore "
+            "again with `etcdutl snapshot restore ... --bump-revision N --mark-compacted` (README: restoring "
+            "etcd)"))
 
 
 def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = False,
-           data_present: bool = True, highest_ledger: int = 0) -> Cookie:
+           data_present: bool = True) -> Cookie:
     """Judges the start of ``bookie_id`` on ``data_dir`` and stamps what the
     verdict says; returns the cookie both now hold, or raises
     ``InvalidCookie``.  ``rejoin`` (``--on-lost-disk rejoin``): a data dir
@@ -273,9 +294,10 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     ``LostDiskNotDrained`` says what holds it until then (the caller waits
     and asks again).  ``data_present``: whether the data dir held a journal
     or a checkpoint before this start (``Storage.had_history``); a cookie
-    file without them is judged as no cookie (the data lost).
-    ``highest_ledger``: the highest id of the ledgers the data dir holds
-    (``check_revision``).  Raises the metadata's errors (etcd unavailable)."""
+    file without them is judged as no cookie (the data lost).  etcd's
+    revision below one the bookie noted before is refused
+    (``check_revision``); the revision read is noted once the start is
+    judged good.  Raises the metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
     layout = KeyLayout(cluster)
@@ -286,9 +308,10 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
         local = None
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
         cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
-        check_revision(bookie_id, rev, max(highest_ledger, local.rejoined_at if local is not None else 0))
+        check_revision(bookie_id, rev, max(seen_revision(data_dir), local.rejoined_at if local is not None else 0))
         verdict, why = judge(local, remote, cluster_id, bookie_id, remote_rev)
         if verdict is Verdict.OK:
+            note_revision(data_dir, rev)
             return local
         if verdict is Verdict.REFUSE or (verdict is Verdict.LOST and not rejoin):
             raise InvalidCookie(bookie_id, f"bookie {bookie_id!r} refuses to start: {why}")
@@ -309,6 +332,7 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
                 store.cas(layout.cookie_key(bookie_id), local.encode(), over)
             else:
                 store.create(layout.cookie_key(bookie_id), local.encode())
+            note_revision(data_dir, rev)
             return local
         except (KeyExists, BadVersion):
             continue
@@ -324,6 +348,7 @@ class CookieGuard:
     store: object
     cluster: str
     cookie: Cookie
+    data_dir: Path | None = None   # where the revisions read are noted (``seen_revision``)
 
     def _check(self, cluster_id: str | None, remote: Cookie | None) -> None:
         if self.cookie.cluster_id != cluster_id or not self.cookie.same(remote):
@@ -332,13 +357,14 @@ class CookieGuard:
                 f"(cluster record {cluster_id or 'absent'}, cookie {'absent' if remote is None else 'different'}): "
                 "nothing deleted"))
 
-    def revision(self, highest: int = 0) -> int:
-        """A revision at which etcd's cookie is the bookie's, and not below
-        ``highest`` (the bookie's highest ledger id: ``check_revision``);
-        raises ``InvalidCookie``."""
+    def revision(self) -> int:
+        """A revision at which etcd's cookie is the bookie's, not below one
+        the bookie read before (``check_revision``), noted (raises
+        ``InvalidCookie``)."""
         cluster_id, remote, _, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
         self._check(cluster_id, remote)
-        check_revision(self.cookie.bookie_id, rev, highest)
+        check_revision(self.cookie.bookie_id, rev, seen_revision(self.data_dir))
+        note_revision(self.data_dir, rev)
         return rev
 
     def absent(self, key: str) -> bool:

@@ -85,13 +85,18 @@ async def collect_deleted_ledgers(storage, ledgers, guard=None) -> dict:
     another: a rebuilt etcd lists nothing).  Returns what it did.  Raises
     the metadata's errors (etcd unavailable: nothing deleted)."""
     local = sorted(storage.core.ledgers)  # before the listing
-    done = {"ledgers_deleted": [], "entries_deleted": 0, "kept_on_second_read": 0}
+    done = {"ledgers_deleted": [], "entries_deleted": 0, "kept_on_second_read": 0, "kept_above_revision": 0}
     if not local:
         return done
-    # (not below the highest id held: an etcd gone back in time lists none of the newer ledgers)
-    revision = None if guard is None else await asyncio.to_thread(guard.revision, local[-1])
+    revision = None if guard is None else await asyncio.to_thread(guard.revision)
     gone = await asyncio.to_thread(lambda: deleted(local, ledgers.list_ledgers(revision=revision)))
     for lid in gone:
+        if revision is not None and lid > revision:
+            # An id etcd had not reached at the listing: no listing says such a
+            # ledger was deleted (etcd gone back in time, or an id no one allocated).
+            done["kept_above_revision"] += 1
+            log.warning("ledger gc: ledger %d is above etcd's revision %d: kept", lid, revision)
+            continue
         present = (await asyncio.to_thread(ledgers.exists, lid) if guard is None else
                    not await asyncio.to_thread(guard.absent, ledgers.layout.ledger_header_key(lid)))
         if present:
@@ -217,7 +222,7 @@ async def deleted_ledgers_loop(storage, registration, metrics, interval: float, 
     from bookie.cookie import CookieGuard
 
     ledgers = LedgerStore(registration.store, registration.cluster)
-    guard = None if cookie is None else CookieGuard(registration.store, registration.cluster, cookie)
+    guard = None if cookie is None else CookieGuard(registration.store, registration.cluster, cookie, storage.dir)
 
     def report(done: dict) -> None:
         metrics.ledger_gc(done)

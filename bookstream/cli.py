@@ -196,8 +196,7 @@ def _cookie_check(args: argparse.Namespace):
         store = MetadataStore(args.etcd.split(","), **_security(args).store_options())
         try:
             return verify(store, args.cluster, Path(server.config.data_dir), server.config.bookie_id,
-                          rejoin=args.on_lost_disk == "rejoin", data_present=server.storage.had_history,
-                          highest_ledger=max(server.storage.core.ledgers, default=0))
+                          rejoin=args.on_lost_disk == "rejoin", data_present=server.storage.had_history)
         finally:
             store.close()
 
