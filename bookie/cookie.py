@@ -254,9 +254,13 @@ def seen_revision(data_dir: Path | None) -> int:
     """The highest etcd revision this data dir's bookie has noted (0: none)."""
     if data_dir is None:
         return 0
+    path = Path(data_dir) / SEEN_FILE
     try:
-        return int((Path(data_dir) / SEEN_FILE).read_text().strip() or 0)
+        return int(path.read_text().strip() or 0)
     except FileNotFoundError:
+        return 0
+    except (ValueError, UnicodeDecodeError) as e:   # (written by rename: the disk lied)
+        log.warning("%s is unreadable (%s): no revision noted, etcd's going back unchecked until the next", path, e)
         return 0
 
 

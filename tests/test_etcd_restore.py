@@ -13,7 +13,7 @@ import subprocess
 
 import pytest
 
-from bookie.cookie import CookieGuard, read_local, seen_revision
+from bookie.cookie import CookieGuard, note_revision, read_local, seen_revision
 from bookie.ledger_gc import collect_deleted_ledgers
 from bookie.storage import Storage
 from bookstream.processes import BookieProcess, BookieStartError
@@ -123,3 +123,14 @@ def test_the_ledger_gc_keeps_a_ledger_above_the_listings_revision(tmp_path, clus
         if b is not None:
             b.kill()
         etcd.stop()
+
+
+def test_the_noted_revision_only_rises(tmp_path):
+    assert seen_revision(tmp_path) == 0
+    note_revision(tmp_path, 50)
+    note_revision(tmp_path, 20)           # (an older read, after a newer one: kept at 50)
+    assert seen_revision(tmp_path) == 50
+    (tmp_path / "etcd.revision").write_bytes(b"\xff")
+    assert seen_revision(tmp_path) == 0   # (unreadable: a warning, no check; the next note rewrites it)
+    note_revision(tmp_path, 60)
+    assert seen_revision(tmp_path) == 60
