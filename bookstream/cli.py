@@ -109,8 +109,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "held; 0: never")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
                    help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
-                        "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names the id (autorecovery "
-                        "or `bookstream recover` re-replicates it), then start as a new bookie under it")
+                        "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names "
+                        "the id (autorecovery or `bookstream recover` re-replicates it), then start as a new bookie "
+                        "under it")
     p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
                    help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
     p.add_argument("--admin-port", type=int, default=None,
