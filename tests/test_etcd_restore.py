@@ -6,6 +6,7 @@ above the listing's revision is never deleted by it (bookie/cookie.py
 ``check_revision``, bookie/ledger_gc.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -55,7 +56,11 @@ def _gc_pass(b: BookieProcess, store, cluster: str):
         storage.close()
 
 
-def test_a_bookie_refuses_an_etcd_restored_from_a_snapshot_without_a_bump(tmp_path, cluster):
+@contextlib.contextmanager
+def _snapshot_then_a_ledger(tmp_path, cluster):
+    """etcd and one bookie; a snapshot of etcd; then a ledger of 10 entries
+    on the bookie, which is killed: (etcd, the bookie, the snapshot, the
+    ledger's id).  Both stopped at the end."""
     etcd = ManagedEtcd(tmp_path / "e").start()
     b = None
     try:
@@ -73,6 +78,15 @@ def test_a_bookie_refuses_an_etcd_restored_from_a_snapshot_without_a_bump(tmp_pa
                 return lh.ledger_id
         lid = run(write())
         b.kill()
+        yield etcd, b, snap, lid
+    finally:
+        if b is not None:
+            b.kill()
+        etcd.stop()
+
+
+def test_a_bookie_refuses_an_etcd_restored_from_a_snapshot_without_a_bump(tmp_path, cluster):
+    with _snapshot_then_a_ledger(tmp_path, cluster) as (etcd, b, snap, lid):
         b.start()            # (a start notes the revision it read: above the ledger's id)
         b.kill()
         seen = seen_revision(b.data_dir)
@@ -86,10 +100,6 @@ def test_a_bookie_refuses_an_etcd_restored_from_a_snapshot_without_a_bump(tmp_pa
         with pytest.raises(BookieStartError, match="exited with 3"):
             b.start()
         assert f"etcd's revision {revision} is below {seen}" in b.log_path.read_text()
-    finally:
-        if b is not None:
-            b.kill()
-        etcd.stop()
 
 
 def test_the_ledger_gc_keeps_a_ledger_above_the_listings_revision(tmp_path, cluster):
@@ -97,32 +107,12 @@ def test_the_ledger_gc_keeps_a_ledger_above_the_listings_revision(tmp_path, clus
     since): its check cannot tell.  The ledger created since, absent from
     the restored listing, has an id above the listing's revision: no
     listing says it was deleted, and the GC keeps it (before: deleted)."""
-    etcd = ManagedEtcd(tmp_path / "e").start()
-    b = None
-    try:
-        b = BookieProcess(tmp_path / "b0", etcd=etcd.endpoint, cluster=cluster,
-                          extra_args=["--registration-ttl", "2"]).start()
-        snap = tmp_path / "snap.db"
-        subprocess.run([_tool("etcdctl"), "--endpoints", etcd.endpoint, "snapshot", "save", str(snap)],
-                       check=True, capture_output=True)
-
-        async def write():
-            async with BookKeeperClient(etcd.endpoint, cluster) as bk:
-                lh = await bk.create_ledger(1, 1, 1)
-                await lh.add_entries([b"kept %d" % i for i in range(10)])
-                await lh.close()
-                return lh.ledger_id
-        lid = run(write())
-        b.kill()
+    with _snapshot_then_a_ledger(tmp_path, cluster) as (etcd, b, snap, lid):
         _restore(etcd, snap)
         with MetadataStore([etcd.endpoint]) as store:
             done, held = _gc_pass(b, store, cluster)
         assert done["kept_above_revision"] == 1 and done["ledgers_deleted"] == [] and lid in held
         b.start()          # (what it read is not below what it noted: it serves)
-    finally:
-        if b is not None:
-            b.kill()
-        etcd.stop()
 
 
 def test_the_noted_revision_only_rises(tmp_path):
