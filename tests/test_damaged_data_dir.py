@@ -16,8 +16,8 @@ from bookie import entry as E
 from bookie.core import Status
 from bookie.journal import R_ENTRIES, frame_record, segment_name
 from bookie.storage import DamagedDataDir, Storage, StorageConfig
-from bookstream.processes import BookieStartError
 from tests.storage_support import admit_durably
+from tests.test_cookie import _refused   # (exit code 3, the reason in its log, its port never served)
 
 SEGMENT = 1 << 16
 LID = 7
@@ -149,12 +149,6 @@ def test_a_torn_tail_before_an_empty_segment_is_still_cut(tmp_path, caplog):
 
 
 # -- real bookie processes ------------------------------------------------------------------
-
-
-def _refused(proc, match: str) -> None:
-    with pytest.raises(BookieStartError, match="exited with 3"):
-        proc.start()
-    assert match in proc.log_path.read_text()
 
 
 def test_a_bookie_whose_dir_lost_a_segment_refuses_to_start(own):
