@@ -60,6 +60,9 @@ over-replicated entries        start and a request admitted for the ledger
                                each range (the state stays)
 disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
+``halt`` (etcd no longer the   read-only for good (until a restart, which
+one the cookie names, or gone  its cookie check then refuses), prepares
+back in time)                  READ_ONLY too
 normal read                    no term, no state change; unknown ledger:
                                NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
 LAC, LAFR                      never go down
@@ -221,6 +224,7 @@ class BookieCore:
     def __init__(self) -> None:
         self.ledgers: dict[int, BookieLedger] = {}
         self.read_only = False
+        self.halted = ""       # why it is read-only for good (``halt``); "" while not
         self.rejoined_at = 0   # ledgers below it take no normal add, no prepare (the module's doc)
         # ledger -> normal adds admitted but not yet applied (the fence barrier)
         self.pending: dict[int, int] = {}
@@ -383,7 +387,7 @@ class BookieCore:
         journalled, :meth:`apply_prepare` deletes the entries >= first_entry:
         an older term's leftovers, never entries of the new fragment."""
         assert first_entry >= 0
-        if ledger_id < self.rejoined_at:
+        if ledger_id < self.rejoined_at or self.halted:
             st = self.ledgers.get(ledger_id)
             return Verdict(Status.READ_ONLY, st.term if st else 0)
         return self.fence(ledger_id, term, False, verifier)
@@ -474,9 +478,19 @@ class BookieCore:
         before = self.read_only
         if not before and used_fraction >= threshold:
             self.read_only = True
-        elif before and used_fraction < threshold - margin:
+        elif before and used_fraction < threshold - margin and not self.halted:
             self.read_only = False
         return before != self.read_only
+
+    def halt(self, why: str) -> bool:
+        """Read-only for good, whatever the disk: the metadata this bookie's
+        data answers to is gone (bookie/cookie.py ``check_revision``, an
+        etcd restored without its revisions bumped, or no longer the one its
+        cookie names).  Returns whether it was not halted before."""
+        first = not self.halted
+        self.halted = self.halted or why
+        self.read_only = True
+        return first
 
     # -- replay --------------------------------------------------------------
 

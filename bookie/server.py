@@ -74,6 +74,12 @@ class BookieConfig:
     # this bookie are cleared (bookie/ledger_gc.py; a metadata read per
     # ledger held; with a registration only).  0: never.
     over_replicated_gc_interval_s: float = 86400.0
+    # Every this long, etcd's revision is read against the highest this
+    # bookie read before, and its cookie against the data dir's
+    # (bookie/cookie.py ``CookieGuard``; with a cookie only): a bookie whose
+    # etcd went back in time or is no longer its own turns read-only for
+    # good (``BookieCore.halt``).  0: only at its start and ledger GC passes.
+    etcd_check_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
@@ -635,6 +641,8 @@ class BookieServer:
                 self._tasks.append(asyncio.create_task(
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id),
                     name="over-replicated-gc"))
+        if self.registration is not None and self.cookie is not None and cfg.etcd_check_interval_s > 0:
+            self._tasks.append(asyncio.create_task(self._etcd_check_loop(), name="etcd-check"))
         self.starting = None
 
     async def _disk_loop(self) -> None:
@@ -650,6 +658,28 @@ class BookieServer:
                     log.info("registration moved to %s", "read-only" if ro else "writable")
             except Exception:
                 log.exception("disk check failed")
+
+    async def _etcd_check_loop(self) -> None:
+        """Every ``etcd_check_interval_s``: etcd still the one the cookie
+        names, its revision not below one read before (noted). Else: halted,
+        read-only for good (its registration follows, ``_disk_loop``); an
+        etcd that does not answer is asked again next time."""
+        from bookie.cookie import CookieGuard
+        from metadata.errors import InvalidCookie, MetadataError
+
+        reg = self.registration
+        guard = CookieGuard(reg.store, reg.cluster, self.cookie, self.storage.dir)
+        while True:
+            await asyncio.sleep(self.config.etcd_check_interval_s)
+            try:
+                await asyncio.to_thread(guard.revision)
+            except InvalidCookie as e:
+                if self.storage.core.halt(str(e)):
+                    log.error("read-only for good, until an operator looks: %s", e)
+            except MetadataError:
+                pass
+            except Exception:
+                log.exception("etcd check failed")
 
     async def _upkeep_loop(self) -> None:
         last_gc = time.monotonic()

@@ -107,6 +107,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="every this many seconds, clear the entries of ledgers whose metadata no longer names "
                         "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
                         "held; 0: never")
+    p.add_argument("--etcd-check-interval", type=float, default=30.0,
+                   help="every this many seconds, check that etcd is still the one the bookie's cookie names and "
+                        "has not gone back in time (restored from a snapshot without --bump-revision); if it has, "
+                        "the bookie turns read-only for good (reads go on); 0: only at start and ledger GC passes")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
                    help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
                         "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names "
@@ -156,6 +160,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         gc_interval_s=args.gc_interval,
         ledger_gc_interval_s=args.ledger_gc_interval,
         over_replicated_gc_interval_s=args.over_replicated_gc_interval,
+        etcd_check_interval_s=args.etcd_check_interval,
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )

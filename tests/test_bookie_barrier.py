@@ -171,6 +171,18 @@ def test_read_only_transitions_have_a_margin():
     assert core.judge_disk(0.89, 0.95, 0.05) and not core.read_only
 
 
+def test_a_halted_bookie_stays_read_only_whatever_its_disk():
+    """``halt`` (its etcd gone back in time, bookie/cookie.py): read-only
+    for good, prepares refused too; the disk's margin no longer frees it."""
+    core = BookieCore()
+    assert core.halt("etcd went back") and core.read_only and not core.halt("again")
+    assert core.halted == "etcd went back"
+    assert not core.judge_disk(0.10, 0.95, 0.05) and core.read_only
+    assert core.prepare(7, 0, 1).status is Status.READ_ONLY
+    fresh = BookieCore()
+    assert fresh.prepare(7, 0, 1).status is Status.OK
+
+
 def test_a_rejoined_bookie_takes_no_normal_add_nor_prepare_below_its_rejoin():
     """A lost disk's rejoin (bookie/cookie.py) at revision 100: a zombie
     writer's normal add for ledger 40 is refused, known ledger or not (its

@@ -115,6 +115,41 @@ def test_the_ledger_gc_keeps_a_ledger_above_the_listings_revision(tmp_path, clus
         b.start()          # (what it read is not below what it noted: it serves)
 
 
+def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_path, cluster):
+    """Restored under a running bookie (its check every 0.3 s): it turns
+    read-only for good (normal adds and prepares refused, a new ledger's
+    id reused or not; reads go on), saying why; a recovery add (a copy)
+    is still taken."""
+    from bookie import entry as E
+    from bookie.core import Status
+    from stream.bookie_client import BookieClient
+    from tests.test_autorecovery import until
+
+    with _snapshot_then_a_ledger(tmp_path, cluster) as (etcd, b, snap, lid):
+        b.extra_args += ["--etcd-check-interval", "0.3"]
+        b.start()
+        _restore(etcd, snap)
+
+        async def says_so():
+            return "read-only for good" in b.log_path.read_text()
+        run(until(says_so, what="the bookie halting"))
+        assert "went back in time" in b.log_path.read_text()
+
+        async def probe():
+            c = BookieClient(b.address)
+            try:
+                add = await c.add(E.encode(lid + 1, 0, b"new", term=0))
+                copy = await c.add(E.encode(lid + 2, 0, b"copy", term=0, req_flags=E.REQ_RECOVERY))
+                prep = await c.prepare(lid + 3, 0, 1)
+                read = await c.read_entry(lid, 9)
+                def status(ack):
+                    return Status(ack.errors[0].status if ack.errors else ack.status)
+                return status(add), status(copy), Status(prep.status), Status(read.status)
+            finally:
+                await c.close()
+        assert run(probe()) == (Status.READ_ONLY, Status.OK, Status.READ_ONLY, Status.OK)
+
+
 def test_the_noted_revision_only_rises(tmp_path):
     assert seen_revision(tmp_path) == 0
     note_revision(tmp_path, 50)

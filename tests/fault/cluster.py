@@ -181,7 +181,10 @@ class FaultCluster:
                      # etcd outages they must never delete a ledger the metadata has, nor entries of
                      # a fragment that names the bookie (the final read and the replica audit would
                      # find it)
-                     "--ledger-gc-interval", "2", "--over-replicated-gc-interval", "2"]
+                     "--ledger-gc-interval", "2", "--over-replicated-gc-interval", "2",
+                     # its etcd checked every second (bookie/server.py): outages and partitions of
+                     # etcd must never halt it (no revision goes back here)
+                     "--etcd-check-interval", "1"]
             if tmpfs:
                 extra += ["--segment-size", str(TMPFS_SEGMENT), "--checkpoint-bytes", str(8 << 20),
                           "--gc-interval", "2"]
