@@ -307,6 +307,8 @@ def test_a_bookie_rejoined_under_its_id_gives_a_zombie_writer_no_ack(own):
         lh = await bk.create_ledger(3, 3, 2)
         for i in range(10):
             await lh.add_entry(b"z%d" % i)
+        # (the premise: one ensemble for all ten, the zombie's; a writer's change would move the fence)
+        assert len(lh.metadata.fragments) == 1, f"the writer changed its ensemble: {lh.metadata.fragments}"
         return lh.ledger_id, [by[x] for x in lh.metadata.fragments[0].ensemble]   # (never closed)
 
     lid, (a, b, c) = run(write())
@@ -314,8 +316,11 @@ def test_a_bookie_rejoined_under_its_id_gives_a_zombie_writer_no_ack(own):
 
     async def recover():
         async with BookKeeperClient(own.endpoint, own.cluster) as other:
-            return (await other.open_ledger(lid)).metadata.last_entry
-    assert run(recover()) == 9
+            return (await other.open_ledger(lid)).metadata
+    closed = run(recover())
+    assert closed.last_entry == 9
+    # (the premise: the recovery fenced a and c, the last fragment's answering bookies, b being down)
+    assert {a.bookie_id, c.bookie_id} <= set(closed.fragments[-1].ensemble), closed.fragments
     b.start()
     c.kill()
     _wipe(c)
