@@ -96,8 +96,9 @@ registration carries ``rejoined_at`` and placement leaves it out of those
 ledgers' changes and rolls (``stream.placement.rejoined_after``); a writer
 that chose it before seeing the registration has its add replaced
 elsewhere (classic ledgers), a stream's joining bookie chosen again.  The
-ledgers created after the rejoin use it fully.  (tla/BookstreamRejoin.tla: without the rule, mutant ``no_barrier``,
-TLC finds the zombie's add acknowledged past the closed end.)
+ledgers created after the rejoin use it fully.  (tla/BookstreamRejoin.tla:
+without the rule, mutant ``no_barrier``, TLC finds the zombie's add
+acknowledged past the closed end.)
 
 The master key is BookKeeper's: the client derives it from the ledger's
 password (stream/password.py) and never sends the password.  The bookie keeps

@@ -78,7 +78,8 @@ class BookieConfig:
     # bookie read before, and its cookie against the data dir's
     # (bookie/cookie.py ``CookieGuard``; with a cookie only): a bookie whose
     # etcd went back in time or is no longer its own turns read-only for
-    # good (``BookieCore.halt``).  0: only at its start and ledger GC passes.
+    # good (``BookieCore.halt``).  0: never while it runs (its start still
+    # refuses such an etcd, and its ledger GC passes refuse to delete).
     etcd_check_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
