@@ -248,6 +248,7 @@ def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -
 
 
 SEEN_FILE = "etcd.revision"   # the highest revision of etcd the bookie has read (its start, its ledger GC)
+HALT_FILE = "halted"          # why the bookie stopped trusting its etcd (``halt``): its starts refused until removed
 
 
 def seen_revision(data_dir: Path | None) -> int:
@@ -269,6 +270,39 @@ def note_revision(data_dir: Path | None, revision: int) -> None:
     check rests on it)."""
     if data_dir is not None and revision > seen_revision(data_dir):
         write_durably(Path(data_dir) / SEEN_FILE, f"{revision}\n".encode())
+
+
+def halted(data_dir: Path | None) -> str | None:
+    """Why this data dir's bookie stopped trusting its etcd (``halt``), or None."""
+    if data_dir is None:
+        return None
+    try:
+        return (Path(data_dir) / HALT_FILE).read_text(errors="replace").strip() or "(no reason recorded)"
+    except FileNotFoundError:
+        return None
+
+
+def halt(core, data_dir: Path | None, finding: InvalidCookie) -> None:
+    """The one reaction to etcd found untrustworthy while the bookie runs
+    (its etcd check, a ledger GC pass): read-only for good
+    (``BookieCore.halt``: no normal add, no prepare, nothing its GCs
+    delete), and the finding written to the data dir (``HALT_FILE``), so
+    that no later start serves on that etcd either, whatever its revision
+    has grown to by then (an etcd restored without ``--bump-revision``
+    soon passes the revisions the bookie noted: the ids it reuses are
+    still this bookie's ledgers).  An operator removes the file once etcd
+    is one the bookie's data answers to (README: restoring etcd)."""
+    if core.halt(str(finding)):
+        log.error("read-only for good, until an operator looks: %s", finding)
+        _record_halt(data_dir, finding)
+
+
+def _record_halt(data_dir: Path | None, finding: InvalidCookie) -> None:
+    if data_dir is not None and halted(data_dir) is None:
+        try:
+            write_durably(Path(data_dir) / HALT_FILE, f"{finding}\n".encode())
+        except OSError as e:   # (the halt holds in memory; a start's own check may still refuse)
+            log.error("could not record the halt in %s: %s", Path(data_dir) / HALT_FILE, e)
 
 
 def check_revision(bookie_id: str, revision: int, seen: int) -> None:
@@ -300,10 +334,17 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     or a checkpoint before this start (``Storage.had_history``); a cookie
     file without them is judged as no cookie (the data lost).  etcd's
     revision below one the bookie noted before is refused
-    (``check_revision``); the revision read is noted once the start is
-    judged good.  Raises the metadata's errors (etcd unavailable)."""
+    (``check_revision``), and recorded as a halt (``HALT_FILE``: refused
+    until an operator removes it); the revision read is noted once the
+    start is judged good.  Raises the metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
+    why = halted(data_dir)
+    if why is not None:
+        raise InvalidCookie(bookie_id, (
+            f"bookie {bookie_id!r} refuses to start: it stopped trusting its etcd ({why}). "
+            f"Once etcd is one its data answers to (its own cluster's; restored with --bump-revision where it "
+            f"came from a snapshot, README: restoring etcd), remove {Path(data_dir) / HALT_FILE}"))
     layout = KeyLayout(cluster)
     local = read_local(data_dir, bookie_id)
     if local is not None and not data_present:   # (its journal and checkpoint gone, the cookie file kept)
@@ -312,7 +353,11 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
         local = None
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
         cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
-        check_revision(bookie_id, rev, max(seen_revision(data_dir), local.rejoined_at if local is not None else 0))
+        try:
+            check_revision(bookie_id, rev, max(seen_revision(data_dir), local.rejoined_at if local is not None else 0))
+        except InvalidCookie as e:   # (recorded: a later start, on etcd's grown revision, is refused too)
+            _record_halt(data_dir, e)
+            raise
         verdict, why = judge(local, remote, cluster_id, bookie_id, remote_rev)
         if verdict is Verdict.OK:
             note_revision(data_dir, rev)

@@ -56,6 +56,7 @@ import asyncio
 import logging
 from typing import Iterable, Sequence
 
+from bookie.cookie import CookieGuard, halt
 from metadata.errors import InvalidCookie, MetadataError, NoSuchLedger
 from metadata.ledgers import LedgerMetadata, LedgerState, LedgerStore
 
@@ -91,6 +92,8 @@ async def collect_deleted_ledgers(storage, ledgers, guard=None) -> dict:
     revision = None if guard is None else await asyncio.to_thread(guard.revision)
     gone = await asyncio.to_thread(lambda: deleted(local, ledgers.list_ledgers(revision=revision)))
     for lid in gone:
+        if storage.core.halted:   # (its etcd check, meanwhile: nothing more on this listing's word)
+            break
         if revision is not None and lid > revision:
             # An id etcd had not reached at the listing: no listing says such a
             # ledger was deleted (etcd gone back in time, or an id no one allocated).
@@ -160,15 +163,24 @@ def _held(storage, lid: int, ranges: list[tuple[int, int]]) -> list[tuple[int, i
     return [r for r in ranges if next(st.index.run_slices(r[0], r[1], skip_gaps=True), None) is not None]
 
 
-async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_id: int) -> dict:
+async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_id: int, guard=None) -> dict:
     """One pass (see the module's doc): ``keys`` the cluster's
     ``AutorecoveryKeys`` (the recovery locks), ``lease_id`` the lease the
-    locks are taken on (the bookie's registration's).  Returns what it did.
-    Raises the metadata's errors (what was cleared before stays cleared)."""
+    locks are taken on (the bookie's registration's), ``guard`` the
+    bookie's ``CookieGuard``: etcd checked at the pass's start (an etcd
+    restored from a snapshot holds older fragments, which may not name this
+    bookie where a copy since made it the only holder of their entries).
+    The pass stops where the bookie halts.  Returns what it did.  Raises
+    the metadata's errors, and ``InvalidCookie`` (what was cleared before
+    stays cleared)."""
     owner = f"bookie-gc:{bookie_id}"
     done = {"ledgers_cleared": [], "entries_deleted": 0, "locked_elsewhere": 0, "touched_since": 0}
     held = sorted(lid for lid, st in storage.core.ledgers.items() if len(st.index))
+    if held and guard is not None:
+        await asyncio.to_thread(guard.revision)
     for lid in held:
+        if storage.core.halted:
+            break
         meta = await asyncio.to_thread(_read, ledgers, lid)
         if meta is None or not _held(storage, lid, unnamed_ranges(meta, bookie_id)):
             continue   # deleted (the other collection's), or nothing held where it is not named
@@ -180,7 +192,7 @@ async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_
             touched = storage.core.touched_of(lid)
             meta = await asyncio.to_thread(_read, ledgers, lid)
             ranges = [] if meta is None else _held(storage, lid, unnamed_ranges(meta, bookie_id))
-            if touched is None or not ranges:
+            if touched is None or not ranges or storage.core.halted:
                 continue
             n = await storage.clear_over_replicated(lid, token, touched if reaches_open_end(meta, ranges) else None,
                                                     ranges)
@@ -196,16 +208,23 @@ async def collect_over_replicated(storage, ledgers, keys, bookie_id: str, lease_
 
 # -- the bookie's loops -------------------------------------------------------------------
 
-async def _periodic(interval: float, name: str, one_pass, report) -> None:
+async def _periodic(storage, interval: float, name: str, one_pass, report) -> None:
     """``report(await one_pass())`` every ``interval`` seconds, in a loop of
     its own (a long pass never holds the bookie's checkpoints back); etcd
-    away: logged, nothing done, tried again next interval."""
+    away: logged, nothing done, tried again next interval.  etcd found
+    untrustworthy (``InvalidCookie``: another or a rebuilt etcd, or one
+    gone back in time): the bookie halts (``bookie.cookie.halt``, as its
+    etcd check does), and a halted bookie's passes are skipped: nothing is
+    deleted on the word of an etcd the bookie no longer trusts."""
     while True:
         await asyncio.sleep(interval)
+        if storage.core.halted:
+            continue
         try:
             done = await one_pass()
         except InvalidCookie as e:
             log.error("%s refused: %s", name, e)
+            halt(storage.core, storage.dir, e)
             continue
         except MetadataError as e:
             log.warning("%s: %s", name, e)
@@ -219,8 +238,6 @@ async def _periodic(interval: float, name: str, one_pass, report) -> None:
 async def deleted_ledgers_loop(storage, registration, metrics, interval: float, cookie=None) -> None:
     """``collect_deleted_ledgers`` every ``interval`` (``--ledger-gc-interval``),
     guarded by the bookie's ``cookie`` when it has one (bookie/cookie.py)."""
-    from bookie.cookie import CookieGuard
-
     ledgers = LedgerStore(registration.store, registration.cluster)
     guard = None if cookie is None else CookieGuard(registration.store, registration.cluster, cookie, storage.dir)
 
@@ -230,18 +247,21 @@ async def deleted_ledgers_loop(storage, registration, metrics, interval: float, 
             log.info("ledger gc: deleted ledgers %s (%d entries), gone from the metadata",
                      done["ledgers_deleted"][:20], done["entries_deleted"])
 
-    await _periodic(interval, "ledger gc", lambda: collect_deleted_ledgers(storage, ledgers, guard), report)
+    await _periodic(storage, interval, "ledger gc", lambda: collect_deleted_ledgers(storage, ledgers, guard), report)
 
 
-async def over_replicated_loop(storage, registration, metrics, interval: float, bookie_id: str) -> None:
+async def over_replicated_loop(storage, registration, metrics, interval: float, bookie_id: str,
+                               cookie=None) -> None:
     """``collect_over_replicated`` every ``interval``
     (``--over-replicated-gc-interval``), the locks taken on the
     registration's lease (its current one: a registration re-created after
-    an etcd outage has a new lease)."""
+    an etcd outage has a new lease), guarded by the bookie's ``cookie``
+    when it has one."""
     from stream.autorecovery.keys import AutorecoveryKeys  # (the client package's: the recovery locks)
 
     ledgers = LedgerStore(registration.store, registration.cluster)
     keys = AutorecoveryKeys(registration.store, registration.cluster)
+    guard = None if cookie is None else CookieGuard(registration.store, registration.cluster, cookie, storage.dir)
 
     def report(done: dict) -> None:
         metrics.over_replicated_gc(done)
@@ -252,8 +272,8 @@ async def over_replicated_loop(storage, registration, metrics, interval: float, 
             log.info("over-replicated gc: cleared ledgers %s (%d entries), whose metadata no longer "
                      "names this bookie", done["ledgers_cleared"][:20], done["entries_deleted"])
 
-    await _periodic(interval, "over-replicated gc",
-                    lambda: collect_over_replicated(storage, ledgers, keys, bookie_id, registration.lease.id),
+    await _periodic(storage, interval, "over-replicated gc",
+                    lambda: collect_over_replicated(storage, ledgers, keys, bookie_id, registration.lease.id, guard),
                     report)
 
 

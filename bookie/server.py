@@ -640,7 +640,7 @@ class BookieServer:
                     deleted_ledgers_loop(*args, cfg.ledger_gc_interval_s, self.cookie), name="ledger-gc"))
             if cfg.over_replicated_gc_interval_s > 0:
                 self._tasks.append(asyncio.create_task(
-                    over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id),
+                    over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id, self.cookie),
                     name="over-replicated-gc"))
         if self.registration is not None and self.cookie is not None and cfg.etcd_check_interval_s > 0:
             self._tasks.append(asyncio.create_task(self._etcd_check_loop(), name="etcd-check"))
@@ -662,10 +662,11 @@ class BookieServer:
 
     async def _etcd_check_loop(self) -> None:
         """Every ``etcd_check_interval_s``: etcd still the one the cookie
-        names, its revision not below one read before (noted). Else: halted,
-        read-only for good (its registration follows, ``_disk_loop``); an
-        etcd that does not answer is asked again next time."""
-        from bookie.cookie import CookieGuard
+        names, its revision not below one read before (noted). Else:
+        ``bookie.cookie.halt``, read-only for good and recorded in the data
+        dir (its registration follows, ``_disk_loop``); an etcd that does
+        not answer is asked again next time."""
+        from bookie.cookie import CookieGuard, halt
         from metadata.errors import InvalidCookie, MetadataError
 
         reg = self.registration
@@ -675,8 +676,7 @@ class BookieServer:
             try:
                 await asyncio.to_thread(guard.revision)
             except InvalidCookie as e:
-                if self.storage.core.halt(str(e)):
-                    log.error("read-only for good, until an operator looks: %s", e)
+                halt(self.storage.core, self.storage.dir, e)
             except MetadataError:
                 pass
             except Exception:

@@ -110,8 +110,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--etcd-check-interval", type=float, default=30.0,
                    help="every this many seconds, check that etcd is still the one the bookie's cookie names and "
                         "has not gone back in time (restored from a snapshot without --bump-revision); if it has, "
-                        "the bookie turns read-only for good (reads go on); 0: never while it runs (its start still "
-                        "refuses such an etcd, and its ledger GC passes refuse to delete)")
+                        "the bookie turns read-only for good (reads go on) and writes the file `halted` in its "
+                        "data dir, which refuses its starts until removed; 0: never while it runs (its start still "
+                        "refuses such an etcd, and a ledger GC pass finding it halts the bookie likewise)")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
                    help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
                         "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names "

@@ -369,8 +369,9 @@ def own_store(env):
 def test_an_etcd_that_lost_the_cluster_is_refused_by_the_gc_and_at_start(own):
     """etcd loses every key of the cluster (rebuilt from nothing, or another
     etcd at the address).  A running bookie's ledger GC, which deletes
-    ledgers absent from etcd, refuses its passes: its ledger stays.  Its
-    next start is refused."""
+    ledgers absent from etcd, refuses its pass and halts the bookie
+    (bookie/cookie.py ``halt``): its ledger stays.  Its next start is
+    refused, the finding recorded in its data dir."""
     procs = own.start(3, extra_args=["--ledger-gc-interval", "1"])
     lid, _ = closed_ledger(own, [b"kept-%d" % i for i in range(10)], ack_quorum=3)
     b = procs[0]
@@ -390,7 +391,7 @@ def test_an_etcd_that_lost_the_cluster_is_refused_by_the_gc_and_at_start(own):
         assert run(held()) == [Status.OK] * 10
         assert "ledger gc refused" in b.log_path.read_text()
         b.stop()
-        _refused(b, "rebuilt")
+        _refused(b, "it stopped trusting its etcd (etcd no longer holds bookie")
     finally:
         store.close()
 

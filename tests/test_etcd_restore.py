@@ -1,9 +1,10 @@
 """etcd restored from a snapshot, for real (``etcdctl snapshot save``,
 ``etcdutl snapshot restore``): its revisions go back to the snapshot's.
 A bookie that read a later revision before (noted in its data dir) refuses
-to start on it, and its ledger GC refuses its pass; a ledger whose id is
-above the listing's revision is never deleted by it (bookie/cookie.py
-``check_revision``, bookie/ledger_gc.py)."""
+to start on it; running, it halts (read-only for good, recorded in its
+data dir), whether its etcd check or a GC pass finds it; a ledger whose id
+is above the listing's revision is never deleted by the ledger GC
+(bookie/cookie.py ``check_revision``, ``halt``, bookie/ledger_gc.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,7 @@ import subprocess
 
 import pytest
 
-from bookie.cookie import CookieGuard, note_revision, read_local, seen_revision
+from bookie.cookie import HALT_FILE, CookieGuard, halted, note_revision, read_local, seen_revision
 from bookie.ledger_gc import collect_deleted_ledgers
 from bookie.storage import Storage
 from bookstream.processes import BookieProcess, BookieStartError
@@ -26,6 +27,7 @@ from metadata.store import MetadataStore
 from metadata.txn import Get
 from stream.client import BookKeeperClient
 from tests.conftest import run
+from tests.test_cookie import _refused
 
 
 def _tool(name: str) -> str:
@@ -100,6 +102,7 @@ def test_a_bookie_refuses_an_etcd_restored_from_a_snapshot_without_a_bump(tmp_pa
         with pytest.raises(BookieStartError, match="exited with 3"):
             b.start()
         assert f"etcd's revision {revision} is below {seen}" in b.log_path.read_text()
+        assert f"etcd's revision {revision} is below {seen}" in halted(b.data_dir)   # (recorded: see below)
 
 
 def test_the_ledger_gc_keeps_a_ledger_above_the_listings_revision(tmp_path, cluster):
@@ -148,6 +151,55 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
             finally:
                 await c.close()
         assert run(probe()) == (Status.READ_ONLY, Status.OK, Status.READ_ONLY, Status.OK)
+
+        # Recorded: once etcd's revision has grown past what the bookie noted
+        # (as a restored etcd's soon does), its start would pass the revision
+        # check; the recorded halt refuses it, until an operator removes it.
+        assert "went back in time" in halted(b.data_dir)
+        b.kill()
+        seen = seen_revision(b.data_dir)
+        with MetadataStore([etcd.endpoint]) as store:
+            while store.put(f"/grow-{cluster}", b"x") <= seen:
+                pass
+        _refused(b, "it stopped trusting its etcd")
+        (b.data_dir / HALT_FILE).unlink()
+        b.start()
+
+
+@pytest.mark.parametrize("gc", ["ledger", "over-replicated"])
+def test_a_gc_pass_finding_its_etcd_gone_back_halts_the_bookie(tmp_path, cluster, gc):
+    """The bookie's etcd check off: the GC pass that finds etcd gone back
+    in time halts the bookie as the check would (one reaction to one
+    finding): normal adds refused, the halt recorded, nothing deleted.
+    The over-replicated GC checks at its pass's start (a restored etcd's
+    older fragments may not name this bookie where a copy since made it a
+    holder)."""
+    from bookie import entry as E
+    from bookie.core import Status
+    from stream.bookie_client import BookieClient
+    from tests.test_autorecovery import until
+
+    with _snapshot_then_a_ledger(tmp_path, cluster) as (etcd, b, snap, lid):
+        passes = {"ledger": ["--ledger-gc-interval", "0.3", "--over-replicated-gc-interval", "0"],
+                  "over-replicated": ["--ledger-gc-interval", "0", "--over-replicated-gc-interval", "0.3"]}
+        b.extra_args += ["--etcd-check-interval", "0", *passes[gc]]
+        b.start()             # (notes a revision above the snapshot's)
+        _restore(etcd, snap)
+
+        async def says_so():
+            return "read-only for good" in b.log_path.read_text()
+        run(until(says_so, what=f"the {gc} gc pass halting the bookie"))
+        assert f"{gc} gc refused" in b.log_path.read_text() and "went back in time" in halted(b.data_dir)
+
+        async def probe():
+            c = BookieClient(b.address)
+            try:
+                add = await c.add(E.encode(lid + 1, 0, b"new", term=0))
+                return (Status(add.errors[0].status if add.errors else add.status),
+                        [Status((await c.read_entry(lid, e)).status) for e in range(10)])
+            finally:
+                await c.close()
+        assert run(probe()) == (Status.READ_ONLY, [Status.OK] * 10)
 
 
 def test_the_noted_revision_only_rises(tmp_path):
