@@ -248,21 +248,47 @@ def holds_id(store, cluster: str, bookie_id: str, revision: int | None = None) -
 
 
 SEEN_FILE = "etcd.revision"   # the highest revision of etcd the bookie has read (its start, its ledger GC)
+MARK_FILE = "etcd.mark"       # the last mark the bookie wrote to etcd and saw acknowledged (``CookieGuard.mark``)
 HALT_FILE = "halted"          # why the bookie stopped trusting its etcd (``halt``): its starts refused until removed
 
 
-def seen_revision(data_dir: Path | None) -> int:
-    """The highest etcd revision this data dir's bookie has noted (0: none)."""
+def _noted(data_dir: Path | None, name: str) -> int:
+    """The number noted in the data dir's file ``name`` (0: none)."""
     if data_dir is None:
         return 0
-    path = Path(data_dir) / SEEN_FILE
+    path = Path(data_dir) / name
     try:
         return int(path.read_text().strip() or 0)
     except FileNotFoundError:
         return 0
     except (ValueError, UnicodeDecodeError) as e:   # (written by rename: the disk lied)
-        log.warning("%s is unreadable (%s): no revision noted, etcd's going back unchecked until the next", path, e)
+        log.warning("%s is unreadable (%s): nothing noted, etcd's going back unchecked until the next note", path, e)
         return 0
+
+
+def seen_revision(data_dir: Path | None) -> int:
+    """The highest etcd revision this data dir's bookie has noted (0: none)."""
+    return _noted(data_dir, SEEN_FILE)
+
+
+def noted_mark(data_dir: Path | None) -> int:
+    """The last mark this data dir's bookie wrote to etcd and saw acknowledged (0: none)."""
+    return _noted(data_dir, MARK_FILE)
+
+
+def check_mark(bookie_id: str, etcd_mark: int, noted: int) -> None:
+    """Raises ``InvalidCookie`` when etcd's mark of the bookie is below the
+    one the bookie wrote there and saw acknowledged (``noted_mark``): etcd
+    lost writes, restored from a snapshot taken before that write, with or
+    without ``--bump-revision`` (the revision check sees only the latter,
+    and only while etcd's revision has not grown past the bookie's note)."""
+    if etcd_mark < noted:
+        raise InvalidCookie(bookie_id, (
+            f"etcd's mark of bookie {bookie_id!r} is {etcd_mark}, below {noted}, which the bookie wrote there and "
+            "saw acknowledged: etcd lost acknowledged writes, restored from a snapshot taken before (with or "
+            "without --bump-revision). Every metadata change since the snapshot is lost: ledgers created since "
+            "(the GCs would delete their entries), fragments added since (a recovery would not read their "
+            "entries), closes and trims. Check the metadata against the bookies (README: restoring etcd)"))
 
 
 def note_revision(data_dir: Path | None, revision: int) -> None:
@@ -334,9 +360,10 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     or a checkpoint before this start (``Storage.had_history``); a cookie
     file without them is judged as no cookie (the data lost).  etcd's
     revision below one the bookie noted before is refused
-    (``check_revision``), and recorded as a halt (``HALT_FILE``: refused
-    until an operator removes it); the revision read is noted once the
-    start is judged good.  Raises the metadata's errors (etcd unavailable)."""
+    (``check_revision``), and so is etcd's mark of the bookie below the
+    one it noted (``check_mark``): both recorded as a halt (``HALT_FILE``:
+    refused until an operator removes it); the revision read is noted once
+    the start is judged good.  Raises the metadata's errors (etcd unavailable)."""
     from metadata.cluster import init_cluster
 
     why = halted(data_dir)
@@ -352,9 +379,11 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
                     "a data dir that lost its data", bookie_id)
         local = None
     for _ in range(4):   # (a KeyExists or a changed cookie below: judged again on what won)
-        cluster_id, remote, remote_rev, _, rev = _read_etcd(store, layout, bookie_id)
+        cluster_id, remote, remote_rev, (mark,), rev = _read_etcd(store, layout, bookie_id,
+                                                                  [Get(layout.mark_key(bookie_id))])
         try:
             check_revision(bookie_id, rev, max(seen_revision(data_dir), local.rejoined_at if local is not None else 0))
+            check_mark(bookie_id, _mark_of(mark)[0], noted_mark(data_dir))
         except InvalidCookie as e:   # (recorded: a later start, on etcd's grown revision, is refused too)
             _record_halt(data_dir, e)
             raise
@@ -388,16 +417,30 @@ def verify(store, cluster: str, data_dir: Path, bookie_id: str, rejoin: bool = F
     raise InvalidCookie(bookie_id, f"bookie {bookie_id!r}: its cookie in etcd keeps changing under it")
 
 
+def _mark_of(page) -> tuple[int, int]:
+    """(etcd's mark of the bookie, its key's mod revision), (0, 0) when absent."""
+    if not page.items:
+        return 0, 0
+    v = page.items[0][1]
+    try:
+        return int(v.value.decode() or 0), v.mod_revision
+    except (ValueError, UnicodeDecodeError):
+        return 0, v.mod_revision   # (rewritten by the next mark)
+
+
 @dataclasses.dataclass
 class CookieGuard:
-    """The ledger GC's check (bookie/ledger_gc.py) that etcd is still the
-    one the bookie's cookie names: a read of etcd's cookie (and the cluster
-    record) beside each read the deletion rests on."""
+    """A running bookie's checks that etcd is still the one its cookie
+    names and has lost nothing the bookie saw it acknowledge (its etcd
+    check, its GC passes, bookie/ledger_gc.py): a read of etcd's cookie,
+    the cluster record and the bookie's mark beside each read a deletion
+    rests on; and the mark, which the etcd check raises (``mark``)."""
 
     store: object
     cluster: str
     cookie: Cookie
-    data_dir: Path | None = None   # where the revisions read are noted (``seen_revision``)
+    data_dir: Path | None = None   # where the revisions read and the marks written are noted
+    _mark: tuple[int, int] = (0, 0)   # etcd's mark and its mod revision, as the last check read them
 
     def _check(self, cluster_id: str | None, remote: Cookie | None) -> None:
         if self.cookie.cluster_id != cluster_id or not self.cookie.same(remote):
@@ -408,13 +451,39 @@ class CookieGuard:
 
     def revision(self) -> int:
         """A revision at which etcd's cookie is the bookie's, not below one
-        the bookie read before (``check_revision``), noted (raises
+        the bookie read before (``check_revision``), its mark not below the
+        bookie's note (``check_mark``); the revision noted (raises
         ``InvalidCookie``)."""
-        cluster_id, remote, _, _, rev = _read_etcd(self.store, KeyLayout(self.cluster), self.cookie.bookie_id)
+        layout, bid = KeyLayout(self.cluster), self.cookie.bookie_id
+        cluster_id, remote, _, (mark,), rev = _read_etcd(self.store, layout, bid, [Get(layout.mark_key(bid))])
         self._check(cluster_id, remote)
-        check_revision(self.cookie.bookie_id, rev, seen_revision(self.data_dir))
+        check_revision(bid, rev, seen_revision(self.data_dir))
+        self._mark = _mark_of(mark)
+        check_mark(bid, self._mark[0], noted_mark(self.data_dir))
         note_revision(self.data_dir, rev)
         return rev
+
+    def mark(self) -> int | None:
+        """After a ``revision`` that passed: etcd's mark raised by one (a
+        compare-and-swap on what that read), then noted in the data dir,
+        durably, once etcd acknowledged it (noted first, a crash before the
+        write would leave the note above etcd's mark: a false alarm).  A
+        snapshot taken before this write and restored later holds a mark
+        below the note.  Returns the new mark, or None (the key changed
+        since the read: tried again next check)."""
+        layout, bid = KeyLayout(self.cluster), self.cookie.bookie_id
+        value, mod = self._mark
+        nxt = max(value, noted_mark(self.data_dir)) + 1
+        try:
+            if mod:
+                mod = self.store.cas(layout.mark_key(bid), str(nxt).encode(), mod)
+            else:
+                mod = self.store.create(layout.mark_key(bid), str(nxt).encode())
+        except (KeyExists, BadVersion):
+            return None
+        write_durably(Path(self.data_dir) / MARK_FILE, f"{nxt}\n".encode())
+        self._mark = (nxt, mod)
+        return nxt
 
     def absent(self, key: str) -> bool:
         """Whether ``key`` is absent, read with the cookie (raises ``InvalidCookie``)."""

@@ -662,7 +662,9 @@ class BookieServer:
 
     async def _etcd_check_loop(self) -> None:
         """Every ``etcd_check_interval_s``: etcd still the one the cookie
-        names, its revision not below one read before (noted). Else:
+        names, its revision not below one read before (noted), the
+        bookie's mark in etcd not below the last it wrote (then raised:
+        ``CookieGuard.mark``). Else:
         ``bookie.cookie.halt``, read-only for good and recorded in the data
         dir (its registration follows, ``_disk_loop``); an etcd that does
         not answer is asked again next time."""
@@ -675,6 +677,7 @@ class BookieServer:
             await asyncio.sleep(self.config.etcd_check_interval_s)
             try:
                 await asyncio.to_thread(guard.revision)
+                await asyncio.to_thread(guard.mark)
             except InvalidCookie as e:
                 halt(self.storage.core, self.storage.dir, e)
             except MetadataError:

@@ -73,8 +73,8 @@ def info_record(i) -> dict:
 def readiness(rec: dict) -> tuple[bool, str]:
     """Ready: registered (or not registering at all) and writable."""
     if rec["state"] != "writable":
-        return False, "read-only (disk usage above the threshold; or halted, its etcd gone back in time or not " \
-                      "its own: the bookie's log says)"
+        return False, "read-only (disk usage above the threshold; or halted, its etcd gone back in time, lost " \
+                      "writes or not its own: the file `halted` in its data dir and its log say)"
     if rec["registration_state"] not in ("held", "suspect", "not registering"):
         return False, f"not registered in etcd ({rec['registration_state']} for {rec['unregistered_seconds']} s)"
     return True, "ready"

@@ -108,8 +108,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
                         "held; 0: never")
     p.add_argument("--etcd-check-interval", type=float, default=30.0,
-                   help="every this many seconds, check that etcd is still the one the bookie's cookie names and "
-                        "has not gone back in time (restored from a snapshot without --bump-revision); if it has, "
+                   help="every this many seconds, check that etcd is still the one the bookie's cookie names, "
+                        "has not gone back in time (restored from a snapshot without --bump-revision) and has kept "
+                        "the bookie's mark (marks/<id>, raised at each check: a lost mark shows a restore even with the "
+                        "bump); if not, "
                         "the bookie turns read-only for good (reads go on) and writes the file `halted` in its "
                         "data dir, which refuses its starts until removed; 0: never while it runs (its start still "
                         "refuses such an etcd, and a ledger GC pass finding it halts the bookie likewise)")

@@ -14,6 +14,9 @@ key                                        value               notes
                                                                is under at most one of the two
 ``cookies/<bookie_id>``                    JSON cookie         the bookie's data dir and cluster
                                                                (create-if-absent; bookie/cookie.py)
+``marks/<bookie_id>``                      decimal counter     raised by the bookie's etcd check; a
+                                                               value below the bookie's own note: etcd
+                                                               lost writes (bookie/cookie.py)
 ``ledgers/<lid>/header``                   LedgerHeader        CAS'd by every metadata change
 ``ledgers/<lid>/fragments/<entry>``        Fragment            ``<entry>`` = the fragment's first
                                                                entry; fragments sort by it
@@ -149,6 +152,10 @@ class KeyLayout:
     def cookie_key(self, bookie_id: str) -> str:
         """The bookie's cookie (bookie/cookie.py)."""
         return self.root + "cookies/" + validate_name(bookie_id, "bookie id")
+
+    def mark_key(self, bookie_id: str) -> str:
+        """The bookie's mark, which its etcd check raises (bookie/cookie.py ``CookieGuard``)."""
+        return self.root + "marks/" + validate_name(bookie_id, "bookie id")
 
     # -- ledgers --------------------------------------------------------------
 

@@ -15,7 +15,7 @@ import subprocess
 
 import pytest
 
-from bookie.cookie import HALT_FILE, CookieGuard, halted, note_revision, read_local, seen_revision
+from bookie.cookie import HALT_FILE, CookieGuard, halted, note_revision, noted_mark, read_local, seen_revision
 from bookie.ledger_gc import collect_deleted_ledgers
 from bookie.storage import Storage
 from bookstream.processes import BookieProcess, BookieStartError
@@ -164,6 +164,44 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
         _refused(b, "it stopped trusting its etcd")
         (b.data_dir / HALT_FILE).unlink()
         b.start()
+
+
+def test_a_restore_the_revisions_do_not_show_is_seen_by_the_bookies_mark(tmp_path, cluster):
+    """A restore whose revisions are at or above everything a bookie read
+    (restored with --bump-revision, or without it once etcd's revision has
+    grown past the bookie's note while it was down; grown here by writes,
+    which is what the bump does to the checks): the revision check passes.
+    The bookie's mark, raised by its etcd check after the snapshot, is
+    below its note in the restored etcd: its start is refused, recorded."""
+    from tests.test_autorecovery import until
+
+    etcd = ManagedEtcd(tmp_path / "e").start()
+    b = BookieProcess(tmp_path / "b0", etcd=etcd.endpoint, cluster=cluster,
+                      extra_args=["--registration-ttl", "2", "--etcd-check-interval", "0.2"])
+    try:
+        b.start()
+
+        async def marked(n):
+            return noted_mark(b.data_dir) >= n
+        run(until(lambda: marked(1), what="a first mark"))
+        snap = tmp_path / "snap.db"
+        subprocess.run([_tool("etcdctl"), "--endpoints", etcd.endpoint, "snapshot", "save", str(snap)],
+                       check=True, capture_output=True)
+        after = noted_mark(b.data_dir) + 2   # (the snapshot holds at most the note then, plus one in flight)
+        run(until(lambda: marked(after), what="a mark after the snapshot"))
+        b.kill()
+        seen = seen_revision(b.data_dir)
+        _restore(etcd, snap)
+        with MetadataStore([etcd.endpoint]) as store:
+            while store.put(f"/grow-{cluster}", b"x") <= seen:
+                pass
+            pages, _ = store.read([Get(KeyLayout(cluster).mark_key(b.bookie_id))])
+            assert int(pages[0].items[0][1].value) < noted_mark(b.data_dir)
+        _refused(b, "etcd lost acknowledged writes")
+        assert "below" in halted(b.data_dir) and "lost acknowledged writes" in halted(b.data_dir)
+    finally:
+        b.kill()
+        etcd.stop()
 
 
 @pytest.mark.parametrize("gc", ["ledger", "over-replicated"])
