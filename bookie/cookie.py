@@ -310,7 +310,7 @@ def halted(data_dir: Path | None) -> str | None:
 
 def halt(core, data_dir: Path | None, finding: InvalidCookie) -> None:
     """The one reaction to etcd found untrustworthy while the bookie runs
-    (its etcd check, a ledger GC pass): read-only for good
+    (its etcd check, a GC pass): read-only for good
     (``BookieCore.halt``: no normal add, no prepare, nothing its GCs
     delete), and the finding written to the data dir (``HALT_FILE``), so
     that no later start serves on that etcd either, whatever its revision

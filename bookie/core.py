@@ -61,8 +61,8 @@ over-replicated entries        start and a request admitted for the ledger
 disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
 ``halt`` (etcd no longer the   read-only for good (until a restart, which
-one the cookie names, or gone  its cookie check then refuses: bookie/cookie.py
-back in time)                  ``halt``), prepares READ_ONLY too
+one the cookie names, gone     its cookie check then refuses: bookie/cookie.py
+back in time, or lost writes)  ``halt``), prepares READ_ONLY too
 normal read                    no term, no state change; unknown ledger:
                                NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
 LAC, LAFR                      never go down
