@@ -496,6 +496,7 @@ class BookieService(pb_grpc.BookieServicer):
         return pb.InfoResponse(
             bookie_id=self.config.bookie_id,
             state=pb.READ_ONLY_STATE if storage.read_only else pb.WRITABLE,
+            halted=storage.core.halted or "",
             free_bytes=free,
             total_bytes=total,
             used_bytes=used,

@@ -55,6 +55,7 @@ def info_record(i) -> dict:
     return {
         "bookie_id": i.bookie_id,
         "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
+        "halted": i.halted or None,
         "registration_state": i.registration_state or "not registering",
         "unregistered_seconds": round(i.unregistered_seconds, 1),
         "used_bytes": i.used_bytes, "free_bytes": i.free_bytes, "total_bytes": i.total_bytes,
@@ -72,9 +73,10 @@ def info_record(i) -> dict:
 
 def readiness(rec: dict) -> tuple[bool, str]:
     """Ready: registered (or not registering at all) and writable."""
+    if rec.get("halted"):
+        return False, f"halted, read-only for good: {rec['halted']}"
     if rec["state"] != "writable":
-        return False, "read-only (disk usage above the threshold; or halted, its etcd gone back in time, lost " \
-                      "writes or not its own: the file `halted` in its data dir and its log say)"
+        return False, "read-only (disk usage above the threshold)"
     if rec["registration_state"] not in ("held", "suspect", "not registering"):
         return False, f"not registered in etcd ({rec['registration_state']} for {rec['unregistered_seconds']} s)"
     return True, "ready"
@@ -125,7 +127,10 @@ class _Collector:
                     rec["registration_state"] in ("held", "suspect"))
         yield gauge("unregistered_seconds", "seconds since the registration was lost (0 when held)",
                     i.unregistered_seconds)
-        yield gauge("read_only", "1 while the bookie refuses normal adds for lack of disk", rec["state"] == "readonly")
+        yield gauge("read_only", "1 while the bookie refuses normal adds (for lack of disk, or halted)",
+                    rec["state"] == "readonly")
+        yield gauge("halted", "1 once the bookie stopped trusting its etcd (read-only for good: /ready says why)",
+                    bool(rec["halted"]))
         yield gauge("disk_used_bytes", "bytes of journal segments on disk", i.used_bytes)
         yield gauge("disk_free_bytes", "free bytes of the data dir's disk (or of --max-storage-bytes)", i.free_bytes)
         yield gauge("disk_total_bytes", "size of the data dir's disk (or --max-storage-bytes)", i.total_bytes)

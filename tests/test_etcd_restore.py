@@ -27,6 +27,7 @@ from metadata.store import MetadataStore
 from metadata.txn import Get
 from stream.client import BookKeeperClient
 from tests.conftest import run
+from tests.test_admin_http import get
 from tests.test_cookie import _refused
 
 
@@ -129,7 +130,7 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
     from tests.test_autorecovery import until
 
     with _snapshot_then_a_ledger(tmp_path, cluster) as (etcd, b, snap, lid):
-        b.extra_args += ["--etcd-check-interval", "0.3"]
+        b.extra_args += ["--etcd-check-interval", "0.3", "--admin-port", "0"]
         b.start()
         _restore(etcd, snap)
 
@@ -137,6 +138,12 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
             return "read-only for good" in b.log_path.read_text()
         run(until(says_so, what="the bookie halting"))
         assert "went back in time" in b.log_path.read_text()
+        code, body = get(b.admin_address, "/ready")     # (why, where an operator looks)
+        reason = json.loads(body)["reason"]
+        assert code == 503 and reason.startswith("halted, read-only for good: ") and "went back in time" in reason
+        metrics = get(b.admin_address, "/metrics")[1].decode()
+        assert f'bookstream_bookie_halted{{bookie_id="{b.bookie_id}"}} 1.0' in metrics
+        assert "went back in time" in json.loads(get(b.admin_address, "/info")[1])["halted"]
 
         async def probe():
             c = BookieClient(b.address)
