@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bookie import checkpoint
 from bookie import entry as E
 from bookie import striped_read
-from bookie.crc import crc32
-from bookie.core import VERIFIER_SIZE, Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
-from bookie.index import RUN_HEAD, LedgerIndex, Removed, pack_location, unpack_location
+from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
+from bookie.index import Removed, pack_location, unpack_location
 from bookie.journal import (
     DELETE_BODY,
     LAC_BODY,
@@ -50,10 +50,6 @@ from bookie.journal import (
 )
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_MAGIC = b"BKSTCKP1"
-_CKP_HEAD = struct.Struct("<8sQQQ")        # magic, segment, offset, ledgers
-_CKP_LEDGER = struct.Struct("<QQBqqI")     # id, term, fenced, lac, lafr, runs
 
 
 class StorageFormatError(RuntimeError):
@@ -617,31 +613,11 @@ class Storage:
         snapshot, and replaying them again is harmless (they only raise)."""
         await self.journal.sync()
         pos = self.applied_end
-        snapshot = self._snapshot(pos)  # in the loop thread: consistent
+        snapshot = checkpoint.encode(self.core, pos)  # in the loop thread: consistent
         await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, snapshot)
         self.checkpoint_pos = pos
         self._since_checkpoint = 0
         return pos
-
-    def _snapshot(self, pos: JournalPosition) -> bytes:
-        parts = [_CKP_HEAD.pack(CHECKPOINT_MAGIC, pos.segment, pos.offset, len(self.core.ledgers))]
-        for lid, st in self.core.ledgers.items():
-            n_runs, image = st.index.runs_image()   # (RUN_HEAD, its locations, its lengths: per run)
-            parts.append(_CKP_LEDGER.pack(lid, st.term, int(st.fenced), st.lac, st.lafr, n_runs))
-            parts.append(image)
-        # Then the verifiers of the ledgers that have one (a section an
-        # earlier bookie's loader, which stops after the ledgers, ignores).
-        keyed = [(lid, st.verifier) for lid, st in self.core.ledgers.items() if st.verifier]
-        parts.append(struct.pack("<Q", len(keyed)))
-        for lid, v in keyed:
-            parts.append(struct.pack("<Q", lid) + v)
-        # Then the copy tokens of the ledgers that have one (the same way: a
-        # section an earlier loader ignores).
-        tokens = [(lid, st.copy_token) for lid, st in self.core.ledgers.items() if st.copy_token]
-        parts.append(struct.pack("<Q", len(tokens)))
-        parts += [struct.pack("<QQ", lid, t) for lid, t in tokens]
-        data = b"".join(parts)
-        return data + struct.pack("<I", crc32(data))
 
     def _write_checkpoint(self, data: bytes) -> None:
         write_durably(self.dir / "checkpoint", data)
@@ -670,43 +646,10 @@ class Storage:
         path = self.dir / "checkpoint"
         if not path.exists():
             return None
-        data = path.read_bytes()
-        if len(data) < _CKP_HEAD.size + 4 or struct.unpack_from("<I", data, len(data) - 4)[0] != crc32(data[:-4]):
-            # The checkpoint is written to a temp file and renamed, so a bad
-            # one means the disk lied; refuse to guess.
-            raise RuntimeError(f"corrupt checkpoint {path}")
-        magic, seg, off, n = _CKP_HEAD.unpack_from(data, 0)
-        if magic != CHECKPOINT_MAGIC:
-            raise RuntimeError(f"not a checkpoint: {path}")
-        p = _CKP_HEAD.size
-        for _ in range(n):
-            lid, term, fenced, lac, lafr, nruns = _CKP_LEDGER.unpack_from(data, p)
-            p += _CKP_LEDGER.size
-            runs = []
-            for _ in range(nruns):
-                start, count = RUN_HEAD.unpack_from(data, p)
-                p += RUN_HEAD.size
-                locs = data[p : p + 8 * count]
-                p += 8 * count
-                lens = data[p : p + 4 * count]
-                p += 4 * count
-                runs.append((start, locs, lens))
-            self.core.restore(lid, term, bool(fenced), lac, lafr, LedgerIndex.from_runs(runs))
-        if p + 8 <= len(data) - 4:  # the verifiers (absent from an earlier bookie's checkpoint)
-            (nkeys,) = struct.unpack_from("<Q", data, p)
-            p += 8
-            for _ in range(nkeys):
-                (lid,) = struct.unpack_from("<Q", data, p)
-                self.core.ledgers[lid].verifier = data[p + 8:p + 8 + VERIFIER_SIZE]
-                p += 8 + VERIFIER_SIZE
-        if p + 8 <= len(data) - 4:  # the copy tokens (absent from an earlier bookie's checkpoint)
-            (ntokens,) = struct.unpack_from("<Q", data, p)
-            p += 8
-            for _ in range(ntokens):
-                lid, token = struct.unpack_from("<QQ", data, p)
-                self.core.ledgers[lid].copy_token = token
-                p += 16
-        return JournalPosition(seg, off)
+        try:
+            return checkpoint.decode(path.read_bytes(), self.core, str(path))
+        except checkpoint.BadCheckpoint as e:   # (refused: what it held would be answered as never written)
+            raise DamagedDataDir(str(e)) from None
 
     # -- garbage collection ---------------------------------------------------------------------
 

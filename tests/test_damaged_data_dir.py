@@ -113,6 +113,19 @@ def test_a_damaged_dir_is_refused_and_left_as_it_was(tmp_path, damage, says):
     assert _snapshot(tmp_path) == before        # nothing cut, nothing removed
 
 
+def test_a_checkpoint_the_disk_changed_is_refused(tmp_path):
+    """The checkpoint is written by rename: a CRC that fails is the disk's
+    loss, refused as a damaged dir (before: a bare RuntimeError)."""
+    _write(tmp_path, [20, "checkpoint", 2])
+    data = bytearray((tmp_path / "checkpoint").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (tmp_path / "checkpoint").write_bytes(bytes(data))
+    before = _snapshot(tmp_path)
+    with pytest.raises(DamagedDataDir, match="checkpoint: its CRC does not match"):
+        _reopen(tmp_path)
+    assert _snapshot(tmp_path) == before
+
+
 def test_a_bad_record_before_a_written_segment_is_a_loss_not_a_torn_tail(tmp_path):
     """Segment k + 1 is begun only once segment k is durable: a bad record
     in k with records in k + 1 is the disk's loss.  Cut there, as a torn
