@@ -89,6 +89,7 @@ there and the same, and each candidate's absence in one read with it.
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import enum
 import json
@@ -99,7 +100,7 @@ from pathlib import Path
 
 from bookie.journal import write_durably
 from bookstream_pb import metadata_pb2 as mpb
-from metadata.errors import BadVersion, InvalidCookie, KeyExists, LostDiskNotDrained, decode_message
+from metadata.errors import BadVersion, InvalidCookie, KeyExists, LostDiskNotDrained, MetadataError, decode_message
 from metadata.layout import KeyLayout
 from metadata.txn import Get
 
@@ -491,6 +492,28 @@ class CookieGuard:
                                                     [Get(key)])
         self._check(cluster_id, remote)
         return not page.items
+
+
+async def etcd_check_loop(storage, registration, cookie: Cookie, interval: float) -> None:
+    """A running bookie's etcd check (``--etcd-check-interval``), every
+    ``interval`` seconds: etcd still the one the cookie names, its revision
+    not below one read before (noted), the bookie's mark in etcd not below
+    the last it wrote (then raised: ``CookieGuard.mark``).  Else ``halt``:
+    read-only for good, recorded in the data dir (the registration follows
+    with the bookie's disk check).  An etcd that does not answer is asked
+    again next time."""
+    guard = CookieGuard(registration.store, registration.cluster, cookie, storage.dir)
+    while True:
+        await asyncio.sleep(interval)
+        try:
+            await asyncio.to_thread(guard.revision)
+            await asyncio.to_thread(guard.mark)
+        except InvalidCookie as e:
+            halt(storage.core, storage.dir, e)
+        except MetadataError:
+            pass
+        except Exception:
+            log.exception("etcd check failed")
 
 
 def _release(store, layout: KeyLayout, remote: Cookie, mod_revision: int) -> bool:

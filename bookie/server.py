@@ -644,7 +644,10 @@ class BookieServer:
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id, self.cookie),
                     name="over-replicated-gc"))
         if self.registration is not None and self.cookie is not None and cfg.etcd_check_interval_s > 0:
-            self._tasks.append(asyncio.create_task(self._etcd_check_loop(), name="etcd-check"))
+            from bookie.cookie import etcd_check_loop
+            self._tasks.append(asyncio.create_task(
+                etcd_check_loop(self.storage, self.registration, self.cookie, cfg.etcd_check_interval_s),
+                name="etcd-check"))
         self.starting = None
 
     async def _disk_loop(self) -> None:
@@ -660,31 +663,6 @@ class BookieServer:
                     log.info("registration moved to %s", "read-only" if ro else "writable")
             except Exception:
                 log.exception("disk check failed")
-
-    async def _etcd_check_loop(self) -> None:
-        """Every ``etcd_check_interval_s``: etcd still the one the cookie
-        names, its revision not below one read before (noted), the
-        bookie's mark in etcd not below the last it wrote (then raised:
-        ``CookieGuard.mark``). Else:
-        ``bookie.cookie.halt``, read-only for good and recorded in the data
-        dir (its registration follows, ``_disk_loop``); an etcd that does
-        not answer is asked again next time."""
-        from bookie.cookie import CookieGuard, halt
-        from metadata.errors import InvalidCookie, MetadataError
-
-        reg = self.registration
-        guard = CookieGuard(reg.store, reg.cluster, self.cookie, self.storage.dir)
-        while True:
-            await asyncio.sleep(self.config.etcd_check_interval_s)
-            try:
-                await asyncio.to_thread(guard.revision)
-                await asyncio.to_thread(guard.mark)
-            except InvalidCookie as e:
-                halt(self.storage.core, self.storage.dir, e)
-            except MetadataError:
-                pass
-            except Exception:
-                log.exception("etcd check failed")
 
     async def _upkeep_loop(self) -> None:
         last_gc = time.monotonic()
