@@ -657,10 +657,13 @@ class BookieServer:
             await asyncio.sleep(self.config.disk_check_interval_s)
             try:
                 self.storage.update_read_only()
-                ro = self.storage.read_only
-                if self.registration is not None and self.registration.read_only != ro:
-                    await asyncio.get_running_loop().run_in_executor(None, self.registration.set_read_only, ro)
+                ro, reg = self.storage.read_only, self.registration
+                if reg is not None and reg.read_only != ro:
+                    await asyncio.get_running_loop().run_in_executor(None, reg.set_read_only, ro)
                     log.info("registration moved to %s", "read-only" if ro else "writable")
+                halted = self.storage.core.halted or ""
+                if reg is not None and reg.registration.halted != halted:   # (why, for `bookies list`)
+                    await asyncio.get_running_loop().run_in_executor(None, lambda: reg.update(halted=halted))
             except Exception:
                 log.exception("disk check failed")
 

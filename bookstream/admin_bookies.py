@@ -18,7 +18,8 @@ def bookies() -> None:
 
 def _registration_row(r) -> dict:
     return {"bookie_id": r.bookie_id, "address": r.address, "read_address": r.read_address,
-            "state": "readonly" if r.read_only else "writable",
+            "state": "halted" if r.halted else "readonly" if r.read_only else "writable",
+            "halted": r.halted or None,
             "free_bytes": r.free_bytes, "total_bytes": r.total_bytes,
             "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(r.started_ms / 1000)) if r.started_ms else None}
 
@@ -32,17 +33,18 @@ LIST_COLUMNS = [
 
 
 @admin_command(bookies, "list")
-@click.option("--readonly", "which", flag_value="readonly", help="only the read-only bookies")
+@click.option("--readonly", "which", flag_value="readonly", help="only the read-only bookies (halted ones too)")
 @click.option("--writable", "which", flag_value="writable", help="only the writable bookies")
 def list_bookies(adm: Admin, which: str | None) -> Output:
-    """The registered bookies (writable and read-only)."""
+    """The registered bookies (writable, read-only, and halted: read-only
+    for good, its etcd untrusted; `--format json` says why)."""
     from metadata.registration import BookieRegistry
 
     with adm.store() as store:
         regs = BookieRegistry(store, adm.cluster).list_bookies()
     rows = [_registration_row(r) for r in regs]
     if which:
-        rows = [r for r in rows if r["state"] == which]
+        rows = [r for r in rows if (r["state"] != "writable") == (which == "readonly")]   # (halted: read-only)
     return Output(rows=rows, columns=LIST_COLUMNS)
 
 

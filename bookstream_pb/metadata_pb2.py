@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\rbookstream.v1\"\xe1\x03\n\x0cLedgerHeader\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x15\n\rensemble_size\x18\x02 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x03 \x01(\r\x12\x12\n\nack_quorum\x18\x04 \x01(\r\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.bookstream.v1.LedgerState\x12\x12\n\nlast_entry\x18\x06 \x01(\x03\x12\x0c\n\x04term\x18\x07 \x01(\x04\x12\'\n\x04mode\x18\x08 \x01(\x0e\x32\x19.bookstream.v1.LedgerMode\x12\x16\n\x0etrimmed_before\x18\t \x01(\x03\x12\x10\n\x08\x63time_ms\x18\n \x01(\x04\x12\x37\n\x06\x63ustom\x18\x0b \x03(\x0b\x32\'.bookstream.v1.LedgerHeader.CustomEntry\x12!\n\x19last_fragment_first_entry\x18\x0c \x01(\x03\x12\x16\n\x0e\x66ragment_count\x18\r \x01(\r\x12\x1b\n\x13\x66ragment_size_bytes\x18\x0e \x01(\x04\x12\x1d\n\x15\x66ragment_size_entries\x18\x0f \x01(\x04\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x08\x46ragment\x12\x13\n\x0b\x66irst_entry\x18\x01 \x01(\x03\x12\x10\n\x08\x65nsemble\x18\x02 \x03(\t\"\xdc\x01\n\x12\x42ookieRegistration\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x12\n\nstarted_ms\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x16\n\x0emax_entry_size\x18\x08 \x01(\x04\x12\x14\n\x0cread_address\x18\t \x01(\t\x12\x13\n\x0brejoined_at\x18\n \x01(\x04\"M\n\x0b\x43lusterInfo\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x12\n\ncreated_ms\x18\x02 \x01(\x04\x12\x16\n\x0elayout_version\x18\x03 \x01(\r\"/\n\x0cStreamRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tledger_id\x18\x02 \x01(\x04\"-\n\tLogRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nledger_ids\x18\x02 \x03(\x04*4\n\x0bLedgerState\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02*(\n\nLedgerMode\x12\x0b\n\x07\x43LASSIC\x10\x00\x12\r\n\tUNBOUNDED\x10\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0emetadata.proto\x12\rbookstream.v1\"\xe1\x03\n\x0cLedgerHeader\x12\x11\n\tledger_id\x18\x01 \x01(\x04\x12\x15\n\rensemble_size\x18\x02 \x01(\r\x12\x14\n\x0cwrite_quorum\x18\x03 \x01(\r\x12\x12\n\nack_quorum\x18\x04 \x01(\r\x12)\n\x05state\x18\x05 \x01(\x0e\x32\x1a.bookstream.v1.LedgerState\x12\x12\n\nlast_entry\x18\x06 \x01(\x03\x12\x0c\n\x04term\x18\x07 \x01(\x04\x12\'\n\x04mode\x18\x08 \x01(\x0e\x32\x19.bookstream.v1.LedgerMode\x12\x16\n\x0etrimmed_before\x18\t \x01(\x03\x12\x10\n\x08\x63time_ms\x18\n \x01(\x04\x12\x37\n\x06\x63ustom\x18\x0b \x03(\x0b\x32\'.bookstream.v1.LedgerHeader.CustomEntry\x12!\n\x19last_fragment_first_entry\x18\x0c \x01(\x03\x12\x16\n\x0e\x66ragment_count\x18\r \x01(\r\x12\x1b\n\x13\x66ragment_size_bytes\x18\x0e \x01(\x04\x12\x1d\n\x15\x66ragment_size_entries\x18\x0f \x01(\x04\x1a-\n\x0b\x43ustomEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"1\n\x08\x46ragment\x12\x13\n\x0b\x66irst_entry\x18\x01 \x01(\x03\x12\x10\n\x08\x65nsemble\x18\x02 \x03(\t\"\xec\x01\n\x12\x42ookieRegistration\x12\x11\n\tbookie_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\x11\n\tread_only\x18\x03 \x01(\x08\x12\x12\n\nfree_bytes\x18\x04 \x01(\x04\x12\x13\n\x0btotal_bytes\x18\x05 \x01(\x04\x12\x12\n\nstarted_ms\x18\x06 \x01(\x04\x12\x0f\n\x07version\x18\x07 \x01(\t\x12\x16\n\x0emax_entry_size\x18\x08 \x01(\x04\x12\x14\n\x0cread_address\x18\t \x01(\t\x12\x13\n\x0brejoined_at\x18\n \x01(\x04\x12\x0e\n\x06halted\x18\x0b \x01(\t\"M\n\x0b\x43lusterInfo\x12\x12\n\ncluster_id\x18\x01 \x01(\t\x12\x12\n\ncreated_ms\x18\x02 \x01(\x04\x12\x16\n\x0elayout_version\x18\x03 \x01(\r\"/\n\x0cStreamRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x11\n\tledger_id\x18\x02 \x01(\x04\"-\n\tLogRecord\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x12\n\nledger_ids\x18\x02 \x03(\x04*4\n\x0bLedgerState\x12\x08\n\x04OPEN\x10\x00\x12\x0f\n\x0bIN_RECOVERY\x10\x01\x12\n\n\x06\x43LOSED\x10\x02*(\n\nLedgerMode\x12\x0b\n\x07\x43LASSIC\x10\x00\x12\r\n\tUNBOUNDED\x10\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LEDGERHEADER_CUSTOMENTRY']._loaded_options = None
   _globals['_LEDGERHEADER_CUSTOMENTRY']._serialized_options = b'8\001'
-  _globals['_LEDGERSTATE']._serialized_start=966
-  _globals['_LEDGERSTATE']._serialized_end=1018
-  _globals['_LEDGERMODE']._serialized_start=1020
-  _globals['_LEDGERMODE']._serialized_end=1060
+  _globals['_LEDGERSTATE']._serialized_start=982
+  _globals['_LEDGERSTATE']._serialized_end=1034
+  _globals['_LEDGERMODE']._serialized_start=1036
+  _globals['_LEDGERMODE']._serialized_end=1076
   _globals['_LEDGERHEADER']._serialized_start=34
   _globals['_LEDGERHEADER']._serialized_end=515
   _globals['_LEDGERHEADER_CUSTOMENTRY']._serialized_start=470
@@ -44,11 +44,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_FRAGMENT']._serialized_start=517
   _globals['_FRAGMENT']._serialized_end=566
   _globals['_BOOKIEREGISTRATION']._serialized_start=569
-  _globals['_BOOKIEREGISTRATION']._serialized_end=789
-  _globals['_CLUSTERINFO']._serialized_start=791
-  _globals['_CLUSTERINFO']._serialized_end=868
-  _globals['_STREAMRECORD']._serialized_start=870
-  _globals['_STREAMRECORD']._serialized_end=917
-  _globals['_LOGRECORD']._serialized_start=919
-  _globals['_LOGRECORD']._serialized_end=964
+  _globals['_BOOKIEREGISTRATION']._serialized_end=805
+  _globals['_CLUSTERINFO']._serialized_start=807
+  _globals['_CLUSTERINFO']._serialized_end=884
+  _globals['_STREAMRECORD']._serialized_start=886
+  _globals['_STREAMRECORD']._serialized_end=933
+  _globals['_LOGRECORD']._serialized_start=935
+  _globals['_LOGRECORD']._serialized_end=980
 # @@protoc_insertion_point(module_scope)

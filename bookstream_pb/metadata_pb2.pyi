@@ -73,7 +73,7 @@ class Fragment(_message.Message):
     def __init__(self, first_entry: _Optional[int] = ..., ensemble: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class BookieRegistration(_message.Message):
-    __slots__ = ("bookie_id", "address", "read_only", "free_bytes", "total_bytes", "started_ms", "version", "max_entry_size", "read_address", "rejoined_at")
+    __slots__ = ("bookie_id", "address", "read_only", "free_bytes", "total_bytes", "started_ms", "version", "max_entry_size", "read_address", "rejoined_at", "halted")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     READ_ONLY_FIELD_NUMBER: _ClassVar[int]
@@ -84,6 +84,7 @@ class BookieRegistration(_message.Message):
     MAX_ENTRY_SIZE_FIELD_NUMBER: _ClassVar[int]
     READ_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     REJOINED_AT_FIELD_NUMBER: _ClassVar[int]
+    HALTED_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     address: str
     read_only: bool
@@ -94,7 +95,8 @@ class BookieRegistration(_message.Message):
     max_entry_size: int
     read_address: str
     rejoined_at: int
-    def __init__(self, bookie_id: _Optional[str] = ..., address: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., started_ms: _Optional[int] = ..., version: _Optional[str] = ..., max_entry_size: _Optional[int] = ..., read_address: _Optional[str] = ..., rejoined_at: _Optional[int] = ...) -> None: ...
+    halted: str
+    def __init__(self, bookie_id: _Optional[str] = ..., address: _Optional[str] = ..., read_only: _Optional[bool] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., started_ms: _Optional[int] = ..., version: _Optional[str] = ..., max_entry_size: _Optional[int] = ..., read_address: _Optional[str] = ..., rejoined_at: _Optional[int] = ..., halted: _Optional[str] = ...) -> None: ...
 
 class ClusterInfo(_message.Message):
     __slots__ = ("cluster_id", "created_ms", "layout_version")

@@ -28,6 +28,7 @@ from metadata.txn import Get
 from stream.client import BookKeeperClient
 from tests.conftest import run
 from tests.test_admin_http import get
+from tests.test_recovery_cli import CLI
 from tests.test_cookie import _refused
 
 
@@ -144,6 +145,16 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
         metrics = get(b.admin_address, "/metrics")[1].decode()
         assert f'bookstream_bookie_halted{{bookie_id="{b.bookie_id}"}} 1.0' in metrics
         assert "went back in time" in json.loads(get(b.admin_address, "/info")[1])["halted"]
+
+        def listed():   # (its registration says so: `bookies list`, cluster-wide)
+            p = subprocess.run(CLI + ["bookies", "list", "--readonly", "--etcd", etcd.endpoint, "--cluster", cluster,
+                                      "--format", "json"], capture_output=True, text=True, timeout=60)
+            rows = json.loads(p.stdout) if p.returncode == 0 else []
+            return [(r["state"], "went back in time" in (r["halted"] or "")) for r in rows]
+
+        async def registered_halted():
+            return listed() == [("halted", True)]
+        run(until(registered_halted, what="the registration saying halted"))
 
         async def probe():
             c = BookieClient(b.address)
