@@ -86,6 +86,17 @@ already has, with autorecovery doing the copies.)
 The ledger GC compares the two again before deleting anything
 (``CookieGuard``): the listing is read at a revision where the cookie is
 there and the same, and each candidate's absence in one read with it.
+
+An etcd restored from a snapshot is the cluster's, cookie and all, but
+has lost every change since.  The bookie notes what it read and wrote
+there: the highest revision it read (``SEEN_FILE``: below it, etcd went
+back in time, and new ledgers would take ids it holds), and its mark
+(``marks/<id>``), raised by its etcd check and noted once acknowledged
+(``MARK_FILE``: a mark below the note shows a restore the revisions do
+not, with ``--bump-revision``).  Its start, its etcd check and its GC
+passes compare them; a finding halts it (``halt``): read-only for good,
+its GCs deleting nothing, the finding recorded (``HALT_FILE``) so that no
+later start serves until an operator removes it.
 """
 from __future__ import annotations
 
