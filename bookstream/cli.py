@@ -56,19 +56,38 @@ def bookie_id_for(data_dir: Path, given: str | None) -> str:
     return bid
 
 
-def _positive_seconds(text: str) -> float:
-    value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text!r}")
-    return value
+def _number(cast, what: str, lo=None, hi=None, above=None):
+    """An option's parser: ``cast(text)``, at least ``lo``, above ``above``,
+    at most ``hi``; else argparse's one-line error ("must be WHAT")."""
+    def parse(text: str):
+        try:
+            value = cast(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}") from None
+        if (lo is not None and value < lo) or (above is not None and not value > above) or \
+                (hi is not None and value > hi) or value != value:   # (value != value: NaN)
+            raise argparse.ArgumentTypeError(f"must be {what}, not {text!r}")
+        return value
+    return parse
+
+
+_positive_seconds = _number(float, "a positive number of seconds", above=0)
+_seconds_or_never = _number(float, "a number of seconds, 0 for never", lo=0)
+_fraction = _number(float, "a fraction between 0 and 1", lo=0, hi=1)
+_share = _number(float, "a fraction above 0, at most 1", above=0, hi=1)
+_port = _number(int, "a port number, 0 for any free one", lo=0, hi=65535)
+
+
+def _positive_int(what: str, lo: int = 1):
+    return _number(int, f"{what} (at least {lo})", lo=lo)
 
 
 def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0: any free port")
+    p.add_argument("--port", type=_port, default=0, help="0: any free port")
     p.add_argument("--advertise-address", default="", help="HOST:PORT registered for clients (default: where it listens)")
-    p.add_argument("--read-port", type=int, default=0,
+    p.add_argument("--read-port", type=_port, default=0,
                    help="the read port (plain range reads, records sent by sendfile; not with TLS): "
                         "0 any free port, registered for clients")
     p.add_argument("--no-read-port", action="store_true", help="no read port: clients read over gRPC")
@@ -78,36 +97,42 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bookie-id", help="default: generated once and kept in the data dir")
     p.add_argument("--etcd", help="etcd endpoint(s), comma-separated; without it the bookie does not register")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER)
-    p.add_argument("--registration-ttl", type=int, default=10)
-    p.add_argument("--metadata-wait", type=float, default=30.0,
+    p.add_argument("--registration-ttl", type=_positive_int("whole seconds", 2), default=10,
+                   help="seconds the bookie's registration outlives its last keep-alive (etcd lease)")
+    p.add_argument("--metadata-wait", type=_seconds_or_never, default=30.0,
                    help="seconds to keep retrying registration while etcd is unavailable")
-    p.add_argument("--segment-size", type=int, default=StorageConfig.segment_size)
+    p.add_argument("--segment-size", type=_positive_int("bytes", 1 << 16), default=StorageConfig.segment_size,
+                   help="bytes of a journal segment")
     p.add_argument("--preallocate", action="store_true",
                    help="zero-fill the next journal segment ahead: cheaper fsyncs, twice the disk writes "
                         "(off by default: see bookie/journal.py)")
-    p.add_argument("--checkpoint-bytes", type=int, default=StorageConfig.checkpoint_bytes)
-    p.add_argument("--max-entry-size", type=int, default=StorageConfig.max_entry_size)
-    p.add_argument("--disk-usage-threshold", type=float, default=StorageConfig.disk_usage_threshold,
+    p.add_argument("--checkpoint-bytes", type=_positive_int("bytes"), default=StorageConfig.checkpoint_bytes,
+                   help="checkpoint after this much journal")
+    p.add_argument("--max-entry-size", type=_positive_int("bytes"), default=StorageConfig.max_entry_size,
+                   help="the largest payload the bookie takes (clients learn it from its registration)")
+    p.add_argument("--disk-usage-threshold", type=_share, default=StorageConfig.disk_usage_threshold,
                    help="go read-only above this fraction of the disk used")
-    p.add_argument("--disk-usage-margin", type=float, default=StorageConfig.disk_usage_margin,
+    p.add_argument("--disk-usage-margin", type=_fraction, default=StorageConfig.disk_usage_margin,
                    help="writable again below threshold minus this")
-    p.add_argument("--max-storage-bytes", type=int, default=0,
+    p.add_argument("--max-storage-bytes", type=_positive_int("bytes, 0 for the disk's size", 0), default=0,
                    help="treat the journal as full at this size (0: the disk's size)")
-    p.add_argument("--compaction-threshold", type=float, default=StorageConfig.compaction_threshold,
+    p.add_argument("--compaction-threshold", type=_fraction, default=StorageConfig.compaction_threshold,
                    help="compact journal segments whose live fraction is below this")
-    p.add_argument("--stripe-view-window-ids", type=int, default=StorageConfig.stripe_view_window_ids,
+    p.add_argument("--stripe-view-window-ids", type=_positive_int("ids"), default=StorageConfig.stripe_view_window_ids,
                    help="a striped ledger's read view covers at most this many ids of its index: the longest "
                         "its build holds the bookie (about 3 ms at the default) and the most it holds (28 B an id)")
-    p.add_argument("--disk-check-interval", type=float, default=1.0)
-    p.add_argument("--gc-interval", type=float, default=30.0)
-    p.add_argument("--ledger-gc-interval", type=float, default=600.0,
+    p.add_argument("--disk-check-interval", type=_positive_seconds, default=1.0,
+                   help="seconds between two looks at the disk's usage (read-only above the threshold)")
+    p.add_argument("--gc-interval", type=_positive_seconds, default=30.0,
+                   help="seconds between two journal GC passes (dead segments removed, sparse ones compacted)")
+    p.add_argument("--ledger-gc-interval", type=_seconds_or_never, default=600.0,
                    help="every this many seconds, delete the ledgers the metadata no longer has "
                         "(deleted while this bookie was down, or left by a failed copy); 0: never")
-    p.add_argument("--over-replicated-gc-interval", type=float, default=86400.0,
+    p.add_argument("--over-replicated-gc-interval", type=_seconds_or_never, default=86400.0,
                    help="every this many seconds, clear the entries of ledgers whose metadata no longer names "
                         "this bookie (replaced by autorecovery while it was down); a metadata read per ledger "
                         "held; 0: never")
-    p.add_argument("--etcd-check-interval", type=float, default=30.0,
+    p.add_argument("--etcd-check-interval", type=_seconds_or_never, default=30.0,
                    help="every this many seconds, check that etcd is still the one the bookie's cookie names, "
                         "has not gone back in time (restored from a snapshot without --bump-revision) and has kept "
                         "the bookie's mark (marks/<id>, raised at each check: a lost mark shows a restore even with the "
@@ -122,7 +147,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "under it")
     p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
                    help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
-    p.add_argument("--admin-port", type=int, default=None,
+    p.add_argument("--admin-port", type=_port, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")
@@ -334,6 +359,10 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     from bookie.storage import DamagedDataDir, StorageFormatError
     from metadata.errors import InvalidCookie
 
+    if not args.disk_usage_margin < args.disk_usage_threshold:   # (read-only, it would never be writable again)
+        log.error("--disk-usage-margin (%g) must be below --disk-usage-threshold (%g)", args.disk_usage_margin,
+                  args.disk_usage_threshold)
+        return 2
     try:
         run_loop(run_bookie(args, formatter))
     except InvalidCookie as e:  # (bookie/cookie.py: nothing was served)

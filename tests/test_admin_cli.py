@@ -287,3 +287,29 @@ def test_the_argparse_commands_still_answer():
         assert r.returncode == 0 and "usage: bookstream" in r.stdout, (cmd, r.stderr)
     r = subprocess.run([sys.executable, "-m", "bookstream.cli", "bookie"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--data-dir" in r.stderr
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--disk-check-interval", "0"),        # (a loop with no sleep: a core burnt)
+    ("--gc-interval", "-1"),
+    ("--etcd-check-interval", "nan"),
+    ("--segment-size", "4096"),            # (below the journal's 64 KiB)
+    ("--max-entry-size", "0"),
+    ("--disk-usage-threshold", "1.5"),
+    ("--compaction-threshold", "-0.1"),
+    ("--registration-ttl", "1"),
+    ("--port", "70000"),
+    ("--checkpoint-bytes", "lots"),
+])
+def test_a_bookie_refuses_a_bad_number_in_one_line(tmp_path, option, value):
+    r = subprocess.run([sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(tmp_path / "b"),
+                        option, value], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and f"argument {option}: must be" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_bookie_refuses_a_margin_at_or_above_its_threshold(tmp_path):
+    """Read-only above the threshold, it would never be writable again."""
+    r = subprocess.run([sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(tmp_path / "b"),
+                        "--disk-usage-threshold", "0.5", "--disk-usage-margin", "0.5"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "must be below --disk-usage-threshold" in r.stderr and "Traceback" not in r.stderr
