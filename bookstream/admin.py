@@ -285,7 +285,7 @@ class Admin:
 def common_options(f):
     f = click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table",
                      show_default=True, help="output: a table for people, JSON for scripts")(f)
-    f = click.option("--timeout", type=float, default=5.0, show_default=True,
+    f = click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=5.0, show_default=True,
                      help="seconds for each etcd or bookie call")(f)
     f = click.option("--cluster", envvar="BOOKSTREAM_CLUSTER", default="default", show_default=True)(f)
     f = click.option("--etcd", envvar="BOOKSTREAM_ETCD", default=DEFAULT_ETCD, show_default=True,

@@ -84,7 +84,7 @@ _PERCENT = click.option("--percent", type=click.FloatRange(0, 100), default=100.
 
 @admin_command(ledgers, "check")
 @click.argument("ledger_id", type=click.IntRange(1))
-@click.option("--read-timeout", type=float, default=10.0, show_default=True,
+@click.option("--read-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="the longest wait for each frame of a bookie's answer")
 @_PERCENT
 def check_ledger(adm: Admin, ledger_id: int, read_timeout: float, percent: float) -> None:
@@ -100,7 +100,7 @@ def check_ledger(adm: Admin, ledger_id: int, read_timeout: float, percent: float
 
 @admin_command(streams, "check")
 @click.argument("name")
-@click.option("--read-timeout", type=float, default=10.0, show_default=True,
+@click.option("--read-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="the longest wait for each frame of a bookie's answer")
 @_PERCENT
 def check_stream(adm: Admin, name: str, read_timeout: float, percent: float) -> None:

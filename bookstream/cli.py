@@ -56,7 +56,7 @@ def bookie_id_for(data_dir: Path, given: str | None) -> str:
     return bid
 
 
-def _number(cast, what: str, lo=None, hi=None, above=None):
+def number(cast, what: str, lo=None, hi=None, above=None):
     """An option's parser: ``cast(text)``, at least ``lo``, above ``above``,
     at most ``hi``; else argparse's one-line error ("must be WHAT")."""
     def parse(text: str):
@@ -71,23 +71,23 @@ def _number(cast, what: str, lo=None, hi=None, above=None):
     return parse
 
 
-_positive_seconds = _number(float, "a positive number of seconds", above=0)
-_seconds_or_never = _number(float, "a number of seconds, 0 for never", lo=0)
-_fraction = _number(float, "a fraction between 0 and 1", lo=0, hi=1)
-_share = _number(float, "a fraction above 0, at most 1", above=0, hi=1)
-_port = _number(int, "a port number, 0 for any free one", lo=0, hi=65535)
+_positive_seconds = number(float, "a positive number of seconds", above=0)
+_seconds_or_never = number(float, "a number of seconds, 0 for never", lo=0)
+_fraction = number(float, "a fraction between 0 and 1", lo=0, hi=1)
+_share = number(float, "a fraction above 0, at most 1", above=0, hi=1)
+port_number = number(int, "a port number, 0 for any free one", lo=0, hi=65535)
 
 
 def _positive_int(what: str, lo: int = 1):
-    return _number(int, f"{what} (at least {lo})", lo=lo)
+    return number(int, f"{what} (at least {lo})", lo=lo)
 
 
 def add_bookie_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-dir", required=True, type=Path)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0, help="0: any free port")
+    p.add_argument("--port", type=port_number, default=0, help="0: any free port")
     p.add_argument("--advertise-address", default="", help="HOST:PORT registered for clients (default: where it listens)")
-    p.add_argument("--read-port", type=_port, default=0,
+    p.add_argument("--read-port", type=port_number, default=0,
                    help="the read port (plain range reads, records sent by sendfile; not with TLS): "
                         "0 any free port, registered for clients")
     p.add_argument("--no-read-port", action="store_true", help="no read port: clients read over gRPC")
@@ -147,7 +147,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "under it")
     p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
                    help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
-    p.add_argument("--admin-port", type=_port, default=None,
+    p.add_argument("--admin-port", type=port_number, default=None,
                    help="serve /health /ready /metrics /info over HTTP on this port (0: any free port; "
                         "default: no admin HTTP)")
     p.add_argument("--admin-host", default=None, help="address of the admin HTTP port (default: --host)")

@@ -336,14 +336,14 @@ def disable(etcd, cluster, fmt):
 
 
 @autorecovery.command()
-@click.option("--delay", type=float, default=30.0, show_default=True, help="lost_bookie_recovery_delay (s)")
-@click.option("--grace", type=float, default=30.0, show_default=True,
+@click.option("--delay", type=click.FloatRange(min=0), default=30.0, show_default=True, help="lost_bookie_recovery_delay (s)")
+@click.option("--grace", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="an open fragment's writer has this long to change its ensemble (s)")
-@click.option("--writer-bound", type=float, default=600.0, show_default=True,
+@click.option("--writer-bound", type=click.FloatRange(min=0), default=600.0, show_default=True,
               help="... and a stream writer whose lease-bound registration says it is live this long (s)")
 @click.option("--no-auditor", is_flag=True, help="run only a replication worker")
 @click.option("--no-worker", is_flag=True, help="run only an auditor candidate")
-@click.option("--check-interval", type=float, default=None, help="the periodic check's period (s; default off)")
+@click.option("--check-interval", type=click.FloatRange(min=0, min_open=True), default=None, help="the periodic check's period (s; default off)")
 @click.option("--full-check", is_flag=True,
               help="the periodic check reads every entry from every replica (BookKeeper's LedgerChecker): finds an "
                    "entry missing mid-fragment or failing its checksum, at the cost of reading every ledger Qw times "
@@ -356,7 +356,7 @@ def disable(etcd, cluster, fmt):
 @click.option("--log-level", default="info")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
               help="json: one JSON object a line (bookstream/logs.py)")
-@click.option("--metrics-port", type=int, default=None,
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
               help="serve Prometheus /metrics (tasks, re-replicated bytes, the client's figures) on this port "
                    "of 127.0.0.1 (0: any free port, logged)")
 @click.option("--metrics-tls", is_flag=True, envvar="BOOKSTREAM_ADMIN_TLS",
@@ -421,8 +421,8 @@ async def run_daemon(etcd: str, cluster: str, *, delay: float, grace: float, aud
 
 
 @autorecovery.command()
-@click.option("--mb", type=int, default=1024, show_default=True, help="MB of the lost bookie's data")
-@click.option("--entry-size", type=int, default=64 << 10, show_default=True)
+@click.option("--mb", type=click.IntRange(min=1), default=1024, show_default=True, help="MB of the lost bookie's data")
+@click.option("--entry-size", type=click.IntRange(min=1), default=64 << 10, show_default=True)
 @click.option("--dir", "directory", help="where the cluster's data goes (the disk measured)")
 @click.option("--out", help="write the result as JSON here")
 @click.option("--keep-data", is_flag=True)

@@ -51,20 +51,23 @@ def add_parser(sub) -> None:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from bookstream.cli import number, port_number
+
     p.add_argument("--data-dir", type=Path, default=Path("data/standalone"))
-    p.add_argument("--bookies", type=int, default=DEFAULT_BOOKIES)
+    p.add_argument("--bookies", type=number(int, "a number of bookies (at least 1)", lo=1), default=DEFAULT_BOOKIES)
     p.add_argument("--etcd", help="use this etcd endpoint instead of starting one")
-    p.add_argument("--etcd-port", type=int, default=DEFAULT_ETCD_PORT,
+    p.add_argument("--etcd-port", type=port_number, default=DEFAULT_ETCD_PORT,
                    help=f"client port of the local etcd (default {DEFAULT_ETCD_PORT}; 0: any free port)")
     p.add_argument("--cluster", default="default")
-    p.add_argument("--base-port", type=int, default=DEFAULT_BOOKIE_PORT,
+    p.add_argument("--base-port", type=port_number, default=DEFAULT_BOOKIE_PORT,
                    help="first bookie port; the next ones follow (0: any free ports)")
     p.add_argument("--restart-bookies", action="store_true",
                    help="start a bookie that died again by itself (with a back-off)")
-    p.add_argument("--registration-ttl", type=int, default=None, help="the bookies' lease TTL (seconds)")
+    p.add_argument("--registration-ttl", type=number(int, "whole seconds (at least 2)", lo=2), default=None,
+                   help="the bookies' lease TTL (seconds)")
     p.add_argument("--no-autorecovery", action="store_true",
                    help="do not run an auditor and a replication worker beside the bookies")
-    p.add_argument("--recovery-delay", type=float, default=30.0,
+    p.add_argument("--recovery-delay", type=number(float, "a number of seconds", lo=0), default=30.0,
                    help="lost_bookie_recovery_delay of the autorecovery (seconds)")
     p.add_argument("--log-level", default="INFO")
     p.add_argument("--log-format", choices=["text", "json"], default="text",

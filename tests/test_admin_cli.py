@@ -313,3 +313,14 @@ def test_a_bookie_refuses_a_margin_at_or_above_its_threshold(tmp_path):
                         "--disk-usage-threshold", "0.5", "--disk-usage-margin", "0.5"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "must be below --disk-usage-threshold" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("cmd", [
+    ["standalone", "--bookies", "0"],
+    ["standalone", "--etcd-port", "-1"],
+    ["autorecovery", "run", "--check-interval", "0"],
+    ["ledgers", "list", "--timeout", "0"],
+])
+def test_the_other_commands_refuse_a_bad_number(cmd):
+    r = subprocess.run([sys.executable, "-m", "bookstream.cli", *cmd], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and cmd[-2] in r.stderr and "Traceback" not in r.stderr, r.stderr
