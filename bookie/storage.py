@@ -17,6 +17,7 @@ back once usage falls below the threshold minus a margin.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import logging
 import os
 import shutil
@@ -64,6 +65,36 @@ class DamagedDataDir(RuntimeError):
     lost disk's, bookie/cookie.py)."""
 
 
+class DataDirInUse(RuntimeError):
+    """Another process holds the data dir's lock (``LOCK_FILE``): a bookie
+    still running there, or paused (a supervisor that took it for dead).
+    Two processes appending to one journal would each take the other's
+    records in flight for a torn tail and cut them, acknowledged or not."""
+
+
+LOCK_FILE = "lock"   # flock'ed for the life of the process that opened the storage; holds its pid
+
+
+def _lock_data_dir(path: Path) -> int:
+    """The data dir's lock, taken (released when its fd closes, or its
+    process dies, kill -9 included)."""
+    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise DataDirInUse(f"{path} is in use by another process (pid {holder}): a bookie runs there, or is "
+                           "paused; stop it first (two processes on one journal would cut each other's "
+                           "records)") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
 @dataclass
 class StorageConfig:
     segment_size: int = 64 << 20
@@ -109,12 +140,28 @@ class Storage:
         self.replay_seconds = 0.0
         self.applied_end = JournalPosition(1, 0)
         self.tracer = None  # bookie/tracelog.py BookieTracer (bookstream bookie --trace FILE)
+        self._lock_fd: int | None = None
 
     # -- start-up ------------------------------------------------------------
 
     def open(self) -> None:
-        """Load the checkpoint and replay the journal after it.  Blocking; run
-        before serving.  Raises DamagedDataDir (nothing changed on disk)."""
+        """Take the data dir's lock, load the checkpoint and replay the
+        journal after it.  Blocking; run before serving.  Raises
+        DataDirInUse, DamagedDataDir (nothing changed on disk) and
+        StorageFormatError; the lock is let go on any of them."""
+        self._lock_fd = _lock_data_dir(self.dir)
+        try:
+            self._open()
+        except BaseException:
+            self._unlock()
+            raise
+
+    def _unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def _open(self) -> None:
         self.had_history = self.has_history()   # (a data dir emptied under its cookie: bookie/cookie.py)
         self._check_format()
         ckp = self._load_checkpoint()
@@ -713,6 +760,7 @@ class Storage:
 
     def close(self) -> None:
         self.journal.close()
+        self._unlock()
 
 
 def _iter_entry_records(data: bytes):

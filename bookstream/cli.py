@@ -356,7 +356,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     except TlsConfigError as e:  # a cert without its key, a user without a password: one line
         log.error("%s", e)
         return 2
-    from bookie.storage import DamagedDataDir, StorageFormatError
+    from bookie.storage import DamagedDataDir, DataDirInUse, StorageFormatError
     from metadata.errors import InvalidCookie
 
     if not args.disk_usage_margin < args.disk_usage_threshold:   # (read-only, it would never be writable again)
@@ -368,7 +368,7 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     except InvalidCookie as e:  # (bookie/cookie.py: nothing was served)
         log.error("%s", e)
         return 3
-    except StorageFormatError as e:
+    except (StorageFormatError, DataDirInUse) as e:
         log.error("refusing to start: %s", e)
         return 3
     except DamagedDataDir as e:   # (nothing was served, nothing changed on disk)

@@ -13,12 +13,14 @@ def test_a_new_data_dir_records_its_format_and_opens_again(tmp_path):
     s = Storage(tmp_path / "d")
     s.open()
     assert (tmp_path / "d" / "FORMAT").read_text().strip() == E.RECORD_FORMAT
+    s.close()
     Storage(tmp_path / "d").open()
 
 
 def test_a_data_dir_of_the_earlier_layout_is_refused_untouched(tmp_path):
     s = Storage(tmp_path / "d")
     s.open()
+    s.close()
     (tmp_path / "d" / "FORMAT").unlink()  # as an earlier bookie left it: journal segments, no FORMAT
     segs = {p.name: p.read_bytes() for p in (tmp_path / "d" / "journal").iterdir()}
     assert segs
