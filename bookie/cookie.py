@@ -331,8 +331,8 @@ def halt(core, data_dir: Path | None, finding: InvalidCookie) -> None:
     still this bookie's ledgers).  An operator removes the file once etcd
     is one the bookie's data answers to (README: restoring etcd)."""
     if core.halt(str(finding)):
+        _record_halt(data_dir, finding)   # (first: the log line says it is recorded)
         log.error("read-only for good, until an operator looks: %s", finding)
-        _record_halt(data_dir, finding)
 
 
 def _record_halt(data_dir: Path | None, finding: InvalidCookie) -> None:

@@ -223,8 +223,8 @@ async def _periodic(storage, interval: float, name: str, one_pass, report) -> No
         try:
             done = await one_pass()
         except InvalidCookie as e:
+            halt(storage.core, storage.dir, e)   # (recorded before the line below says so)
             log.error("%s refused: %s", name, e)
-            halt(storage.core, storage.dir, e)
             continue
         except MetadataError as e:
             log.warning("%s: %s", name, e)

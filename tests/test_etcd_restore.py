@@ -135,8 +135,8 @@ def test_a_running_bookie_turns_read_only_when_its_etcd_goes_back_in_time(tmp_pa
         b.start()
         _restore(etcd, snap)
 
-        async def says_so():
-            return "read-only for good" in b.log_path.read_text()
+        async def says_so():   # (the record, which the log line follows)
+            return halted(b.data_dir) is not None and "read-only for good" in b.log_path.read_text()
         run(until(says_so, what="the bookie halting"))
         assert "went back in time" in b.log_path.read_text()
         code, body = get(b.admin_address, "/ready")     # (why, where an operator looks)
@@ -242,10 +242,10 @@ def test_a_gc_pass_finding_its_etcd_gone_back_halts_the_bookie(tmp_path, cluster
         b.start()             # (notes a revision above the snapshot's)
         _restore(etcd, snap)
 
-        async def says_so():
-            return "read-only for good" in b.log_path.read_text()
+        async def says_so():   # (its last line: the halt is recorded, then said, then the pass's refusal)
+            return f"{gc} gc refused" in b.log_path.read_text()
         run(until(says_so, what=f"the {gc} gc pass halting the bookie"))
-        assert f"{gc} gc refused" in b.log_path.read_text() and "went back in time" in halted(b.data_dir)
+        assert "read-only for good" in b.log_path.read_text() and "went back in time" in halted(b.data_dir)
 
         async def probe():
             c = BookieClient(b.address)
