@@ -115,8 +115,9 @@ class StorageConfig:
         if self.stripe_view_window_ids < 1:   # (a window of none: a read would never pass it)
             raise ValueError(f"stripe_view_window_ids must be >= 1, got {self.stripe_view_window_ids}")
         if not 0 <= self.disk_usage_margin < self.disk_usage_threshold <= 1:   # (else never writable again)
-            raise ValueError(f"want 0 <= disk_usage_margin < disk_usage_threshold <= 1, got "
-                             f"{self.disk_usage_margin} and {self.disk_usage_threshold}")
+            raise ValueError(f"the disk usage margin ({self.disk_usage_margin}) must be below the threshold "
+                             f"({self.disk_usage_threshold}), both fractions of the disk: read-only above the "
+                             "threshold, the bookie would never be writable again")
         if self.segment_size < 1 << 16 or self.max_entry_size < 1 or self.checkpoint_bytes < 1:
             raise ValueError(f"segment_size >= 64 KiB, max_entry_size and checkpoint_bytes >= 1: got "
                              f"{self.segment_size}, {self.max_entry_size}, {self.checkpoint_bytes}")

@@ -164,8 +164,9 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="json: one JSON object a line (time, level, component, bookie_id, ledger, message)")
 
 
-def bookie_config(args: argparse.Namespace) -> BookieConfig:
-    storage = StorageConfig(
+def storage_config(args: argparse.Namespace) -> StorageConfig:
+    """The storage options (raises ValueError: ``StorageConfig``'s checks)."""
+    return StorageConfig(
         segment_size=args.segment_size,
         preallocate=args.preallocate,
         checkpoint_bytes=args.checkpoint_bytes,
@@ -176,6 +177,10 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         compaction_threshold=args.compaction_threshold,
         stripe_view_window_ids=args.stripe_view_window_ids,
     )
+
+
+def bookie_config(args: argparse.Namespace) -> BookieConfig:
+    storage = storage_config(args)
     return BookieConfig(
         data_dir=str(args.data_dir),
         host=args.host,
@@ -359,9 +364,10 @@ def cmd_bookie(args: argparse.Namespace) -> int:
     from bookie.storage import DamagedDataDir, DataDirInUse, StorageFormatError
     from metadata.errors import InvalidCookie
 
-    if not args.disk_usage_margin < args.disk_usage_threshold:   # (read-only, it would never be writable again)
-        log.error("--disk-usage-margin (%g) must be below --disk-usage-threshold (%g)", args.disk_usage_margin,
-                  args.disk_usage_threshold)
+    try:
+        storage_config(args)   # (what argparse cannot check alone: a margin below the threshold)
+    except ValueError as e:
+        log.error("%s", e)
         return 2
     try:
         run_loop(run_bookie(args, formatter))

@@ -312,7 +312,7 @@ def test_a_bookie_refuses_a_margin_at_or_above_its_threshold(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bookstream.cli", "bookie", "--data-dir", str(tmp_path / "b"),
                         "--disk-usage-threshold", "0.5", "--disk-usage-margin", "0.5"],
                        capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "must be below --disk-usage-threshold" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 2 and "must be below the threshold (0.5)" in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("cmd", [
