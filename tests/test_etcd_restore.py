@@ -4,7 +4,9 @@ A bookie that read a later revision before (noted in its data dir) refuses
 to start on it; running, it halts (read-only for good, recorded in its
 data dir), whether its etcd check or a GC pass finds it; a ledger whose id
 is above the listing's revision is never deleted by the ledger GC
-(bookie/cookie.py ``check_revision``, ``halt``, bookie/ledger_gc.py)."""
+A restore the revisions do not show is seen by the bookie's mark
+(bookie/cookie.py ``check_revision``, ``check_mark``, ``halt``,
+bookie/ledger_gc.py)."""
 from __future__ import annotations
 
 import contextlib
@@ -28,8 +30,8 @@ from metadata.txn import Get
 from stream.client import BookKeeperClient
 from tests.conftest import run
 from tests.test_admin_http import get
-from tests.test_recovery_cli import CLI
 from tests.test_cookie import _refused
+from tests.test_recovery_cli import CLI
 
 
 def _tool(name: str) -> str:
