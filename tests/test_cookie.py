@@ -307,9 +307,11 @@ def test_a_bookie_rejoined_under_its_id_gives_a_zombie_writer_no_ack(own):
         lh = await bk.create_ledger(3, 3, 2)
         for i in range(10):
             await lh.add_entry(b"z%d" % i)
-        # (the premise: one ensemble for all ten, the zombie's; a writer's change would move the fence)
-        assert len(lh.metadata.fragments) == 1, f"the writer changed its ensemble: {lh.metadata.fragments}"
-        return lh.ledger_id, [by[x] for x in lh.metadata.fragments[0].ensemble]   # (never closed)
+        # The zombie's ensemble is its last fragment's: a change the writer made
+        # before (a bookie slow under load) moves the fence there.  Taken from
+        # the first fragment, such a change once left a outside the recovery's
+        # fencing, and its OK was the test's, not the rule's (session 25's CI).
+        return lh.ledger_id, [by[x] for x in lh.metadata.fragments[-1].ensemble]   # (never closed)
 
     lid, (a, b, c) = run(write())
     b.kill()                      # (not paused: a paused b would take the recovery's fence once resumed)
