@@ -460,6 +460,22 @@ async def run_cas(intent: Intent, read: Read, write: Write, backoff: Backoff = B
     return CasResult(Wait(f"CAS kept failing after {backoff.attempts} attempts"), meta, rev, backoff.attempts)
 
 
+async def read_known(read: Read, backoff: Backoff = Backoff(),
+                     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> tuple[LedgerMetadata | None, int]:
+    """``read()``, etcd's unavailability (``CasUnknown``) waited out with
+    ``backoff`` as :func:`run_cas` waits it out, then raised: a metadata
+    read that one slow connection to etcd should not fail."""
+    for attempt in range(backoff.attempts):
+        try:
+            return await read()
+        except CasUnknown as e:
+            if attempt + 1 == backoff.attempts:
+                raise
+            log.info("metadata unavailable (%s), attempt %d", e, attempt + 1)
+            await sleep(backoff.delay(attempt))
+    raise AssertionError("unreachable")
+
+
 def ledger_store_io(client, ledger_id: int, fragments: str = "all", guards=()) -> tuple[Read, Write]:
     """``read`` / ``write`` for :func:`run_cas` over a ``BookKeeperClient``'s
     ``LedgerStore`` (``fragments``: what ``read`` loads, "all" or "last";
@@ -514,5 +530,5 @@ __all__ = [
     "Apply", "Done", "Moot", "Wait", "Verdict", "Intent", "GONE", "FENCED", "CLOSED_ELSEWHERE", "WRONG_MODE",
     "CHANGED", "ALREADY_CLOSED", "ReplaceBookie", "CloseAt", "ChangeEnsemble", "TakeOver", "FinishTakeOver", "BeginRecovery",
     "CloseRecovered", "writer_verdict", "PREPARED", "PREPARE_FAILED", "to_prepare", "prepare_answer", "prepare_verdict", "fragment_end", "is_sealed", "judge_lost_cas", "Backoff", "CasResult",
-    "CasLost", "CasUnknown", "run_cas", "ledger_store_io", "run_ledger_cas",
+    "CasLost", "CasUnknown", "run_cas", "read_known", "ledger_store_io", "run_ledger_cas",
 ]

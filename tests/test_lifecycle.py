@@ -10,7 +10,7 @@ import pytest
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream.client import BookKeeperClient
 from stream.lifecycle import (Apply, Backoff, CasUnknown, CloseAt, Done, Moot, ReplaceBookie, Wait, fragment_end,
-                              is_sealed, judge_lost_cas, ledger_store_io, run_cas)
+                              is_sealed, judge_lost_cas, ledger_store_io, read_known, run_cas)
 
 
 def meta(frags, state=LedgerState.OPEN, last=-1, mode=LedgerMode.CLASSIC, e=3, qw=3, qa=2):
@@ -173,6 +173,34 @@ def test_runner_gives_up_after_the_backoff_attempts(etcd_server, cluster):
             assert isinstance(r.verdict, Wait) and not r.applied
             assert slept == [0.1, 0.2, 0.4, 0.5]
             assert await read() == before and await _writes_of_fragment0(bk, lid) == 1
+
+    asyncio.run(go())
+
+
+def test_a_read_waits_out_an_etcd_away_then_gives_up(etcd_server, cluster):
+    """``read_known``: the first two reads go to an etcd that is not there
+    (a closed port), the third to the real one: the metadata, after two
+    back-offs.  Away for every attempt: CasUnknown, raised."""
+    async def go():
+        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
+                BookKeeperClient(f"127.0.0.1:{_closed_port()}", cluster, metadata_timeout=1.0) as gone:
+            lid = await _ledger(bk)
+            here, _ = ledger_store_io(bk, lid)
+            away, _ = ledger_store_io(gone, lid)
+            calls, slept = [], []
+
+            async def read():
+                calls.append(1)
+                return await (away() if len(calls) <= 2 else here())
+
+            async def sleep(d):
+                slept.append(d)
+
+            meta, _rev = await read_known(read, Backoff(base=0.1, factor=2, cap=0.5, attempts=4), sleep=sleep)
+            assert meta.ledger_id == lid and len(calls) == 3 and slept == [0.1, 0.2]
+            with pytest.raises(CasUnknown):
+                await read_known(away, Backoff(base=0.1, factor=2, cap=0.5, attempts=3), sleep=sleep)
+            assert slept[2:] == [0.1, 0.2]
 
     asyncio.run(go())
 

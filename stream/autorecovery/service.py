@@ -34,7 +34,7 @@ from metadata.layout import KeyLayout
 from metadata.ledgers import LedgerMode
 from metadata.txn import created_at
 from stream import errors as err
-from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, run_cas
+from stream.lifecycle import Apply, Backoff, Done, Moot, ReplaceBookie, ledger_store_io, read_known, run_cas
 from stream.metrics import AutorecoveryMetrics
 from stream.writer_lease import Liveness, judge_writer, read_writer
 
@@ -73,8 +73,10 @@ class LedgerOutcome:
 
 
 async def _read_meta(client, lid: int):
+    """The ledger's metadata, every fragment; etcd unavailable for a moment
+    (a task's first connection on a loaded executor) waited out."""
     read, _ = ledger_store_io(client, lid)
-    return await read()
+    return await read_known(read)
 
 
 async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, damaged: Iterable[str] = (),
