@@ -3,6 +3,7 @@ runner over the production metadata I/O on a real etcd."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 
 import pytest
@@ -153,15 +154,21 @@ def test_runner_adopts_a_write_whose_answer_was_lost(etcd_server, cluster):
     asyncio.run(go())
 
 
+@contextlib.asynccontextmanager
+async def _here_and_away(etcd_server, cluster):
+    """(a client, a ledger of it, ``ledger_store_io`` of the ledger over the
+    real etcd, and over an etcd that is not there: a closed port)."""
+    async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
+            BookKeeperClient(f"127.0.0.1:{_closed_port()}", cluster, metadata_timeout=1.0) as gone:
+        lid = await _ledger(bk)
+        yield bk, lid, ledger_store_io(bk, lid), ledger_store_io(gone, lid)
+
+
 def test_runner_gives_up_after_the_backoff_attempts(etcd_server, cluster):
     """The CAS goes to an etcd that is not there (a closed port): every
     write's outcome is unknown; after the attempts, Wait, nothing written."""
     async def go():
-        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
-                BookKeeperClient(f"127.0.0.1:{_closed_port()}", cluster, metadata_timeout=1.0) as gone:
-            lid = await _ledger(bk)
-            read, _ = ledger_store_io(bk, lid)
-            _, write = ledger_store_io(gone, lid)
+        async with _here_and_away(etcd_server, cluster) as (bk, lid, (read, _), (_, write)):
             before = await read()
             slept = []
 
@@ -182,11 +189,7 @@ def test_a_read_waits_out_an_etcd_away_then_gives_up(etcd_server, cluster):
     (a closed port), the third to the real one: the metadata, after two
     back-offs.  Away for every attempt: CasUnknown, raised."""
     async def go():
-        async with BookKeeperClient(etcd_server.endpoint, cluster) as bk, \
-                BookKeeperClient(f"127.0.0.1:{_closed_port()}", cluster, metadata_timeout=1.0) as gone:
-            lid = await _ledger(bk)
-            here, _ = ledger_store_io(bk, lid)
-            away, _ = ledger_store_io(gone, lid)
+        async with _here_and_away(etcd_server, cluster) as (bk, lid, (here, _), (away, _)):
             calls, slept = [], []
 
             async def read():
