@@ -77,9 +77,10 @@ class BookieConfig:
     # Every this long, etcd's revision is read against the highest this
     # bookie read before, and its cookie against the data dir's
     # (bookie/cookie.py ``CookieGuard``; with a cookie only): a bookie whose
-    # etcd went back in time or is no longer its own turns read-only for
-    # good (``BookieCore.halt``).  0: never while it runs (its start still
-    # refuses such an etcd, and its ledger GC passes refuse to delete).
+    # etcd went back in time, lost its mark or is no longer its own halts
+    # (``bookie.cookie.halt``: read-only for good, recorded).  0: never
+    # while it runs (its start still refuses such an etcd, and a GC pass
+    # finding it halts the bookie likewise).
     etcd_check_interval_s: float = 30.0
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
