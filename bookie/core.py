@@ -62,7 +62,8 @@ disk usage                     read-only at >= threshold; writable again
                                below threshold - margin
 ``halt`` (etcd no longer the   read-only for good (until a restart, which
 one the cookie names, gone     its cookie check then refuses: bookie/cookie.py
-back in time, or lost writes)  ``halt``), prepares READ_ONLY too
+back in time, or lost writes;  ``halt``; a broken journal's until a restart),
+a journal broken)              prepares READ_ONLY too
 normal read                    no term, no state change; unknown ledger:
                                NO_SUCH_LEDGER; missing entry: NO_SUCH_ENTRY
 LAC, LAFR                      never go down
@@ -487,7 +488,9 @@ class BookieCore:
         """Read-only for good, whatever the disk: the metadata this bookie's
         data answers to is gone (bookie/cookie.py ``check_revision``, an
         etcd restored without its revisions bumped, or no longer the one its
-        cookie names).  Returns whether it was not halted before."""
+        cookie names), or its journal can write nothing more (a failed write
+        it could not take back: bookie/journal.py ``broken``).  Returns
+        whether it was not halted before."""
         first = not self.halted
         self.halted = self.halted or why
         self.read_only = True

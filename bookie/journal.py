@@ -20,6 +20,18 @@ a bad record followed by a segment holding records is a loss of the disk's,
 and the scan refuses it (``JournalDamaged``) rather than cut acknowledged
 records off.
 
+Inside the newest segment, a torn tail is told from a record that rotted
+after it was made durable by the segment's marks (R_MARK): every group
+commit that appends to a segment already holding records begins with one,
+whose body is its own segment and offset.  The flusher writes a batch only
+once the one before it is durable, so a mark says every byte before it was
+durable when it was written.  A bad record with a valid mark after it is
+the disk's loss (``JournalDamaged``); one with no mark after it is what a
+crash leaves, and cut.  A journal idle for ``MARK_IDLE_S`` after a commit,
+and one being closed, writes a mark of its own, so only the commits of the
+last moments before a crash are left unmarked.  Marks are the journal's
+own: the scan never yields them.
+
 Group commit: ``append`` only buffers; ``sync()`` returns once everything
 appended before the call is written and fdatasync'ed.  One flusher thread does
 the writes and the fdatasync for every record that arrived in the meantime,
@@ -70,12 +82,16 @@ R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
 R_LAC = 5         # body: LAC_BODY (an explicit LAC)
 R_KEY = 6         # body: KEY_BODY, then the ledger's verifier (bookie/core.py, master key)
 R_CLEAR = 7       # body: CLEAR_BODY (a copy's clearing of its target, with its fencing token)
+R_MARK = 8        # body: MARK_BODY, the record's own segment and offset (every byte before it was durable)
 
 STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
 DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
 LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
 KEY_BODY = struct.Struct("<Q")              # ledger_id
 CLEAR_BODY = struct.Struct("<QqqQ")         # ledger_id, first, last, copy token
+MARK_BODY = struct.Struct("<QQ")            # segment, offset of this record
+MARK_SIZE = RECORD_HEADER_SIZE + MARK_BODY.size
+MARK_IDLE_S = 1.0   # a journal idle this long after a commit marks its end
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
 PREPARED_SUFFIX = ".prep"
@@ -220,11 +236,30 @@ def _record_at(mv: memoryview, seg: int, off: int) -> ScannedRecord | None:
     return ScannedRecord(rtype, body, seg, body_off, JournalPosition(seg, body_off + blen), runs)
 
 
+_MARK_HEAD = struct.pack("<IB3x", MARK_BODY.size, R_MARK)   # a mark's first 8 bytes
+
+
+def _mark_after(data: bytes, seg: int, off: int) -> int | None:
+    """The offset of a valid mark after ``off`` in a segment's bytes, if
+    any: a record of type R_MARK, its CRC right, naming its own segment and
+    offset (payload bytes that look like one fail one of these)."""
+    mv = memoryview(data)
+    at = data.find(_MARK_HEAD, off + 1)
+    while at >= 0:
+        rec = _record_at(mv, seg, at)
+        if rec is not None and rec.rtype == R_MARK and MARK_BODY.unpack(rec.body) == (seg, at):
+            return at
+        at = data.find(_MARK_HEAD, at + 1)
+    return None
+
+
 class Journal:
     """Segments under `directory`; one writer (this object), many readers."""
 
-    def __init__(self, directory: str | os.PathLike, *, segment_size: int = 64 << 20, preallocate: bool = False):
+    def __init__(self, directory: str | os.PathLike, *, segment_size: int = 64 << 20, preallocate: bool = False,
+                 mark_idle_s: float = MARK_IDLE_S):
         assert segment_size >= 1 << 16
+        self.mark_idle_s = mark_idle_s
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.segment_size = segment_size
@@ -257,6 +292,13 @@ class Journal:
         self.on_commit = None  # (bytes, seconds) of each group commit: bookie/metrics.py
         self.sync_histogram = [0] * (len(SYNC_BUCKET_BOUNDS_US) + 1)  # group commits by duration
         self.sync_max_seconds = 0.0
+        # why nothing more can be written until a restart (a failed write whose
+        # bytes could not be taken back: later ones would land after them)
+        self.broken: str | None = None
+        self.on_broken = None   # called once with that reason (bookie/storage.py: the halt)
+        self._marked = JournalPosition(0, 0)   # where the last mark buffered begins
+        self._idle_mark = None                  # the timer of an idle journal's mark
+        self.marks = 0
 
     # -- segments ------------------------------------------------------------
 
@@ -339,11 +381,19 @@ class Journal:
             mv = memoryview(data)
             off = start.offset if seg == start.segment else 0
             while (rec := _record_at(mv, seg, off)) is not None:
+                if rec.rtype == R_MARK:
+                    self._marked = JournalPosition(seg, off)
                 off = rec.end.offset
                 self.scan_end = rec.end
-                yield rec
+                if rec.rtype != R_MARK:
+                    yield rec
             if off != len(data) and data.count(0, off) == len(data) - off:
                 pass  # the zeros of a preallocated segment: its records end here
+            elif off != len(data) and (mark := _mark_after(data, seg, off)) is not None:
+                raise JournalDamaged(
+                    f"journal segment {seg} has a bad record at {off} of {len(data)} bytes, and a mark at "
+                    f"{mark} says every byte before it was durable: the disk lost data there (not a crash's "
+                    "torn tail); not cut off")
             elif off != len(data):
                 later = [s for s in self.segments() if s > seg]
                 written = [s for s in later if self._holds_a_record(s)]
@@ -376,10 +426,27 @@ class Journal:
 
     def append(self, rtype: int, body: bytes | memoryview) -> int:
         """Buffers a record; returns its body's offset in `current_segment`
-        (valid after the call: a roll happens before, never in the middle)."""
+        (valid after the call: a roll happens before, never in the middle).
+        The first record of a group commit is preceded by a mark when the
+        segment already holds records."""
         size = RECORD_HEADER_SIZE + len(body)
-        if self._tail > 0 and self._tail + size > self.segment_size:
+        mark = not self._pending and self._tail > 0
+        if self._tail > 0 and self._tail + size + (MARK_SIZE if mark else 0) > self.segment_size:
             self._roll()
+        elif mark:
+            self._buffer_mark()
+        return self._buffer(rtype, body)
+
+    def _buffer_mark(self) -> None:
+        """A mark where the journal ends: everything before it is durable
+        by the time the flusher writes it (it writes a batch only once the
+        one before is)."""
+        self._marked = JournalPosition(self._seg, self._tail)
+        self._buffer(R_MARK, MARK_BODY.pack(self._seg, self._tail))
+        self.marks += 1
+
+    def _buffer(self, rtype: int, body: bytes | memoryview) -> int:
+        size = RECORD_HEADER_SIZE + len(body)
         head = frame_record(rtype, body)
         if self._pending and self._pending[-1][0] == self._seg:
             chunks = self._pending[-1][1]
@@ -403,6 +470,11 @@ class Journal:
         """A future done once every record appended so far is durable."""
         loop = asyncio.get_running_loop()
         fut = loop.create_future()
+        if self.broken is not None and not self._flushing:
+            self._pending, self._pending_bytes = [], 0
+            self._seg, self._tail = self._durable.segment, self._durable.offset
+            fut.set_exception(JournalWriteError(None, self.broken))
+            return fut
         if not self._pending and not self._flushing:
             fut.set_result(None)
             return fut
@@ -433,6 +505,8 @@ class Journal:
                     w.set_exception(JournalWriteError(exc.errno if isinstance(exc, OSError) else None, str(exc)))
             self._waiters, self._pending, self._pending_bytes = [], [], 0
             self._seg, self._tail = self._durable.segment, self._durable.offset
+            if self.broken is not None and self.on_broken is not None:
+                self.on_broken(self.broken)
             return
         grew, took = f.result()
         self.fsyncs += 1
@@ -446,6 +520,21 @@ class Journal:
                 w.set_result(None)
         if self._waiters:
             self._start_flush(loop)
+        elif self._idle_mark is None:
+            self._idle_mark = loop.call_later(self.mark_idle_s, self._mark_if_idle, loop)
+
+    def _mark_if_idle(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Marks the journal's end once it is idle, unless a mark ends it
+        already: the last commit before a pause is marked too."""
+        self._idle_mark = None
+        if self._pending or self._flushing or self.broken is not None:
+            return   # a commit is under way: the next one begins with a mark
+        if self._tail == 0 or self._marked.offset + MARK_SIZE == self._tail and self._marked.segment == self._seg:
+            return
+        if self._tail + MARK_SIZE > self.segment_size:
+            return   # no room: the next record begins a segment, which says as much
+        self._buffer_mark()
+        self._start_flush(loop)
 
     def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> tuple[int, float]:
         """Flusher thread: write each segment's chunks, fdatasync, roll.
@@ -467,8 +556,8 @@ class Journal:
                         self._finish_short_write(part, done)
                     written += want
                 os.fdatasync(self._write_fd)
-            except OSError:
-                self._undo_write(start, sum(len(c) for c in chunks))
+            except OSError as e:
+                self._undo_write(seg, start, sum(len(c) for c in chunks), e)
                 raise
             # a prepared segment grows only past its zeros (a record larger than it)
             grew += max(0, written - max(start, self.segment_size if self._write_preallocated else start))
@@ -479,10 +568,12 @@ class Journal:
                 self._prepared = (seg + 1, self._prep_executor.submit(self._prepare, seg + 1))
         return grew, time.perf_counter() - t0
 
-    def _undo_write(self, start: int, length: int) -> None:
+    def _undo_write(self, seg: int, start: int, length: int, error: OSError) -> None:
         """A failed write: nothing from ``start`` on may be read back as a
         record later (a record fully written but never made durable would
-        otherwise reappear after the next restart)."""
+        otherwise reappear after the next restart).  If that fails too, the
+        journal is ``broken``: a later write would land after the failed
+        one's bytes, where no offset handed out points."""
         try:
             if self._write_preallocated:
                 end = min(start + length, self.segment_size)
@@ -492,8 +583,10 @@ class Journal:
                 os.fdatasync(self._write_fd)
             else:
                 os.ftruncate(self._write_fd, start)
-        except OSError:
-            pass
+        except OSError as e:
+            self.broken = (f"a failed write to journal segment {seg} at {start} ({error}) could not be taken "
+                           f"back ({e}): nothing more is written until a restart")
+            log.error("journal: %s", self.broken)
 
     def _open_write_segment(self, seg: int) -> int:
         """Switches writing to segment ``seg`` (the prepared file if it is
@@ -558,6 +651,30 @@ class Journal:
             os.close(fd)
         return tmp
 
+    def _mark_on_close(self) -> None:
+        """Closing: a mark after the last durable record (the flusher has
+        stopped; records buffered and never synced are dropped, as a crash
+        drops them)."""
+        d = self._durable
+        if self._write_fd < 0 or d.segment != self._write_seg or d.offset == 0 or self.broken is not None:
+            return
+        if self._marked == JournalPosition(d.segment, d.offset - MARK_SIZE) or d.offset + MARK_SIZE > self.segment_size:
+            return
+        body = MARK_BODY.pack(d.segment, d.offset)
+        fd = self._write_fd
+        try:
+            if self._write_preallocated:
+                os.lseek(fd, d.offset, os.SEEK_SET)
+            elif os.fstat(fd).st_size != d.offset:
+                return   # (bytes of a failed write left behind: no mark over them)
+            os.write(fd, frame_record(R_MARK, body) + body)
+            os.fdatasync(fd)
+        except OSError as e:
+            log.warning("journal: the closing mark was not written: %s", e)
+            return
+        self._marked = d
+        self.marks += 1
+
     def _finish_short_write(self, part: list, done: int) -> None:
         for c in part:
             n = len(c)
@@ -589,8 +706,12 @@ class Journal:
         return pread_exactly(self.read_fd(seg), length, offset, seg)
 
     def close(self) -> None:
+        if self._idle_mark is not None:
+            self._idle_mark.cancel()
+            self._idle_mark = None
         self._executor.shutdown(wait=True)
         self._prep_executor.shutdown(wait=True, cancel_futures=True)
+        self._mark_on_close()
         if self._write_fd >= 0:
             os.close(self._write_fd)
             self._write_fd = -1

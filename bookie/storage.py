@@ -132,6 +132,7 @@ class Storage:
         self.core = BookieCore()
         self.journal = Journal(self.dir / "journal", segment_size=self.config.segment_size,
                                preallocate=self.config.preallocate)
+        self.journal.on_broken = lambda why: self.core.halt(f"journal: {why}")   # (until a restart)
         self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
         self.checkpoint_pos = JournalPosition(1, 0)
         self._since_checkpoint = 0

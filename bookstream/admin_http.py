@@ -129,7 +129,7 @@ class _Collector:
                     i.unregistered_seconds)
         yield gauge("read_only", "1 while the bookie refuses normal adds (for lack of disk, or halted)",
                     rec["state"] == "readonly")
-        yield gauge("halted", "1 once the bookie stopped trusting its etcd (read-only for good: /ready says why)",
+        yield gauge("halted", "1 once the bookie is read-only for good (its etcd untrusted, or its journal broken: /ready says why)",
                     bool(rec["halted"]))
         yield gauge("disk_used_bytes", "bytes of journal segments on disk", i.used_bytes)
         yield gauge("disk_free_bytes", "free bytes of the data dir's disk (or of --max-storage-bytes)", i.free_bytes)

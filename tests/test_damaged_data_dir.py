@@ -135,10 +135,25 @@ def test_a_bad_record_before_a_written_segment_is_a_loss_not_a_torn_tail(tmp_pat
     segs = _write(tmp_path, [30])         # (a reopen: the first segment is the checkpoint-less replay's)
     assert len(segs) >= 3
     data = bytearray(_seg(tmp_path, 1).read_bytes())
-    data[len(data) // 2] ^= 0xFF          # a flipped payload byte, mid-segment
+    data[-1] ^= 0xFF    # a flipped payload byte in the segment's last record (no mark after it in the segment)
     _seg(tmp_path, 1).write_bytes(bytes(data))
     before = _snapshot(tmp_path)
     with pytest.raises(DamagedDataDir, match="holds records: the disk lost data"):
+        _reopen(tmp_path)
+    assert _snapshot(tmp_path) == before
+
+
+def test_a_record_rotted_in_the_newest_segment_is_a_loss_not_a_torn_tail(tmp_path):
+    """Inside the newest segment, a bad record with a mark after it (each
+    commit's, and the one a close writes) is the disk's loss: acknowledged
+    records after it would be cut off as a torn tail."""
+    segs = _write(tmp_path, [4])
+    assert segs == [1]
+    data = bytearray(_seg(tmp_path, 1).read_bytes())
+    data[-(len(data) // 3)] ^= 0xFF   # a payload byte two thirds in, commits after it
+    _seg(tmp_path, 1).write_bytes(bytes(data))
+    before = _snapshot(tmp_path)
+    with pytest.raises(DamagedDataDir, match="a mark at .* says every byte before it was durable"):
         _reopen(tmp_path)
     assert _snapshot(tmp_path) == before
 
@@ -270,3 +285,65 @@ def test_no_dir_a_bookie_wrote_is_judged_damaged(tmp_path, seed):
 
     asyncio.run(go())
     assert counts["reopens"] >= 3 and counts["removed"] and counts["compacted"]   # (each seed: 14-26, 5-12, 3-9)
+
+
+def test_a_failed_write_not_taken_back_halts_the_bookie_until_a_restart(tmp_path, monkeypatch):
+    """A journal write that fails (here its fdatasync: EIO) and whose bytes
+    cannot be cut off either (ftruncate failing too, as on a failing disk):
+    a later write would land after those bytes, where no offset handed out
+    points.  The journal writes nothing more (every later add fails at
+    once) and the bookie halts (read-only for good) until a restart, whose
+    replay keeps every record acknowledged before (the failed write's own
+    may come back: never acknowledged, as a write whose ack was lost).
+    (The faults injected into ``os``: no disk fails on cue.)"""
+    import errno
+    import os as _os
+
+    from bookie.journal import JournalWriteError
+
+    failing = {"on": False}
+    real_fdatasync, real_ftruncate = _os.fdatasync, _os.ftruncate
+
+    def fdatasync(fd):
+        if failing["on"]:
+            raise OSError(errno.EIO, "injected: fdatasync")
+        return real_fdatasync(fd)
+
+    def ftruncate(fd, n):
+        if failing["on"]:
+            raise OSError(errno.EIO, "injected: ftruncate")
+        return real_ftruncate(fd, n)
+
+    async def go():
+        s = Storage(tmp_path, _config())
+        s.open()
+        try:
+            await admit_durably(s, [_frame(0), _frame(8)])
+            size = _seg(tmp_path, 1).stat().st_size
+            monkeypatch.setattr(_os, "fdatasync", fdatasync)
+            monkeypatch.setattr(_os, "ftruncate", ftruncate)
+            failing["on"] = True
+            with pytest.raises(JournalWriteError, match="injected: fdatasync"):
+                await admit_durably(s, [_frame(16)])
+            failing["on"] = False
+            assert s.journal.broken and "could not be taken back" in s.journal.broken
+            assert s.core.halted.startswith("journal: ") and s.read_only
+            grown = _seg(tmp_path, 1).stat().st_size
+            assert grown > size                                  # (the failed write's bytes are there)
+            assert s.admit_frame(_frame(24), s.validate_frame(_frame(24))[2])[0]   # (refused: halted)
+            s.journal.append(R_ENTRIES, _frame(24))              # (below the core: the journal refuses too)
+            with pytest.raises(JournalWriteError, match="could not be taken back"):
+                await s.journal.sync()
+            assert _seg(tmp_path, 1).stat().st_size == grown     # nothing written after them
+        finally:
+            s.close()
+        assert _seg(tmp_path, 1).stat().st_size == grown         # (nor a closing mark over them)
+
+    asyncio.run(go())
+    monkeypatch.undo()
+    s = _reopen(tmp_path)
+    try:
+        assert not s.core.halted and not s.read_only
+        assert all(s.core.ledgers[LID].index.get(e) is not None for e in range(16))
+    finally:
+        s.close()

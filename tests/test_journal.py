@@ -5,6 +5,8 @@ import asyncio
 import logging
 import os
 
+import pytest
+
 from bookie import entry as E
 from bookie.journal import PREPARED_SUFFIX, R_ENTRIES, R_STATE, STATE_BODY, Journal, JournalPosition, frame_record
 
@@ -15,8 +17,8 @@ def _entries(ledger: int, first: int, n: int) -> bytes:
     return b"".join(E.encode_run(ledger, first, [bytes([first % 251]) * 900] * n, lac=-1, lafr=-1, term=0))
 
 
-def _open(path, preallocate: bool = True) -> tuple[Journal, list]:
-    j = Journal(path, segment_size=SEG, preallocate=preallocate)
+def _open(path, preallocate: bool = True, **kw) -> tuple[Journal, list]:
+    j = Journal(path, segment_size=SEG, preallocate=preallocate, **kw)
     records = [(r.rtype, bytes(r.body)) for r in j.scan(JournalPosition(1, 0))]
     end = j.scan_end if j.segments() else JournalPosition(1, 0)
     j.open_for_append(end)
@@ -120,3 +122,111 @@ def test_group_commits_are_counted_by_duration(tmp_path):
     assert 0 < j.sync_max_seconds and sync_bucket(j.sync_max_seconds) == max(
         i for i, n in enumerate(j.sync_histogram) if n)
     j.close()
+
+
+def _bad_last_record(path, seg: int) -> None:
+    """Flips the last byte of a segment's last entry record (past every mark
+    but a closing one, which the caller removes or keeps)."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_marks_tell_a_record_rotted_in_place_from_a_torn_tail(tmp_path, caplog):
+    """Each commit to a segment holding records begins with a mark of its
+    own offset, and a close ends the journal with one: a bad record with a
+    mark after it is refused (acknowledged records follow it); the last
+    commit before a crash has none after it, and is cut as a torn tail."""
+    from bookie.journal import MARK_BODY, MARK_SIZE, R_MARK, JournalDamaged
+
+    bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(4)]
+    j, _ = _open(tmp_path, preallocate=False, mark_idle_s=3600)   # (no idle marks between the commits)
+    _write(j, bodies, wait_prepared=False)
+    j.close()
+    assert j.marks == 4   # before commits 2, 3 and 4, and the close's
+    path = j.path(1)
+    data = path.read_bytes()
+    end = len(data) - MARK_SIZE
+    assert frame_record(R_MARK, MARK_BODY.pack(1, end)) + MARK_BODY.pack(1, end) == data[end:]
+    j2, records = _open(tmp_path, preallocate=False)   # (the marks are the journal's own: never yielded)
+    j2.close()
+    assert records == bodies and j2.marks == 0   # (the reopen's close found the journal marked)
+
+    crashed = data[:end]                         # as a crash leaves it: no closing mark
+    path.write_bytes(crashed)
+    _bad_last_record(path, 1)
+    with caplog.at_level(logging.WARNING, logger="bookie.journal"):
+        j3, records = _open(tmp_path, preallocate=False)
+    j3.close()
+    assert records == bodies[:3] and any("torn tail" in r.getMessage() for r in caplog.records)
+
+    damaged = bytearray(data)                    # closed cleanly: the last record is under a mark
+    damaged[end - 1] ^= 0xFF
+    path.write_bytes(bytes(damaged))
+    j4 = Journal(tmp_path, segment_size=SEG)
+    try:
+        with pytest.raises(JournalDamaged, match=f"a mark at {end}"):
+            list(j4.scan(JournalPosition(1, 0)))
+    finally:
+        j4.close()
+    assert path.read_bytes() == bytes(damaged)   # not cut
+
+
+def test_an_idle_journal_marks_its_last_commit(tmp_path):
+    """A commit not followed by another for ``mark_idle_s`` gets a mark of
+    its own (one fdatasync more), so a crash long after it still tells its
+    rot from a torn tail; a journal already ending in a mark writes none."""
+    from bookie.journal import MARK_SIZE, JournalDamaged
+
+    j = Journal(tmp_path, segment_size=SEG, mark_idle_s=0.05)
+    list(j.scan(JournalPosition(1, 0)))
+    j.open_for_append(JournalPosition(1, 0))
+
+    async def go():
+        j.append(R_ENTRIES, _entries(1, 0, 10))
+        await j.sync()
+        assert j.marks == 0            # (the first record of a segment has nothing before it to mark)
+        j.append(R_ENTRIES, _entries(1, 10, 10))
+        await j.sync()
+        assert j.marks == 1
+        fsyncs = j.fsyncs
+        deadline = asyncio.get_running_loop().time() + 30
+        while j.marks == 1 or j.fsyncs == fsyncs:    # (the idle mark's commit, awaited)
+            assert asyncio.get_running_loop().time() < deadline
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)       # (four idle periods more: no mark over a mark)
+        assert j.marks == 2
+
+    asyncio.run(go())   # (the journal left open, as a crash leaves it: no closing mark)
+    size = j.path(1).stat().st_size
+    data = bytearray(j.path(1).read_bytes())
+    assert len(data) == size and j.end.offset == size
+    data[size - MARK_SIZE - 1] ^= 0xFF    # the last entry record, under the idle mark
+    j.path(1).write_bytes(bytes(data))
+    j2 = Journal(tmp_path, segment_size=SEG)
+    try:
+        with pytest.raises(JournalDamaged, match=f"a mark at {size - MARK_SIZE}"):
+            list(j2.scan(JournalPosition(1, 0)))
+    finally:
+        j2.close()
+    j.close()
+
+
+def test_a_payload_that_looks_like_a_mark_leaves_a_torn_tail_cut(tmp_path):
+    """A torn record whose payload holds a mark's bytes: a mark names its
+    own segment and offset, so one copied into a payload (anywhere but where
+    it would be a real one) is not taken for one."""
+    from bookie.journal import MARK_BODY, R_MARK
+
+    j, _ = _open(tmp_path, preallocate=False)
+    _write(j, [(R_ENTRIES, _entries(1, 0, 10))], wait_prepared=False)
+    j.close()
+    data = j.path(1).read_bytes()
+    fake = MARK_BODY.pack(1, 100)   # (a valid mark's bytes, of another offset)
+    payload = b"".join(E.encode_run(1, 10, [b"\0" * 7 + frame_record(R_MARK, fake) + fake], lac=-1, lafr=-1, term=0))
+    torn = frame_record(R_ENTRIES, payload) + payload[:-3]
+    j.path(1).write_bytes(data + torn)
+    j2, records = _open(tmp_path, preallocate=False)
+    j2.close()
+    assert records == [(R_ENTRIES, _entries(1, 0, 10))]
+    assert j2.path(1).stat().st_size == len(data)   # cut (and no closing mark: the journal ends in one)
