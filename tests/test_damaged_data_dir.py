@@ -198,6 +198,26 @@ def test_a_bookie_whose_dir_lost_a_segment_refuses_to_start(own):
     assert sorted(p.name for p in journal.iterdir()) == before
 
 
+def test_a_bookie_whose_newest_segment_rotted_refuses_to_start(own):
+    """A real bookie killed -9 after many commits, a byte of its newest
+    segment's first record flipped (rot, not a crash's tail: marks of later
+    commits follow it): exit 3, the data dir untouched, where the journal
+    was cut there before and every acknowledged entry after it dropped."""
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(3)
+    closed_ledger(own, [b"z" * 500 for _ in range(40)], batch=2)
+    victim = procs[0]
+    victim.kill()
+    newest = sorted((victim.data_dir / "journal").glob("segment-*.log"))[-1]
+    data = bytearray(newest.read_bytes())
+    assert len(data) > 20_000
+    data[200] ^= 0xFF
+    newest.write_bytes(bytes(data))
+    _refused(victim, "says every byte before it was durable")
+    assert newest.read_bytes() == bytes(data)
+
+
 def test_a_dir_emptied_under_its_cookie_is_a_lost_disk(own):
     """The journal and checkpoint gone, the cookie file kept: judged as a
     data dir that lost its data (refused under its id), not a bookie
