@@ -28,9 +28,10 @@ once the one before it is durable, so a mark says every byte before it was
 durable when it was written.  A bad record with a valid mark after it is
 the disk's loss (``JournalDamaged``); one with no mark after it is what a
 crash leaves, and cut.  A journal idle for ``MARK_IDLE_S`` after a commit,
-and one being closed, writes a mark of its own, so only the commits of the
-last moments before a crash are left unmarked.  Marks are the journal's
-own: the scan never yields them.
+one being closed, and one opened after its replay (what it kept, fsynced
+first) write a mark of their own, so only the commits of the last moments
+before a power loss are left unmarked.  Marks are the journal's own: the
+scan never yields them.
 
 Group commit: ``append`` only buffers; ``sync()`` returns once everything
 appended before the call is written and fdatasync'ed.  One flusher thread does
@@ -328,10 +329,19 @@ class Journal:
         try:
             os.ftruncate(fd, self._tail)  # cut a torn tail off for good
             os.fsync(fd)
+            if self._tail and not self._ends_in_mark() and self._tail + MARK_SIZE <= self.segment_size:
+                # what the replay kept is durable now (the fsync): marked, so
+                # that its rot is not taken for a torn tail after a crash
+                body = MARK_BODY.pack(self._seg, self._tail)
+                os.pwrite(fd, frame_record(R_MARK, body) + body, self._tail)
+                os.fsync(fd)
+                self._marked = JournalPosition(self._seg, self._tail)
+                self._tail += MARK_SIZE
+                self.marks += 1
         finally:
             os.close(fd)
         _fsync_dir(self.dir)
-        self._durable = end
+        self._durable = end = JournalPosition(self._seg, self._tail)
         self._disk_bytes = self._stat_bytes()
         self._open_write_segment(self._seg)
 
@@ -523,13 +533,17 @@ class Journal:
         elif self._idle_mark is None:
             self._idle_mark = loop.call_later(self.mark_idle_s, self._mark_if_idle, loop)
 
+    def _ends_in_mark(self) -> bool:
+        """Whether the last record buffered or written is a mark."""
+        return self._marked == JournalPosition(self._seg, self._tail - MARK_SIZE)
+
     def _mark_if_idle(self, loop: asyncio.AbstractEventLoop) -> None:
         """Marks the journal's end once it is idle, unless a mark ends it
         already: the last commit before a pause is marked too."""
         self._idle_mark = None
         if self._pending or self._flushing or self.broken is not None:
             return   # a commit is under way: the next one begins with a mark
-        if self._tail == 0 or self._marked.offset + MARK_SIZE == self._tail and self._marked.segment == self._seg:
+        if self._tail == 0 or self._ends_in_mark():
             return
         if self._tail + MARK_SIZE > self.segment_size:
             return   # no room: the next record begins a segment, which says as much
@@ -659,7 +673,7 @@ class Journal:
         if self._write_fd < 0 or d.segment != self._write_seg or d.offset == 0 or self.broken is not None:
             return
         if self._marked == JournalPosition(d.segment, d.offset - MARK_SIZE) or d.offset + MARK_SIZE > self.segment_size:
-            return
+            return   # (the durable end, not _tail: records buffered and never synced are not written)
         body = MARK_BODY.pack(d.segment, d.offset)
         fd = self._write_fd
         try:

@@ -154,6 +154,10 @@ def test_marks_tell_a_record_rotted_in_place_from_a_torn_tail(tmp_path, caplog):
 
     crashed = data[:end]                         # as a crash leaves it: no closing mark
     path.write_bytes(crashed)
+    j3, records = _open(tmp_path, preallocate=False)
+    j3.close()
+    assert records == bodies and j3.marks == 1 and path.read_bytes() == data   # the reopen marked what it kept
+    path.write_bytes(crashed)
     _bad_last_record(path, 1)
     with caplog.at_level(logging.WARNING, logger="bookie.journal"):
         j3, records = _open(tmp_path, preallocate=False)
