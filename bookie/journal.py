@@ -200,12 +200,16 @@ class JournalWriteError(OSError):
 
 
 
+class ShortRead(OSError):
+    """A segment ended before the bytes asked of it."""
+
+
 def pread_exactly(fd: int, length: int, offset: int, seg: int | str = "?") -> bytes:
-    """``length`` bytes of a segment's file from ``offset`` (OSError if it
-    ends first: a record the index points at is never cut short)."""
+    """``length`` bytes of a segment's file from ``offset`` (ShortRead if
+    it ends first: a record the index points at is never cut short)."""
     data = os.pread(fd, length, offset)
     if len(data) != length:
-        raise OSError(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
+        raise ShortRead(f"short read in segment {seg} at {offset}: {len(data)} of {length} bytes")
     return data
 
 

@@ -56,6 +56,12 @@ class BookieMetrics:
         self.commit_latency = Histogram(p + "journal_fdatasync_seconds", "one journal group commit: writes and "
                                         "fdatasync", buckets=LATENCY_BUCKETS, registry=r)
         self.gc_runs = Counter(p + "gc_runs", "garbage-collection passes", registry=r)
+        self.scrub_passes = Counter(p + "scrub_passes", "scrub passes done (every entry held read back and "
+                                    "checked: bookie/scrub.py)", registry=r)
+        self.scrub_entries = Counter(p + "scrub_entries", "entries the scrub checked", registry=r)
+        self.scrub_bytes = Counter(p + "scrub_bytes", "bytes the scrub read", registry=r)
+        self.scrub_rotted_entries = Counter(p + "scrub_rotted_entries", "entries found rotted on disk (by the "
+                                            "scrub or a read), each reported to autorecovery", registry=r)
         self.gc_removed_segments = Counter(p + "gc_removed_segments", "journal segments deleted by GC", registry=r)
         self.gc_compacted_segments = Counter(p + "gc_compacted_segments", "journal segments compacted", registry=r)
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)

@@ -18,6 +18,7 @@ import grpc
 from bookie import entry as E
 from bookie import wire
 from bookie.core import Status
+from bookie.grpc_methods import register
 from bookie.journal import JournalWriteError
 from bookie.metrics import BookieMetrics, observed
 from bookie.storage import Storage, StorageConfig
@@ -82,96 +83,13 @@ class BookieConfig:
     # while it runs (its start still refuses such an etcd, and a GC pass
     # finding it halts the bookie likewise).
     etcd_check_interval_s: float = 30.0
+    # Every this long, every entry held is read back and checked; a rotted
+    # one is reported to autorecovery (bookie/scrub.py).  0: never.  At most
+    # scrub_rate bytes/s (0: no limit).
+    scrub_interval_s: float = 7 * 86400.0
+    scrub_rate: float = 32e6
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
-
-
-class Undecodable:
-    """What a request that protobuf could not parse reaches a handler as
-    (instead of grpc's UNKNOWN status and a traceback in the log)."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: str):
-        self.error = error
-
-
-def _lenient(deserialize):
-    def parse(data: bytes):
-        try:
-            return deserialize(data)
-        except Exception as e:  # DecodeError, or anything else protobuf raises on junk
-            return Undecodable(str(e))
-    return parse
-
-
-def _refusing_undecodable(handler, response_cls):
-    """A unary-request handler that answers an Undecodable request with
-    BAD_REQUEST in the method's own response (INVALID_ARGUMENT where the
-    response has no status field) and passes any other to the service."""
-    has_status = "status" in response_cls.DESCRIPTOR.fields_by_name
-
-    def refusal(req: Undecodable):
-        return response_cls(status=Status.BAD_REQUEST, message=f"undecodable request: {req.error}")
-
-    async def abort(req: Undecodable, context):
-        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"undecodable request: {req.error}")
-
-    if handler.response_streaming:
-        inner = handler.unary_stream
-
-        async def unary_stream(request, context):
-            if isinstance(request, Undecodable):
-                if not has_status:
-                    await abort(request, context)
-                yield refusal(request)
-                return
-            async for resp in inner(request, context):
-                yield resp
-        return handler._replace(request_deserializer=_lenient(handler.request_deserializer),
-                                unary_stream=unary_stream)
-    inner = handler.unary_unary
-
-    async def unary_unary(request, context):
-        if isinstance(request, Undecodable):
-            if not has_status:
-                await abort(request, context)
-            return refusal(request)
-        return await inner(request, context)
-    return handler._replace(request_deserializer=_lenient(handler.request_deserializer), unary_unary=unary_unary)
-
-
-def register(service: "BookieService", server) -> None:
-    """The generated registration, except that the Add stream's frames reach
-    the service as raw bytes and ReadRange's frames leave it as bytes the
-    handler encoded (bookie/wire.py: no protobuf copies of them), and that an
-    undecodable request to any other method gets a typed BAD_REQUEST
-    (``Undecodable``)."""
-    handlers: dict = {}
-
-    class _Collect:
-        def add_generic_rpc_handlers(self, generic) -> None:
-            pass
-
-        def add_registered_method_handlers(self, name, by_method) -> None:
-            handlers[name] = dict(by_method)
-
-    pb_grpc.add_BookieServicer_to_server(service, _Collect())
-    (name, by_method), = handlers.items()
-    add = by_method["Add"]
-    by_method["Add"] = grpc.stream_stream_rpc_method_handler(
-        add.stream_stream, request_deserializer=None, response_serializer=add.response_serializer)
-    rr = by_method["ReadRange"]   # frames encoded by the handler (wire.encode_range_frame) go as they are
-    by_method["ReadRange"] = grpc.unary_stream_rpc_method_handler(
-        rr.unary_stream, request_deserializer=rr.request_deserializer,
-        response_serializer=wire.serialize_range_response)
-    methods = pb.DESCRIPTOR.services_by_name["Bookie"].methods_by_name
-    for method, handler in by_method.items():
-        if method != "Add":
-            response_cls = getattr(pb, methods[method].output_type.name)
-            by_method[method] = _refusing_undecodable(handler, response_cls)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, by_method),))
-    server.add_registered_method_handlers(name, by_method)
 
 
 def range_request_problem(request) -> str:
@@ -193,6 +111,12 @@ class BookieService(pb_grpc.BookieServicer):
         self.registration_status = lambda: None  # set by BookieServer: the etcd registration's status()
         self.metrics = metrics or BookieMetrics()  # bookie/metrics.py; served by bookstream/admin_http.py
         storage.journal.on_commit = self.metrics.commit
+        self.scrubber = None   # bookie/scrub.py: told of the rotted records reads meet
+
+    def _rotted(self, e: E.ChecksumMismatch) -> None:
+        log.error("stored entry failed its checksum: %s", e)
+        if self.scrubber is not None:
+            self.scrubber.found(e.ledger_id, e.entry_id, "a read")
 
     # -- adds ----------------------------------------------------------------
 
@@ -318,7 +242,7 @@ class BookieService(pb_grpc.BookieServicer):
                 E.verify(rec, E.parse_header(rec))
             return pb.ReadEntryResponse(status=status, entry=rec, term=self.storage.term_of(request.ledger_id))
         except E.ChecksumMismatch as e:
-            log.error("stored entry failed its checksum: %s", e)
+            self._rotted(e)
             return pb.ReadEntryResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
         except Exception as e:
             log.exception("read failed")
@@ -357,6 +281,7 @@ class BookieService(pb_grpc.BookieServicer):
                 if not request.reader_verifies:
                     E.verify_all(data)  # never serve a record that rotted on disk (unless the reader checks)
             except E.ChecksumMismatch as e:
+                self._rotted(e)
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(e))
                 return
             except Exception as e:
@@ -406,7 +331,7 @@ class BookieService(pb_grpc.BookieServicer):
                 return
             term = self.storage.term_of(ledger_id)
             if bad is not None:
-                log.error("stored entry failed its checksum: %s", bad)
+                self._rotted(bad)
                 if count:
                     self.read_range_entries += count
                     self.metrics.range_frame(count, good_end)
@@ -644,6 +569,11 @@ class BookieServer:
                 self._tasks.append(asyncio.create_task(
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id, self.cookie),
                     name="over-replicated-gc"))
+        if cfg.scrub_interval_s > 0:
+            from bookie.scrub import Scrubber, damaged_publisher, scrub_loop
+            publish = damaged_publisher(self.registration, cfg.bookie_id) if self.registration else None
+            service.scrubber = Scrubber(self.storage, cfg.scrub_rate, publish=publish, metrics=service.metrics)
+            self._tasks.append(asyncio.create_task(scrub_loop(service.scrubber, cfg.scrub_interval_s), name="scrub"))
         if self.registration is not None and self.cookie is not None and cfg.etcd_check_interval_s > 0:
             from bookie.cookie import etcd_check_loop
             self._tasks.append(asyncio.create_task(

@@ -140,6 +140,13 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                         "the bookie turns read-only for good (reads go on) and writes the file `halted` in its "
                         "data dir, which refuses its starts until removed; 0: never while it runs (its start still "
                         "refuses such an etcd, and a ledger GC pass finding it halts the bookie likewise)")
+    p.add_argument("--scrub-interval", type=_seconds_or_never, default=7 * 86400.0,
+                   help="every this many seconds (counted from the last pass's end, kept in the data dir), read "
+                        "back every entry held and check its CRC; a rotted one is reported to autorecovery, which "
+                        "copies it back from the other replicas (a data dir never scrubbed: its first pass an hour "
+                        "after the start, or this, if shorter); 0: never")
+    p.add_argument("--scrub-rate-mb", type=number(float, "MB/s, 0 for no limit", lo=0), default=32.0,
+                   help="the scrub reads at most this many MB/s (0: no limit)")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
                    help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
                         "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names "
@@ -195,6 +202,8 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         ledger_gc_interval_s=args.ledger_gc_interval,
         over_replicated_gc_interval_s=args.over_replicated_gc_interval,
         etcd_check_interval_s=args.etcd_check_interval,
+        scrub_interval_s=args.scrub_interval,
+        scrub_rate=args.scrub_rate_mb * 1e6,
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )

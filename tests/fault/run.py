@@ -201,6 +201,9 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         served = {b.index: b.old_id for b in c.bookies if "served" in b.old_id}
         if served:   # a wiped bookie served under the id of the data it lost (bookie/cookie.py)
             anomalies.insert(0, {"kind": "wiped_bookie_served", "bookies": served})
+        rot = {b.index: n for b in c.bookies if (n := _said(b.proc.log_path, "rotted on disk"))}
+        if rot:   # no fault here rots a record: what a scrub or a read reported is a false finding
+            anomalies.insert(0, {"kind": "false_rot", "bookies": rot})
         unregistered = [b.proc.bookie_id for b in c.bookies if b.proc.bookie_id not in regs]
         if len(regs) < alive:  # healed, running, and still not in etcd after the quiet period
             anomalies.insert(0, {"kind": "unregistered", "bookies": unregistered})
@@ -328,6 +331,14 @@ def _ar_work(c: FaultCluster) -> dict | None:
             out["entries"] += int(m.group(2))
         out["sealed"] += text.count("sealed its open fragment")
     return out
+
+
+def _said(log_path, what: str) -> int:
+    """How many lines of a process's log say ``what``."""
+    try:
+        return log_path.read_text(errors="replace").count(what)
+    except FileNotFoundError:
+        return 0
 
 
 def _audit(c: FaultCluster, opts: Options, final: list) -> dict:

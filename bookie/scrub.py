@@ -1,0 +1,272 @@
+"""The scrubber: now and then a bookie reads back every entry it holds and
+checks it (BookKeeper's local scrub, ``localScrubPeriod``).
+
+A record that rots on disk after it was acknowledged is never served (its
+CRC is checked on every read), but most entries of a log are read once,
+soon after they are written: without a scrub, a rotted copy is found only
+when a reader needs it, perhaps once the other replicas are gone too.  A
+pass walks every ledger's index, reads its records (near ones in one pread
+of at most ``SPAN_BYTES``, in a thread, at ``rate`` bytes/s: ``Pace``, the
+token bucket re-replication uses), and checks that each is the entry its index
+names (ledger, id, length) and that its CRC matches.  A rotted entry, once
+confirmed (the index still names those bytes and they are still bad: a GC
+pass may have moved or dropped it meanwhile), is reported: the log line,
+the metric, and an autorecovery task naming this bookie *damaged* for the
+ledger (what the periodic full check publishes: the workers copy this
+bookie's share of each sealed fragment from the other replicas, to a
+spare bookie or, with none, back to this one; an open fragment stays its
+writer's until it is sealed, and the next pass finds the entry again).  A
+read that meets a rotted record reports it the same way (``Scrubber.found``).
+
+The next pass is due ``interval`` after the last one ended, noted in the
+data dir (``SCRUB_FILE``, wall-clock seconds), so a bookie restarted more
+often than the interval still scrubs; a data dir never scrubbed has its
+first pass ``FIRST_PASS_S`` after its start (or the interval, if shorter).
+
+Pure: ``rotted`` (what a span's bytes say) and ``due`` (when a pass
+starts).  The rest is the adapter: the index, the preads, the clock, etcd.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from bookie import entry as E
+from bookie.crc import crc32
+from bookie.journal import ShortRead, pread_exactly, write_durably
+from bookie.storage import Storage, unpack_location
+
+log = logging.getLogger(__name__)
+
+SCRUB_FILE = "scrubbed"     # when the last pass ended (wall-clock seconds)
+SPAN_BYTES = 256 << 10      # the most one pread reads (the event loop's longest stall for it)
+GAP_BYTES = 4096            # records this close in a segment are read in one pread (journal headers between)
+WINDOW_IDS = 4096           # ids taken from a ledger's index at a time
+FIRST_PASS_S = 3600.0       # a data dir never scrubbed: its first pass, this long after the start
+MAX_ENTRY_ID = E.MAX_ENTRY_ID
+
+# bytes 0..34 of an entry record: payload_len, checksum, (req_flags, term), ledger_id, entry_id
+_NAMED = struct.Struct("<II10xQq")
+
+
+def rotted(buf: bytes | memoryview, ledger_id: int, records: Sequence[tuple[int, int, int]]) -> list[int]:
+    """The ids of ``records`` ((entry id, offset in ``buf``, length)) whose
+    bytes in ``buf`` are not that entry of ``ledger_id``: cut short, another
+    ledger's or id's, a length other than the index's, or a CRC that fails."""
+    mv, n, out = memoryview(buf), len(buf), []
+    for eid, off, ln in records:
+        if ln < E.HEADER_SIZE or off + ln > n:
+            out.append(eid)
+            continue
+        plen, crc, lid, rid = _NAMED.unpack_from(mv, off)
+        if lid != ledger_id or rid != eid or E.HEADER_SIZE + plen != ln or \
+                crc32(mv[off + E.CHECKSUM_START : off + ln]) != crc:
+            out.append(eid)
+    return out
+
+
+def due(last_end: float | None, interval: float, started: float) -> float:
+    """When the next pass starts: ``interval`` after the last one ended,
+    and not before ``min(interval, FIRST_PASS_S)`` after the start (which
+    is when a data dir never scrubbed has its first)."""
+    first = started + min(interval, FIRST_PASS_S)
+    return first if last_end is None else max(last_end + interval, first)
+
+
+def last_pass_end(data_dir: Path) -> float | None:
+    try:
+        return float((Path(data_dir) / SCRUB_FILE).read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+@dataclasses.dataclass
+class PassResult:
+    entries: int = 0
+    bytes: int = 0
+    rotted: list[tuple[int, int]] = dataclasses.field(default_factory=list)   # (ledger, entry)
+    seconds: float = 0.0
+
+
+class Scrubber:
+    """One bookie's scrub: its passes (``scrub_pass``), what they and the
+    reads found, and the reports of it to autorecovery (``publish``: a
+    callable taking a ledger id, the adapter to etcd; None without one)."""
+
+    def __init__(self, storage: Storage, rate: float, *, publish: Callable[[int], None] | None = None,
+                 metrics=None) -> None:
+        from stream.autorecovery.worker_core import Pace
+
+        self.storage, self.metrics, self.publish = storage, metrics, publish
+        self.pace = Pace.of(rate)
+        self.unreported: set[int] = set()   # ledgers with a rotted entry, not yet reported
+        self.wake = asyncio.Event()          # set by a finding: report it now, not at the next pass
+        self.reported: set[tuple[int, int]] = set()
+        self.last: PassResult | None = None
+
+    def found(self, ledger_id: int, entry_id: int, where: str) -> None:
+        """A rotted entry, confirmed: said once, and its ledger to report."""
+        if (ledger_id, entry_id) in self.reported:
+            return
+        self.reported.add((ledger_id, entry_id))
+        self.unreported.add(ledger_id)
+        self.wake.set()
+        log.error("entry %d of ledger %d rotted on disk (found by %s): reported to autorecovery as damaged here",
+                  entry_id, ledger_id, where)
+        if self.metrics is not None:
+            self.metrics.scrub_rotted_entries.inc()
+
+    async def report(self) -> None:
+        """Publishes the unreported ledgers' tasks (kept for the next try
+        while etcd is unavailable, or while the bookie is halted: its etcd
+        is not one to act on)."""
+        if self.publish is None or self.storage.core.halted:
+            return
+        loop = asyncio.get_running_loop()
+        for lid in sorted(self.unreported):
+            try:
+                await loop.run_in_executor(None, self.publish, lid)
+            except Exception as e:   # (MetadataError: etcd away; tried again after the next wait)
+                log.warning("could not report ledger %d's rotted entries to autorecovery: %s", lid, e)
+                return
+            self.unreported.discard(lid)
+
+    def _confirm(self, lid: int, eid: int, loc: int, ln: int) -> bool:
+        """Whether the index still names those bytes for the entry and they
+        are still not it (in the loop thread, no await: no GC pass between)."""
+        st = self.storage.core.ledgers.get(lid)
+        if st is None or st.index.get(eid) != (loc, ln):
+            return False   # moved (compaction) or deleted since the window was taken
+        seg, off = unpack_location(loc)
+        try:
+            rec = self.storage.journal.pread(seg, off, ln)
+        except (FileNotFoundError, ShortRead):
+            return True    # its segment gone or shorter than the index says: the disk's loss
+        except OSError as e:   # (EIO, EMFILE...: nothing known of the record; the next pass reads it again)
+            log.warning("scrub: entry %d of ledger %d could not be read: %s", eid, lid, e)
+            return False
+        return bool(rotted(rec, lid, [(eid, 0, ln)]))
+
+    async def scrub_pass(self, clock: Callable[[], float] = time.monotonic, sleep=asyncio.sleep) -> PassResult:
+        """Reads and checks every entry held, at the pace's rate (``clock``
+        and ``sleep``: the pace's time)."""
+        t0, out = clock(), PassResult()
+        ledgers = self.storage.core.ledgers
+        log.info("scrub: a pass over %d entries of %d ledgers begins", sum(len(st.index) for st in ledgers.values()),
+                 len(ledgers))
+        for lid in sorted(ledgers):
+            first = 0
+            while (window := self._window(lid, first)) is not None:
+                for span in _spans(window):
+                    await self._check_span(lid, span, out, clock, sleep)
+                first = window[-1][0] + 1
+        out.seconds = clock() - t0
+        self.last = out
+        if self.metrics is not None:
+            self.metrics.scrub_passes.inc()
+        return out
+
+    def _window(self, lid: int, first: int) -> list[tuple[int, int, int]] | None:
+        """Up to ``WINDOW_IDS`` (id, location, length) of the ledger's index
+        from ``first`` on, copied (the index may change while they are read)."""
+        st = self.storage.core.ledgers.get(lid)
+        if st is None:
+            return None
+        out: list[tuple[int, int, int]] = []
+        for run, lo, hi in st.index.run_slices(first, MAX_ENTRY_ID, skip_gaps=True):
+            hi = min(hi, lo + WINDOW_IDS - len(out))
+            out.extend(zip(range(run.start + lo, run.start + hi), run.locs[lo:hi], run.lens[lo:hi]))
+            if len(out) >= WINDOW_IDS:
+                break
+        return out or None
+
+    async def _check_span(self, lid: int, span: list[tuple[int, int, int]], out: PassResult, clock, sleep) -> None:
+        loc0 = span[0][1]
+        seg, off = unpack_location(loc0)
+        size = span[-1][1] + span[-1][2] - loc0
+        if self.pace is not None:
+            wait = self.pace.take(clock(), size)
+            if wait:
+                await sleep(wait)
+        try:   # (read and checked in a thread, on a dup of the segment's fd: a GC pass may close it meanwhile)
+            fd = os.dup(self.storage.journal.read_fd(seg))
+            try:
+                bad = await asyncio.get_running_loop().run_in_executor(
+                    None, _read_rotted, fd, seg, off, size, lid, [(eid, loc - loc0, ln) for eid, loc, ln in span])
+            finally:
+                os.close(fd)
+        except OSError:
+            bad = [eid for eid, _, _ in span]   # each judged on its own below
+        out.entries += len(span)
+        out.bytes += size
+        if self.metrics is not None:
+            self.metrics.scrub_entries.inc(len(span))
+            self.metrics.scrub_bytes.inc(size)
+        if bad:
+            where = {eid: (loc, ln) for eid, loc, ln in span}
+            for eid in bad:
+                if self._confirm(lid, eid, *where[eid]):
+                    out.rotted.append((lid, eid))
+                    self.found(lid, eid, "the scrub")
+
+
+def _read_rotted(fd: int, seg: int, off: int, size: int, lid: int, records) -> list[int]:
+    return rotted(pread_exactly(fd, size, off, seg), lid, records)
+
+
+def damaged_publisher(registration, bookie_id: str) -> Callable[[int], None]:
+    """Reports a ledger's rotted entries as the periodic full check does:
+    its autorecovery task, naming this bookie damaged (blocking: etcd)."""
+    from stream.autorecovery.keys import AutorecoveryKeys   # (the client package's: the task's layout)
+
+    keys = AutorecoveryKeys(registration.store, registration.cluster)
+    return lambda ledger_id: keys.publish(ledger_id, {bookie_id}, damaged=True)
+
+
+def _spans(window: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
+    """The window's records in runs of one segment, in order, each less
+    than ``GAP_BYTES`` after the one before (the journal's record headers
+    and marks between two add frames) and at most ``SPAN_BYTES`` in all (a
+    record larger than that alone)."""
+    spans: list[list[tuple[int, int, int]]] = []
+    cur: list[tuple[int, int, int]] = []
+    for rec in window:
+        if cur and not (0 <= rec[1] - (cur[-1][1] + cur[-1][2]) < GAP_BYTES and rec[1] >> 40 == cur[0][1] >> 40
+                        and rec[1] + rec[2] - cur[0][1] <= SPAN_BYTES):
+            spans.append(cur)
+            cur = []
+        cur.append(rec)
+    if cur:
+        spans.append(cur)
+    return spans
+
+
+async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0) -> None:
+    """Passes every ``interval`` (``due``), the findings reported between
+    them (again every ``retry`` while some wait)."""
+    data_dir = scrubber.storage.dir
+    started = time.time()
+    while True:
+        start_at = due(last_pass_end(data_dir), interval, started)
+        while (left := start_at - time.time()) > 0:
+            try:
+                await asyncio.wait_for(scrubber.wake.wait(), min(left, retry) if scrubber.unreported else left)
+            except asyncio.TimeoutError:
+                pass
+            scrubber.wake.clear()
+            await scrubber.report()
+        result = await scrubber.scrub_pass()
+        try:
+            await asyncio.get_running_loop().run_in_executor(
+                None, write_durably, data_dir / SCRUB_FILE, f"{time.time():.3f}\n".encode())
+        except OSError as e:   # (the next start scrubs sooner than due: no harm)
+            log.warning("could not note the scrub's end in %s: %s", data_dir / SCRUB_FILE, e)
+        log.info("scrub: %d entries (%d bytes) checked in %.1f s, %d rotted",
+                 result.entries, result.bytes, result.seconds, len(result.rotted))
+        await scrubber.report()

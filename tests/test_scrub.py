@@ -1,0 +1,165 @@
+"""The scrubber (bookie/scrub.py): what a span's bytes say, when a pass is
+due, a pass over a real Storage's journal (a dense ledger, a striped
+bookie's gapped one, a record rotted in each), and a real bookie whose
+rotted entry the workers copy back from the other replicas."""
+from __future__ import annotations
+
+import asyncio
+
+from bookie import entry as E
+from bookie.index import unpack_location
+from bookie.scrub import FIRST_PASS_S, SPAN_BYTES, Scrubber, due, rotted
+from tests.storage_support import admit_durably
+
+
+def _records(lid: int, ids, size: int = 100) -> list[bytes]:
+    return [E.encode(lid, e, bytes([e % 251]) * size, term=1) for e in ids]
+
+
+def test_rotted_names_each_record_that_is_not_its_entry():
+    recs = _records(5, range(10))
+    recs[6] = E.encode(5, 60, b"\x06" * 100, term=1)        # another id's record where 6 should be
+    buf = bytearray(b"".join(recs))
+    at, k = [], 0
+    for r in recs:
+        at.append(k)
+        k += len(r)
+    buf[at[3] + E.HEADER_SIZE + 7] ^= 0x01                     # a flipped payload bit
+    index = [(e, at[e], len(recs[e])) for e in range(10)]
+    index[9] = (9, at[9], len(recs[9]) - 1)                    # the index's length not the record's
+    assert rotted(bytes(buf), 5, index) == [3, 6, 9]
+    assert rotted(bytes(buf), 4, index[:2]) == [0, 1]          # another ledger's records
+    assert rotted(bytes(buf[: at[2] + 10]), 5, index[:3]) == [2]   # cut short
+    clean = b"".join(_records(5, range(10)))
+    assert rotted(clean, 5, [(e, 160 * e, 160) for e in range(10)]) == []
+
+
+def test_a_pass_is_due_an_interval_after_the_last_one_ended():
+    assert due(None, 7 * 86400, started=1000.0) == 1000.0 + FIRST_PASS_S   # never scrubbed
+    assert due(None, 60.0, started=1000.0) == 1060.0
+    assert due(500.0, 7 * 86400, started=1000.0) == 500.0 + 7 * 86400     # restarts do not put it off
+    assert due(500.0, 600.0, started=1000.0) == 1600.0                     # overdue: the first's delay after the start
+
+
+def _flip(storage, lid: int, eid: int) -> None:
+    """Flips a payload byte of the entry's record in its journal segment."""
+    loc, ln = storage.core.ledgers[lid].index.get(eid)
+    seg, off = unpack_location(loc)
+    with open(storage.journal.path(seg), "r+b") as f:
+        f.seek(off + ln - 1)
+        b = f.read(1)
+        f.seek(off + ln - 1)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
+def test_a_pass_finds_the_rotted_records_of_dense_and_striped_ledgers(storage):
+    """Every held entry is read and checked once; the two rotted ones are
+    found, said once, and their ledgers reported (then no more)."""
+    async def go():
+        await admit_durably(storage, [b"".join(_records(1, range(k, k + 100), 1000)) for k in range(0, 600, 100)])
+        for e in range(0, 400, 2):                                # a striped bookie's share: even ids only
+            await admit_durably(storage, [b"".join(_records(2, [e]))])
+        await admit_durably(storage, [b"".join(_records(3, range(6)))])
+        _flip(storage, 1, 350)
+        _flip(storage, 2, 8)
+        published = []
+        s = Scrubber(storage, rate=0, publish=published.append)
+        out = await s.scrub_pass()
+        held = sum(len(st.index) for st in storage.core.ledgers.values())
+        assert out.entries == held == 600 + 200 + 6
+        records = sum(ln for st in storage.core.ledgers.values() for _, _, ln in st.index.iter_all())
+        assert records <= out.bytes < records * 1.1   # (and the journal's headers between frames, read with them)
+        assert sorted(out.rotted) == [(1, 350), (2, 8)] and s.unreported == {1, 2}
+        await s.report()
+        assert published == [1, 2] and not s.unreported
+        again = await s.scrub_pass()
+        assert sorted(again.rotted) == [(1, 350), (2, 8)] and not s.unreported   # (said and reported once)
+
+    asyncio.run(go())
+
+
+def test_an_entry_moved_or_deleted_during_a_pass_is_not_reported(storage):
+    """The pass reads a window of the index, then the bytes: an entry whose
+    index entry changed between (a GC pass's compaction or deletion) is
+    judged again at report time, and not reported for bytes no longer its."""
+    async def go():
+        await admit_durably(storage, [b"".join(_records(1, range(50)))])
+        _flip(storage, 1, 20)
+
+        class Racing(Scrubber):
+            def _window(self, lid, first):
+                w = super()._window(lid, first)
+                if w and first == 0:
+                    self.storage.core.ledgers[lid].index.delete_range(20, 20)   # (as a deletion applied)
+                return w
+
+        out = await Racing(storage, rate=0).scrub_pass()
+        assert out.entries == 50 and out.rotted == []
+
+    asyncio.run(go())
+
+
+def test_a_paced_pass_reads_at_its_rate(storage):
+    """The pass asks its pace before each span: at 2 MB/s, 4 MB of entries
+    take about 2 s of the pace's clock, less the bucket's burst (1 MiB at
+    once) and the last span, whose bytes go once its wait is over (a clock
+    the test moves: no wall time spent)."""
+    async def go():
+        await admit_durably(storage, [b"".join(_records(1, range(k, k + 64), 64_000)) for k in range(0, 64, 64)])
+        now = [0.0]
+        slept = []
+
+        async def fake_sleep(d):
+            slept.append(d)
+            now[0] += d
+
+        out = await Scrubber(storage, rate=2e6).scrub_pass(clock=lambda: now[0], sleep=fake_sleep)
+        assert out.bytes > 4_000_000
+        assert (out.bytes - (1 << 20) - SPAN_BYTES) / 2e6 <= sum(slept) <= (out.bytes - (1 << 20)) / 2e6, sum(slept)
+
+    asyncio.run(go())
+
+
+def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
+    """Four real bookies scrubbing every second; a closed E3 Qw3 ledger;
+    one byte of an entry flipped in one bookie's journal while it runs
+    (its preads see the page cache, as they would the disk).  Its scrub
+    reports the ledger with that bookie damaged; the workers copy its share
+    to the spare bookie, and every replica reads back.  Without the scrub
+    nothing would notice: every replica answers ReadLac as before."""
+    from stream.autorecovery.keys import AutorecoveryKeys
+    from stream.client import BookKeeperClient
+    from tests.conftest import run
+    from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(4, ["--scrub-interval", "1"])
+    lid, ens = closed_ledger(own, [b"scrub-%03d-" % i + b"x" * 200 for i in range(40)], ack_quorum=3)
+    victim = next(p for p in procs if p.bookie_id == ens[0])
+    (seg,) = [s for s in (victim.data_dir / "journal").glob("segment-*.log") if b"scrub-017-" in s.read_bytes()]
+    at = seg.read_bytes().find(b"scrub-017-")
+    with open(seg, "r+b") as f:
+        f.seek(at + 50)
+        b = f.read(1)
+        f.seek(at + 50)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+
+            async def reported():
+                return any(t.ledger_id == lid and t.damaged == {victim.bookie_id} for t in keys.tasks())
+
+            await until(reported, what="the rotted entry reported")
+            async with autorecovery(own, delay=60.0, grace=1.0):
+                async def clean():
+                    return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
+                await until(clean, what="the damaged bookie replaced")
+            assert await check_every_replica(bk, lid, 39, {p.bookie_id for p in procs} - {victim.bookie_id}) == 120
+        finally:
+            await bk.close()
+
+    run(go())
+    assert f"entry 17 of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()
