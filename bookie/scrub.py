@@ -49,7 +49,6 @@ SPAN_BYTES = 256 << 10      # the most one pread reads (the event loop's longest
 GAP_BYTES = 4096            # records this close in a segment are read in one pread (journal headers between)
 WINDOW_IDS = 4096           # ids taken from a ledger's index at a time
 FIRST_PASS_S = 3600.0       # a data dir never scrubbed: its first pass, this long after the start
-MAX_ENTRY_ID = E.MAX_ENTRY_ID
 
 # bytes 0..34 of an entry record: payload_len, checksum, (req_flags, term), ledger_id, entry_id
 _NAMED = struct.Struct("<II10xQq")
@@ -161,8 +160,11 @@ class Scrubber:
         log.info("scrub: a pass over %d entries of %d ledgers begins", sum(len(st.index) for st in ledgers.values()),
                  len(ledgers))
         for lid in sorted(ledgers):
-            first = 0
-            while (window := self._window(lid, first)) is not None:
+            st = ledgers.get(lid)
+            if st is None:
+                continue
+            first, top = 0, st.index.last_entry   # (a ledger written faster than scrubbed is not chased)
+            while (window := self._window(lid, first, top)) is not None:
                 for span in _spans(window):
                     await self._check_span(lid, span, out, clock, sleep)
                 first = window[-1][0] + 1
@@ -172,14 +174,14 @@ class Scrubber:
             self.metrics.scrub_passes.inc()
         return out
 
-    def _window(self, lid: int, first: int) -> list[tuple[int, int, int]] | None:
+    def _window(self, lid: int, first: int, last: int) -> list[tuple[int, int, int]] | None:
         """Up to ``WINDOW_IDS`` (id, location, length) of the ledger's index
-        from ``first`` on, copied (the index may change while they are read)."""
+        in [first, last], copied (the index may change while they are read)."""
         st = self.storage.core.ledgers.get(lid)
         if st is None:
             return None
         out: list[tuple[int, int, int]] = []
-        for run, lo, hi in st.index.run_slices(first, MAX_ENTRY_ID, skip_gaps=True):
+        for run, lo, hi in st.index.run_slices(first, last, skip_gaps=True):
             hi = min(hi, lo + WINDOW_IDS - len(out))
             out.extend(zip(range(run.start + lo, run.start + hi), run.locs[lo:hi], run.lens[lo:hi]))
             if len(out) >= WINDOW_IDS:
