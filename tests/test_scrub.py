@@ -8,7 +8,7 @@ import asyncio
 
 from bookie import entry as E
 from bookie.index import unpack_location
-from bookie.scrub import FIRST_PASS_S, SPAN_BYTES, Scrubber, due, rotted
+from bookie.scrub import FIRST_PASS_S, SCRUB_FILE, SPAN_BYTES, Scrubber, due, last_pass_end, rotted
 from tests.storage_support import admit_durably
 
 
@@ -34,11 +34,16 @@ def test_rotted_names_each_record_that_is_not_its_entry():
     assert rotted(clean, 5, [(e, 160 * e, 160) for e in range(10)]) == []
 
 
-def test_a_pass_is_due_an_interval_after_the_last_one_ended():
+def test_a_pass_is_due_an_interval_after_the_last_one_ended(tmp_path):
     assert due(None, 7 * 86400, started=1000.0) == 1000.0 + FIRST_PASS_S   # never scrubbed
     assert due(None, 60.0, started=1000.0) == 1060.0
     assert due(500.0, 7 * 86400, started=1000.0) == 500.0 + 7 * 86400     # restarts do not put it off
     assert due(500.0, 600.0, started=1000.0) == 1600.0                     # overdue: the first's delay after the start
+    assert last_pass_end(tmp_path) is None
+    (tmp_path / SCRUB_FILE).write_text("1796000000.5\n")
+    assert last_pass_end(tmp_path) == 1796000000.5
+    (tmp_path / SCRUB_FILE).write_text("garbage")                          # (as if never scrubbed)
+    assert last_pass_end(tmp_path) is None
 
 
 def _flip(storage, lid: int, eid: int) -> None:
@@ -184,3 +189,4 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
 
     run(go())
     assert f"entry 17 of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()
+    assert all(last_pass_end(p.data_dir) is not None for p in procs)   # (each noted its last pass's end)
