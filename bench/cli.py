@@ -9,13 +9,14 @@
     bookstream bench profile [...]                            (profile.py)
     bookstream bench walk [...]                               (walk.py: the reader's record walk, C and Python)
     bookstream bench scan [...]                               (scan.py: the auditor's scan of every ledger)
+    bookstream bench scrub [...]                              (scrub.py: a bookie's scrub pass beside its floor)
     bookstream bench spark [...]                              (spark.py)
 """
 from __future__ import annotations
 
 import argparse
 
-from bench import profile, reads, report, scan, single, suite, walk
+from bench import profile, reads, report, scan, scrub, single, suite, walk
 
 
 def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
@@ -28,6 +29,7 @@ def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
     report.add_parser(bsub)
     walk.add_parser(bsub)
     scan.add_parser(bsub)
+    scrub.add_parser(bsub)
     s = bsub.add_parser("spark", add_help=False, help="the Spark source and sink beside the plain reader "
                                                       "(bookstream bench spark --help)")
     s.add_argument("spark_args", nargs=argparse.REMAINDER)

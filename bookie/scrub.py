@@ -45,7 +45,7 @@ from bookie.storage import Storage, unpack_location
 log = logging.getLogger(__name__)
 
 SCRUB_FILE = "scrubbed"     # when the last pass ended (wall-clock seconds)
-SPAN_BYTES = 256 << 10      # the most one pread reads (the event loop's longest stall for it)
+SPAN_BYTES = 1 << 20        # the most one pread reads (in a thread: a few hops per MB)
 GAP_BYTES = 4096            # records this close in a segment are read in one pread (journal headers between)
 WINDOW_IDS = 4096           # ids taken from a ledger's index at a time
 FIRST_PASS_S = 3600.0       # a data dir never scrubbed: its first pass, this long after the start

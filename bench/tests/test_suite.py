@@ -482,6 +482,24 @@ def test_scan_puts_the_auditors_scan_beside_per_ledger_reads_and_a_plain_range(t
     assert doc["per_ledger_over_scan"] > 0 and doc["scan_over_range"] > 0 and "x its floor" in proc.stdout
 
 
+def test_scrub_puts_a_pass_beside_its_journal_read_whole(tmp_path):
+    """`bench scrub`: per size, a pass over every entry written (the command
+    fails if it checked fewer or found one rotted) and the same segments
+    read whole, in the same run."""
+    out = tmp_path / "scrub.json"
+    proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "scrub", "--mb", "2", "--sizes",
+                           "1000,30000", "--rounds", "1", "--dir", str(tmp_path / "d"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "scrub" and [r["entry_bytes"] for r in doc["results"]] == [1000, 30000]
+    assert [r["entries"] for r in doc["results"]] == [2000, 66]
+    for r in doc["results"]:
+        assert r["journal_bytes"] >= r["bytes_checked"] > r["entries"] * r["entry_bytes"]
+        assert r["mb_per_s"]["pass"] > 0 and r["mb_per_s"]["floor"] > 0 and r["pass_over_floor"] > 0
+    assert "of its floor" in proc.stdout
+
+
 def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     out = tmp_path / "walk.json"
     proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "walk", "--sizes", "100,2000",
