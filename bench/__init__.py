@@ -16,6 +16,9 @@ A top-level package of the source checkout, beside `bookstream/`, `stream/`,
     profile.py         bench profile: py-spy on the client and a bookie
     autorecovery.py    bookstream autorecovery bench: re-replication beside the disk
     spark.py           bench spark: the Spark source and sink beside the plain reader
+    walk.py            bench walk: the reader's record walk in-process, C beside Python
+    scan.py            bench scan: the auditor's scan of every ledger beside per-ledger reads
+    scrub.py           bench scrub: a bookie's scrub pass beside its journal read whole
     results/           the suite run the README quotes (JSON + plot)
     tests/             the benchmarks' own tests (a pytest run apart from tests/)
 """
@@ -32,3 +35,15 @@ ROOT = Path(__file__).resolve().parents[1]
 _path = os.environ.get("PYTHONPATH", "")
 if str(ROOT) not in _path.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), _path) if p)
+
+
+def in_work_dir(given: Path | None, prefix: str, fn):
+    """``fn(dir)``: in ``given`` (made if missing, kept), or in a
+    temporary dir removed after (a benchmark's ``--dir``)."""
+    import tempfile
+
+    if given is None:
+        with tempfile.TemporaryDirectory(prefix=prefix) as d:
+            return fn(Path(d))
+    given.mkdir(parents=True, exist_ok=True)
+    return fn(given)

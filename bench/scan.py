@@ -18,9 +18,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench import in_work_dir
 
 BOOKIES = [f"bookie-{i}" for i in range(10)]
 
@@ -96,12 +97,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
     if args.ledgers < 1 or args.fragments < 1 or args.rounds < 1:
         print("bookstream bench scan: --ledgers, --fragments and --rounds must be at least 1", file=sys.stderr)
         return 2
-    if args.dir is None:
-        with tempfile.TemporaryDirectory(prefix="bench-scan-") as d:
-            r = run(args.ledgers, args.fragments, args.rounds, Path(d))
-    else:
-        args.dir.mkdir(parents=True, exist_ok=True)
-        r = run(args.ledgers, args.fragments, args.rounds, args.dir)
+    r = in_work_dir(args.dir, "bench-scan-", lambda d: run(args.ledgers, args.fragments, args.rounds, d))
     s = r["seconds"]
     print(f"{r['ledgers']:,} ledgers ({r['keys']:,} keys): one scan {s['scan']:.3f} s, per-ledger reads "
           f"{s['per_ledger']:.3f} s ({r['per_ledger_over_scan']}x the scan's time), a plain range of the keys "

@@ -20,9 +20,10 @@ import asyncio
 import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+from bench import in_work_dir
 
 
 def add_parser(bsub) -> None:
@@ -101,12 +102,7 @@ def cmd_scrub(args: argparse.Namespace) -> int:
     if args.mb < 1 or args.rounds < 1 or not sizes or min(sizes) < 1:
         print("bookstream bench scrub: --mb, --rounds and every size must be at least 1", file=sys.stderr)
         return 2
-    if args.dir is None:
-        with tempfile.TemporaryDirectory(prefix="bench-scrub-") as d:
-            r = run(sizes, args.mb * 10**6, args.rounds, Path(d))
-    else:
-        args.dir.mkdir(parents=True, exist_ok=True)
-        r = run(sizes, args.mb * 10**6, args.rounds, args.dir)
+    r = in_work_dir(args.dir, "bench-scrub-", lambda d: run(sizes, args.mb * 10**6, args.rounds, d))
     for x in r["results"]:
         m = x["mb_per_s"]
         print(f"{x['entry_bytes']:,} B entries ({x['entries']:,}): a scrub pass {m['pass']:,} MB/s, its journal read "

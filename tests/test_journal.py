@@ -132,12 +132,29 @@ def _bad_last_record(path, seg: int) -> None:
     path.write_bytes(bytes(data))
 
 
+def _refused_under_mark(directory, path, at: int, mark: int) -> None:
+    """A byte at ``at`` of the segment flipped: its scan refuses it (the mark
+    at ``mark`` says it was durable), and nothing is cut."""
+    from bookie.journal import JournalDamaged
+
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+    j = Journal(directory, segment_size=SEG)
+    try:
+        with pytest.raises(JournalDamaged, match=f"a mark at {mark} says"):
+            list(j.scan(JournalPosition(1, 0)))
+    finally:
+        j.close()
+    assert path.read_bytes() == bytes(data)
+
+
 def test_marks_tell_a_record_rotted_in_place_from_a_torn_tail(tmp_path, caplog):
     """Each commit to a segment holding records begins with a mark of its
     own offset, and a close ends the journal with one: a bad record with a
     mark after it is refused (acknowledged records follow it); the last
     commit before a crash has none after it, and is cut as a torn tail."""
-    from bookie.journal import MARK_BODY, MARK_SIZE, R_MARK, JournalDamaged
+    from bookie.journal import MARK_BODY, MARK_SIZE, R_MARK
 
     bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(4)]
     j, _ = _open(tmp_path, preallocate=False, mark_idle_s=3600)   # (no idle marks between the commits)
@@ -164,23 +181,15 @@ def test_marks_tell_a_record_rotted_in_place_from_a_torn_tail(tmp_path, caplog):
     j3.close()
     assert records == bodies[:3] and any("torn tail" in r.getMessage() for r in caplog.records)
 
-    damaged = bytearray(data)                    # closed cleanly: the last record is under a mark
-    damaged[end - 1] ^= 0xFF
-    path.write_bytes(bytes(damaged))
-    j4 = Journal(tmp_path, segment_size=SEG)
-    try:
-        with pytest.raises(JournalDamaged, match=f"a mark at {end}"):
-            list(j4.scan(JournalPosition(1, 0)))
-    finally:
-        j4.close()
-    assert path.read_bytes() == bytes(damaged)   # not cut
+    path.write_bytes(data)                       # closed cleanly: the last record is under a mark
+    _refused_under_mark(tmp_path, path, end - 1, end)
 
 
 def test_an_idle_journal_marks_its_last_commit(tmp_path):
     """A commit not followed by another for ``mark_idle_s`` gets a mark of
     its own (one fdatasync more), so a crash long after it still tells its
     rot from a torn tail; a journal already ending in a mark writes none."""
-    from bookie.journal import MARK_SIZE, JournalDamaged
+    from bookie.journal import MARK_SIZE
 
     j = Journal(tmp_path, segment_size=SEG, mark_idle_s=0.05)
     list(j.scan(JournalPosition(1, 0)))
@@ -203,16 +212,8 @@ def test_an_idle_journal_marks_its_last_commit(tmp_path):
 
     asyncio.run(go())   # (the journal left open, as a crash leaves it: no closing mark)
     size = j.path(1).stat().st_size
-    data = bytearray(j.path(1).read_bytes())
-    assert len(data) == size and j.end.offset == size
-    data[size - MARK_SIZE - 1] ^= 0xFF    # the last entry record, under the idle mark
-    j.path(1).write_bytes(bytes(data))
-    j2 = Journal(tmp_path, segment_size=SEG)
-    try:
-        with pytest.raises(JournalDamaged, match=f"a mark at {size - MARK_SIZE}"):
-            list(j2.scan(JournalPosition(1, 0)))
-    finally:
-        j2.close()
+    assert j.end.offset == size
+    _refused_under_mark(tmp_path, j.path(1), size - MARK_SIZE - 1, size - MARK_SIZE)   # (the last entry record)
     j.close()
 
 
