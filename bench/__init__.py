@@ -37,6 +37,16 @@ if str(ROOT) not in _path.split(os.pathsep):
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), _path) if p)
 
 
+def save_result(out: Path | None, name: str, doc: dict) -> None:
+    """A benchmark's figures as JSON in ``out`` (if given), with its name
+    and the command that produced them."""
+    import json
+    import sys
+
+    if out is not None:
+        out.write_text(json.dumps({"benchmark": name, "command": " ".join(sys.argv), **doc}, indent=2) + "\n")
+
+
 def in_work_dir(given: Path | None, prefix: str, fn):
     """``fn(dir)``: in ``given`` (made if missing, kept), or in a
     temporary dir removed after (a benchmark's ``--dir``)."""

@@ -16,12 +16,11 @@ ways find the same bookies for every ledger.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-from bench import in_work_dir
+from bench import in_work_dir, save_result
 
 BOOKIES = [f"bookie-{i}" for i in range(10)]
 
@@ -102,6 +101,5 @@ def cmd_scan(args: argparse.Namespace) -> int:
     print(f"{r['ledgers']:,} ledgers ({r['keys']:,} keys): one scan {s['scan']:.3f} s, per-ledger reads "
           f"{s['per_ledger']:.3f} s ({r['per_ledger_over_scan']}x the scan's time), a plain range of the keys "
           f"{s['range']:.3f} s (the scan takes {r['scan_over_range']}x its floor)")
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "scan", "command": " ".join(sys.argv), **r}, indent=2) + "\n")
+    save_result(args.out, "scan", r)
     return 0

@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from bench import in_work_dir
+from bench import in_work_dir, save_result
 
 
 def add_parser(bsub) -> None:
@@ -108,6 +107,5 @@ def cmd_scrub(args: argparse.Namespace) -> int:
         print(f"{x['entry_bytes']:,} B entries ({x['entries']:,}): a scrub pass {m['pass']:,} MB/s, its journal read "
               f"whole {m['floor']:,} MB/s (the pass at {x['pass_over_floor']} of its floor), "
               f"{x['cpu_s_per_gb']} CPU s/GB")
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "scrub", "command": " ".join(sys.argv), **r}, indent=2) + "\n")
+    save_result(args.out, "scrub", r)
     return 0
