@@ -110,7 +110,9 @@ class Scrubber:
         self.last: PassResult | None = None
 
     def found(self, ledger_id: int, entry_id: int, where: str) -> None:
-        """A rotted entry, confirmed: said once, and its ledger to report."""
+        """A rotted entry, confirmed: said and its ledger reported once a
+        pass (a task found done meanwhile, as an open fragment's is until it
+        is sealed, comes back at the next pass)."""
         if (ledger_id, entry_id) in self.reported:
             return
         self.reported.add((ledger_id, entry_id))
@@ -156,6 +158,7 @@ class Scrubber:
         """Reads and checks every entry held, at the pace's rate (``clock``
         and ``sleep``: the pace's time)."""
         t0, out = clock(), PassResult()
+        self.reported = set()
         ledgers = self.storage.core.ledgers
         log.info("scrub: a pass over %d entries of %d ledgers begins", sum(len(st.index) for st in ledgers.values()),
                  len(ledgers))
