@@ -108,6 +108,9 @@ class Scrubber:
         self.wake = asyncio.Event()          # set by a finding: report it now, not at the next pass
         self.reported: set[tuple[int, int]] = set()
         self.last: PassResult | None = None
+        self.last_end = last_pass_end(storage.dir)   # (wall clock; None: never)
+        self.next_due: float | None = None
+        self.rotted_found = 0   # since the start
 
     def found(self, ledger_id: int, entry_id: int, where: str) -> None:
         """A rotted entry, confirmed: said and its ledger reported once a
@@ -117,6 +120,7 @@ class Scrubber:
             return
         self.reported.add((ledger_id, entry_id))
         self.unreported.add(ledger_id)
+        self.rotted_found += 1
         self.wake.set()
         log.error("entry %d of ledger %d rotted on disk (found by %s): reported to autorecovery as damaged here",
                   entry_id, ledger_id, where)
@@ -258,7 +262,7 @@ async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0) -
     data_dir = scrubber.storage.dir
     started = time.time()
     while True:
-        start_at = due(last_pass_end(data_dir), interval, started)
+        start_at = scrubber.next_due = due(scrubber.last_end, interval, started)
         while (left := start_at - time.time()) > 0:
             try:
                 await asyncio.wait_for(scrubber.wake.wait(), min(left, retry) if scrubber.unreported else left)
@@ -267,9 +271,10 @@ async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0) -
             scrubber.wake.clear()
             await scrubber.report()
         result = await scrubber.scrub_pass()
+        scrubber.last_end = time.time()
         try:
             await asyncio.get_running_loop().run_in_executor(
-                None, write_durably, data_dir / SCRUB_FILE, f"{time.time():.3f}\n".encode())
+                None, write_durably, data_dir / SCRUB_FILE, f"{scrubber.last_end:.3f}\n".encode())
         except OSError as e:   # (the next start scrubs sooner than due: no harm)
             log.warning("could not note the scrub's end in %s: %s", data_dir / SCRUB_FILE, e)
         log.info("scrub: %d entries (%d bytes) checked in %.1f s, %d rotted",

@@ -440,7 +440,15 @@ class BookieService(pb_grpc.BookieServicer):
             journal_sync_histogram=self.storage.journal.sync_histogram,
             journal_sync_max_seconds=self.storage.journal.sync_max_seconds,
             **_registration_fields(self.registration_status()),
+            **_scrub_fields(self.scrubber),
         )
+
+
+def _scrub_fields(sc) -> dict:
+    if sc is None:
+        return {}
+    return {"scrub_last_end": sc.last_end or 0.0, "scrub_next_due": sc.next_due or 0.0,
+            "scrub_rotted_entries": sc.rotted_found}
 
 
 def _registration_fields(status: dict | None) -> dict:

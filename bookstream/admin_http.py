@@ -48,6 +48,13 @@ LOOP_TIMEOUT = 2.0
 SYNC_BUCKETS_S = [(64 << i) / 1e6 for i in range(15)]
 
 
+def _when(t: float) -> str | None:
+    """Wall-clock seconds as UTC ISO 8601 (None for 0: never)."""
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat(timespec="seconds") if t else None
+
+
 def info_record(i) -> dict:
     """An InfoResponse as a flat record (JSON-ready)."""
     from bookstream_pb import bookie_pb2 as pb
@@ -56,6 +63,8 @@ def info_record(i) -> dict:
         "bookie_id": i.bookie_id,
         "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
         "halted": i.halted or None,
+        "scrub_last_end": _when(i.scrub_last_end), "scrub_next_due": _when(i.scrub_next_due),
+        "scrub_rotted_entries": i.scrub_rotted_entries,
         "registration_state": i.registration_state or "not registering",
         "unregistered_seconds": round(i.unregistered_seconds, 1),
         "used_bytes": i.used_bytes, "free_bytes": i.free_bytes, "total_bytes": i.total_bytes,

@@ -56,6 +56,8 @@ def test_health_ready_metrics_info(private_etcd, tmp_path, cluster):
         assert code == 200 and f"bookstream_bookie_registered{label} 1.0" in text
         assert f"bookstream_bookie_read_only{label} 0.0" in text and f"bookstream_bookie_halted{label} 0.0" in text
         assert info["halted"] is None
+        assert info["scrub_last_end"] is None and info["scrub_rotted_entries"] == 0   # (never scrubbed: a pass due
+        assert info["scrub_next_due"].endswith("+00:00")                             # within the hour)
         assert f"bookstream_bookie_disk_total_bytes{label}" in text
         assert "bookstream_bookie_journal_fsyncs_total" in text
         assert f'bookstream_bookie_journal_sync_seconds_bucket{{bookie_id="{b.bookie_id}",le="+Inf"}}' in text

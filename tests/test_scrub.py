@@ -181,6 +181,8 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
                 return any(t.ledger_id == lid and t.damaged == {victim.bookie_id} for t in keys.tasks())
 
             await until(reported, what="the rotted entry reported")
+            info = await (await bk.bookie(victim.bookie_id)).info()   # (what `bookies info` and /info show)
+            assert info.scrub_rotted_entries == 1 and 0 < info.scrub_last_end < info.scrub_next_due
             async with autorecovery(own, delay=60.0, grace=1.0):
                 async def clean():
                     return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
