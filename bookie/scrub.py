@@ -246,8 +246,8 @@ def _spans(window: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]
     spans: list[list[tuple[int, int, int]]] = []
     cur: list[tuple[int, int, int]] = []
     for rec in window:
-        if cur and not (0 <= rec[1] - (cur[-1][1] + cur[-1][2]) < GAP_BYTES and rec[1] >> 40 == cur[0][1] >> 40
-                        and rec[1] + rec[2] - cur[0][1] <= SPAN_BYTES):
+        if cur and not (0 <= rec[1] - (cur[-1][1] + cur[-1][2]) < GAP_BYTES and rec[1] + rec[2] - cur[0][1] <= SPAN_BYTES
+                        and unpack_location(rec[1])[0] == unpack_location(cur[0][1])[0]):
             spans.append(cur)
             cur = []
         cur.append(rec)
