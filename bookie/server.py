@@ -601,7 +601,7 @@ class BookieServer:
                     await asyncio.get_running_loop().run_in_executor(None, reg.set_read_only, ro)
                     log.info("registration moved to %s", "read-only" if ro else "writable")
                 halted = self.storage.core.halted or ""
-                if reg is not None and reg.registration.halted != halted:   # (why, for `bookies list`)
+                if reg is not None and reg.halted != halted:   # (why, for `bookies list`)
                     await asyncio.get_running_loop().run_in_executor(None, lambda: reg.update(halted=halted))
             except Exception:
                 log.exception("disk check failed")

@@ -130,6 +130,11 @@ class Registration:
         return self._reg.read_only
 
     @property
+    def halted(self) -> str:
+        """Why the registered bookie is read-only for good ("" while not)."""
+        return self._reg.halted
+
+    @property
     def registration(self) -> pb.BookieRegistration:
         """A copy of the registered record."""
         out = pb.BookieRegistration()
