@@ -126,6 +126,35 @@ def test_ledgers_check_finds_what_real_bookies_lack_lose_and_hold_differently(ow
     assert out["fragments"][0]["lost"] == [] and out["fragments"][0]["below_ack_quorum"] == [[15, 19]]
 
 
+def test_a_record_rotted_on_one_bookie_is_counted_and_names_it_damaged(own):
+    """One byte of a stored record flipped under a running bookie: the
+    check counts the bad record on that bookie, the id missing there (its
+    other answers stand), and the periodic full check's verdict names the
+    bookie damaged.  (Before, the bookie stopped its answer at the record,
+    CHECKSUM_MISMATCH, and was counted as not answering: no verdict.)"""
+    from stream.autorecovery.replica_check import damaged
+    from tests.test_ledger_replicas import overwrite
+
+    procs = own.start(3)
+    lid, ens = closed_ledger(own, [b"rot-check-%03d" % i for i in range(50)], ack_quorum=3)
+    victim = next(p for p in procs if p.bookie_id == ens[1])
+    overwrite(victim, b"rot-check-020", b"rot-check-02X")   # (its page cache sees it at once)
+    code, out = _check(own, "ledgers", "check", str(lid))
+    assert code == 5 and out["unanswered"] == [], out
+    (frag,) = out["fragments"]
+    assert frag["bad_records"] == {ens[1]: 1} and frag["missing"] == {ens[1]: [[20, 20]]}, frag
+    assert frag["under_replicated"] == [[20, 20]] and frag["below_ack_quorum"] == [[20, 20]]   # (Qa 3: two intact)
+
+    async def verdict():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+        frags = await check_ledger(bk, meta)
+        await bk.close()
+        return damaged(frags, {p.bookie_id for p in procs})
+
+    assert run(verdict()) == {ens[1]}
+
+
 def test_streams_check_of_a_striped_stream(own):
     own.start(4)
     name = f"s-{uuid.uuid4().hex[:8]}"

@@ -188,8 +188,11 @@ async def _read_held(client, bookie: str, lid: int, first: int, last: int, E: in
     held: dict[int, Held] = {}
     bad, through = 0, first - 1   # every id up to `through` is vouched for (proto/bookie.proto: sparse)
     try:
+        # reader_verifies: the bookie sends a record that fails its CRC as it is, and the check counts
+        # it (without it the bookie stops there, CHECKSUM_MISMATCH, and its whole answer is lost)
         async for resp in bc.read_range(lid, first, last, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
-                                        frame_timeout=timeout, stripe=stripe[0], residues=stripe[1]):
+                                        frame_timeout=timeout, stripe=stripe[0], residues=stripe[1],
+                                        reader_verifies=True):
             if resp.status == Status.NO_SUCH_LEDGER:
                 return {}, 0   # (it holds nothing of the ledger)
             if resp.status != Status.OK:
