@@ -242,14 +242,27 @@ def test_no_dir_a_bookie_wrote_is_judged_damaged(tmp_path, seed):
     checkpoints, GC passes (dead segments removed, sparse ones compacted),
     restarts and crashes with a torn tail: every reopen passes the damage
     check (a false refusal would stop a healthy bookie for good) and reads
-    back every entry acknowledged and not deleted."""
+    back every entry acknowledged and not deleted.  Scrub passes run
+    between and beside them (bookie/scrub.py: its spans read while the
+    other operations go on, GC passes moving and removing records
+    meanwhile): none may find a record rotted."""
     import random
+
+    from bookie.scrub import Scrubber
 
     rng = random.Random(seed)
     config = StorageConfig(segment_size=SEGMENT, checkpoint_bytes=1 << 18)
     held: dict[tuple[int, int], bytes] = {}
     nxt: dict[int, int] = {}
-    counts = {"reopens": 0, "removed": 0, "compacted": 0}
+    counts = {"reopens": 0, "removed": 0, "compacted": 0, "scrubbed": 0}
+    scrubs: list[asyncio.Task] = []
+
+    async def scrubbed() -> None:   # (the passes begun: each found nothing rotted)
+        for t in scrubs:
+            out = await t
+            assert out.rotted == [], out.rotted
+            counts["scrubbed"] += out.entries
+        scrubs.clear()
 
     def reopen(s: Storage | None, torn: bool) -> Storage:
         if s is not None:
@@ -271,6 +284,8 @@ def test_no_dir_a_bookie_wrote_is_judged_damaged(tmp_path, seed):
         s = reopen(None, False)
         lids = [1, 2, 3]
         for _ in range(120):
+            if not scrubs and rng.random() < 0.15:   # a pass beside the next operations
+                scrubs.append(asyncio.create_task(Scrubber(s, rate=0).scrub_pass()))
             op = rng.random()
             if op < 0.55:
                 lid = rng.choice(lids)
@@ -300,11 +315,13 @@ def test_no_dir_a_bookie_wrote_is_judged_damaged(tmp_path, seed):
             elif op < 0.86:
                 await s.checkpoint()
             else:
+                await scrubbed()
                 s = reopen(s, torn=rng.random() < 0.5)
+        await scrubbed()
         s.close()
 
     asyncio.run(go())
-    assert counts["reopens"] >= 3 and counts["removed"] and counts["compacted"]   # (each seed: 14-26, 5-12, 3-9)
+    assert counts["reopens"] >= 3 and counts["removed"] and counts["compacted"] and counts["scrubbed"]   # (each seed: 14-26, 5-12, 3-9)
 
 
 def test_a_failed_write_not_taken_back_halts_the_bookie_until_a_restart(tmp_path, monkeypatch):
