@@ -333,7 +333,7 @@ class Journal:
         try:
             os.ftruncate(fd, self._tail)  # cut a torn tail off for good
             os.fsync(fd)
-            if self._tail and not self._ends_in_mark() and self._tail + MARK_SIZE <= self.segment_size:
+            if self._wants_mark(self.end):
                 # what the replay kept is durable now (the fsync): marked, so
                 # that its rot is not taken for a torn tail after a crash
                 body = MARK_BODY.pack(self._seg, self._tail)
@@ -537,9 +537,12 @@ class Journal:
         elif self._idle_mark is None:
             self._idle_mark = loop.call_later(self.mark_idle_s, self._mark_if_idle, loop)
 
-    def _ends_in_mark(self) -> bool:
-        """Whether the last record buffered or written is a mark."""
-        return self._marked == JournalPosition(self._seg, self._tail - MARK_SIZE)
+    def _wants_mark(self, end: JournalPosition) -> bool:
+        """Whether a mark at ``end`` would say anything: records before it
+        in its segment, no mark ending them already, and room for it (with
+        none, the next record begins a segment, which says as much)."""
+        return (end.offset > 0 and self._marked != JournalPosition(end.segment, end.offset - MARK_SIZE)
+                and end.offset + MARK_SIZE <= self.segment_size)
 
     def _mark_if_idle(self, loop: asyncio.AbstractEventLoop) -> None:
         """Marks the journal's end once it is idle, unless a mark ends it
@@ -547,12 +550,9 @@ class Journal:
         self._idle_mark = None
         if self._pending or self._flushing or self.broken is not None:
             return   # a commit is under way: the next one begins with a mark
-        if self._tail == 0 or self._ends_in_mark():
-            return
-        if self._tail + MARK_SIZE > self.segment_size:
-            return   # no room: the next record begins a segment, which says as much
-        self._buffer_mark()
-        self._start_flush(loop)
+        if self._wants_mark(self.end):
+            self._buffer_mark()
+            self._start_flush(loop)
 
     def _write_batch(self, batch: list[tuple[int, list[bytes | memoryview]]]) -> tuple[int, float]:
         """Flusher thread: write each segment's chunks, fdatasync, roll.
@@ -674,9 +674,7 @@ class Journal:
         stopped; records buffered and never synced are dropped, as a crash
         drops them)."""
         d = self._durable
-        if self._write_fd < 0 or d.segment != self._write_seg or d.offset == 0 or self.broken is not None:
-            return
-        if self._marked == JournalPosition(d.segment, d.offset - MARK_SIZE) or d.offset + MARK_SIZE > self.segment_size:
+        if self._write_fd < 0 or d.segment != self._write_seg or self.broken is not None or not self._wants_mark(d):
             return   # (the durable end, not _tail: records buffered and never synced are not written)
         body = MARK_BODY.pack(d.segment, d.offset)
         fd = self._write_fd

@@ -107,7 +107,6 @@ class Scrubber:
         self.unreported: set[int] = set()   # ledgers with a rotted entry, not yet reported
         self.wake = asyncio.Event()          # set by a finding: report it now, not at the next pass
         self.reported: set[tuple[int, int]] = set()
-        self.last: PassResult | None = None
         self.last_end = last_pass_end(storage.dir)   # (wall clock; None: never)
         self.next_due: float | None = None
         self.rotted_found = 0   # since the start
@@ -176,7 +175,6 @@ class Scrubber:
                     await self._check_span(lid, span, out, clock, sleep)
                 first = window[-1][0] + 1
         out.seconds = clock() - t0
-        self.last = out
         if self.metrics is not None:
             self.metrics.scrub_passes.inc()
         return out
