@@ -96,15 +96,17 @@ class PassResult:
 class Scrubber:
     """One bookie's scrub: its passes (``scrub_pass``), what they and the
     reads found, and the reports of it to autorecovery (``publish``: a
-    callable taking a ledger id, the adapter to etcd; None without one)."""
+    callable taking a ledger id and its rotted entry ids, the adapter to
+    etcd; None without one)."""
 
-    def __init__(self, storage: Storage, rate: float, *, publish: Callable[[int], None] | None = None,
+    def __init__(self, storage: Storage, rate: float, *,
+                 publish: Callable[[int, Sequence[int]], None] | None = None,
                  metrics=None) -> None:
         from stream.autorecovery.worker_core import Pace
 
         self.storage, self.metrics, self.publish = storage, metrics, publish
         self.pace = Pace.of(rate)
-        self.unreported: set[int] = set()   # ledgers with a rotted entry, not yet reported
+        self.unreported: dict[int, set[int]] = {}   # ledger -> its rotted entries not yet reported
         self.wake = asyncio.Event()          # set by a finding: report it now, not at the next pass
         self.reported: set[tuple[int, int]] = set()
         self.last_end = last_pass_end(storage.dir)   # (wall clock; None: never)
@@ -118,7 +120,7 @@ class Scrubber:
         if (ledger_id, entry_id) in self.reported:
             return
         self.reported.add((ledger_id, entry_id))
-        self.unreported.add(ledger_id)
+        self.unreported.setdefault(ledger_id, set()).add(entry_id)
         self.rotted_found += 1
         self.wake.set()
         log.error("entry %d of ledger %d rotted on disk (found by %s): reported to autorecovery as damaged here",
@@ -135,11 +137,11 @@ class Scrubber:
         loop = asyncio.get_running_loop()
         for lid in sorted(self.unreported):
             try:
-                await loop.run_in_executor(None, self.publish, lid)
+                await loop.run_in_executor(None, self.publish, lid, sorted(self.unreported[lid]))
             except Exception as e:   # (MetadataError: etcd away; tried again after the next wait)
                 log.warning("could not report ledger %d's rotted entries to autorecovery: %s", lid, e)
                 return
-            self.unreported.discard(lid)
+            del self.unreported[lid]
 
     def _confirm(self, lid: int, eid: int, loc: int, ln: int) -> bool:
         """Whether the index still names those bytes for the entry and they
@@ -227,13 +229,15 @@ def _read_rotted(fd: int, seg: int, off: int, size: int, lid: int, records) -> l
     return rotted(pread_exactly(fd, size, off, seg), lid, records)
 
 
-def damaged_publisher(registration, bookie_id: str) -> Callable[[int], None]:
+def damaged_publisher(registration, bookie_id: str) -> Callable[[int, Sequence[int]], None]:
     """Reports a ledger's rotted entries as the periodic full check does:
-    its autorecovery task, naming this bookie damaged (blocking: etcd)."""
-    from stream.autorecovery.keys import AutorecoveryKeys   # (the client package's: the task's layout)
+    its autorecovery task, naming this bookie damaged at those ids, which
+    a worker copies back onto it from the other replicas (blocking: etcd)."""
+    from stream.autorecovery.keys import AutorecoveryKeys, merge_ranges   # (the client package's: the task's layout)
 
     keys = AutorecoveryKeys(registration.store, registration.cluster)
-    return lambda ledger_id: keys.publish(ledger_id, {bookie_id}, damaged=True)
+    return lambda ledger_id, ids: keys.publish(ledger_id, {bookie_id}, damaged=True,
+                                               ids={bookie_id: merge_ranges([(e, e) for e in ids])})
 
 
 def _spans(window: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:

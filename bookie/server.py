@@ -12,12 +12,14 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 
 from bookie import entry as E
 from bookie import wire
 from bookie.core import Status
+from bookie.data_dir import DamagedDataDir, set_aside
 from bookie.grpc_methods import register
 from bookie.journal import JournalWriteError
 from bookie.metrics import BookieMetrics, observed
@@ -88,6 +90,10 @@ class BookieConfig:
     # scrub_rate bytes/s (0: no limit).
     scrub_interval_s: float = 7 * 86400.0
     scrub_rate: float = 32e6
+    # A damaged data dir (bookie.data_dir.DamagedDataDir) set aside and the
+    # start gone on empty, its cookie then finding the data lost (the
+    # bookie's --on-lost-disk rejoin); False: refused.
+    set_aside_damaged: bool = False
     tls: object = None  # metadata.tls.TlsFiles: the server's cert and key; with a ca, mutual TLS
     trace: str = ""     # a file for the protocol trace (bookie/tracelog.py; tla/README.md): tests only
 
@@ -524,11 +530,28 @@ class BookieServer:
                 raise
             self.storage.core.rejoined_at = self.cookie.rejoined_at   # (bookie/core.py: a lost disk's rejoin)
 
+    async def _open_storage(self) -> None:
+        """Opens the storage; a damaged data dir is refused, or set aside
+        (``set_aside_damaged``) and an empty one opened in its place."""
+        run = asyncio.get_running_loop().run_in_executor
+        try:
+            await run(None, self.storage.open)
+        except DamagedDataDir as e:
+            if not self.config.set_aside_damaged:
+                raise
+            self.starting = "setting its damaged data aside"
+            to = await run(None, set_aside, Path(self.config.data_dir), str(e))
+            log.error("the data dir is damaged (%s): its data set aside in %s (kept for a look, never read again: "
+                      "remove it once done); starting as a lost disk, to rejoin under its id once nothing names "
+                      "it", e, to)
+            self.storage = Storage(self.config.data_dir, self.config.storage)
+            await run(None, self.storage.open)
+
     async def start(self) -> None:
         t0 = time.monotonic()
         restarted = self.config.trace and self.storage.has_history()  # (tests only: the trace's restart)
         self.starting = "opening its storage (replaying the journal)"
-        await asyncio.get_running_loop().run_in_executor(None, self.storage.open)
+        await self._open_storage()
         log.info("storage opened in %.2fs", time.monotonic() - t0)
         if self.config.trace:  # (after the replay: a restart's replay is one step, with what it replayed)
             from bookie.tracelog import BookieTracer

@@ -17,7 +17,6 @@ back once usage falls below the threshold minus a margin.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import logging
 import os
 import shutil
@@ -32,6 +31,8 @@ from typing import Callable
 from bookie import checkpoint
 from bookie import entry as E
 from bookie import striped_read
+# (what Storage.open raises, importable from here as before)
+from bookie.data_dir import LOCK_FILE, DamagedDataDir, DataDirInUse, lock_data_dir  # noqa: F401
 from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
 from bookie.index import Removed, pack_location, unpack_location
 from bookie.journal import (
@@ -55,44 +56,6 @@ log = logging.getLogger(__name__)
 
 class StorageFormatError(RuntimeError):
     """The data dir holds records of another layout than this bookie's."""
-
-
-class DamagedDataDir(RuntimeError):
-    """The data dir lost part of what the bookie acknowledged (``Storage.open``):
-    a journal segment or the checkpoint gone, a segment cut short, a record
-    lost before later ones.  Served, it would answer "no such entry" for
-    entries it acknowledged; the bookie refuses to start (its way back is a
-    lost disk's, bookie/cookie.py)."""
-
-
-class DataDirInUse(RuntimeError):
-    """Another process holds the data dir's lock (``LOCK_FILE``): a bookie
-    still running there, or paused (a supervisor that took it for dead).
-    Two processes appending to one journal would each take the other's
-    records in flight for a torn tail and cut them, acknowledged or not."""
-
-
-LOCK_FILE = "lock"   # flock'ed for the life of the process that opened the storage; holds its pid
-
-
-def _lock_data_dir(path: Path) -> int:
-    """The data dir's lock, taken (released when its fd closes, or its
-    process dies, kill -9 included)."""
-    fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        raise DataDirInUse(f"{path} is in use by another process (pid {holder}): a bookie runs there, or is "
-                           "paused; stop it first (two processes on one journal would cut each other's "
-                           "records)") from None
-    except BaseException:
-        os.close(fd)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    return fd
 
 
 @dataclass
@@ -151,7 +114,7 @@ class Storage:
         journal after it.  Blocking; run before serving.  Raises
         DataDirInUse, DamagedDataDir (nothing changed on disk) and
         StorageFormatError; the lock is let go on any of them."""
-        self._lock_fd = _lock_data_dir(self.dir)
+        self._lock_fd = lock_data_dir(self.dir)
         try:
             self._open()
         except BaseException:

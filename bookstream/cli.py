@@ -149,9 +149,10 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="the scrub reads at most this many MB/s (0: no limit)")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
                    help="a data dir that lost its data (etcd holds a cookie for the id, the dir none, or no "
-                        "journal): refuse to start (exit code 3), or wait, serving nothing, until no ledger names "
-                        "the id (autorecovery or `bookstream recover` re-replicates it), then start as a new bookie "
-                        "under it")
+                        "journal) or is damaged (a journal segment gone, a record rotted before later ones): refuse "
+                        "to start (exit code 3), or wait, serving nothing, until no ledger names the id "
+                        "(autorecovery or `bookstream recover` re-replicates it), then start as a new bookie under "
+                        "it (a damaged dir's data first moved into damaged-<time>/ inside it, kept for a look)")
     p.add_argument("--lost-disk-poll", type=_positive_seconds, default=15.0,
                    help="with --on-lost-disk rejoin: seconds between two looks at what still names the id")
     p.add_argument("--admin-port", type=port_number, default=None,
@@ -204,6 +205,7 @@ def bookie_config(args: argparse.Namespace) -> BookieConfig:
         etcd_check_interval_s=args.etcd_check_interval,
         scrub_interval_s=args.scrub_interval,
         scrub_rate=args.scrub_rate_mb * 1e6,
+        set_aside_damaged=args.on_lost_disk == "rejoin",
         tls=_security(args).tls,
         trace=getattr(args, "trace", "") or "",
     )
@@ -388,9 +390,9 @@ def cmd_bookie(args: argparse.Namespace) -> int:
         return 3
     except DamagedDataDir as e:   # (nothing was served, nothing changed on disk)
         log.error("refusing to start: the data dir is damaged: %s. Served, it would answer \"no such entry\" for "
-                  "entries it acknowledged. Move the data dir aside (keep it for a look) and start with an empty "
-                  "one: the cookie then finds the data lost, and the way back is a lost disk's (--on-lost-disk "
-                  "rejoin, or `bookstream recover ID` then `bookstream bookies cookie delete ID`)", e)
+                  "entries it acknowledged. Its way back is a lost disk's: start with --on-lost-disk rejoin (its "
+                  "data moved into damaged-<time>/ inside the data dir, kept for a look), or move the data dir "
+                  "aside, then `bookstream recover ID` and `bookstream bookies cookie delete ID`", e)
         return 3
     return 0
 

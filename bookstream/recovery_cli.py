@@ -461,10 +461,16 @@ def list_(etcd, cluster, fmt):
     finally:
         store.close()
     lines = [f"ledger {t['ledger_id']}: lost {','.join(t['lost'])}"
+             + "".join(f"; {b} damaged at {_ranges_text(rs)}" for b, rs in t["damaged_ids"].items())
              + (f" (worked on by {t['locked_by']})" if t["locked_by"] else "")
              + (f"; {len(t['unrecoverable'])} UNRECOVERABLE fragment(s)" if t["unrecoverable"] else "")
              for t in tasks]
     _emit(fmt, tasks, "\n".join(lines) or "no under-replicated ledgers")
+
+
+def _ranges_text(ranges) -> str:
+    """Id ranges as "3, 7-9"."""
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in ranges)
 
 
 @commands.command()

@@ -298,8 +298,9 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     """A bookie lacking entries in the middle of a sealed fragment (a write
     that failed on it after Qa others acked) still answers ReadLac with
     the fragment's last entry: the cheap check passes it.  The full check
-    (every entry from every replica) names it as damaged, and the workers
-    copy its share to another bookie."""
+    (every entry from every replica) names it as damaged at those ids, and
+    the workers copy them back onto it (the ledger still names it; the
+    spare takes nothing)."""
     from stream.autorecovery.service import run_check
     from tests.test_recovery_cli import closed_ledger
 
@@ -315,12 +316,13 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
         assert await run_check(bk, keys, full=True, percent=0) == 0         # the ends only: held
         assert await run_check(bk, keys, full=True) == 1
         (task,) = keys.tasks()
-        assert task.ledger_id == lid and hurt in task.lost, task
+        assert task.ledger_id == lid and hurt in task.lost and task.damaged_ids == {hurt: ((10, 14),)}, task
         async with autorecovery(own, delay=60.0, grace=1.0) as (auditor, ws, _):
             async def clean():
-                return not await names_bookie(bk, hurt) and not list(keys.tasks())
-            await until(clean, what="the damaged bookie replaced")
-        assert await check_every_replica(bk, lid, 39, {p.bookie_id for p in procs}) == 120
+                return not list(keys.tasks())
+            await until(clean, what="the missing entries copied back")
+        assert await names_bookie(bk, hurt)
+        assert await check_every_replica(bk, lid, 39, set(ens)) == 120
         assert await run_check(bk, keys, full=True) == 0
         await bk.close()
 

@@ -1,10 +1,12 @@
 """The auditor's and the replication worker's pure decisions."""
 from __future__ import annotations
 
+import dataclasses
+
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 import pytest
 
-from stream.autorecovery.worker_core import Pace, Step, choose_target, judge_task, plan_ledger
+from stream.autorecovery.worker_core import Pace, Step, choose_target, judge_task, plan_ledger, restrict_plan
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 
 
@@ -153,6 +155,42 @@ def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():
     p = plan_ledger(m, (), damaged={"a"})
     assert [j.first_entry for j in p.jobs] == [0] and p.open_fragment is None
     assert plan_ledger(m, {"a"}).open_fragment == 10
+
+
+def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
+    """With the ids a damaged bookie is known to lack or hold rotted
+    (``damaged_ids``: its scrub's findings, a full check's), only those
+    are copied, back onto it, per sealed fragment and only where its
+    position holds them (a striped write set); its other fragments, the
+    open one and the other bookies are left alone; without ids, as before,
+    its whole share."""
+    m = meta([(0, "abcd"), (20, "abce"), (40, "abcf")], e=4, qw=2, state=LedgerState.OPEN, last=-1)
+    p = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((4, 4), (6, 24), (44, 44))})
+    # a is position 0: ids e with e % 4 in (0, 3) hold it; 4..4 and 6..19 in the first fragment,
+    # 20..24 in the second; 44 is in the open fragment (its writer's)
+    got = [(j.first_entry, j.last_entry, j.fragment_first, j.lost, j.fill, j.entries) for j in p.jobs]
+    assert got == [(4, 4, 0, "a", True, 1), (6, 19, 0, "a", True, 7), (20, 24, 20, "a", True, 3)]
+    assert [j.sources for j in p.jobs] == [("b", "d"), ("b", "d"), ("b", "e")]   # (never a's own copy)
+    assert p.open_fragment is None and not p.unrecoverable and p.held_open   # (44: once sealed)
+    assert judge_task(dataclasses.replace(p, jobs=()), 0, 0, 1) is Step.WAIT   # (never sealed for it)
+    only_b = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((5, 5), (45, 45))})   # position 0 holds neither
+    assert only_b.jobs == () and not only_b.held_open and judge_task(only_b, 0, 0, 1) is Step.DONE
+    whole = plan_ledger(m, (), damaged={"a"}, damaged_ids={"b": ((0, 3),)})    # (b not damaged: ignored)
+    assert [(j.first_entry, j.last_entry, j.fill) for j in whole.jobs] == [(0, 19, False), (20, 39, False)]
+    assert [j.first_entry for j in restrict_plan(p, [20]).jobs] == [20]
+
+
+def test_damaged_ids_merge_and_a_whole_report_wins():
+    from stream.autorecovery.keys import MAX_DAMAGED_RANGES, Task, _damaged_ids, merge_ranges
+    assert merge_ranges([(5, 5), (1, 2)], [(3, 3), (9, 12)], [(10, 20)]) == ((1, 3), (5, 5), (9, 20))
+    assert merge_ranges([(2 * k, 2 * k) for k in range(MAX_DAMAGED_RANGES + 1)]) == ((0, 2 * MAX_DAMAGED_RANGES),)
+    t = Task(7, frozenset("a"), 1, damaged=frozenset("a"), damaged_ids={"a": ((3, 3),)})
+    assert Task.from_bytes(7, t.to_bytes(), 9) == dataclasses.replace(t, revision=9)
+    assert _damaged_ids(t, {"a", "b"}, {"a": [(4, 6)], "b": [(1, 1)]}) == {"a": ((3, 6),), "b": ((1, 1),)}
+    assert _damaged_ids(t, {"a"}, None) == {}                        # reported whole now: whole
+    whole = dataclasses.replace(t, damaged_ids={})
+    assert _damaged_ids(whole, {"a"}, {"a": [(4, 6)]}) == {}          # whole before: stays whole
+    assert _damaged_ids(None, set(), {"a": [(1, 1)]}) == {}           # (not reported damaged: no ids)
 
 
 def test_damaged_bookies_are_sources_and_never_make_a_fragment_unrecoverable():

@@ -2,18 +2,22 @@
 kept: the bookie refuses to start (``bookie.storage.DamagedDataDir``),
 where it would have answered "no such entry" for acknowledged entries (a
 recovery takes that as proof they were never written).  What a crash
-leaves (a torn tail) is still cut off as before.  Real Storage, real
-files; the last two on real bookie processes and etcd."""
+leaves (a torn tail) is still cut off as before; with ``--on-lost-disk
+rejoin`` a damaged dir's data is set aside (``bookie.data_dir.set_aside``)
+and the bookie walks a lost disk's way back.  Real Storage, real files;
+the last ones on real bookie processes and etcd."""
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 
 import pytest
 
 from bookie import entry as E
 from bookie.core import Status
+from bookie.data_dir import DATA, REASON_FILE, DataDirInUse, lock_data_dir, set_aside, set_aside_dirs
 from bookie.journal import R_ENTRIES, frame_record, segment_name
 from bookie.storage import DamagedDataDir, Storage, StorageConfig
 from tests.storage_support import admit_durably
@@ -194,7 +198,7 @@ def test_a_bookie_whose_dir_lost_a_segment_refuses_to_start(own):
     segs[0].unlink()
     before = sorted(p.name for p in journal.iterdir())
     _refused(victim, "the data dir is damaged")
-    assert "Move the data dir aside" in victim.log_path.read_text()
+    assert "start with --on-lost-disk rejoin" in victim.log_path.read_text()
     assert sorted(p.name for p in journal.iterdir()) == before
 
 
@@ -209,13 +213,95 @@ def test_a_bookie_whose_newest_segment_rotted_refuses_to_start(own):
     closed_ledger(own, [b"z" * 500 for _ in range(40)], batch=2)
     victim = procs[0]
     victim.kill()
-    newest = sorted((victim.data_dir / "journal").glob("segment-*.log"))[-1]
+    newest, rotted = _rot_newest(victim)
+    _refused(victim, "says every byte before it was durable")
+    assert newest.read_bytes() == rotted and not set_aside_dirs(victim.data_dir)
+
+
+def _rot_newest(proc) -> tuple:
+    """A byte of a killed bookie's newest journal segment flipped, near its
+    start (commits, and their marks, after it); (its path, its bytes now)."""
+    newest = sorted((proc.data_dir / "journal").glob("segment-*.log"))[-1]
     data = bytearray(newest.read_bytes())
     assert len(data) > 20_000
     data[200] ^= 0xFF
     newest.write_bytes(bytes(data))
-    _refused(victim, "says every byte before it was durable")
-    assert newest.read_bytes() == bytes(data)
+    return newest, bytes(data)
+
+
+def test_a_damaged_bookie_told_to_rejoin_sets_its_data_aside_and_rejoins(own):
+    """The rotted newest segment again, the bookie started with
+    ``--on-lost-disk rejoin``: its data moved into ``damaged-<time>/``
+    (the rotted segment as it was, the reason beside it), its id and log
+    kept; it then waits as a lost disk, serving nothing, until `bookstream
+    recover` has moved the ledger's copy elsewhere, and rejoins under its
+    id as a new bookie; the ledger reads back whole."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from bookie.cookie import read_local
+    from tests.test_autorecovery import until
+    from tests.test_cookie import _back_as_new
+    from tests.test_recovery_cli import cli, closed_ledger
+
+    procs = own.start(4)
+    payloads = [b"z" * 500 for _ in range(40)]
+    lid, ens = closed_ledger(own, payloads, batch=2)
+    victim = next(p for p in procs if p.bookie_id == ens[0])
+    stamped = read_local(victim.data_dir, victim.bookie_id)
+    victim.kill()
+    newest, rotted = _rot_newest(victim)
+    victim.extra_args += ["--on-lost-disk", "rejoin", "--lost-disk-poll", "0.2"]
+    with ThreadPoolExecutor(1) as pool:
+        started = pool.submit(victim.start, 120)
+
+        async def waits():
+            return f"1 ledger(s) still name it ({lid}); waiting" in victim.log_path.read_text()
+        asyncio.run(until(waits, what="the damaged bookie waiting as a lost disk"))
+        assert not started.done()
+        aside, = set_aside_dirs(victim.data_dir)
+        assert (aside / "journal" / newest.name).read_bytes() == rotted
+        assert "says every byte before it was durable" in (aside / REASON_FILE).read_text()
+        assert sum(p.stat().st_size for p in (victim.data_dir / "journal").iterdir()) < 100   # (begun anew)
+        assert "its data set aside in" in victim.log_path.read_text()
+        assert cli(own, "recover", victim.bookie_id).returncode == 0
+        started.result(timeout=120)
+    _back_as_new(own, victim, stamped, lid, payloads)
+    assert set_aside_dirs(victim.data_dir) == [aside]   # (kept; its next starts leave it be)
+
+
+def test_set_aside_moves_the_data_and_keeps_the_rest(tmp_path):
+    """What ``set_aside`` moves (the data, journal first) and keeps (the
+    id, the log, the etcd revision and mark noted); each call its own
+    directory; never while another process holds the lock."""
+    _write(tmp_path, [3, "checkpoint", 1])
+    for name in ("bookie.id", "bookie.log", "etcd.revision", "etcd.mark", "cookie", "scrubbed"):
+        (tmp_path / name).write_text(name)
+    held = sorted(p.name for p in tmp_path.iterdir() if p.name in DATA)
+    assert {"journal", "checkpoint", "FORMAT", "cookie", "scrubbed"} <= set(held)
+    to = set_aside(tmp_path, "a reason", now=0)
+    assert to.name == "damaged-19700101T000000Z" and (to / REASON_FILE).read_text() == "a reason\n"
+    assert sorted(p.name for p in to.iterdir() if p.name != REASON_FILE) == held
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["bookie.id", "bookie.log", "etcd.revision", "etcd.mark", "lock", to.name])
+    s = Storage(tmp_path, _config())   # (an empty data dir now: a lost disk's, to its cookie)
+    assert not s.has_history()
+    assert set_aside(tmp_path, "again", now=0).name == "damaged-19700101T000000Z-2"
+    fd = lock_data_dir(tmp_path)
+    try:
+        with pytest.raises(DataDirInUse):
+            set_aside(tmp_path, "held")
+    finally:
+        os.close(fd)
+
+
+def test_a_set_aside_cut_off_after_the_journal_is_damaged_again(tmp_path):
+    """A start cut off after moving the journal alone: the checkpoint left
+    without its segments is refused again (set aside then), never opened
+    as a dir holding less than it acknowledged."""
+    _write(tmp_path, [3, "checkpoint", 1])
+    shutil.move(tmp_path / "journal", tmp_path / "elsewhere")
+    with pytest.raises(DamagedDataDir):
+        _reopen(tmp_path)
 
 
 def test_a_dir_emptied_under_its_cookie_is_a_lost_disk(own):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 from bookie import entry as E
+from bookie.core import Status
 from bookie.index import unpack_location
 from bookie.scrub import FIRST_PASS_S, SCRUB_FILE, SPAN_BYTES, Scrubber, due, last_pass_end, rotted
 from tests.storage_support import admit_durably
@@ -68,19 +69,19 @@ def test_a_pass_finds_the_rotted_records_of_dense_and_striped_ledgers(storage):
         _flip(storage, 1, 350)
         _flip(storage, 2, 8)
         published = []
-        s = Scrubber(storage, rate=0, publish=published.append)
+        s = Scrubber(storage, rate=0, publish=lambda lid, ids: published.append((lid, ids)))
         out = await s.scrub_pass()
         held = sum(len(st.index) for st in storage.core.ledgers.values())
         assert out.entries == held == 600 + 200 + 6
         records = sum(ln for st in storage.core.ledgers.values() for _, _, ln in st.index.iter_all())
         assert records <= out.bytes < records * 1.1   # (and the journal's headers between frames, read with them)
-        assert sorted(out.rotted) == [(1, 350), (2, 8)] and s.unreported == {1, 2}
+        assert sorted(out.rotted) == [(1, 350), (2, 8)] and s.unreported == {1: {350}, 2: {8}}
         await s.report()
-        assert published == [1, 2] and not s.unreported
+        assert published == [(1, [350]), (2, [8])] and not s.unreported
         s.found(1, 350, "a read")
         assert not s.unreported                   # (said and reported once a pass)
         again = await s.scrub_pass()              # (and again the next pass: the task may have been found done)
-        assert sorted(again.rotted) == [(1, 350), (2, 8)] and s.unreported == {1, 2}
+        assert sorted(again.rotted) == [(1, 350), (2, 8)] and s.unreported == {1: {350}, 2: {8}}
 
     asyncio.run(go())
 
@@ -186,14 +187,16 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     """Four real bookies scrubbing every second; a closed E3 Qw3 ledger;
     one byte of an entry flipped in one bookie's journal while it runs
     (its preads see the page cache, as they would the disk).  Its scrub
-    reports the ledger with that bookie damaged; the workers copy its share
-    to the spare bookie, and every replica reads back.  Without the scrub
-    nothing would notice: every replica answers ReadLac as before."""
+    reports the ledger with that bookie damaged at that id; the workers copy
+    the entry back onto it from the other replicas (in place: the ledger
+    still names it, the spare holds nothing), every replica reads back, and
+    its next passes find nothing.  Without the scrub nothing would notice:
+    every replica answers ReadLac as before."""
     from stream.autorecovery.keys import AutorecoveryKeys
     from stream.client import BookKeeperClient
     from tests.conftest import run
     from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
-    from tests.test_recovery_cli import closed_ledger
+    from tests.test_recovery_cli import cli, closed_ledger
 
     procs = own.start(4, ["--scrub-interval", "1"])
     lid, ens = closed_ledger(own, [b"scrub-%03d-" % i + b"x" * 200 for i in range(40)], ack_quorum=3)
@@ -212,16 +215,22 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
             keys = AutorecoveryKeys(bk.store, own.cluster)
 
             async def reported():
-                return any(t.ledger_id == lid and t.damaged == {victim.bookie_id} for t in keys.tasks())
+                return any(t.ledger_id == lid and t.damaged == {victim.bookie_id}
+                           and t.damaged_ids == {victim.bookie_id: ((17, 17),)} for t in keys.tasks())
 
             await until(reported, what="the rotted entry reported")
+            listed = (await asyncio.to_thread(cli, own, "underreplicated", "list")).stdout
+            assert f"ledger {lid}: lost {victim.bookie_id}; {victim.bookie_id} damaged at 17" in listed, listed
             info = await (await bk.bookie(victim.bookie_id)).info()   # (what `bookies info` and /info show)
             assert info.scrub_rotted_entries == 1 and 0 < info.scrub_last_end < info.scrub_next_due
             async with autorecovery(own, delay=60.0, grace=1.0):
                 async def clean():
-                    return not await names_bookie(bk, victim.bookie_id) and not list(keys.tasks())
-                await until(clean, what="the damaged bookie replaced")
-            assert await check_every_replica(bk, lid, 39, {p.bookie_id for p in procs} - {victim.bookie_id}) == 120
+                    return not list(keys.tasks())
+                await until(clean, what="the rotted entry copied back")
+            assert await names_bookie(bk, victim.bookie_id)
+            assert await check_every_replica(bk, lid, 39, set(ens)) == 120
+            spare = next(p for p in procs if p.bookie_id not in ens)
+            assert (await (await bk.bookie(spare.bookie_id)).read_lac(lid)).status == Status.NO_SUCH_LEDGER
         finally:
             await bk.close()
 

@@ -93,21 +93,61 @@ class Task:
     # registered bookies the periodic check found lacking entries (a subset
     # of ``lost``): not made moot by their registration
     damaged: frozenset[str] = frozenset()
+    # which ids of the ledger a damaged bookie is known to lack or hold
+    # rotted (inclusive ranges, in order): those filled in place
+    # (worker_core.plan_ledger); a damaged bookie without ranges here has
+    # its whole share of every sealed fragment copied
+    damaged_ids: dict = dataclasses.field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"lost": sorted(self.lost), "created_ms": self.created_ms,
-                           "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)},
-                          sort_keys=True).encode()
+        d = self.as_json()
+        del d["ledger_id"]   # (the key's)
+        return json.dumps(d, sort_keys=True).encode()
 
     @classmethod
     def from_bytes(cls, ledger_id: int, data: bytes, revision: int) -> "Task":
         d = json.loads(data)
+        ids = {b: tuple(tuple(r) for r in rs) for b, rs in d.get("damaged_ids", {}).items()}
         return cls(ledger_id, frozenset(d.get("lost", ())), int(d.get("created_ms", 0)),
-                   tuple(d.get("unrecoverable", ())), revision, frozenset(d.get("damaged", ())))
+                   tuple(d.get("unrecoverable", ())), revision, frozenset(d.get("damaged", ())), ids)
 
     def as_json(self) -> dict:
         return {"ledger_id": self.ledger_id, "lost": sorted(self.lost), "created_ms": self.created_ms,
-                "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged)}
+                "unrecoverable": list(self.unrecoverable), "damaged": sorted(self.damaged),
+                "damaged_ids": {b: [list(r) for r in rs] for b, rs in sorted(self.damaged_ids.items())}}
+
+
+MAX_DAMAGED_RANGES = 256   # per bookie and task; more are kept as the one range that spans them
+
+
+def merge_ranges(*parts) -> tuple[tuple[int, int], ...]:
+    """Inclusive id ranges merged, in order; beyond ``MAX_DAMAGED_RANGES``
+    the one range spanning them (filling more ids in place than were
+    found is harmless: each is added again as its replicas hold it)."""
+    out: list[list[int]] = []
+    for a, b in sorted((int(a), int(b)) for rs in parts for a, b in rs):
+        if out and a <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    if len(out) > MAX_DAMAGED_RANGES:
+        out = [[out[0][0], out[-1][1]]]
+    return tuple((a, b) for a, b in out)
+
+
+def _damaged_ids(cur: Task | None, lost, ids: dict | None) -> dict:
+    """A task's ``damaged_ids`` once ``lost`` is reported damaged, with
+    ``ids`` (bookie -> ranges) where the report knows them.  A bookie
+    damaged as a whole (reported without ranges, now or before) stays so."""
+    out = dict(cur.damaged_ids) if cur is not None else {}
+    for b in lost:
+        known = (ids or {}).get(b)
+        was_whole = cur is not None and b in cur.damaged and b not in cur.damaged_ids
+        if not known or was_whole:
+            out.pop(b, None)
+        else:
+            out[b] = merge_ranges(out.get(b, ()), known)
+    return out
 
 
 class AutorecoveryKeys:
@@ -126,23 +166,28 @@ class AutorecoveryKeys:
 
     # -- tasks --------------------------------------------------------------------------
 
-    def publish(self, ledger_id: int, lost: frozenset[str] | set[str], damaged: bool = False) -> Task:
+    def publish(self, ledger_id: int, lost: frozenset[str] | set[str], damaged: bool = False,
+                ids: dict | None = None) -> Task:
         """Create the ledger's task, or add ``lost`` to it (CAS).  ``damaged``:
-        the bookies were found lacking entries by the check (registered)."""
+        the bookies were found lacking entries by the check, or rotted ones
+        by their scrub (registered); ``ids``: bookie -> the id ranges found
+        (``Task.damaged_ids``; a bookie without: its whole share)."""
         key = self.layout.underreplicated_key(ledger_id)
         for _ in range(_CAS_ROUNDS):
             cur = self.get_task(ledger_id)
             dmg = frozenset(lost) if damaged else frozenset()
+            dmg_ids = _damaged_ids(cur, dmg, ids)
             if cur is None:
-                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000), damaged=dmg)
+                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000), damaged=dmg, damaged_ids=dmg_ids)
                 try:
                     rev = self.store.create(key, task.to_bytes())
                     return dataclasses.replace(task, revision=rev)
                 except KeyExists:
                     continue
-            if set(lost) <= cur.lost and dmg <= cur.damaged:
+            if set(lost) <= cur.lost and dmg <= cur.damaged and dmg_ids == cur.damaged_ids:
                 return cur
-            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost), damaged=cur.damaged | dmg)
+            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost), damaged=cur.damaged | dmg,
+                                       damaged_ids=dmg_ids)
             try:
                 return dataclasses.replace(task, revision=self.store.cas(key, task.to_bytes(), cur.revision))
             except BadVersion:

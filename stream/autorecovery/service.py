@@ -80,7 +80,7 @@ async def _read_meta(client, lid: int):
 
 
 async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, damaged: Iterable[str] = (),
-                                   target: str | None = None,
+                                   damaged_ids: dict | None = None, target: str | None = None,
                                    dry_run: bool = False, grace: float = 0.0, first_seen: float | None = None,
                                    seal: bool = True, now: Callable[[], float] = time.monotonic,
                                    progress: Callable[[str, int, int], None] | None = None,
@@ -113,7 +113,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     an open fragment of a writer live at the stream's term is left to it up
     to this long (``worker_core.judge_task``); None (manual recovery): not
     asked, sealed after ``grace``.  ``pace``: the copies' rate limit
-    (``worker_core.Pace``; None: none)."""
+    (``worker_core.Pace``; None: none).  ``damaged_ids``: the ids of
+    damaged bookies known bad, filled in place (``worker_core.plan_ledger``)."""
     damaged = frozenset(damaged)
     lost = frozenset(lost) | damaged
     guards = [created_at(KeyLayout(client.cluster).recovery_lock_key(lid), copy_token)] if copy_token else []
@@ -132,7 +133,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if writer_bound is not None and meta.mode is LedgerMode.UNBOUNDED:
             record, _lease = await client.meta_call(read_writer, client.store, client.ledgers.layout, lid)
             writer = judge_writer(record, meta.term)
-        plan = plan_ledger(meta, lost - damaged, damaged, writer)
+        plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids)
         if only is not None:
             plan = restrict_plan(plan, only)
         unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
@@ -157,6 +158,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             if step is Step.WAIT and plan.open_fragment is not None and writer is Liveness.LIVE:
                 out.note = (f"open fragment {plan.open_fragment} left to its live writer "
                             f"{record.writer_id} (term {record.term})")
+            elif step is Step.WAIT and plan.held_open and not jobs:
+                out.note = "a damaged bookie's ids in the open fragment: filled once it is sealed"
             if dry_run:
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out
@@ -166,8 +169,10 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             continue
         job = jobs[0]
         tgt = target if target is not None and target not in job.ensemble and target not in lost else None
-        fill = False
-        if tgt is None:  # no target given, or the given one is in this fragment already
+        fill = job.fill
+        if fill:   # a damaged bookie's known bad ids: back onto it
+            tgt = job.lost
+        elif tgt is None:  # no target given, or the given one is in this fragment already
             exclude = set(job.ensemble) | lost | client.quarantined()
             try:
                 (tgt,) = await client.choose_bookies(1, exclude, None)
@@ -378,6 +383,7 @@ class ReplicationWorker:
         # hold the only other copy, and the fragment is recoverable again
         known = {u.get("first") for u in task.unrecoverable if set(u.get("lost", ())) <= lost}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
+                                             damaged_ids=task.damaged_ids,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
                                              writer_bound=self.cfg.writer_bound, pace=self.pace,
                                              keep_going=lambda: not lease.lost and self.keys.still_mine(lid, self.id),
@@ -458,8 +464,9 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
                 bad = damaged(frags, registered)
                 if bad:
                     found += 1
-                    await asyncio.to_thread(keys.publish, lid, bad, True)
-                    lacking = {b: sum(z - a + 1 for f in frags for a, z in f.missing.get(b, [])) for b in bad}
+                    ids = {b: [r for f in frags for r in f.missing.get(b, [])] for b in bad}
+                    await asyncio.to_thread(keys.publish, lid, bad, True, ids)
+                    lacking = {b: sum(z - a + 1 for a, z in ids[b]) for b in bad}
                     log.warning("full check: ledger %d: %s lack entries or hold bad records (ids lacking: %s)", lid,
                                 sorted(bad), lacking)
                 continue

@@ -76,6 +76,11 @@ class FragmentJob:
     # the ledger's master key from its metadata (stream/password.py: the copy
     # credential; b"": no password), sent with the target's clearing and copies
     master_key: bytes = dataclasses.field(default=b"", repr=False)
+    # a damaged bookie's known ids filled in place: the range is only those
+    # ids (within the fragment starting at ``fragment_first``), the target
+    # the bookie itself, nothing cleared, nothing replaced in the metadata
+    fill: bool = False
+    fragment_first: int | None = None
 
     @property
     def entries(self) -> int:
@@ -123,14 +128,17 @@ class LedgerPlan:
     state: LedgerState
     mode: LedgerMode
     writer: Liveness = Liveness.UNKNOWN            # the stream's writer, as its lease-bound key says
+    # a damaged bookie's known bad ids in the open fragment: filled once it
+    # is sealed (its writer's until then: never sealed for them)
+    held_open: bool = False
 
     @property
     def clean(self) -> bool:
-        return not self.jobs and not self.unrecoverable and self.open_fragment is None
+        return not self.jobs and not self.unrecoverable and self.open_fragment is None and not self.held_open
 
 
 def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = (),
-                writer: Liveness = Liveness.UNKNOWN) -> LedgerPlan:
+                writer: Liveness = Liveness.UNKNOWN, damaged_ids: dict | None = None) -> LedgerPlan:
     """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
     ``damaged``: registered bookies the periodic check found lacking
     entries; their sealed fragments are copied like a lost bookie's, but an
@@ -138,16 +146,23 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     damaged bookie is alive and holds most of its entries: it is a source
     for the others' copies (after the healthy replicas) and, last, for its
     own; a write set of damaged bookies is no reason to report a fragment
-    (the copy counts the ids no replica holds).
+    (the copy counts the ids no replica holds).  ``damaged_ids``: a damaged
+    bookie's ids known bad (bookie -> inclusive ranges: the ids its scrub
+    found rotted, or a full check found it lacking): only those are copied,
+    back onto it (``FragmentJob.fill``), in its sealed fragments (ids in
+    the open fragment wait for it to be sealed: ``held_open``); a damaged
+    bookie without ranges has its whole share of each copied.
     ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
+    scoped = {b: rs for b, rs in (damaged_ids or {}).items() if b in damaged and rs}
     away = frozenset(lost) - damaged   # unregistered: what they held is gone
     lost = away | damaged
     E, Qw = meta.ensemble_size, meta.write_quorum
     jobs: list[FragmentJob] = []
     bad: list[Unrecoverable] = []
     open_first: int | None = None
+    held_open = False
     for frag in meta.fragments:
         gone = [i for i, b in enumerate(frag.ensemble) if b in lost]
         if not gone:
@@ -156,6 +171,9 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
         if end is None:
             if any(frag.ensemble[i] not in damaged for i in gone):
                 open_first = frag.first_entry
+            held_open = held_open or any(
+                i in write_set(e, E, Qw) for i in gone for a, b in scoped.get(frag.ensemble[i], ())
+                for e in range(max(a, frag.first_entry), min(b, max(a, frag.first_entry) + E - 1) + 1))
             continue
         count = end - frag.first_entry + 1
         # the write sets the fragment's entries use (at most E distinct ones)
@@ -170,12 +188,22 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
         for i in gone:
             src = sorted({j for ws in sets if i in ws for j in ws if j != i and frag.ensemble[j] not in away},
                          key=lambda j: (frag.ensemble[j] in damaged, j))
-            if frag.ensemble[i] in damaged:
+            bookie = frag.ensemble[i]
+            if bookie in damaged and bookie not in scoped:
                 src.append(i)   # last: what only the damaged bookie itself still holds
-            jobs.append(FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, frag.ensemble[i],
-                                    tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode,
-                                    ledger_password.master_key(meta.custom)))
-    return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode, writer)
+            job = FragmentJob(meta.ledger_id, frag.first_entry, end, frag.ensemble, i, bookie,
+                              tuple(frag.ensemble[j] for j in src), E, Qw, meta.term, meta.mode,
+                              ledger_password.master_key(meta.custom))
+            if bookie not in scoped:
+                jobs.append(job)
+                continue
+            for a, b in scoped[bookie]:   # (its own bad copy is no source)
+                lo, hi = max(a, frag.first_entry), min(b, end)
+                part = dataclasses.replace(job, first_entry=lo, last_entry=hi, fill=True,
+                                           fragment_first=frag.first_entry)
+                if lo <= hi and part.entries:
+                    jobs.append(part)
+    return LedgerPlan(meta.ledger_id, tuple(jobs), tuple(bad), open_first, meta.state, meta.mode, writer, held_open)
 
 
 def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
@@ -184,9 +212,9 @@ def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
     open fragment belong to other tasks."""
     keep = frozenset(firsts)
     return dataclasses.replace(
-        plan, jobs=tuple(j for j in plan.jobs if j.first_entry in keep),
+        plan, jobs=tuple(j for j in plan.jobs if (j.fragment_first if j.fill else j.first_entry) in keep),
         unrecoverable=tuple(u for u in plan.unrecoverable if u.first_entry in keep),
-        open_fragment=plan.open_fragment if plan.open_fragment in keep else None)
+        open_fragment=plan.open_fragment if plan.open_fragment in keep else None, held_open=False)
 
 
 class Step(enum.Enum):
@@ -214,6 +242,8 @@ def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
         return Step.SEAL if waited >= grace else Step.WAIT
     if plan.unrecoverable:
         return Step.REPORT
+    if plan.held_open:
+        return Step.WAIT
     return Step.DONE
 
 

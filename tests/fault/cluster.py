@@ -18,7 +18,13 @@ Every fault here is done to a real OS process or its real files:
 - a lost disk: the bookie is killed -9 and its data dir emptied; it starts
   again as a new bookie (a new id), and what the old one held is
   autorecovery's to bring back (``bookstream autorecovery run`` processes,
-  killed and paused too).
+  killed and paused too);
+- a rotted entry: one bit of an entry's payload flipped in a journal
+  segment of a running bookie, where the bytes were durable (an older
+  segment, or before a mark of the newest): its scrub or a read must find
+  it and autorecovery copy it back; a later start that would replay it is
+  refused (the data dir is damaged) and, with ``lost_disk_rejoin``, walks
+  back as a lost disk.
 """
 from __future__ import annotations
 
@@ -33,7 +39,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from bookie.journal import R_ENTRIES, frame_record, segment_name
+from bookie import entry as E
+from bookie.journal import R_ENTRIES, R_MARK, _record_at, frame_record, segment_name
 from bookstream.processes import AutorecoveryProcess, BookieProcess, BookieStartError, ServedProcess
 from metadata.etcd_server import ManagedEtcd
 from tests.fault.proxy import BookieProxy, ProxyLoop, _free_port
@@ -55,10 +62,11 @@ class Bookie:
         self.read_proxy = read_proxy  # in front of its read port (bookie/read_port.py): partitioned with proxy
         self.etcd_proxy = etcd_proxy  # this bookie's only way to etcd: partitions it from etcd alone
         self.slow_path: Path | None = None   # its fsyncs' delay (µs) while this file exists (slow_disk.c)
-        self.state = "up"   # up / killed / stopped
+        self.state = "up"   # up / killed / stopped / damaged (a start refused after a rot)
         self.filler: Path | None = None
         self.wiped_id: str | None = None      # the id of the data it lost (wipe_bookie), until restarted
         self.old_id: list[str] = []           # how its starts under that id ended (start_wiped_bookie)
+        self.rotted: list[dict] = []          # the entries rot_entry flipped a bit of (ledger, entry, where)
 
     @property
     def data_dir(self) -> Path:
@@ -284,6 +292,12 @@ class FaultCluster:
                 return True
             except BookieStartError as e:
                 log.warning("bookie %d did not start: %s", i, str(e)[-300:])
+                if b.rotted and "exited with 3" in str(e):   # its replay met the rot: refused, as it must be
+                    b.state = "damaged"
+                    for r in b.rotted:   # (down for good, or its data dir set aside by a rejoin)
+                        r["gone"] = True
+                    b.old_id.append("refused: damaged")
+                    return self._rejoin(b) if self.lost_disk_rejoin else False
         return False
 
     def stop_bookie(self, i: int) -> None:
@@ -325,6 +339,8 @@ class FaultCluster:
         old = b.proc.bookie_id
         b.filler = None
         gone = _empty(b)
+        for r in b.rotted:
+            r["gone"] = True
         with open(b.proc.log_path, "a") as f:
             f.write(f"--- the fault suite wiped this data dir (bookie {old}): a new bookie starts here ---\n")
         b.wiped_id = old
@@ -382,6 +398,58 @@ class FaultCluster:
         n = rng.randint(1, min(size, 256))
         os.truncate(segs[-1], size - n)
         return {"cut": n, "segment": segs[-1].name}
+
+    def rot_entry(self, i: int, rng) -> dict:
+        """One bit of one entry's payload flipped in bookie ``i``'s journal,
+        while it runs, where the bytes were durable: a segment before the
+        newest, or a record of the newest with a mark after it (bookie/journal.py:
+        the bytes of the last commit before a crash may be cut as a torn
+        tail, which is not a rot)."""
+        b = self.bookies[i]
+        found = self.rot_candidates(i)
+        if not found:
+            return {"rotted": 0}
+        path, at, plen, lid, eid = rng.choice(found)
+        at += rng.randrange(plen)
+        try:
+            fd = os.open(path, os.O_RDWR)
+        except FileNotFoundError:   # (removed by a GC pass meanwhile)
+            return {"rotted": 0}
+        try:
+            byte = os.pread(fd, 1, at)[0]
+            os.pwrite(fd, bytes([byte ^ (1 << rng.randrange(8))]), at)
+        finally:
+            os.close(fd)
+        rot = {"ledger": lid, "entry": eid, "segment": path.name, "offset": at,
+               "scrub_passes": said(b.proc.log_path, SCRUB_PASS)}
+        b.rotted.append(rot)
+        return {"rotted": 1, "bookie": i, **rot}
+
+    def rot_candidates(self, i: int) -> list[tuple]:
+        """The entries of bookie ``i``'s journal ``rot_entry`` may rot:
+        (segment path, payload offset, payload length, ledger, entry)."""
+        segs = sorted((self.bookies[i].data_dir / "journal").glob("segment-*.log"))
+        found = []
+        for n, path in enumerate(segs):
+            data = path.read_bytes()
+            mv, seg, off, held, marked = memoryview(data), int(path.name[8:-4]), 0, [], 0
+            while (rec := _record_at(mv, seg, off)) is not None:
+                if rec.rtype == R_MARK:
+                    marked = len(held)
+                elif rec.rtype == R_ENTRIES:
+                    for eid, start, _ in E.record_spans(rec.body):
+                        h = E.parse_header(rec.body, start)
+                        if h.payload_len:
+                            held.append((path, rec.body_offset + start + E.HEADER_SIZE, h.payload_len,
+                                         h.ledger_id, eid))
+                off = rec.end.offset
+            found += held if n < len(segs) - 1 else held[:marked]
+        return found
+
+    def scrubbed_since_rot(self, b: "Bookie") -> bool:
+        """Whether bookie ``b`` finished a whole scrub pass begun after
+        its last rot (the pass the rot was in may have read past it)."""
+        return not b.rotted or said(b.proc.log_path, SCRUB_PASS) >= b.rotted[-1]["scrub_passes"] + 2
 
     def fill_disk(self, i: int) -> dict:
         b = self.bookies[i]
@@ -484,6 +552,17 @@ def _empty(b: Bookie) -> int:
             gone += 1
             shutil.rmtree(p) if p.is_dir() else p.unlink()
     return gone
+
+
+SCRUB_PASS = "bytes) checked in "   # in a bookie's log line at the end of each scrub pass (bookie/scrub.py)
+
+
+def said(log_path: Path, what: str) -> int:
+    """How many times a process's log says ``what``."""
+    try:
+        return log_path.read_text(errors="replace").count(what)
+    except FileNotFoundError:
+        return 0
 
 
 def rmtree(path: Path) -> None:

@@ -40,6 +40,16 @@ With ``slow_disks`` (left out of the draw otherwise, likewise):
   slowly (a gray failure: its adds queue up, its acks come late, it is
   never down).
 
+With ``rot`` (left out of the draw otherwise, likewise):
+
+- ``rot_entry``: one bit of an entry's payload flipped in a journal segment
+  of a running bookie, where it was durable (cluster.py); the bookie's
+  scrub (every 3 s here) or a read finds it, and autorecovery, if it runs,
+  copies it back.  Rots and ``lose_bookie`` hit one bookie of a run only:
+  with Qa = 2, an acknowledged entry then keeps a good copy (a rot whose
+  bookie holds nothing yet goes to the one holding the most, where no lost
+  disk is planned: ``Nemesis._rot_slot``).
+
 With autorecovery processes in the cluster (``recoverers``; none, and these
 kinds are left out of the draw, so the plans of earlier seeds stay as
 they were):
@@ -72,9 +82,11 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 BOOKIE_KINDS = {"kill_bookie", "pause_bookie", "partition", "etcd_partition", "full_disk", "torn_tail", "cut_tail",
-                "lose_bookie", "slow_disk"}
+                "lose_bookie", "slow_disk", "rot_entry"}
 AUTORECOVERY_KINDS = {"lose_bookie", "kill_autorecovery", "pause_autorecovery"}   # only with recoverers
 SLOW_KINDS = {"slow_disk"}                                                       # only with slow_disks
+ROT_KINDS = {"rot_entry"}                                                        # only with rot
+DAMAGING_KINDS = {"lose_bookie", "rot_entry"}   # (data lost on a bookie: one bookie a run)
 RESTART_MARGIN = 8.0   # a killed bookie's restart can wait for its old lease (2 x TTL)
 
 
@@ -105,6 +117,8 @@ KINDS: dict[str, Kind] = {
     "pause_autorecovery": Kind(1, (0.5, 6.0)),
     # with slow_disks only
     "slow_disk": Kind(2, (1.0, 8.0)),
+    # with rot only (instant: what it did stays, until autorecovery mends it)
+    "rot_entry": Kind(2, (0.0, 0.0)),
 }
 
 
@@ -119,16 +133,19 @@ class Fault:
 
 def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers: list[str],
          tmpfs_bookie: int | None, kinds: list[str] | None = None, max_bookie_faults: int = 2,
-         mean_gap: float = 1.5, recoverers: list[str] = (), slow_disks: bool = False) -> list[Fault]:
+         mean_gap: float = 1.5, recoverers: list[str] = (), slow_disks: bool = False,
+         rot: bool = False) -> list[Fault]:
     """The fault schedule of a seed (pure: no clock, no I/O)."""
     rng = random.Random(seed)
     names = [k for k in (kinds or KINDS) if (k != "full_disk" or tmpfs_bookie is not None)
-             and (k not in AUTORECOVERY_KINDS or recoverers) and (k not in SLOW_KINDS or slow_disks)]
+             and (k not in AUTORECOVERY_KINDS or recoverers) and (k not in SLOW_KINDS or slow_disks)
+             and (k not in ROT_KINDS or rot)]
     weights = [KINDS[k].weight or (1 if kinds else 0) for k in names]  # a named kind runs, weight 0 or not
     bookie_free = [0.0] * bookies
     worker_free = {w: 0.0 for w in [*writers, *readers, *recoverers]}
     etcd_free = 0.0
     lost = False   # (one lose_bookie a run)
+    damaged = None   # the one bookie whose data a run's damaging faults hit
     out: list[Fault] = []
     t = rng.uniform(0.5, 2.0)
     while t < seconds:
@@ -143,6 +160,8 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                 free = [i for i in free if i == tmpfs_bookie]
             if kind == "lose_bookie" and lost:
                 free = []
+            if kind in DAMAGING_KINDS and damaged is not None:
+                free = [i for i in free if i == damaged]
             if free and hurt < max_bookie_faults:
                 i = rng.choice(free)
                 params = {}
@@ -155,6 +174,7 @@ def plan(seed: int, seconds: float, *, bookies: int, writers: list[str], readers
                     params = {"delay_ms": rng.choice([50, 200, 500, 1500])}
                 f = Fault(round(t, 2), kind, i, d, params)
                 lost = lost or kind == "lose_bookie"
+                damaged = i if kind in DAMAGING_KINDS else damaged
                 margin = RESTART_MARGIN if kind in ("kill_bookie", "torn_tail", "cut_tail", "lose_bookie") else 0.5
                 bookie_free[i] = t + d + margin
         elif kind in ("kill_writer", "kill_reader", "takeover", "pause_writer", "kill_autorecovery",
@@ -188,6 +208,7 @@ class Nemesis:
         self.t0 = 0.0
         self.done: dict[str, int] = {}
         self.skipped: dict[str, int] = {}
+        self.rot_slot: int | None = None   # (_rot_slot)
         self.lock = threading.Lock()
 
     def _log(self, **rec) -> None:
@@ -253,6 +274,8 @@ class Nemesis:
                 return c.wipe_bookie(f.target)
             elif k == "slow_disk":
                 return c.slow_disk(f.target, f.params["delay_ms"])
+            elif k == "rot_entry":
+                return c.rot_entry(self._rot_slot(f), self.rng)
             elif k == "kill_autorecovery":
                 c.recoverer(f.target).kill()
             elif k == "pause_autorecovery":
@@ -297,6 +320,20 @@ class Nemesis:
         elif k == "pause_etcd":
             c.cont_etcd()
         return {}
+
+    def _rot_slot(self, f: Fault) -> int:
+        """The bookie a run's rots hit: the planned one, unless the first
+        rot finds it holding nothing to rot (not in any ensemble yet) and
+        no lost disk is planned (which must hit the same bookie): then the
+        live bookie holding the most (the run's one damaged bookie still)."""
+        if self.rot_slot is None:
+            c = self.c
+            if c.rot_candidates(f.target) or any(x.kind == "lose_bookie" for x in self.faults):
+                self.rot_slot = f.target
+            else:
+                up = [b.index for b in c.bookies if b.state == "up" and b.proc.alive()]
+                self.rot_slot = max(up, key=lambda i: (len(c.rot_candidates(i)), i == f.target))
+        return self.rot_slot
 
     def _logged(self, n: int, phase: str, fn, *args):
         """A restart in the background, logged when done (how long an

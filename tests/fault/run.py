@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tests.fault import checker
-from tests.fault.cluster import FaultCluster, dump, rmtree
+from tests.fault.cluster import FaultCluster, said, dump, rmtree
 from tests.fault.nemesis import Fault, Nemesis, plan
 from tests.fault.worker import STREAM
 
@@ -47,6 +47,7 @@ class Options:
     autorecovery: int = 0          # auditor + worker processes (AR_ARGS); with them the lose_bookie kind
     slow_disks: bool = False       # the slow_disk kind (an LD_PRELOAD shim in the bookies)
     lost_disk_rejoin: bool = False # a lost disk comes back under its old id with --on-lost-disk rejoin
+    rot: bool = False              # the rot_entry kind (a bit of an entry flipped on a bookie's disk)
     ensemble: int = 3              # the writers' stream (or ledgers): E, Qw, Qa; E > Qw stripes it
     write_quorum: int = 3
     ack_quorum: int = 2
@@ -141,7 +142,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         else:
             faults = plan(seed, opts.seconds, bookies=opts.bookies, writers=writers, readers=readers,
                           tmpfs_bookie=tmpfs, kinds=opts.kinds, recoverers=recoverers,
-                          slow_disks=opts.slow_disks and all(b.slow_path for b in c.bookies))
+                          slow_disks=opts.slow_disks and all(b.slow_path for b in c.bookies), rot=opts.rot)
         dump(run_dir / "plan.json", [asdict(f) for f in faults])
         report["cluster"] = c.describe()
         extra = ["--rate", str(opts.rate), "--fragment-entries", str(opts.fragment_entries),
@@ -190,19 +191,23 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
         h = checker.load(run_dir / "history")
         anomalies = checker.check(h, final, final_error, markers={marker})
         settled = None
+        rotted = _rotted_up(c, regs)
         if recoverers and final:   # (its work done before the replicas are judged)
+            scrubbed = _wait_for_scrubs(c, rotted, SETTLE_TIMEOUT)   # (what the rots left, reported)
             settled = _run(autorecovery_settled(c.etcd.endpoint, c.name, opts.api, SETTLE_TIMEOUT))
             if "unsettled_after_s" in settled:
                 anomalies.append({"kind": "autorecovery_unsettled", **settled})
-        replicas = _audit(c, opts, final) if final else None
+            if not scrubbed:
+                settled["scrub_waited_out"] = True
+        replicas = _audit(c, opts, final, rotted if recoverers else {}) if final else None
         anomalies += replica_anomalies(replicas)
         if first_failure is not None:
             anomalies.insert(0, first_failure)
         served = {b.index: b.old_id for b in c.bookies if "served" in b.old_id}
         if served:   # a wiped bookie served under the id of the data it lost (bookie/cookie.py)
             anomalies.insert(0, {"kind": "wiped_bookie_served", "bookies": served})
-        rot = {b.index: n for b in c.bookies if (n := _said(b.proc.log_path, "rotted on disk"))}
-        if rot:   # no fault here rots a record: what a scrub or a read reported is a false finding
+        rot = {b.index: false for b in c.bookies if (false := _false_rot(b))}
+        if rot:   # an entry reported rotted that no rot_entry fault rotted there: a false finding
             anomalies.insert(0, {"kind": "false_rot", "bookies": rot})
         unregistered = [b.proc.bookie_id for b in c.bookies if b.proc.bookie_id not in regs]
         if len(regs) < alive:  # healed, running, and still not in etcd after the quiet period
@@ -223,6 +228,7 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
             "read_port_connections": sum(b.read_proxy.forwarded for b in c.bookies),
             "anomalies": anomalies,
             "wiped_bookies_old_id": {b.index: b.old_id for b in c.bookies if b.old_id},
+            "rot": _rot_report(c) if opts.rot else None,
             "anomaly_counts": dict(Counter(a["kind"] for a in anomalies)),
             "new_anomalies": sum(1 for a in anomalies if a["known"] is None),
             "seconds": round(time.time() - t_start, 1),
@@ -239,7 +245,8 @@ def run_one(seed: int, base: Path, opts: Options) -> dict:
     return report
 
 
-async def replica_audit(endpoint: str, cluster: str, api: str, final: list) -> dict:
+async def replica_audit(endpoint: str, cluster: str, api: str, final: list,
+                        rotted: dict[str, set] | None = None) -> dict:
     """After the final read: every entry of the stream's (or the log's
     ledgers') sealed fragments, and of the stream's open one up to the final
     marker, asked of every bookie of its write set
@@ -248,11 +255,15 @@ async def replica_audit(endpoint: str, cluster: str, api: str, final: list) -> d
     a bookie's fsynced data: one held by fewer than Qa replicas, by none, or
     as two different entries is an anomaly.  Fewer than Qw is not (a write
     that failed on one bookie after Qa acked it is left to autorecovery):
-    counted."""
+    counted.  ``rotted`` (bookie id -> (ledger, entry) a rot_entry fault
+    flipped a bit of there, its scrub having passed it since): one its
+    fragment still names it for and it still lacks a good copy of was not
+    repaired (``rot_unrepaired``); ``rot_checked`` counts those asked of it."""
     from stream.autorecovery.replica_check import check_ledger
+    from stream.quorum import write_set
     from stream.stream import AsyncStreamClient
     out = {"ledgers": 0, "entries": 0, "under_replicated": 0, "unanswered": [], "below_ack_quorum": [],
-           "lost": [], "divergent": []}
+           "lost": [], "divergent": [], "rot_unrepaired": [], "rot_checked": 0}
     async with AsyncStreamClient(endpoint, cluster) as sc:
         bk = sc.bk
         for lid in await _ledgers(sc, api):
@@ -266,14 +277,22 @@ async def replica_audit(endpoint: str, cluster: str, api: str, final: list) -> d
                 for k in ("below_ack_quorum", "lost"):
                     out[k] += [[lid, a, b] for a, b in getattr(f, k)]
                 out["divergent"] += [[lid, e] for e in f.divergent]
+                for bookie, ids in (rotted or {}).items():
+                    asked = [e for rl, e in sorted(ids) if rl == lid and f.first_entry <= e <= f.last_entry
+                             and bookie in [f.ensemble[i] for i in write_set(e, meta.ensemble_size,
+                                                                             meta.write_quorum)]]
+                    out["rot_checked"] += len(asked)
+                    out["rot_unrepaired"] += [[bookie, lid, e] for e in asked
+                                              if any(a <= e <= b for a, b in f.missing.get(bookie, []))]
     return out
 
 
 def replica_anomalies(audit: dict | None) -> list[dict]:
     """The replica audit's findings that are anomalies (see
-    ``replica_audit``): ids below Qa, lost, or held as different entries."""
+    ``replica_audit``): ids below Qa, lost, held as different entries, or
+    rotted and not repaired."""
     return [{"kind": f"replicas_{k}", "ids": audit[k][:50], "count": len(audit[k])}
-            for k in ("below_ack_quorum", "lost", "divergent") if audit and audit.get(k)]
+            for k in ("below_ack_quorum", "lost", "divergent", "rot_unrepaired") if audit and audit.get(k)]
 
 
 async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: float,
@@ -333,16 +352,56 @@ def _ar_work(c: FaultCluster) -> dict | None:
     return out
 
 
-def _said(log_path, what: str) -> int:
-    """How many lines of a process's log say ``what``."""
-    try:
-        return log_path.read_text(errors="replace").count(what)
-    except FileNotFoundError:
-        return 0
+def _audit(c: FaultCluster, opts: Options, final: list, rotted: dict[str, set]) -> dict:
+    return _run(replica_audit(c.etcd.endpoint, c.name, opts.api, final, rotted))
 
 
-def _audit(c: FaultCluster, opts: Options, final: list) -> dict:
-    return _run(replica_audit(c.etcd.endpoint, c.name, opts.api, final))
+_ROT_SAID = re.compile(r"entry (\d+) of ledger (\d+) rotted on disk")
+
+
+def _reported_rot(b) -> set[tuple[int, int]]:
+    """(ledger, entry) bookie slot ``b``'s log reported rotted (bookie/scrub.py's line)."""
+    text = b.proc.log_path.read_text(errors="replace") if b.proc.log_path.exists() else ""
+    return {(int(lid), int(eid)) for eid, lid in _ROT_SAID.findall(text)}
+
+
+def _false_rot(b) -> list:
+    """What bookie slot ``b`` reported rotted that no rot_entry fault rotted there."""
+    return sorted(_reported_rot(b) - {(r["ledger"], r["entry"]) for r in b.rotted})[:20]
+
+
+def _rotted_up(c: FaultCluster, regs: dict) -> dict[str, set]:
+    """bookie id -> (ledger, entry) rotted there, of the rotted bookies up
+    and registered at the end, their rots still on their disk (not a data
+    dir wiped or set aside since)."""
+    return {b.proc.bookie_id: {(r["ledger"], r["entry"]) for r in b.rotted if not r.get("gone")}
+            for b in c.bookies if any(not r.get("gone") for r in b.rotted) and b.state == "up"
+            and b.proc.alive() and b.proc.bookie_id in regs}
+
+
+def _wait_for_scrubs(c: FaultCluster, rotted: dict[str, set], timeout: float) -> bool:
+    """Waits until every bookie of ``rotted`` has scrubbed a whole pass
+    begun after its last rot (what it found, reported to autorecovery);
+    polls their logs (another process's progress)."""
+    deadline = time.monotonic() + timeout
+    slots = [b for b in c.bookies if b.proc.bookie_id in rotted]
+    while not all(c.scrubbed_since_rot(b) for b in slots):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
+def _rot_report(c: FaultCluster) -> dict:
+    """What the rots did: entries flipped, reported by their bookie, and
+    the starts they refused."""
+    out = {"rotted": 0, "reported": 0, "refused_starts": 0}
+    for b in c.bookies:
+        said = _reported_rot(b)
+        out["rotted"] += len(b.rotted)
+        out["reported"] += sum(1 for r in b.rotted if (r["ledger"], r["entry"]) in said)
+        out["refused_starts"] += b.old_id.count("refused: damaged")
+    return out
 
 
 def _run(coro) -> dict:
