@@ -121,6 +121,7 @@ class Scrubber:
             return
         self.reported.add((ledger_id, entry_id))
         self.unreported.setdefault(ledger_id, set()).add(entry_id)
+        self.storage.checkpoint_past(ledger_id, entry_id)   # (its next start must not replay it: refused)
         self.rotted_found += 1
         self.wake.set()
         log.error("entry %d of ledger %d rotted on disk (found by %s): reported to autorecovery as damaged here",

@@ -121,6 +121,7 @@ class BookieService(pb_grpc.BookieServicer):
 
     def _rotted(self, e: E.ChecksumMismatch) -> None:
         log.error("stored entry failed its checksum: %s", e)
+        self.storage.checkpoint_past(e.ledger_id, e.entry_id)   # (with a scrub or without)
         if self.scrubber is not None:
             self.scrubber.found(e.ledger_id, e.entry_id, "a read")
 
@@ -540,7 +541,10 @@ class BookieServer:
             if not self.config.set_aside_damaged:
                 raise
             self.starting = "setting its damaged data aside"
-            to = await run(None, set_aside, Path(self.config.data_dir), str(e))
+            try:
+                to = await run(None, set_aside, Path(self.config.data_dir), str(e))
+            except OSError as why:   # (a disk that takes no rename, no new directory: refused as it is)
+                raise DamagedDataDir(f"{e}; and setting its data aside failed: {why}") from None
             log.error("the data dir is damaged (%s): its data set aside in %s (kept for a look, never read again: "
                       "remove it once done); starting as a lost disk, to rejoin under its id once nothing names "
                       "it", e, to)

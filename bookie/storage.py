@@ -99,6 +99,7 @@ class Storage:
         self.live_bytes: dict[int, int] = defaultdict(int)   # segment -> live record bytes
         self.checkpoint_pos = JournalPosition(1, 0)
         self._since_checkpoint = 0
+        self._checkpoint_wanted = False   # (checkpoint_past: a rotted record the next replay would meet)
         self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
         self.replayed_bytes = 0
         self.replayed_records = 0
@@ -622,7 +623,20 @@ class Storage:
 
     @property
     def checkpoint_due(self) -> bool:
-        return self._since_checkpoint >= self.config.checkpoint_bytes
+        return self._checkpoint_wanted or self._since_checkpoint >= self.config.checkpoint_bytes
+
+    def checkpoint_past(self, ledger_id: int, entry_id: int) -> bool:
+        """A rotted record of this entry was found: where the next start
+        would replay it (at or after the checkpoint's position), a
+        checkpoint is due now, so that the start begins after it rather
+        than refuse the data dir as damaged (a bad record with marks after
+        it: bookie/journal.py), even once autorecovery has written the
+        entry again elsewhere in the journal.  Whether one is wanted."""
+        st = self.core.ledgers.get(ledger_id)
+        at = st.index.get(entry_id) if st is not None else None
+        if at is not None and not JournalPosition(*unpack_location(at[0])) < self.checkpoint_pos:
+            self._checkpoint_wanted = True
+        return self._checkpoint_wanted
 
     async def checkpoint(self) -> JournalPosition:
         """Writes a checkpoint: the state and index as of `applied_end`, the
@@ -635,6 +649,7 @@ class Storage:
         await asyncio.get_running_loop().run_in_executor(None, self._write_checkpoint, snapshot)
         self.checkpoint_pos = pos
         self._since_checkpoint = 0
+        self._checkpoint_wanted = False
         return pos
 
     def _write_checkpoint(self, data: bytes) -> None:

@@ -8,6 +8,7 @@ import pytest
 
 from stream.autorecovery.worker_core import Pace, Step, choose_target, judge_task, plan_ledger, restrict_plan
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from stream.writer_lease import Liveness
 
 
 def start(delay=10.0, bookies=("a", "b", "c", "d"), check=None):
@@ -172,7 +173,12 @@ def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
     assert got == [(4, 4, 0, "a", True, 1), (6, 19, 0, "a", True, 7), (20, 24, 20, "a", True, 3)]
     assert [j.sources for j in p.jobs] == [("b", "d"), ("b", "d"), ("b", "e")]   # (never a's own copy)
     assert p.open_fragment is None and not p.unrecoverable and p.held_open   # (44: once sealed)
-    assert judge_task(dataclasses.replace(p, jobs=()), 0, 0, 1) is Step.WAIT   # (never sealed for it)
+    held = dataclasses.replace(p, jobs=())
+    assert judge_task(held, 5, 0, 1) is Step.WAIT   # (a classic ledger's writer is not known: never sealed for it)
+    for writer, step in [(Liveness.LIVE, Step.WAIT), (Liveness.UNKNOWN, Step.WAIT), (Liveness.NONE, Step.SEAL),
+                         (Liveness.STALE, Step.SEAL)]:   # a stream: sealed only once no writer holds it
+        stream = dataclasses.replace(held, mode=LedgerMode.UNBOUNDED, writer=writer)
+        assert judge_task(stream, 5, 0, 1) is step and judge_task(stream, 0.5, 0, 1) is Step.WAIT, writer
     only_b = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((5, 5), (45, 45))})   # position 0 holds neither
     assert only_b.jobs == () and not only_b.held_open and judge_task(only_b, 0, 0, 1) is Step.DONE
     whole = plan_ledger(m, (), damaged={"a"}, damaged_ids={"b": ((0, 3),)})    # (b not damaged: ignored)

@@ -162,6 +162,48 @@ def test_a_record_rotted_in_the_newest_segment_is_a_loss_not_a_torn_tail(tmp_pat
     assert _snapshot(tmp_path) == before
 
 
+@pytest.mark.parametrize("checkpointed", [True, False])
+def test_a_rot_found_where_a_start_would_replay_it_is_checkpointed_past(tmp_path, checkpointed):
+    """A record rotted after the last checkpoint, marks after it: the next
+    start would refuse the data dir (control: ``checkpointed=False``).
+    Found by a scrub pass (or a read: ``BookieService._rotted``), it makes
+    a checkpoint due at once (the upkeep loop's next second), and after it
+    the start replays from past the record: the data dir opens, the entry
+    still indexed there (its reads fail their CRC and report it again
+    until autorecovery writes it anew)."""
+    from bookie.index import unpack_location
+    from bookie.scrub import Scrubber
+
+    _write(tmp_path, [6])
+    s = _reopen(tmp_path)
+    try:
+        loc, ln = s.core.ledgers[LID].index.get(3)
+        seg, off = unpack_location(loc)
+        with open(_seg(tmp_path, seg), "r+b") as f:
+            f.seek(off + ln - 1)
+            b = f.read(1)
+            f.seek(off + ln - 1)
+            f.write(bytes([b[0] ^ 0xFF]))
+        assert not s.checkpoint_due
+        out = asyncio.run(Scrubber(s, rate=0).scrub_pass())
+        assert out.rotted == [(LID, 3)] and s.checkpoint_due
+        if checkpointed:
+            asyncio.run(s.checkpoint())
+            assert not s.checkpoint_due
+    finally:
+        s.close()
+    if not checkpointed:
+        with pytest.raises(DamagedDataDir, match="says every byte before it was durable"):
+            _reopen(tmp_path)
+        return
+    s = _reopen(tmp_path)
+    try:
+        assert s.core.ledgers[LID].index.get(3) == (loc, ln) and s.core.ledgers[LID].index.get(47) is not None
+        assert not s.checkpoint_past(LID, 0)    # (before the checkpoint: no start replays it)
+    finally:
+        s.close()
+
+
 def test_a_torn_tail_before_an_empty_segment_is_still_cut(tmp_path, caplog):
     """What a crash leaves: the last segment's tail torn (its write never
     made durable), and a segment begun but empty: cut and removed."""

@@ -129,7 +129,8 @@ class LedgerPlan:
     mode: LedgerMode
     writer: Liveness = Liveness.UNKNOWN            # the stream's writer, as its lease-bound key says
     # a damaged bookie's known bad ids in the open fragment: filled once it
-    # is sealed (its writer's until then: never sealed for them)
+    # is sealed (its writer's until then: never sealed for them, but a
+    # stream no writer holds is, after the grace: judge_task)
     held_open: bool = False
 
     @property
@@ -242,8 +243,9 @@ def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
         return Step.SEAL if waited >= grace else Step.WAIT
     if plan.unrecoverable:
         return Step.REPORT
-    if plan.held_open:
-        return Step.WAIT
+    if plan.held_open:   # (a writer's open fragment is never sealed for them; a stream left without one is)
+        idle = plan.mode is LedgerMode.UNBOUNDED and plan.writer in (Liveness.STALE, Liveness.NONE)
+        return Step.SEAL if idle and now - first_seen >= grace else Step.WAIT
     return Step.DONE
 
 
