@@ -22,14 +22,11 @@ acknowledged.
 from __future__ import annotations
 
 import fcntl
-import logging
 import os
 import time
 from pathlib import Path
 
 from bookie.journal import _fsync_dir
-
-log = logging.getLogger(__name__)
 
 LOCK_FILE = "lock"   # flock'ed for the life of the process that opened the storage; holds its pid
 # What set_aside moves, in this order (the journal first: see the module doc).

@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     p.add_argument("--rate", type=float, default=150.0, help="appends/s per writer")
     p.add_argument("--fragment-entries", type=int, default=500, help="roll stream fragments every N entries (0: never)")
     p.add_argument("--kinds", help="comma-separated fault kinds (default: "
-                   f"{','.join(k for k, v in KINDS.items() if v.weight)}; cut_tail only when named)")
+                   f"{','.join(k for k, v in KINDS.items() if v.weight)}; cut_tail only when named; those of "
+                   "autorecovery, slow disks and rot only with --autorecovery, --slow-disks, --rot)")
     p.add_argument("--api", choices=["stream", "log"], default="stream",
                    help="the Stream API, or classic ledgers-to-logs (stream/log.py)")
     p.add_argument("--autorecovery", type=int, default=0, metavar="N",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from tests.fault import checker
-from tests.fault.nemesis import AUTORECOVERY_KINDS, KINDS, SLOW_KINDS, plan
+from tests.fault.nemesis import AUTORECOVERY_KINDS, KINDS, ROT_KINDS, SLOW_KINDS, plan
 
 
 def write(path, *lines):
@@ -96,11 +96,14 @@ def test_the_schedule_is_a_function_of_its_seed():
     a, b = plan(42, 60, **kw), plan(42, 60, **kw)
     assert a == b and a != plan(43, 60, **kw)
     weighted = {k for k, v in KINDS.items() if v.weight}
-    assert {f.kind for f in plan(1, 600, **kw)} == weighted - AUTORECOVERY_KINDS - SLOW_KINDS
+    assert {f.kind for f in plan(1, 600, **kw)} == weighted - AUTORECOVERY_KINDS - SLOW_KINDS - ROT_KINDS
     with_ar = plan(1, 600, **kw, recoverers=["ar1"])
-    assert {f.kind for f in with_ar} == weighted - SLOW_KINDS
-    assert {f.kind for f in plan(1, 600, **kw, recoverers=["ar1"], slow_disks=True)} == weighted
+    assert {f.kind for f in with_ar} == weighted - SLOW_KINDS - ROT_KINDS
+    everything = plan(1, 600, **kw, recoverers=["ar1"], slow_disks=True, rot=True)
+    assert {f.kind for f in everything} == weighted
     assert sum(f.kind == "lose_bookie" for f in with_ar) == 1   # (one lost disk a run: the fault model)
+    damaging = [f for f in everything if f.kind in ("lose_bookie", "rot_entry")]   # (and its rots: on one bookie)
+    assert len(damaging) > 2 and len({f.target for f in damaging}) == 1
     assert {f.kind for f in plan(1, 60, **kw, kinds=["cut_tail"])} == {"cut_tail"}  # named: runs at weight 0
     for f in plan(7, 600, **kw, recoverers=["ar1"], slow_disks=True):  # never more than two bookies hurt at once
         if f.kind in ("kill_bookie", "pause_bookie", "partition", "full_disk", "torn_tail", "lose_bookie",
