@@ -98,3 +98,17 @@ def set_aside(data_dir: Path, reason: str, now: float | None = None) -> Path:
 def set_aside_dirs(data_dir: Path) -> list[Path]:
     """The damaged data a data dir keeps set aside, oldest first."""
     return sorted(p for p in Path(data_dir).glob(SET_ASIDE_PREFIX + "*") if p.is_dir())
+
+
+def set_aside_bytes(data_dir: Path) -> int:
+    """The bytes of the files under the data dir's set-aside directories
+    (what `bookies info` shows: space an operator may take back)."""
+    total = 0
+    for top in set_aside_dirs(data_dir):
+        for root, _dirs, files in os.walk(top):
+            for name in files:
+                try:
+                    total += os.lstat(os.path.join(root, name)).st_size
+                except FileNotFoundError:   # (being removed meanwhile)
+                    pass
+    return total

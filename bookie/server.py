@@ -19,7 +19,7 @@ import grpc
 from bookie import entry as E
 from bookie import wire
 from bookie.core import Status
-from bookie.data_dir import DamagedDataDir, set_aside
+from bookie.data_dir import DamagedDataDir, set_aside, set_aside_bytes
 from bookie.grpc_methods import register
 from bookie.journal import JournalWriteError
 from bookie.metrics import BookieMetrics, observed
@@ -448,6 +448,7 @@ class BookieService(pb_grpc.BookieServicer):
             journal_sync_max_seconds=self.storage.journal.sync_max_seconds,
             **_registration_fields(self.registration_status()),
             **_scrub_fields(self.scrubber),
+            set_aside_bytes=set_aside_bytes(storage.dir),
         )
 
 

@@ -65,6 +65,7 @@ def info_record(i) -> dict:
         "halted": i.halted or None,
         "scrub_last_end": _when(i.scrub_last_end), "scrub_next_due": _when(i.scrub_next_due),
         "scrub_rotted_entries": i.scrub_rotted_entries,
+        "set_aside_bytes": i.set_aside_bytes,   # (damaged data kept in the data dir: bookie/data_dir.py)
         "registration_state": i.registration_state or "not registering",
         "unregistered_seconds": round(i.unregistered_seconds, 1),
         "used_bytes": i.used_bytes, "free_bytes": i.free_bytes, "total_bytes": i.total_bytes,

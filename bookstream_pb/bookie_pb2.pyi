@@ -273,7 +273,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests", "read_range_entries", "journal_sync_histogram", "journal_sync_max_seconds", "registration_state", "unregistered_seconds", "halted", "scrub_last_end", "scrub_next_due", "scrub_rotted_entries")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests", "read_range_entries", "journal_sync_histogram", "journal_sync_max_seconds", "registration_state", "unregistered_seconds", "halted", "scrub_last_end", "scrub_next_due", "scrub_rotted_entries", "set_aside_bytes")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -298,6 +298,7 @@ class InfoResponse(_message.Message):
     SCRUB_LAST_END_FIELD_NUMBER: _ClassVar[int]
     SCRUB_NEXT_DUE_FIELD_NUMBER: _ClassVar[int]
     SCRUB_ROTTED_ENTRIES_FIELD_NUMBER: _ClassVar[int]
+    SET_ASIDE_BYTES_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -322,4 +323,5 @@ class InfoResponse(_message.Message):
     scrub_last_end: float
     scrub_next_due: float
     scrub_rotted_entries: int
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ..., read_range_entries: _Optional[int] = ..., journal_sync_histogram: _Optional[_Iterable[int]] = ..., journal_sync_max_seconds: _Optional[float] = ..., registration_state: _Optional[str] = ..., unregistered_seconds: _Optional[float] = ..., halted: _Optional[str] = ..., scrub_last_end: _Optional[float] = ..., scrub_next_due: _Optional[float] = ..., scrub_rotted_entries: _Optional[int] = ...) -> None: ...
+    set_aside_bytes: int
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ..., read_range_entries: _Optional[int] = ..., journal_sync_histogram: _Optional[_Iterable[int]] = ..., journal_sync_max_seconds: _Optional[float] = ..., registration_state: _Optional[str] = ..., unregistered_seconds: _Optional[float] = ..., halted: _Optional[str] = ..., scrub_last_end: _Optional[float] = ..., scrub_next_due: _Optional[float] = ..., scrub_rotted_entries: _Optional[int] = ..., set_aside_bytes: _Optional[int] = ...) -> None: ...

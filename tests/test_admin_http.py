@@ -55,7 +55,7 @@ def test_health_ready_metrics_info(private_etcd, tmp_path, cluster):
         label = f'{{bookie_id="{b.bookie_id}"}}'
         assert code == 200 and f"bookstream_bookie_registered{label} 1.0" in text
         assert f"bookstream_bookie_read_only{label} 0.0" in text and f"bookstream_bookie_halted{label} 0.0" in text
-        assert info["halted"] is None
+        assert info["halted"] is None and info["set_aside_bytes"] == 0
         assert info["scrub_last_end"] is None and info["scrub_rotted_entries"] == 0   # (never scrubbed: a pass due
         assert info["scrub_next_due"].endswith("+00:00")                             # within the hour)
         assert f"bookstream_bookie_disk_total_bytes{label}" in text

@@ -309,6 +309,9 @@ def test_a_damaged_bookie_told_to_rejoin_sets_its_data_aside_and_rejoins(own):
         started.result(timeout=120)
     _back_as_new(own, victim, stamped, lid, payloads)
     assert set_aside_dirs(victim.data_dir) == [aside]   # (kept; its next starts leave it be)
+    kept = sum(p.stat().st_size for p in aside.rglob("*") if p.is_file())
+    shown = json.loads(cli(own, "bookies", "info", victim.bookie_id, "--format", "json").stdout)
+    assert shown["set_aside_bytes"] == kept > len(rotted)   # (what an operator may take back)
 
 
 def test_set_aside_moves_the_data_and_keeps_the_rest(tmp_path):
