@@ -174,11 +174,20 @@ def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
     assert [j.sources for j in p.jobs] == [("b", "d"), ("b", "d"), ("b", "e")]   # (never a's own copy)
     assert p.open_fragment is None and not p.unrecoverable and p.held_open   # (44: once sealed)
     held = dataclasses.replace(p, jobs=())
-    assert judge_task(held, 5, 0, 1) is Step.WAIT   # (a classic ledger's writer is not known: never sealed for it)
-    for writer, step in [(Liveness.LIVE, Step.WAIT), (Liveness.UNKNOWN, Step.WAIT), (Liveness.NONE, Step.SEAL),
-                         (Liveness.STALE, Step.SEAL)]:   # a stream: sealed only once no writer holds it
+    for writer in Liveness:   # (never sealed for it, whoever holds the stream: filled once the LAC passed it)
         stream = dataclasses.replace(held, mode=LedgerMode.UNBOUNDED, writer=writer)
-        assert judge_task(stream, 5, 0, 1) is step and judge_task(stream, 0.5, 0, 1) is Step.WAIT, writer
+        assert judge_task(stream, 1e9, 0, 1) is Step.WAIT, writer
+    # the open fragment up to a LAC read from its bookies: those ids final, filled in place; above it, waiting
+    at = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=44)
+    assert [(j.first_entry, j.last_entry, j.fragment_first, j.entries) for j in at.jobs] == [(40, 44, 40, 3)]
+    assert at.held_open and at.jobs[0].sources == ("b", "f") and not at.unrecoverable   # (47 > 44: waits)
+    past = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=50)
+    assert [(j.first_entry, j.last_entry) for j in past.jobs] == [(40, 47)] and not past.held_open
+    before = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=39)
+    assert before.jobs == () and before.held_open
+    # a lost bookie of the open fragment stays its writer's (or the seal's): no job from the LAC
+    lost_open = plan_ledger(m, {"f"}, damaged={"a"}, damaged_ids={"a": ((44, 44),)}, open_lac=50)
+    assert [j.lost for j in lost_open.jobs] == ["a"] and lost_open.open_fragment == 40
     only_b = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((5, 5), (45, 45))})   # position 0 holds neither
     assert only_b.jobs == () and not only_b.held_open and judge_task(only_b, 0, 0, 1) is Step.DONE
     whole = plan_ledger(m, (), damaged={"a"}, damaged_ids={"b": ((0, 3),)})    # (b not damaged: ignored)

@@ -237,3 +237,57 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     run(go())
     assert f"entry 17 of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()
     assert all(last_pass_end(p.data_dir) is not None for p in procs)   # (each noted its last pass's end)
+
+
+def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its_lac(own):
+    """A stream whose writer stays live (its open fragment its own); one
+    byte of an acknowledged entry flipped on a bookie of that fragment.
+    The scrub reports it; the worker reads the fragment's LAC from its
+    bookies (ids up to it are final, the writer's adds are above) and copies
+    the entry back onto the bookie, without sealing the stream: the writer
+    appends on at its term in the same fragment, and every replica of
+    every entry reads back.  (Before: the task waited for the fragment to
+    be sealed, which a stream whose writers stopped never is.)"""
+    from stream.autorecovery.keys import AutorecoveryKeys
+    from stream.stream import AsyncStreamClient, StreamConfig
+    from tests.conftest import run
+    from tests.test_autorecovery import autorecovery, check_every_replica, until
+
+    procs = own.start(4, ["--scrub-interval", "1"])
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer("rot-live", StreamConfig(3, 3, 2))
+            at = [await w.append(b"live-%03d-" % i + b"x" * 200) for i in range(40)]
+            bk = sc.bk
+            lid = await sc._ledger_of("rot-live")
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            ens = meta.last_fragment.ensemble
+            victim = next(p for p in procs if p.bookie_id == ens[0])
+            (seg,) = [s for s in (victim.data_dir / "journal").glob("segment-*.log") if b"live-017-" in s.read_bytes()]
+            off = seg.read_bytes().find(b"live-017-")
+            with open(seg, "r+b") as f:
+                f.seek(off + 50)
+                b = f.read(1)
+                f.seek(off + 50)
+                f.write(bytes([b[0] ^ 0xFF]))
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+
+            async def reported():
+                return any(t.ledger_id == lid and t.damaged_ids == {victim.bookie_id: ((at[17].entry_id,) * 2,)}
+                           for t in keys.tasks())
+            await until(reported, what="the rotted entry reported")
+            async with autorecovery(own, delay=60.0, grace=1.0):
+                async def clean():
+                    return not list(keys.tasks())
+                await until(clean, what="the rotted entry copied back")
+            after = await w.append(b"after")   # (not fenced: the stream was not taken over)
+            now, _ = await bk.meta_call(bk.ledgers.read, lid)
+            last = at[-1].entry_id
+            assert now.term == meta.term and now.fragments == meta.fragments and after.entry_id == last + 1
+            assert await check_every_replica(bk, lid, last, set(ens)) == 3 * (last + 1)
+            await w.close()
+            return victim
+
+    victim = run(go())
+    assert "rotted on disk (found by the scrub)" in victim.log_path.read_text()

@@ -134,6 +134,10 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             record, _lease = await client.meta_call(read_writer, client.store, client.ledgers.layout, lid)
             writer = judge_writer(record, meta.term)
         plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids)
+        if plan.held_open:   # a damaged bookie's ids in the open fragment: those up to its LAC are final
+            lac = await _open_lac(client, meta)
+            if lac is not None:
+                plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids, open_lac=lac)
         if only is not None:
             plan = restrict_plan(plan, only)
         unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
@@ -159,7 +163,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                 out.note = (f"open fragment {plan.open_fragment} left to its live writer "
                             f"{record.writer_id} (term {record.term})")
             elif step is Step.WAIT and plan.held_open and not jobs:
-                out.note = "a damaged bookie's ids in the open fragment: filled once it is sealed"
+                out.note = "a damaged bookie's ids in the open fragment above its LAC: filled once it passes them"
             if dry_run:
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out
@@ -226,6 +230,17 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             waiting.add((job.first_entry, job.lost))
     out.step, out.note = Step.WAIT, "too many rounds"
     return out
+
+
+async def _open_lac(client, meta) -> int | None:
+    """The open fragment's LAC, read from a covering set of its bookies (no
+    term, no fence: nothing changes); None when none could be read."""
+    from stream.ledger_read import read_lac_covering
+    try:
+        return await read_lac_covering(client, meta)
+    except err.BookKeeperError as e:
+        log.info("ledger %d: its LAC could not be read (%s): its open fragment's damaged ids wait", meta.ledger_id, e)
+        return None
 
 
 async def seal_ledger(client, lid: int, mode: LedgerMode) -> None:

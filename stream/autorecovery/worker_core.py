@@ -128,9 +128,9 @@ class LedgerPlan:
     state: LedgerState
     mode: LedgerMode
     writer: Liveness = Liveness.UNKNOWN            # the stream's writer, as its lease-bound key says
-    # a damaged bookie's known bad ids in the open fragment: filled once it
-    # is sealed (its writer's until then: never sealed for them, but a
-    # stream no writer holds is, after the grace: judge_task)
+    # a damaged bookie's known bad ids in the open fragment above the LAC
+    # the plan was given (``open_lac``; None: all of them): the task waits
+    # for them (never seals for them: its writer may still be sending them)
     held_open: bool = False
 
     @property
@@ -139,7 +139,8 @@ class LedgerPlan:
 
 
 def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = (),
-                writer: Liveness = Liveness.UNKNOWN, damaged_ids: dict | None = None) -> LedgerPlan:
+                writer: Liveness = Liveness.UNKNOWN, damaged_ids: dict | None = None,
+                open_lac: int | None = None) -> LedgerPlan:
     """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
     ``damaged``: registered bookies the periodic check found lacking
     entries; their sealed fragments are copied like a lost bookie's, but an
@@ -150,9 +151,11 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     (the copy counts the ids no replica holds).  ``damaged_ids``: a damaged
     bookie's ids known bad (bookie -> inclusive ranges: the ids its scrub
     found rotted, or a full check found it lacking): only those are copied,
-    back onto it (``FragmentJob.fill``), in its sealed fragments (ids in
-    the open fragment wait for it to be sealed: ``held_open``); a damaged
-    bookie without ranges has its whole share of each copied.
+    back onto it (``FragmentJob.fill``), in its sealed fragments and in the
+    open one up to ``open_lac`` (a LAC read from its bookies: ids up to it
+    were acknowledged and are final, its writer's adds are above; ids above
+    it wait: ``held_open``); a damaged bookie without ranges has its whole
+    share of each copied.
     ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
@@ -169,18 +172,23 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
         if not gone:
             continue
         end = fragment_end(meta, frag.first_entry)
-        if end is None:
+        sealed = end is not None
+        if not sealed:
             if any(frag.ensemble[i] not in damaged for i in gone):
                 open_first = frag.first_entry
+            above = frag.first_entry if open_lac is None else max(frag.first_entry, open_lac + 1)
             held_open = held_open or any(
                 i in write_set(e, E, Qw) for i in gone for a, b in scoped.get(frag.ensemble[i], ())
-                for e in range(max(a, frag.first_entry), min(b, max(a, frag.first_entry) + E - 1) + 1))
-            continue
+                for e in range(max(a, above), min(b, max(a, above) + E - 1) + 1))
+            if open_lac is None or open_lac < frag.first_entry:
+                continue
+            end = open_lac   # (below: only the scoped bookies' fill jobs, up to the LAC)
+            gone = [i for i in gone if frag.ensemble[i] in scoped]
         count = end - frag.first_entry + 1
         # the write sets the fragment's entries use (at most E distinct ones)
         sets = {write_set(e, E, Qw) for e in range(frag.first_entry, frag.first_entry + min(count, E))}
         dead = [ws for ws in sets if all(frag.ensemble[i] in away for i in ws)]
-        if dead:
+        if dead and sealed:   # (an open fragment's are its seal's to find)
             bad.append(Unrecoverable(meta.ledger_id, frag.first_entry, end,
                                      frozenset(frag.ensemble[i] for i in gone),
                                      f"no surviving replica of the entries on write set "
@@ -243,9 +251,8 @@ def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
         return Step.SEAL if waited >= grace else Step.WAIT
     if plan.unrecoverable:
         return Step.REPORT
-    if plan.held_open:   # (a writer's open fragment is never sealed for them; a stream left without one is)
-        idle = plan.mode is LedgerMode.UNBOUNDED and plan.writer in (Liveness.STALE, Liveness.NONE)
-        return Step.SEAL if idle and now - first_seen >= grace else Step.WAIT
+    if plan.held_open:   # (never sealed for them: filled once the LAC has passed them)
+        return Step.WAIT
     return Step.DONE
 
 
