@@ -183,6 +183,19 @@ def test_a_paced_pass_reads_at_its_rate(storage):
     asyncio.run(go())
 
 
+def _rot_payload(proc, marker: bytes) -> None:
+    """A byte of the payload starting with ``marker`` flipped in the running
+    bookie ``proc``'s journal (its preads see the page cache, as they would
+    the disk)."""
+    (seg,) = [s for s in (proc.data_dir / "journal").glob("segment-*.log") if marker in s.read_bytes()]
+    at = seg.read_bytes().find(marker) + 50
+    with open(seg, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0xFF]))
+
+
 def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     """Four real bookies scrubbing every second; a closed E3 Qw3 ledger;
     one byte of an entry flipped in one bookie's journal while it runs
@@ -201,13 +214,7 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     procs = own.start(4, ["--scrub-interval", "1"])
     lid, ens = closed_ledger(own, [b"scrub-%03d-" % i + b"x" * 200 for i in range(40)], ack_quorum=3)
     victim = next(p for p in procs if p.bookie_id == ens[0])
-    (seg,) = [s for s in (victim.data_dir / "journal").glob("segment-*.log") if b"scrub-017-" in s.read_bytes()]
-    at = seg.read_bytes().find(b"scrub-017-")
-    with open(seg, "r+b") as f:
-        f.seek(at + 50)
-        b = f.read(1)
-        f.seek(at + 50)
-        f.write(bytes([b[0] ^ 0xFF]))
+    _rot_payload(victim, b"scrub-017-")
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
@@ -264,13 +271,7 @@ def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its
             meta, _ = await bk.meta_call(bk.ledgers.read, lid)
             ens = meta.last_fragment.ensemble
             victim = next(p for p in procs if p.bookie_id == ens[0])
-            (seg,) = [s for s in (victim.data_dir / "journal").glob("segment-*.log") if b"live-017-" in s.read_bytes()]
-            off = seg.read_bytes().find(b"live-017-")
-            with open(seg, "r+b") as f:
-                f.seek(off + 50)
-                b = f.read(1)
-                f.seek(off + 50)
-                f.write(bytes([b[0] ^ 0xFF]))
+            _rot_payload(victim, b"live-017-")
             keys = AutorecoveryKeys(bk.store, own.cluster)
 
             async def reported():

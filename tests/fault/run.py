@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from tests.fault import checker
-from tests.fault.cluster import FaultCluster, said, dump, rmtree
+from tests.fault.cluster import FaultCluster, dump, rmtree
 from tests.fault.nemesis import Fault, Nemesis, plan
 from tests.fault.worker import STREAM
 
@@ -397,9 +397,9 @@ def _rot_report(c: FaultCluster) -> dict:
     the starts they refused."""
     out = {"rotted": 0, "reported": 0, "refused_starts": 0}
     for b in c.bookies:
-        said = _reported_rot(b)
+        reported = _reported_rot(b)
         out["rotted"] += len(b.rotted)
-        out["reported"] += sum(1 for r in b.rotted if (r["ledger"], r["entry"]) in said)
+        out["reported"] += sum(1 for r in b.rotted if (r["ledger"], r["entry"]) in reported)
         out["refused_starts"] += b.old_id.count("refused: damaged")
     return out
 
