@@ -121,9 +121,10 @@ class BookieService(pb_grpc.BookieServicer):
 
     def _rotted(self, e: E.ChecksumMismatch) -> None:
         log.error("stored entry failed its checksum: %s", e)
-        self.storage.checkpoint_past(e.ledger_id, e.entry_id)   # (with a scrub or without)
         if self.scrubber is not None:
-            self.scrubber.found(e.ledger_id, e.entry_id, "a read")
+            self.scrubber.found(e.ledger_id, e.entry_id, "a read")   # (which checkpoints past it too)
+        else:
+            self.storage.checkpoint_past(e.ledger_id, e.entry_id)
 
     # -- adds ----------------------------------------------------------------
 

@@ -22,9 +22,9 @@ Every fault here is done to a real OS process or its real files:
 - a rotted entry: one bit of an entry's payload flipped in a journal
   segment of a running bookie, where the bytes were durable (an older
   segment, or before a mark of the newest): its scrub or a read must find
-  it and autorecovery copy it back; a later start that would replay it is
-  refused (the data dir is damaged) and, with ``lost_disk_rejoin``, walks
-  back as a lost disk.
+  it and autorecovery copy it back; a start after a kill that came before
+  the finding (which checkpoints past the rot) is refused (the data dir is
+  damaged) and, with ``lost_disk_rejoin``, walks back as a lost disk.
 """
 from __future__ import annotations
 
