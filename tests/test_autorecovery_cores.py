@@ -6,7 +6,7 @@ import dataclasses
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 import pytest
 
-from stream.autorecovery.worker_core import Pace, Step, choose_target, judge_task, plan_ledger, restrict_plan
+from stream.autorecovery.worker_core import Pace, Step, choose_target, jobs_left, judge_task, plan_ledger, restrict_plan
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream.writer_lease import Liveness
 
@@ -183,6 +183,9 @@ def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
     assert at.held_open and at.jobs[0].sources == ("b", "f") and not at.unrecoverable   # (47 > 44: waits)
     past = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=50)
     assert [(j.first_entry, j.last_entry) for j in past.jobs] == [(40, 47)] and not past.held_open
+    # one call's rounds: the range filled up to 44 is done; the LAC since past 47, the rest is not
+    assert jobs_left(at.jobs, (), [(40, 44, "a")]) == []
+    assert jobs_left(past.jobs, (), [(40, 44, "a")]) == list(past.jobs)
     before = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=39)
     assert before.jobs == () and before.held_open
     # a lost bookie of the open fragment stays its writer's (or the seal's): no job from the LAC

@@ -42,8 +42,8 @@ from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, 
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
 from stream.autorecovery.replica_check import check_ledger, damaged
-from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check, judge_task,
-                                             plan_ledger, restrict_plan)
+from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, jobs_left, judge_check,
+                                             judge_task, plan_ledger, restrict_plan)
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     first_seen = now() if first_seen is None else first_seen
     out = LedgerOutcome(lid, Step.DONE)
     waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
-    filled: set[tuple[int, str]] = set()    # damaged positions filled in place (this call): done
+    filled: set[tuple[int, int, str]] = set()   # ranges filled in place (this call): done
     absent: dict[int, dict] = {}             # fragments the copy found entries of on no replica
     known = set(known_unrecoverable)         # fragments already reported (the task): not copied again
     for _ in range(max_rounds):
@@ -147,7 +147,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
                   for j in skipped if j.first_entry not in absent]
         out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
-        jobs = [j for j in plan.jobs if j not in skipped and (j.first_entry, j.lost) not in waiting | filled]
+        jobs = jobs_left((j for j in plan.jobs if j not in skipped), waiting, filled)
         step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace,
                           float("inf") if writer_bound is None else writer_bound)
         out.writer = writer.value
@@ -207,7 +207,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                        "why": f"{stats.absent} entries held by no surviving replica"}
             continue
         if fill:  # nothing to publish: the fragment names it already
-            filled.add((job.first_entry, job.lost))
+            filled.add((job.first_entry, job.last_entry, job.lost))
             out.filled.append((job.first_entry, job.lost))
             continue
         if not keep_going():

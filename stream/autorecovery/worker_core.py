@@ -226,6 +226,20 @@ def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
         open_fragment=plan.open_fragment if plan.open_fragment in keep else None, held_open=False)
 
 
+def jobs_left(jobs: Iterable[FragmentJob], waiting: Iterable[tuple[int, str]],
+              done: Iterable[tuple[int, int, str]]) -> list[FragmentJob]:
+    """The jobs of a plan a worker's call still has to do.  ``waiting``:
+    (first entry, bookie) of replacements that must wait (their CAS judged
+    so); ``done``: (first, last, bookie) of ranges copied in place this
+    call.  A fill is done for the range it copied only: an open fragment's
+    range grows as its LAC passes more of the damaged ids (the next round's
+    job starts at the same id and ends higher), and those ids are not yet
+    filled."""
+    waiting, done = set(waiting), set(done)
+    return [j for j in jobs if (j.first_entry, j.lost) not in waiting
+            and (j.first_entry, j.last_entry, j.lost) not in done]
+
+
 class Step(enum.Enum):
     COPY = "copy"          # copy plan.jobs[0] and replace it (then plan again)
     SEAL = "seal"          # fence/recover (classic) or take over (stream) the ledger
@@ -331,5 +345,5 @@ class Pace:
         return wait
 
 
-__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "Step", "judge_task", "choose_target",
+__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "jobs_left", "Step", "judge_task", "choose_target",
            "expected_last_entries", "judge_check", "Pace"]
