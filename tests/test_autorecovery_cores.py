@@ -211,6 +211,32 @@ def test_damaged_ids_merge_and_a_whole_report_wins():
     assert _damaged_ids(None, set(), {"a": [(1, 1)]}) == {}           # (not reported damaged: no ids)
 
 
+def test_a_damaged_bookie_declared_lost_is_damaged_no_more_and_a_registered_one_stays():
+    """What a report does to a task (``Task.reported``, written by
+    ``publish``), and a bookie's return (``Task.without``, by ``moot``): a
+    bookie reported damaged with ids and then declared lost by the auditor
+    (unregistered past its delay: its disk may be gone) is lost, no longer
+    damaged, its ids dropped, so that its whole share is moved rather than
+    filled in place onto a bookie that may never answer; back, it is moot;
+    a damaged bookie's return changes nothing (registered, its damage
+    stands)."""
+    from stream.autorecovery.keys import Task
+    t = Task(7, frozenset(), 1).reported({"a"}, damaged=True, ids={"a": [(3, 4)]})
+    assert (t.lost, t.damaged, t.damaged_ids) == ({"a"}, {"a"}, {"a": ((3, 4),)})
+    assert t.reported({"a"}, damaged=True, ids={"a": [(4, 4)]}) is t   # (nothing new: the same task)
+    assert t.without("a") is t                                       # registered all along: stands
+    both = t.reported({"b"}, damaged=True, ids={"b": [(9, 9)]})
+    gone = both.reported({"a"})                                      # the auditor: a lost
+    assert (gone.lost, gone.damaged, gone.damaged_ids) == ({"a", "b"}, {"b"}, {"b": ((9, 9),)})
+    m = meta([(0, "abc")], e=3, qw=3, last=9)
+    assert [(j.lost, j.fill, j.first_entry, j.last_entry) for j in plan_ledger(
+        m, gone.lost - gone.damaged, gone.damaged, damaged_ids=gone.damaged_ids).jobs] == [
+        ("a", False, 0, 9), ("b", True, 9, 9)]
+    back = gone.without("a")
+    assert (back.lost, back.damaged) == ({"b"}, {"b"})
+    assert Task(8, frozenset({"c"}), 1, unrecoverable=({"lost": ["c"]},)).without("c") is None
+
+
 def test_damaged_bookies_are_sources_and_never_make_a_fragment_unrecoverable():
     """A damaged bookie is alive and holds most of its entries: a write set
     of damaged bookies is no reason to report (the copy counts what no

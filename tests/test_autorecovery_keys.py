@@ -62,3 +62,19 @@ def test_a_bookie_back_takes_the_reports_naming_it_with_it(store, cluster):
     assert t.lost == {"b", "c"} and [u["first"] for u in t.unrecoverable] == [10]
     assert keys.moot("b") == 1 and keys.get_task(31).lost == {"c"}
     assert keys.moot("c") == 1 and keys.get_task(31) is None
+
+
+def test_a_damaged_bookie_the_auditor_declares_lost_is_moved_whole(store, cluster):
+    """Its scrub reported a bookie's rotted ids (damaged, filled in place
+    onto it); then the auditor declares it lost (gone past its delay): the
+    task names it lost and no longer damaged, its ids dropped (its whole
+    share is moved: a fill onto a bookie that never answers would wait for
+    ever), and its return makes it moot like any lost bookie's."""
+    keys = AutorecoveryKeys(store, cluster)
+    keys.publish(32, {"a"}, damaged=True, ids={"a": [(5, 5)]})
+    keys.publish(32, {"b"}, damaged=True, ids={"b": [(7, 8)]})
+    assert keys.moot("a") == 0                       # registered all along: its damage stands
+    keys.publish(32, {"a"})
+    t = keys.get_task(32)
+    assert (t.lost, t.damaged, t.damaged_ids) == ({"a", "b"}, {"b"}, {"b": ((7, 8),)})
+    assert keys.moot("a") == 1 and keys.get_task(32).lost == {"b"}

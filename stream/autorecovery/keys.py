@@ -99,6 +99,35 @@ class Task:
     # its whole share of every sealed fragment copied
     damaged_ids: dict = dataclasses.field(default_factory=dict)
 
+    def reported(self, lost, damaged: bool = False, ids: dict | None = None) -> "Task":
+        """This task once ``lost`` is reported (what ``publish`` writes;
+        itself when that changes nothing).  ``damaged``: registered bookies
+        the check found lacking entries or their scrub found rotted ones,
+        with ``ids`` (bookie -> ranges) where known.  Not ``damaged``: the
+        auditor declares them lost (unregistered past its delay): what they
+        held is gone, so one reported damaged before is damaged no more (a
+        fill in place onto a bookie gone for good would wait for ever, its
+        share never moved)."""
+        lost = frozenset(lost)
+        dmg = lost if damaged else frozenset()
+        gone = frozenset() if damaged else lost
+        ids_now = {b: r for b, r in _damaged_ids(self, dmg, ids).items() if b not in gone}
+        out = dataclasses.replace(self, lost=self.lost | lost, damaged=(self.damaged - gone) | dmg,
+                                  damaged_ids=ids_now)
+        return self if out == self else out
+
+    def without(self, bookie_id: str) -> "Task | None":
+        """This task once ``bookie_id``, declared lost, is registered again
+        (``moot``): not lost, and any unrecoverable report naming it no
+        longer stands (it may hold the only copy); None when nothing is
+        left (the task goes); itself for a bookie it does not name as lost,
+        or names as damaged (registered all along: its damage stands)."""
+        if bookie_id not in self.lost or bookie_id in self.damaged:
+            return self
+        rest = self.lost - {bookie_id}
+        standing = tuple(u for u in self.unrecoverable if bookie_id not in u.get("lost", ()))
+        return None if not rest and not standing else dataclasses.replace(self, lost=rest, unrecoverable=standing)
+
     def to_bytes(self) -> bytes:
         d = self.as_json()
         del d["ledger_id"]   # (the key's)
@@ -175,19 +204,16 @@ class AutorecoveryKeys:
         key = self.layout.underreplicated_key(ledger_id)
         for _ in range(_CAS_ROUNDS):
             cur = self.get_task(ledger_id)
-            dmg = frozenset(lost) if damaged else frozenset()
-            dmg_ids = _damaged_ids(cur, dmg, ids)
             if cur is None:
-                task = Task(ledger_id, frozenset(lost), int(time.time() * 1000), damaged=dmg, damaged_ids=dmg_ids)
+                task = Task(ledger_id, frozenset(), int(time.time() * 1000)).reported(lost, damaged, ids)
                 try:
                     rev = self.store.create(key, task.to_bytes())
                     return dataclasses.replace(task, revision=rev)
                 except KeyExists:
                     continue
-            if set(lost) <= cur.lost and dmg <= cur.damaged and dmg_ids == cur.damaged_ids:
+            task = cur.reported(lost, damaged, ids)
+            if task is cur:
                 return cur
-            task = dataclasses.replace(cur, lost=cur.lost | frozenset(lost), damaged=cur.damaged | dmg,
-                                       damaged_ids=dmg_ids)
             try:
                 return dataclasses.replace(task, revision=self.store.cas(key, task.to_bytes(), cur.revision))
             except BadVersion:
@@ -225,21 +251,16 @@ class AutorecoveryKeys:
         Returns how many tasks changed."""
         changed = 0
         for task in list(self.tasks()):
-            if bookie_id not in task.lost or bookie_id in task.damaged:
-                continue
             for _ in range(_CAS_ROUNDS):
-                rest = task.lost - {bookie_id}
-                # a report naming the bookie no longer stands: it may hold the only copy
-                standing = tuple(u for u in task.unrecoverable if bookie_id not in u.get("lost", ()))
-                ok = self.delete_task(task) if not rest and not standing else \
-                    self.update_task(dataclasses.replace(task, lost=rest, unrecoverable=standing)) is not None
-                if ok:
+                after = task.without(bookie_id)
+                if after is task:
+                    break
+                if (self.delete_task(task) if after is None else self.update_task(after) is not None):
                     changed += 1
                     break
-                cur = self.get_task(task.ledger_id)
-                if cur is None or bookie_id not in cur.lost:
+                task = self.get_task(task.ledger_id)
+                if task is None:
                     break
-                task = cur
         return changed
 
     # -- locks --------------------------------------------------------------------------
