@@ -12,11 +12,13 @@ names (ledger, id, length) and that its CRC matches.  A rotted entry, once
 confirmed (the index still names those bytes and they are still bad: a GC
 pass may have moved or dropped it meanwhile), is reported: the log line,
 the metric, and an autorecovery task naming this bookie *damaged* for the
-ledger (what the periodic full check publishes: the workers copy this
-bookie's share of each sealed fragment from the other replicas, to a
-spare bookie or, with none, back to this one; an open fragment stays its
-writer's until it is sealed, and the next pass finds the entry again).  A
-read that meets a rotted record reports it the same way (``Scrubber.found``).
+ledger at those ids (as the periodic full check names the ids it finds
+missing): a worker copies each back onto this bookie from the other
+replicas (stream/autorecovery/worker_core.py ``plan_ledger``), in sealed
+fragments, and in an open one up to its LAC; above the LAC once a live
+writer's adds pass it, or, with no live writer, once the worker has taken
+the stream over.  A read that meets a rotted record reports it the same
+way (``Scrubber.found``).
 
 The next pass is due ``interval`` after the last one ended, noted in the
 data dir (``SCRUB_FILE``, wall-clock seconds), so a bookie restarted more

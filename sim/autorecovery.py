@@ -57,8 +57,26 @@ a bookie's over-replicated GC clears without the ledger's recovery lock;
 there, a leftover too) breaks a rule, which the invariants must catch.
 Bookies hold leftovers from the start: records at ids outside their write
 sets (an earlier term's layout), which are no replica (its own random
-draws, so a seed's run is as before).  Only this file is simulated: the metadata,
-bookies and network here are models; the decisions are the shipped cores.
+draws, so a seed's run is as before).
+
+Rot (sim/autorecovery_rot.py): records rot on running bookies, their scrub
+reports the ids (the task names the bookie damaged at them), and the worker
+fills them in place from the other replicas (``plan_ledger``'s fill jobs:
+sealed fragments, and the open one up to its LAC; ``jobs_left``), or, with
+the bookie declared lost meanwhile, moves its whole share (``Task.reported``).
+Invariants: *a task deleted as done leaves none of the ids it named rotted*;
+a rotted record is no replica (a copy never forwards one); at the end no
+fragment names a bookie holding a rotted record at a position it holds.
+Mutants: ``fill-done-by-first`` (a fill counted done for its first id: the
+ids the LAC passed later in the same call left), ``copy-rotted`` (a copy
+forwards a record failing its CRC), ``damaged-stays-lost`` (a damaged bookie
+declared lost stays damaged: its fill waits for ever on a bookie gone).
+The tasks are the shipped ``Task`` values (``reported``, ``without``), a
+worker reads its task once as it takes the lock and deletes it at that
+revision (a CAS), as ``service.ReplicationWorker`` does.
+
+The simulated parts (the metadata, the bookies, the network) are models
+(sim/autorecovery_model.py); the decisions are the shipped cores.
 """
 from __future__ import annotations
 
@@ -67,74 +85,28 @@ import dataclasses
 import random
 import sys
 
-from bookie.core import BookieCore, Status
-from bookie.entry import REQ_RECOVERY, EntryHeader
-from sim.autorecovery_gc import BookieGC
-from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
-from stream.autorecovery.worker_core import Step, judge_task, plan_ledger
+from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from sim.autorecovery_gc import BookieGC
+from sim.autorecovery_model import BOUND, DELAY, GRACE, STREAMS, TTL, SimBookie, SimWriter, Violation
+from sim.autorecovery_rot import SCRUB_STEPS, Rot
+from sim.autorecovery_writers import StreamWriters
+from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
+from stream.autorecovery.keys import Task
+from stream.autorecovery.worker_core import Step, judge_round, plan_ledger
 from stream.lifecycle import Apply, Done, ReplaceBookie
 from stream.quorum import write_set
-from stream.writer_lease import Liveness, Register, WriterRecord, judge_register, judge_writer
+from stream.writer_lease import Liveness, judge_writer
 
 MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
-           "no-cas-guard", "gc-no-lock", "gc-no-touch-check", "copy-any-source")
-DELAY, TTL, GRACE, BOUND = 5.0, 3.0, 1.0, 20.0
-STREAMS = 2   # the last ledgers are open streams with a writer
+           "no-cas-guard", "gc-no-lock", "gc-no-touch-check", "copy-any-source", "fill-done-by-first",
+           "copy-rotted", "damaged-stays-lost")
+__all__ = ["MUTANTS", "Violation", "World", "run_seed"]
 
 
-class Violation(AssertionError):
-    pass
-
-
-@dataclasses.dataclass
-class SimBookie:
-    id: str
-    alive: bool = True          # registered and serving
-    dead: bool = False          # lost for good (data gone)
-    back_at: float | None = None
-    data: set = dataclasses.field(default_factory=set)   # (lid, eid)
-    # (lid, eid) held as a leftover: a record at an id outside the bookie's
-    # write sets in that fragment (an earlier term's layout), no replica's
-    leftover: set = dataclasses.field(default_factory=set)
-    # the shipped core: the copy fence (its copy tokens), and each ledger's
-    # count of admitted requests that the over-replicated GC checks
-    core: BookieCore = dataclasses.field(default_factory=BookieCore)
-
-    def write(self, lid: int, eid: int) -> None:
-        """An add admitted here by the shipped core (a recovery add at the
-        ledger's term: always admitted), then held."""
-        st = self.core.ledgers.get(lid)
-        h = EntryHeader(lid, eid, -1, -1, 0, REQ_RECOVERY, st.term if st else 0, 0, 0, 0, 0)
-        assert self.core.admit_add(h).status is Status.OK
-        self.data.add((lid, eid))
-        self.leftover.discard((lid, eid))
-
-    def holds(self, lid: int, eid: int) -> bool:
-        """The entry itself (a leftover record is not it)."""
-        return (lid, eid) in self.data and (lid, eid) not in self.leftover
-
-
-@dataclasses.dataclass
-class SimWriter:
-    lid: int
-    term: int
-    alive: bool = True                 # the process runs
-    wedged: bool = False               # ... and keeps its key, but neither appends nor changes its ensemble
-    cut_until: float = -1.0            # cut off from etcd until then (no refresh, no metadata change)
-    fenced: bool = False               # it learnt a later term took over: it stopped
-    registered_since: float | None = None   # its current key was created then (None: it has none)
-    react: float = 0.5                 # per step, the chance it reacts to a lost bookie (a slow one: low)
-
-
-@dataclasses.dataclass
-class SimTask:
-    lost: set
-    unrecoverable: list = dataclasses.field(default_factory=list)
-
-
-class World(BookieGC):
+class World(BookieGC, StreamWriters, Rot):
     TTL = TTL   # the leases of locks and keys (sim/autorecovery_gc.py reads it here)
+    STEP = 0.25  # the clock's step
 
     def __init__(self, seed: int, mutant: str | None = None, ledgers: int = 6, bookies: int = 7) -> None:
         self.rng = random.Random(seed)
@@ -142,7 +114,7 @@ class World(BookieGC):
         self.now = 0.0
         self.bookies = {f"b{i}": SimBookie(f"b{i}") for i in range(bookies)}
         self.meta: dict[int, tuple[LedgerMetadata, int]] = {}
-        self.tasks: dict[int, SimTask] = {}
+        self.tasks: dict[int, Task] = {}
         self.locks: dict[int, tuple[str, float]] = {}     # lid -> (worker, lease expiry)
         self.lock_token: dict[int, int] = {}               # lid -> the lock's create revision (its fencing token)
         self.rev = 1
@@ -157,6 +129,12 @@ class World(BookieGC):
         self.seals = 0             # streams taken over by a worker
         self.writer_waits = 0      # decisions past the grace left to a live writer
         self.writer_changes = 0    # ensemble changes writers made themselves
+        self.rots = 0              # records rotted
+        self.filled = 0            # ids filled in place (a damaged bookie's own)
+        self.damaged_lost = 0      # damaged bookies of a task the auditor declared lost
+        self.rot_rng = random.Random(seed + 104729)   # (rot's own draws)
+        self.scrubbing = True
+        self.scrub_phase = {b: self.rot_rng.randrange(SCRUB_STEPS) for b in sorted(self.bookies)}
         self.log: list[str] = []
         ids = sorted(self.bookies)
         leftovers = random.Random(seed + 7919)
@@ -183,12 +161,14 @@ class World(BookieGC):
                         self.bookies[f.ensemble[i]].data.add((lid, eid))
                         self.bookies[f.ensemble[i]].leftover.add((lid, eid))
         self.top: dict[int, int] = {}                 # an open stream's last entry written
+        self.lac: dict[int, int] = {}                 # ... and its LAC (read from its bookies)
         self.writers: dict[int, SimWriter] = {}
         self.wkeys: dict[int, tuple[int, float]] = {}  # lid -> (the term its writer key names, lease expiry)
         self.first_seen: dict[int, float] = {}         # lid -> when a worker first saw its task
         for lid in range(ledgers - STREAMS + 1, ledgers + 1):
             m, _ = self.meta[lid]
             self.top[lid] = m.last_entry
+            self.lac[lid] = m.last_entry
             self.meta[lid] = (m.with_(state=LedgerState.OPEN, last_entry=-1, mode=LedgerMode.UNBOUNDED, term=1),
                               self._bump())
             self.writers[lid] = SimWriter(lid, 1, registered_since=0.0, react=self.rng.choice((0.5, 0.05)))
@@ -212,16 +192,21 @@ class World(BookieGC):
 
     # -- invariants ------------------------------------------------------------------------
 
-    def holds_position(self, b: str, m: LedgerMetadata, frag: Fragment, i: int) -> bool:
+    def holds_position(self, b: str, m: LedgerMetadata, frag: Fragment, i: int, rot_ok: bool = True) -> bool:
+        """Whether ``b`` holds every entry of position ``i`` of ``frag``;
+        ``rot_ok``: a record that rotted there counts (damage its scrub
+        will find), not one a copy wrote rotted."""
         end = (self.top.get(m.ledger_id, m.last_entry) if frag is m.fragments[-1]
                else m.fragments[m.fragments.index(frag) + 1].first_entry - 1)
-        return all(self.bookies[b].holds(m.ledger_id, e) for e in range(frag.first_entry, end + 1)
-                   if i in write_set(e, m.ensemble_size, m.write_quorum))
+        bk, lid = self.bookies[b], m.ledger_id
+        return all(bk.holds(lid, e) or (rot_ok and (lid, e) in bk.data and (lid, e) in bk.rotted
+                                        and (lid, e) not in bk.bad_copies)
+                   for e in range(frag.first_entry, end + 1) if i in write_set(e, m.ensemble_size, m.write_quorum))
 
-    def dirty(self, lid: int) -> list:
+    def dirty(self, lid: int, rot_ok: bool = True) -> list:
         m, _ = self.meta[lid]
         return [(f.first_entry, b) for f in m.fragments for i, b in enumerate(f.ensemble)
-                if not self.holds_position(b, m, f, i)]
+                if not self.holds_position(b, m, f, i, rot_ok)]
 
     def check(self) -> None:
         for lid, (m, _) in self.meta.items():
@@ -231,7 +216,7 @@ class World(BookieGC):
         for lid, eid in self.acked:
             if not any(b.holds(lid, eid) for b in self.bookies.values() if not b.dead):
                 t = self.tasks.get(lid)
-                if t is not None and any(u[0] <= eid <= u[1] for u in t.unrecoverable):
+                if t is not None and any(u["first"] <= eid <= u["last"] for u in t.unrecoverable):
                     continue
                 if self._reportable(lid, eid):
                     continue
@@ -250,8 +235,11 @@ class World(BookieGC):
         r = self.rng.random()
         live = [b for b in self.bookies.values() if b.alive]
         if r < 0.3 and len(live) > 4:
-            b = self.rng.choice(live)
-            b.alive, b.dead, b.data = False, True, set()
+            # (a disk that rots is one that may fail: half the time a bookie a task names damaged)
+            damaged = [b for b in live if any(b.id in t.damaged for t in self.tasks.values())]
+            b = self.rng.choice(damaged if damaged and self.rng.random() < 0.5 else live)
+            b.alive, b.dead = False, True
+            b.lose_data()
             self.note(f"{b.id} lost for good")
         elif r < 0.55 and len(live) > 4:
             b = self.rng.choice(live)
@@ -308,152 +296,72 @@ class World(BookieGC):
         if isinstance(e, Scan):
             self.scan = sorted(self.meta)
         elif isinstance(e, PublishTask):
-            t = self.tasks.setdefault(e.ledger_id, SimTask(set()))
-            t.lost |= e.lost
-            self.note(f"task {e.ledger_id} {sorted(t.lost)}")
-        elif isinstance(e, MootTasks):
+            self.publish(e.ledger_id, e.lost)
+            self.note(f"task {e.ledger_id} {sorted(self.tasks[e.ledger_id].lost)}")
+        elif isinstance(e, MootTasks):   # (``AutorecoveryKeys.moot``)
             for lid, t in list(self.tasks.items()):
-                t.lost.discard(e.bookie)
-                if not t.lost and not t.unrecoverable:
+                after = t.without(e.bookie)
+                if after is None:
                     del self.tasks[lid]
                     self.first_seen.pop(lid, None)
+                elif after is not t:
+                    self._put_task(after)
 
-    # -- stream writers --------------------------------------------------------------------
+    # -- tasks (``AutorecoveryKeys``: each change a new revision) ----------------------------
 
-    def key_record(self, lid: int) -> WriterRecord | None:
-        k = self.wkeys.get(lid)
-        return None if k is None else WriterRecord(f"writer-{lid}", "sim", 0, k[0], 0)
+    def _put_task(self, task: Task) -> None:
+        self.tasks[task.ledger_id] = dataclasses.replace(task, revision=self._bump())
 
-    def writer_step(self, w: SimWriter) -> None:
-        lid = w.lid
-        k = self.wkeys.get(lid)
-        if k is not None and k[1] <= self.now:  # its lease expired: etcd deletes the key
-            del self.wkeys[lid]
-            if k[0] == w.term:
-                w.registered_since = None
-            self.note(f"writer key of {lid} (term {k[0]}) expired")
-        if not w.alive or w.fenced:
-            return
-        m, _ = self.meta[lid]
-        online = self.now >= w.cut_until
-        if online:  # its keeper: refresh the key, or create it again while its term is the stream's
-            k = self.wkeys.get(lid)
-            if k is not None and k[0] == w.term:
-                self.wkeys[lid] = (w.term, self.now + TTL)
-            elif judge_register(w.term, m.term, self.key_record(lid)) is Register.CREATE:
-                self.wkeys[lid] = (w.term, self.now + TTL)
-                w.registered_since = self.now
-                self.note(f"writer of {lid} registered again (term {w.term})")
-        if w.wedged:
-            return
-        last = m.fragments[-1]
-        if any(not self.bookies[b].alive for b in last.ensemble):
-            if online and self.rng.random() < w.react:  # its registration watch: it changes its ensemble
-                if m.term > w.term:
-                    self._fenced(w)
-                elif self.change_ensemble(lid):
-                    self.writer_changes += 1
-                    self.note(f"writer of {lid}: new ensemble {self.meta[lid][0].fragments[-1]}")
-            return
-        if self.rng.random() < 0.3:  # an append (needs every bookie of its write set here)
-            if m.term > w.term:
-                self._fenced(w)  # INVALID_TERM: a take-over raised the term
-                return
-            if online and self.top[lid] >= last.first_entry and self.rng.random() < 0.1:
-                self.change_ensemble(lid, roll=True)   # a roll by size: a new ensemble, published first
-                m, _ = self.meta[lid]
-                last = m.fragments[-1]
-            if online and len(m.fragments) > 1 and self.rng.random() < 0.05:
-                self.trim(lid)   # the application trims the stream below its open fragment
-                m, _ = self.meta[lid]
-            eid = self.top[lid] + 1
-            for i in write_set(eid, m.ensemble_size, m.write_quorum):
-                self.bookies[last.ensemble[i]].write(lid, eid)
-            self.top[lid] = eid
-            self.acked.add((lid, eid))
-
-    def _fenced(self, w: SimWriter) -> None:
-        """It learnt a later term took over: it stops and drops its key
-        (revokes its lease) if the key is still its own."""
-        w.fenced = True
-        k = self.wkeys.get(w.lid)
-        if k is not None and k[0] == w.term:
-            del self.wkeys[w.lid]
-        w.registered_since = None
-        self.note(f"writer of {w.lid} (term {w.term}) fenced: it stops, its key goes")
-
-    def change_ensemble(self, lid: int, roll: bool = False) -> bool:
-        """The open fragment's unregistered bookies replaced from the entry
-        after the last written (= LAFR + 1: every entry written reached its
-        whole write set here); an empty last fragment is replaced in place.
-        ``roll``: a new ensemble of registered bookies, none failed."""
-        m, _ = self.meta[lid]
-        last = m.fragments[-1]
-        if roll:
-            if len(self.registered()) < m.ensemble_size:
-                return False
-            new = self.rng.sample(sorted(self.registered()), m.ensemble_size)
-        else:
-            gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive]
-            cands = [b for b in sorted(self.registered()) if b not in last.ensemble]
-            if not gone or len(cands) < len(gone):
-                return False
-            new = list(last.ensemble)
-            for i, b in zip(gone, self.rng.sample(cands, len(gone))):
-                new[i] = b
-        first = self.top[lid] + 1
-        frs = tuple(f for f in m.fragments if f.first_entry != first) + (Fragment(first, tuple(new)),)
-        self.meta[lid] = (m.with_(fragments=frs, fragment_count=len(frs), last_fragment_first_entry=first),
-                          self._bump())
-        return True
-
-    def trim(self, lid: int) -> None:
-        """Every fragment below the last removed (``remove_fragments_before``):
-        their entries are no longer the stream's, their bookies hold garbage."""
-        m, _ = self.meta[lid]
-        first = m.fragments[-1].first_entry
-        self.meta[lid] = (m.with_(fragments=m.fragments[-1:], fragment_count=1, trimmed_before=first),
-                          self._bump())
-        self.acked = {(l, e) for l, e in self.acked if l != lid or e >= first}
-        self.note(f"stream {lid} trimmed below {first}")
-
-    def _seal(self, w: str, lid: int) -> None:
-        """The worker's take-over of a stream: term + 1 (its writer is fenced),
-        recovery replacing the lost bookies of the open fragment."""
-        m, _ = self.meta[lid]
-        wr, k = self.writers.get(lid), self.wkeys.get(lid)
-        first = self.first_seen.get(lid, self.now)
-        if (wr is not None and wr.alive and not wr.fenced and k is not None and k[0] == wr.term == m.term
-                and wr.registered_since is not None and wr.registered_since <= first
-                and self.now - first < BOUND):
-            raise Violation(f"{w}: stream {lid} taken over under its live writer (term {m.term}, registered "
-                            f"since {wr.registered_since}, task first seen at {first}) before the bound")
-        self.meta[lid] = (m.with_(term=m.term + 1), self._bump())
-        self.seals += 1
-        self.change_ensemble(lid)
-        self.note(f"{w}: stream {lid} taken over at term {m.term + 1}")
+    def publish(self, lid: int, lost, damaged: bool = False, ids: dict | None = None) -> None:
+        cur = self.tasks.get(lid)
+        new = (cur or Task(lid, frozenset(), 0)).reported(lost, damaged, ids)
+        if self.mutant == "damaged-stays-lost" and cur is not None and not damaged:
+            new = dataclasses.replace(new, damaged=cur.damaged, damaged_ids=cur.damaged_ids)
+        if cur is not None and cur.damaged - new.damaged:
+            self.damaged_lost += 1   # (declared lost: its share moved whole)
+        if cur is None or new != cur:
+            self._put_task(new)
 
     # -- workers ---------------------------------------------------------------------------
 
     def worker_body(self, w: str, lid: int, token: int):
-        """One task under the lock, as a generator: yields between steps so
-        that other workers, faults and the auditor interleave."""
+        """One task under the lock, as a generator (``service.ReplicationWorker._work``
+        and ``recover_ledger_fragments``): yields between steps so that
+        other workers, faults and the auditor interleave."""
+        task = self.tasks.get(lid)   # as of holding the lock
+        if task is None:
+            return
+        since = self.now
+        lost = task.lost - (self.registered() - task.damaged)   # a bookie back since: moot for it
+        damaged = task.damaged
+        # fragments reported before stay so while every bookie they name is still lost
+        known = {(u["first"], u["last"]) for u in task.unrecoverable if set(u["lost"]) <= lost}
+        filled: set = set()          # ranges filled in place (this call)
+        absent: dict = {}            # fragments this call's copy found entries of on no replica
+        sealed_end = None            # a stream this call took over: its recovered end
         while True:
-            t = self.tasks.get(lid)
-            if t is None:
-                return
-            lost = t.lost - self.registered()
             m, rev = self.meta[lid]
             writer = Liveness.UNKNOWN
             if m.mode is LedgerMode.UNBOUNDED and self.mutant != "ignore-writer":
                 writer = judge_writer(self.key_record(lid), m.term)   # the key, read beside the metadata
-            plan = plan_ledger(m, lost, writer=writer)
+            plan = plan_ledger(m, lost - damaged, damaged, writer, task.damaged_ids)
+            if plan.held_open and lid in self.lac:   # (its LAC, read from its bookies)
+                plan = plan_ledger(m, lost - damaged, damaged, writer, task.damaged_ids,
+                                   open_lac=max(self.lac[lid], -1 if sealed_end is None else sealed_end),
+                                   open_end=sealed_end)
             first = self.first_seen.setdefault(lid, self.now)
-            step = judge_task(plan, self.now, first, GRACE, float("inf") if self.mutant == "no-bound" else BOUND)
+            done = ({(f, j.last_entry, b) for f, _, b in filled for j in plan.jobs if (j.first_entry, j.lost) == (f, b)}
+                    if self.mutant == "fill-done-by-first" else filled)   # (done for its first id)
+            rnd = judge_round(plan, self.now, first, GRACE, float("inf") if self.mutant == "no-bound" else BOUND,
+                              known=known, absent=absent, filled=done, seal=sealed_end is None)
+            step = rnd.step
             if step is Step.DONE:
-                if not t.unrecoverable and self.tasks.get(lid) is t:
-                    if self.dirty_by(lid, lost):
-                        raise Violation(f"task {lid} deleted with {self.dirty_by(lid, lost)}")
+                cur = self.tasks.get(lid)
+                if cur is not None and cur.revision == task.revision:   # (deleted at its revision)
+                    scope = lost - set(task.damaged_ids)   # (a bookie damaged at some ids: check_filled)
+                    if self.dirty_by(lid, scope):
+                        raise Violation(f"task {lid} deleted with {self.dirty_by(lid, scope)}")
+                    self.check_filled(task, since)
                     del self.tasks[lid]
                     self.first_seen.pop(lid, None)
                     self.note(f"{w}: task {lid} done")
@@ -464,58 +372,83 @@ class World(BookieGC):
             if step is Step.SEAL:
                 yield  # between its read and the take-over's CAS, the writer moves on
                 self._seal(w, lid)
+                sealed_end = self.top[lid]
                 continue
-            if step is Step.REPORT:
-                t.unrecoverable = [(u.first_entry, u.last_entry) for u in plan.unrecoverable]
+            if step is Step.REPORT:   # (kept in the task at its revision; a bookie back since: not lost)
+                cur = self.tasks.get(lid)
+                if cur is not None and cur.revision == task.revision:
+                    standing = tuple(u for u in task.unrecoverable if (u["first"], u["last"]) in known)
+                    new = tuple(u for u in rnd.unrecoverable if (u["first"], u["last"]) not in known)
+                    self._put_task(dataclasses.replace(task, lost=lost, unrecoverable=standing + new))
                 return
             if step is not Step.COPY:
                 return
-            job = plan.jobs[0]
-            cands = [b for b in sorted(self.registered()) if b not in job.ensemble and b not in lost]
-            if not cands:
-                return
-            target = self.rng.choice(cands)
-            if self.mutant == "replace-before-copy":
+            job = rnd.jobs[0]
+            fill = job.fill
+            if fill:   # a damaged bookie's known bad ids: back onto it, nothing cleared
+                target = job.lost
+            else:
+                cands = [b for b in sorted(self.registered()) if b not in job.ensemble and b not in lost - damaged]
+                if not cands and job.lost not in damaged:
+                    return
+                # (no spare for a damaged bookie: it takes its whole share again itself)
+                target, fill = (self.rng.choice(cands), False) if cands else (job.lost, True)
+            if self.mutant == "replace-before-copy" and not fill:
                 yield from self._replace(w, lid, job, target, token)
-            if self.faults_on and self.rng.random() < 0.2:  # between its lock's last read and its clearing
-                self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
-                self.note(f"worker {w} paused before clearing {target}")
+            if not fill:
+                if self.faults_on and self.rng.random() < 0.2:  # between its lock's last read and its clearing
+                    self.paused[w] = self.now + TTL + self.rng.choice((1.0, 4.0))
+                    self.note(f"worker {w} paused before clearing {target}")
+                    yield
+                # the clearing of the target's range, under the lock's fencing token
+                if not self.bookies[target].alive:
+                    return
+                if (self.bookies[target].core.admit_clear(lid, token).status is Status.FENCED
+                        and self.mutant != "no-copy-fence"):
+                    self.fenced_clears += 1
+                    self.note(f"{w}: clearing {target} for ledger {lid} fenced (token {token})")
+                    return  # the copy fails; the lock is released
+                self.bookies[target].data -= {(lid, e) for e in range(job.first_entry, job.last_entry + 1)}
                 yield
-            # the clearing of the target's range, under the lock's fencing token
-            if not self.bookies[target].alive:
-                return
-            if (self.bookies[target].core.admit_clear(lid, token).status is Status.FENCED
-                    and self.mutant != "no-copy-fence"):
-                self.fenced_clears += 1
-                self.note(f"{w}: clearing {target} for ledger {lid} fenced (token {token})")
-                return  # the copy fails; the lock is released
-            self.bookies[target].data -= {(lid, e) for e in range(job.first_entry, job.last_entry + 1)}
-            yield
-            absent = 0
+            missing = 0
             for e in range(job.first_entry, job.last_entry + 1):
                 if not job.holds(e):
                     continue
                 src = next((self.bookies[s] for s in job.sources
                             if (job.replica_of(s, e) or self.mutant == "copy-any-source")
-                            and self.bookies[s].alive and (lid, e) in self.bookies[s].data), None)
+                            and self.bookies[s].alive and (lid, e) in self.bookies[s].data
+                            and ((lid, e) not in self.bookies[s].rotted or self.mutant == "copy-rotted")), None)
                 if src is None:
-                    absent += 1
+                    missing += 1
                     continue
-                if not self.bookies[target].alive:
+                tgt = self.bookies[target]
+                if not tgt.alive:
                     return  # the copy fails; the lock is released
-                self.bookies[target].write(lid, e)
+                tgt.write(lid, e)
                 if (lid, e) in src.leftover:   # (what the source holds is what is copied)
-                    self.bookies[target].leftover.add((lid, e))
+                    tgt.leftover.add((lid, e))
+                if (lid, e) in src.rotted:
+                    tgt.rotted[(lid, e)] = self.now
+                    tgt.bad_copies.add((lid, e))
+                self.filled += fill
                 yield
-            if absent and self.mutant != "replace-despite-absent":
-                t.unrecoverable.append((job.first_entry, job.last_entry))
-                return
+            if missing and self.mutant != "replace-despite-absent":
+                absent[job.first_entry, job.last_entry] = {
+                    "first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
+                    "why": f"{missing} entries held by no surviving replica"}
+                continue
+            if fill:   # nothing to publish: the fragment names it already
+                self.note(f"{w}: ledger {lid} {job.first_entry}..{job.last_entry} filled in place on {target}")
+                filled.add((job.first_entry, job.last_entry, job.lost))
+                continue
             if self.mutant != "replace-before-copy":
                 replaced = yield from self._replace(w, lid, job, target, token)
                 if replaced and not self.bookies[target].alive:
                     # lost between its copy and the CAS, after the auditor's
                     # scan read this ledger: the worker's check after the CAS
-                    t.lost.add(target)
+                    cur = self.tasks.get(lid)
+                    if cur is not None:
+                        self._put_task(dataclasses.replace(cur, lost=cur.lost | {target}))
                     self.note(f"{w}: target {target} of ledger {lid} gone: added to the task")
 
     def lock_held(self, lid: int, token: int) -> bool:
@@ -593,13 +526,17 @@ class World(BookieGC):
     # -- the run ---------------------------------------------------------------------------
 
     def step(self, faults: bool) -> None:
-        self.now += 0.25
+        self.now += self.STEP
         for b in self.bookies.values():
             if b.back_at is not None and self.now >= b.back_at:
                 b.alive, b.back_at = True, None
                 self.note(f"{b.id} back")
         if faults and self.rng.random() < 0.04:
             self.fault()
+        if faults and self.rot_rng.random() < 0.03:
+            self.rot()
+        if self.scrubbing:
+            self.scrub_step()
         actors = ["auditor", "gc"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
         self.rng.shuffle(actors)
         for a in actors:
@@ -617,7 +554,10 @@ class World(BookieGC):
         for _ in range(steps):
             self.step(faults=True)
         self.faults_on = False
-        for _ in range(steps):
+        for k in range(steps):
+            # the scrubs' last passes in the first half (each pass reports again a rotted
+            # leftover, which no fill mends: a task its worker then finds done)
+            self.scrubbing = k < steps // 2
             self.step(faults=False)
         self.final_check()
 
@@ -626,14 +566,14 @@ class World(BookieGC):
             if not t.unrecoverable:
                 raise Violation(f"task {lid} {sorted(t.lost)} still pending at the end")
         for lid in self.meta:
-            for first, b in self.dirty(lid):
+            for first, b in self.dirty(lid, rot_ok=False):   # (a rotted record too: filled by now)
                 t = self.tasks.get(lid)
                 if t is None or not t.unrecoverable:
                     raise Violation(f"ledger {lid} fragment {first} names {b} lacking entries at the end")
         for lid, eid in self.acked:
             if not any(b.holds(lid, eid) for b in self.bookies.values() if not b.dead):
                 t = self.tasks.get(lid)
-                if t is None or not any(a <= eid <= z for a, z in t.unrecoverable):
+                if t is None or not any(u["first"] <= eid <= u["last"] for u in t.unrecoverable):
                     raise Violation(f"entry {lid}:{eid} lost and not reported")
 
 
@@ -650,7 +590,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mutant", choices=MUTANTS)
     p.add_argument("--trace", action="store_true")
     a = p.parse_args(argv)
-    bad = replaced = unrecoverable = lost_cas = fenced = guarded = gc_cleared = gc_refused = 0
+    bad = replaced = unrecoverable = lost_cas = fenced = guarded = gc_cleared = gc_refused = rots = filled = 0
     for seed in range(a.seed, a.seed + a.runs):
         try:
             w = run_seed(seed, a.mutant)
@@ -660,6 +600,7 @@ def main(argv: list[str] | None = None) -> int:
             guarded += w.guarded_cas
             gc_cleared += w.gc_cleared
             gc_refused += w.gc_refused
+            rots, filled = rots + w.rots, filled + w.filled
             unrecoverable += sum(1 for t in w.tasks.values() if t.unrecoverable)
             if a.trace:
                 print("\n".join(w.log))
@@ -672,7 +613,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{replaced} fragment(s) replaced, {lost_cas} lost CAS(es) judged again, {fenced} clearing(s) fenced, "
           f"{guarded} replacement(s) refused by their guard, "
           f"{unrecoverable} ledger(s) reported unrecoverable, {gc_cleared} over-replicated clearing(s) by a "
-          f"bookie's GC, {gc_refused} such clearing(s) refused")
+          f"bookie's GC, {gc_refused} such clearing(s) refused, {rots} record(s) rotted, {filled} id(s) "
+          f"filled in place")
     return 1 if bad else 0
 
 

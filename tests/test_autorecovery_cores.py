@@ -6,7 +6,8 @@ import dataclasses
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 import pytest
 
-from stream.autorecovery.worker_core import Pace, Step, choose_target, jobs_left, judge_task, plan_ledger, restrict_plan
+from stream.autorecovery.worker_core import (Pace, Step, choose_target, jobs_left, judge_round, judge_task, plan_ledger,
+                                             restrict_plan)
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
 from stream.writer_lease import Liveness
 
@@ -174,9 +175,17 @@ def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
     assert [j.sources for j in p.jobs] == [("b", "d"), ("b", "d"), ("b", "e")]   # (never a's own copy)
     assert p.open_fragment is None and not p.unrecoverable and p.held_open   # (44: once sealed)
     held = dataclasses.replace(p, jobs=())
-    for writer in Liveness:   # (never sealed for it, whoever holds the stream: filled once the LAC passed it)
+    # waited for as an open fragment is: a live writer's adds (or its explicit LAC) pass it, up to the
+    # bound; with none (it crashed before its LAC went out: the LAC stays below for good), the seal after the grace
+    for writer in Liveness:
         stream = dataclasses.replace(held, mode=LedgerMode.UNBOUNDED, writer=writer)
-        assert judge_task(stream, 1e9, 0, 1) is Step.WAIT, writer
+        assert judge_task(stream, 0.5, 0, 1, 60) is Step.WAIT, writer
+        assert judge_task(stream, 2, 0, 1, 60) is (Step.WAIT if writer is Liveness.LIVE else Step.SEAL), writer
+        assert judge_task(stream, 61, 0, 1, 60) is Step.SEAL, writer
+    assert judge_task(dataclasses.replace(held, state=LedgerState.IN_RECOVERY), 1e9, 0, 1) is Step.WAIT
+    # after this worker's take-over (its recovered end: 45): up to it final, above it no entries
+    sealed = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=45, open_end=45)
+    assert [(j.first_entry, j.last_entry) for j in sealed.jobs] == [(40, 45)] and not sealed.held_open
     # the open fragment up to a LAC read from its bookies: those ids final, filled in place; above it, waiting
     at = plan_ledger(m, (), damaged={"a"}, damaged_ids={"a": ((40, 47),)}, open_lac=44)
     assert [(j.first_entry, j.last_entry, j.fragment_first, j.entries) for j in at.jobs] == [(40, 44, 40, 3)]
@@ -196,6 +205,28 @@ def test_a_damaged_bookies_known_ids_are_filled_in_place_and_nothing_else():
     whole = plan_ledger(m, (), damaged={"a"}, damaged_ids={"b": ((0, 3),)})    # (b not damaged: ignored)
     assert [(j.first_entry, j.last_entry, j.fill) for j in whole.jobs] == [(0, 19, False), (20, 39, False)]
     assert [j.first_entry for j in restrict_plan(p, [20]).jobs] == [20]
+
+
+def test_a_calls_round_skips_what_it_reported_by_range_and_seals_once():
+    """``judge_round``: a range already reported (the task's, while its
+    bookies are still lost; or this call's copy finding ids on no replica)
+    is not copied again and is reported, known by its range: a fill's
+    report starting at a fragment's first id is not the fragment's; a call
+    never seals twice (its lost bookies are those of its start: one back
+    since would have the open fragment sealed again and again)."""
+    m = meta([(0, "abc"), (10, "abd")], e=3, qw=2, state=LedgerState.CLOSED, last=19)
+    p = plan_ledger(m, {"c"}, damaged={"a"}, damaged_ids={"a": ((11, 11),)})   # (a holds 11, not 10)
+    assert [(j.first_entry, j.last_entry, j.lost) for j in p.jobs] == [(0, 9, "c"), (11, 11, "a")]
+    r = judge_round(p, 0, 0, 1, known={(11, 19)})   # (a report of 11..19: not the fill of 11..11)
+    assert r.step is Step.COPY and [(j.first_entry, j.last_entry) for j in r.jobs] == [(0, 9), (11, 11)]
+    gone = {"first": 0, "last": 9, "lost": ["c"], "why": "3 entries held by no surviving replica"}
+    r = judge_round(p, 0, 0, 1, absent={(0, 9): gone}, filled={(11, 11, "a")})
+    assert r.step is Step.REPORT and r.jobs == () and r.unrecoverable == (gone,)
+    r = judge_round(p, 0, 0, 1, known={(0, 9)}, filled={(11, 11, "a")})
+    assert r.step is Step.REPORT and [u["why"] for u in r.unrecoverable] == ["reported before"]
+    assert judge_round(p, 0, 0, 1, known={(0, 9)}, waiting={(11, "a")}).step is Step.WAIT
+    o = plan_ledger(meta([(0, "abc")], state=LedgerState.OPEN, last=-1), {"c"})
+    assert judge_round(o, 5, 0, 1).step is Step.SEAL and judge_round(o, 5, 0, 1, seal=False).step is Step.WAIT
 
 
 def test_damaged_ids_merge_and_a_whole_report_wins():

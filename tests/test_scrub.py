@@ -246,6 +246,25 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     assert all(last_pass_end(p.data_dir) is not None for p in procs)   # (each noted its last pass's end)
 
 
+async def _reported_and_mended(own, bk, lid: int, bookie_id: str, entry_id: int) -> None:
+    """Awaits the scrub's report of ``entry_id`` rotted on ``bookie_id``
+    (the ledger's task naming it damaged there), then runs autorecovery
+    until no task is left."""
+    from stream.autorecovery.keys import AutorecoveryKeys
+    from tests.test_autorecovery import autorecovery, until
+
+    keys = AutorecoveryKeys(bk.store, own.cluster)
+
+    async def reported():
+        return any(t.ledger_id == lid and t.damaged_ids == {bookie_id: ((entry_id, entry_id),)}
+                   for t in keys.tasks())
+    await until(reported, what="the rotted entry reported")
+    async with autorecovery(own, delay=60.0, grace=1.0):
+        async def clean():
+            return not list(keys.tasks())
+        await until(clean, what="the rotted entry copied back")
+
+
 def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its_lac(own):
     """A stream whose writer stays live (its open fragment its own); one
     byte of an acknowledged entry flipped on a bookie of that fragment.
@@ -255,10 +274,9 @@ def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its
     appends on at its term in the same fragment, and every replica of
     every entry reads back.  (Before: the task waited for the fragment to
     be sealed, which a stream whose writers stopped never is.)"""
-    from stream.autorecovery.keys import AutorecoveryKeys
     from stream.stream import AsyncStreamClient, StreamConfig
     from tests.conftest import run
-    from tests.test_autorecovery import autorecovery, check_every_replica, until
+    from tests.test_autorecovery import check_every_replica
 
     procs = own.start(4, ["--scrub-interval", "1"])
 
@@ -272,16 +290,7 @@ def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its
             ens = meta.last_fragment.ensemble
             victim = next(p for p in procs if p.bookie_id == ens[0])
             _rot_payload(victim, b"live-017-")
-            keys = AutorecoveryKeys(bk.store, own.cluster)
-
-            async def reported():
-                return any(t.ledger_id == lid and t.damaged_ids == {victim.bookie_id: ((at[17].entry_id,) * 2,)}
-                           for t in keys.tasks())
-            await until(reported, what="the rotted entry reported")
-            async with autorecovery(own, delay=60.0, grace=1.0):
-                async def clean():
-                    return not list(keys.tasks())
-                await until(clean, what="the rotted entry copied back")
+            await _reported_and_mended(own, bk, lid, victim.bookie_id, at[17].entry_id)
             after = await w.append(b"after")   # (not fenced: the stream was not taken over)
             now, _ = await bk.meta_call(bk.ledgers.read, lid)
             last = at[-1].entry_id
@@ -292,3 +301,65 @@ def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its
 
     victim = run(go())
     assert "rotted on disk (found by the scrub)" in victim.log_path.read_text()
+
+
+_WRITER = r"""
+import json, sys, time
+from stream.stream import StreamClient, StreamConfig
+endpoint, cluster = sys.argv[1], sys.argv[2]
+sc = StreamClient(endpoint, cluster, writer_lease_ttl=2, explicit_lac_delay=3600)   # (no explicit LAC)
+w = sc.open_writer("rot-tail", StreamConfig(3, 3, 2))
+last = [w.append(b"tail-%03d-" % i + b"x" * 200) for i in range(40)][-1]
+print("ACKED " + json.dumps({"last": last.entry_id, "ledger_id": w.aio.ledger_id}), flush=True)
+time.sleep(3600)
+"""
+
+
+def test_a_rotted_entry_above_the_lac_of_a_writerless_stream_is_filled_after_one_take_over(own):
+    """A stream's writer killed (kill -9) before its LAC went out: the
+    bookies' LAC stays below its last entry for good; that entry rots on a
+    bookie.  No LAC read will ever cover it, and no writer will append
+    past it: once the writer's key has expired, the worker takes the
+    stream over after the grace (its recovery decides the tail: every id
+    up to its end final), copies the entry back onto the bookie, and the
+    task is done.  (Before: the task waited for ever.)  One take-over, not
+    one per round: the term rises by one."""
+    import json
+    import subprocess
+    import sys
+    from stream.client import BookKeeperClient
+    from tests.conftest import run
+    from tests.test_autorecovery import check_every_replica
+
+    procs = own.start(4, ["--scrub-interval", "1"])
+    child = subprocess.Popen([sys.executable, "-c", _WRITER, own.endpoint, own.cluster], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        line = child.stdout.readline()   # (its own word: every entry acknowledged)
+        assert line.startswith("ACKED "), line
+        acked = json.loads(line[len("ACKED "):])
+    finally:
+        if child.poll() is None:
+            child.kill()   # kill -9: no close, no LAC sent, the lease not revoked
+        child.wait()
+    lid, last = acked["ledger_id"], acked["last"]
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            ens = meta.last_fragment.ensemble
+            lacs = [(await (await bk.bookie(b)).read_lac(lid)).lac for b in ens]
+            assert max(lacs) < last, (lacs, last)   # (the last entry above every bookie's LAC)
+            victim = next(p for p in procs if p.bookie_id == ens[0])
+            _rot_payload(victim, b"tail-039-")
+            await _reported_and_mended(own, bk, lid, victim.bookie_id, last)
+            now, _ = await bk.meta_call(bk.ledgers.read, lid)
+            assert now.term == meta.term + 1, (meta.term, now.term)
+            assert await check_every_replica(bk, lid, last, set(ens)) == 3 * (last + 1)
+            return victim
+        finally:
+            await bk.close()
+
+    victim = run(go())
+    assert f"entry {last} of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()

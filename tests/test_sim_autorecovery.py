@@ -8,7 +8,9 @@ caught (``ignore-writer``: a live writer fenced before the bound;
 target another worker has since used; ``gc-no-lock`` and
 ``gc-no-touch-check``: a bookie's over-replicated GC clearing a copy's
 target before its publication, or a fragment a writer rolled onto it since
-the GC's read)."""
+the GC's read; ``fill-done-by-first``, ``copy-rotted`` and
+``damaged-stays-lost``: a rotted id left unfilled as its task is deleted, a
+bad record copied, a fill waiting for ever on a bookie gone)."""
 from __future__ import annotations
 
 import pytest
@@ -18,8 +20,10 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 def test_seeded_runs_are_clean_and_do_recover():
     replaced = fenced = guarded = seals = waits = changes = gc_cleared = gc_refused = 0
+    rots = filled = damaged_lost = 0
     for seed in range(40):
         w = run_seed(seed)
+        rots, filled, damaged_lost = rots + w.rots, filled + w.filled, damaged_lost + w.damaged_lost
         replaced += w.replaced
         fenced, guarded = fenced + w.fenced_clears, guarded + w.guarded_cas
         gc_cleared, gc_refused = gc_cleared + w.gc_cleared, gc_refused + w.gc_refused
@@ -35,6 +39,9 @@ def test_seeded_runs_are_clean_and_do_recover():
     # ... and the bookies' over-replicated GC: clearings, and some refused
     # (the ledger written since its read, or a later copy's token there)
     assert gc_cleared > 50 and gc_refused > 0, (gc_cleared, gc_refused)
+    # ... and rot: records rotted, their ids filled in place on their bookie, and
+    # damaged bookies the auditor declared lost before their fill
+    assert rots > 100 and filled > 100 and damaged_lost > 0, (rots, filled, damaged_lost)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)

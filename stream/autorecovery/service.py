@@ -42,8 +42,8 @@ from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, 
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
 from stream.autorecovery.replica_check import check_ledger, damaged
-from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, jobs_left, judge_check,
-                                             judge_task, plan_ledger, restrict_plan)
+from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check,
+                                             judge_round, plan_ledger, restrict_plan)
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +86,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                                    progress: Callable[[str, int, int], None] | None = None,
                                    keep_going: Callable[[], bool] = lambda: True,
                                    copy_token: int = 0,
-                                   known_unrecoverable: Iterable[int] = (),
+                                   known_unrecoverable: Iterable[tuple[int, int]] = (),
                                    only: Iterable[int] | None = None,
                                    writer_bound: float | None = None,
                                    pace: Pace | None = None,
@@ -122,8 +122,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
     out = LedgerOutcome(lid, Step.DONE)
     waiting: set[tuple[int, str]] = set()   # fragments whose replacement must wait (this call)
     filled: set[tuple[int, int, str]] = set()   # ranges filled in place (this call): done
-    absent: dict[int, dict] = {}             # fragments the copy found entries of on no replica
-    known = set(known_unrecoverable)         # fragments already reported (the task): not copied again
+    absent: dict[tuple[int, int], dict] = {}   # (first, last) the copy found entries of on no replica
+    known = set(known_unrecoverable)         # (first, last) already reported (the task): not copied again
+    sealed_end: int | None = None            # a stream this call took over: its recovered end
     for _ in range(max_rounds):
         meta, _rev = await _read_meta(client, lid)
         if meta is None:
@@ -136,27 +137,18 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids)
         if plan.held_open:   # a damaged bookie's ids in the open fragment: those up to its LAC are final
             lac = await _open_lac(client, meta)
-            if lac is not None:
-                plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids, open_lac=lac)
+            if lac is not None or sealed_end is not None:
+                plan = plan_ledger(meta, lost - damaged, damaged, writer, damaged_ids,
+                                   open_lac=max(-1 if lac is None else lac, -1 if sealed_end is None else sealed_end),
+                                   open_end=sealed_end)
         if only is not None:
             plan = restrict_plan(plan, only)
-        unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
-                 for u in plan.unrecoverable]
-        skipped = [j for j in plan.jobs if j.first_entry in known or j.first_entry in absent]
-        unrec += [absent[j.first_entry] for j in skipped if j.first_entry in absent]
-        unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
-                  for j in skipped if j.first_entry not in absent]
-        out.unrecoverable, out.open_fragment = unrec, plan.open_fragment
-        jobs = jobs_left((j for j in plan.jobs if j not in skipped), waiting, filled)
-        step = judge_task(dataclasses.replace(plan, jobs=tuple(jobs)), now(), first_seen, grace,
-                          float("inf") if writer_bound is None else writer_bound)
+        rnd = judge_round(plan, now(), first_seen, grace, float("inf") if writer_bound is None else writer_bound,
+                          known=known, absent=absent, waiting=waiting, filled=filled,
+                          seal=seal and not out.sealed)   # (once a call: see judge_round)
+        step, jobs = rnd.step, rnd.jobs
+        out.unrecoverable, out.open_fragment = list(rnd.unrecoverable), plan.open_fragment
         out.writer = writer.value
-        if step is Step.SEAL and not seal:
-            step = Step.WAIT
-        if step in (Step.DONE, Step.REPORT) and waiting:
-            step = Step.WAIT
-        elif step is Step.DONE and unrec:
-            step = Step.REPORT
         out.step = step
         if dry_run or step in (Step.DONE, Step.WAIT, Step.REPORT) or not keep_going():
             if step is Step.WAIT and plan.open_fragment is not None and writer is Liveness.LIVE:
@@ -168,7 +160,8 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out
         if step is Step.SEAL:
-            await seal_ledger(client, lid, meta.mode)
+            end = await seal_ledger(client, lid, meta.mode)
+            sealed_end = end if sealed_end is None or end is None else max(sealed_end, end)
             out.sealed = True
             continue
         job = jobs[0]
@@ -177,7 +170,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if fill:   # a damaged bookie's known bad ids: back onto it
             tgt = job.lost
         elif tgt is None:  # no target given, or the given one is in this fragment already
-            exclude = set(job.ensemble) | lost | client.quarantined()
+            # (a damaged bookie is registered and writable: a target like any other, but
+            # an unregistered one is not, nor one of the fragment)
+            exclude = set(job.ensemble) | (lost - damaged) | client.quarantined()
             try:
                 (tgt,) = await client.choose_bookies(1, exclude, None)
             except err.NotEnoughBookies as e:
@@ -203,8 +198,9 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
         if stats.absent:
             # entries of the lost position that no surviving replica holds:
             # never "recovered" with a fragment naming a bookie without them
-            absent[job.first_entry] = {"first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
-                                       "why": f"{stats.absent} entries held by no surviving replica"}
+            absent[job.first_entry, job.last_entry] = {
+                "first": job.first_entry, "last": job.last_entry, "lost": [job.lost],
+                "why": f"{stats.absent} entries held by no surviving replica"}
             continue
         if fill:  # nothing to publish: the fragment names it already
             filled.add((job.first_entry, job.last_entry, job.lost))
@@ -243,18 +239,25 @@ async def _open_lac(client, meta) -> int | None:
         return None
 
 
-async def seal_ledger(client, lid: int, mode: LedgerMode) -> None:
+async def seal_ledger(client, lid: int, mode: LedgerMode) -> int | None:
     """Seals an open last fragment: classic ledgers are fenced and recovered
     (closed); a stream is taken over (term + 1, recovery with the truncate
     no-op; the recovery replaces the lost bookie) and left OPEN with no
-    writer: a writer that opens it later takes it over again."""
+    writer: a writer that opens it later takes it over again.  Returns a
+    stream's recovered end: every id up to it is final (the recovery wrote
+    each back to its whole write set, and the no-op after it to every
+    bookie), though the LAC its bookies report stays where it was (None
+    for a classic ledger: closed, its last entry in the metadata)."""
     if mode is LedgerMode.CLASSIC:
         from stream.ledger import recover_ledger
         await recover_ledger(client, lid)
+        end = None
     else:
         from stream.stream import take_over
-        await take_over(client, lid)
+        _meta, _rev, first_free = await take_over(client, lid)
+        end = first_free - 1
     log.info("ledger %d: sealed its open fragment (%s)", lid, mode.name)
+    return end
 
 
 async def plan_bookie(client, bookie: str) -> list[tuple[int, LedgerPlan]]:
@@ -396,7 +399,7 @@ class ReplicationWorker:
         # fragments reported before stay reported while every bookie named in
         # the report is still lost: one back (a kill, not a lost disk) may
         # hold the only other copy, and the fragment is recoverable again
-        known = {u.get("first") for u in task.unrecoverable if set(u.get("lost", ())) <= lost}
+        known = {(u.get("first"), u.get("last")) for u in task.unrecoverable if set(u.get("lost", ())) <= lost}
         out = await recover_ledger_fragments(self.client, lid, lost - task.damaged, damaged=task.damaged,
                                              damaged_ids=task.damaged_ids,
                                              grace=self.cfg.grace, first_seen=first, known_unrecoverable=known,
@@ -419,8 +422,8 @@ class ReplicationWorker:
                 self.first_seen.pop(lid, None)
                 return
         changes: dict = {}
-        new = [u for u in out.unrecoverable if u["first"] not in known]
-        standing = tuple(u for u in task.unrecoverable if u.get("first") in known)
+        new = [u for u in out.unrecoverable if (u["first"], u["last"]) not in known]
+        standing = tuple(u for u in task.unrecoverable if (u.get("first"), u.get("last")) in known)
         if new or len(standing) != len(task.unrecoverable):
             # reported: visible in the task, counted by `autorecovery status`;
             # a report naming a bookie since back no longer stands

@@ -140,7 +140,7 @@ class LedgerPlan:
 
 def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str] = (),
                 writer: Liveness = Liveness.UNKNOWN, damaged_ids: dict | None = None,
-                open_lac: int | None = None) -> LedgerPlan:
+                open_lac: int | None = None, open_end: int | None = None) -> LedgerPlan:
     """The work ``lost`` leaves on ledger ``meta`` (all fragments loaded).
     ``damaged``: registered bookies the periodic check found lacking
     entries; their sealed fragments are copied like a lost bookie's, but an
@@ -154,8 +154,12 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     back onto it (``FragmentJob.fill``), in its sealed fragments and in the
     open one up to ``open_lac`` (a LAC read from its bookies: ids up to it
     were acknowledged and are final, its writer's adds are above; ids above
-    it wait: ``held_open``); a damaged bookie without ranges has its whole
-    share of each copied.
+    it wait: ``held_open``, for the LAC to pass them or, with no live
+    writer, for the ledger's seal); a damaged bookie without ranges has its
+    whole share of each copied.  ``open_end``: the end a take-over's
+    recovery found (this worker's seal of the stream): every id up to it
+    final (written back whole by the recovery), the ids above it no entries
+    (a writer's later adds write them anew, onto that bookie too): not held.
     ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
@@ -179,7 +183,8 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
             above = frag.first_entry if open_lac is None else max(frag.first_entry, open_lac + 1)
             held_open = held_open or any(
                 i in write_set(e, E, Qw) for i in gone for a, b in scoped.get(frag.ensemble[i], ())
-                for e in range(max(a, above), min(b, max(a, above) + E - 1) + 1))
+                for e in range(max(a, above), min(b, max(a, above) + E - 1,
+                                                  b if open_end is None else open_end) + 1))
             if open_lac is None or open_lac < frag.first_entry:
                 continue
             end = open_lac   # (below: only the scoped bookies' fill jobs, up to the LAC)
@@ -226,6 +231,39 @@ def restrict_plan(plan: LedgerPlan, firsts: Iterable[int]) -> LedgerPlan:
         open_fragment=plan.open_fragment if plan.open_fragment in keep else None, held_open=False)
 
 
+class Step(enum.Enum):
+    COPY = "copy"          # copy plan.jobs[0] and replace it (then plan again)
+    SEAL = "seal"          # fence/recover (classic) or take over (stream) the ledger
+    WAIT = "wait"          # release the lock, retry later (open fragment within grace, recovery running)
+    REPORT = "report"      # only unrecoverable fragments left: keep the task, marked
+    DONE = "done"          # nothing names a lost bookie: delete the task
+
+
+def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
+               writer_bound: float = float("inf")) -> Step:
+    """The next step for one task.  ``first_seen``: when this worker first
+    saw the task with the open fragment; the writer has ``grace`` to change
+    its ensemble itself, and a writer live at the stream's term (``plan.writer``)
+    has until ``writer_bound`` (see the module docstring).  A damaged
+    bookie's ids in the open fragment above its LAC (``plan.held_open``)
+    are waited for the same way: a live writer's adds pass them (its
+    explicit LAC too, once they go quiet); with no live writer (one that
+    crashed before its LAC went out: the LAC stays below its last entries
+    for good) the seal decides them, as it does a lost bookie's."""
+    if plan.jobs:
+        return Step.COPY
+    if plan.open_fragment is not None or plan.held_open:
+        if plan.state is LedgerState.IN_RECOVERY:
+            return Step.WAIT
+        waited = now - first_seen
+        if plan.writer is Liveness.LIVE:
+            return Step.SEAL if waited >= max(grace, writer_bound) else Step.WAIT
+        return Step.SEAL if waited >= grace else Step.WAIT
+    if plan.unrecoverable:
+        return Step.REPORT
+    return Step.DONE
+
+
 def jobs_left(jobs: Iterable[FragmentJob], waiting: Iterable[tuple[int, str]],
               done: Iterable[tuple[int, int, str]]) -> list[FragmentJob]:
     """The jobs of a plan a worker's call still has to do.  ``waiting``:
@@ -240,34 +278,50 @@ def jobs_left(jobs: Iterable[FragmentJob], waiting: Iterable[tuple[int, str]],
             and (j.first_entry, j.last_entry, j.lost) not in done]
 
 
-class Step(enum.Enum):
-    COPY = "copy"          # copy plan.jobs[0] and replace it (then plan again)
-    SEAL = "seal"          # fence/recover (classic) or take over (stream) the ledger
-    WAIT = "wait"          # release the lock, retry later (open fragment within grace, recovery running)
-    REPORT = "report"      # only unrecoverable fragments left: keep the task, marked
-    DONE = "done"          # nothing names a lost bookie: delete the task
+@dataclasses.dataclass(frozen=True)
+class Round:
+    """One round of a worker's call on a ledger (``judge_round``)."""
+    step: Step
+    jobs: tuple[FragmentJob, ...]    # left to do, in order (COPY: the first)
+    unrecoverable: tuple[dict, ...]  # the fragments to report: {"first", "last", "lost", "why"}
 
 
-def judge_task(plan: LedgerPlan, now: float, first_seen: float, grace: float,
-               writer_bound: float = float("inf")) -> Step:
-    """The next step for one task.  ``first_seen``: when this worker first
-    saw the task with the open fragment; the writer has ``grace`` to change
-    its ensemble itself, and a writer live at the stream's term (``plan.writer``)
-    has until ``writer_bound`` (see the module docstring)."""
-    if plan.jobs:
-        return Step.COPY
-    if plan.open_fragment is not None:
-        if plan.state is LedgerState.IN_RECOVERY:
-            return Step.WAIT
-        waited = now - first_seen
-        if plan.writer is Liveness.LIVE:
-            return Step.SEAL if waited >= max(grace, writer_bound) else Step.WAIT
-        return Step.SEAL if waited >= grace else Step.WAIT
-    if plan.unrecoverable:
-        return Step.REPORT
-    if plan.held_open:   # (never sealed for them: filled once the LAC has passed them)
-        return Step.WAIT
-    return Step.DONE
+def judge_round(plan: LedgerPlan, now: float, first_seen: float, grace: float,
+                writer_bound: float = float("inf"), *, known: Iterable[tuple[int, int]] = (),
+                absent: dict | None = None,
+                waiting: Iterable[tuple[int, str]] = (), filled: Iterable[tuple[int, int, str]] = (),
+                seal: bool = True) -> Round:
+    """The next step of a worker's call (``service.recover_ledger_fragments``,
+    and the simulation's worker) on a fresh ``plan``, given what the call
+    has done so far: ``known`` ((first, last) of the ranges its task reports
+    unrecoverable already, while every bookie they name is still lost: not
+    copied again), ``absent`` ((first, last) -> the report of a range this
+    call's copy found entries of on no replica), ``waiting`` and ``filled``
+    (``jobs_left``).  ``seal``: False waits instead (no take-over); a call
+    seals a ledger once at most: its lost bookies are those of its start,
+    and one registered again since (a restart) is no bookie the seal's
+    recovery replaces, so a plan naming it in the open fragment after the
+    seal would seal it again, and again (the next call judges it afresh).  A call
+    never ends DONE with a replacement waiting (WAIT) or a report to make
+    (REPORT).  A report is known by its range: a fragment's (no replica
+    of a write set), or a fill's (some of a damaged bookie's ids held by no
+    other replica), which may start at the same id."""
+    known, absent, waiting = frozenset(known), absent or {}, set(waiting)
+    unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
+             for u in plan.unrecoverable]
+    skipped = [j for j in plan.jobs if (j.first_entry, j.last_entry) in known | absent.keys()]
+    unrec += [absent[j.first_entry, j.last_entry] for j in skipped if (j.first_entry, j.last_entry) in absent]
+    unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
+              for j in skipped if (j.first_entry, j.last_entry) not in absent]
+    jobs = tuple(jobs_left((j for j in plan.jobs if j not in skipped), waiting, filled))
+    step = judge_task(dataclasses.replace(plan, jobs=jobs), now, first_seen, grace, writer_bound)
+    if step is Step.SEAL and not seal:
+        step = Step.WAIT
+    if step in (Step.DONE, Step.REPORT) and waiting:
+        step = Step.WAIT
+    elif step is Step.DONE and unrec:
+        step = Step.REPORT
+    return Round(step, jobs, tuple(unrec))
 
 
 def expected_last_entries(meta: LedgerMetadata) -> dict[str, int]:
@@ -345,5 +399,5 @@ class Pace:
         return wait
 
 
-__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "jobs_left", "Step", "judge_task", "choose_target",
-           "expected_last_entries", "judge_check", "Pace"]
+__all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "jobs_left", "Round",
+           "judge_round", "Step", "judge_task", "choose_target", "expected_last_entries", "judge_check", "Pace"]
