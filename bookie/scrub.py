@@ -24,6 +24,12 @@ The next pass is due ``interval`` after the last one ended, noted in the
 data dir (``SCRUB_FILE``, wall-clock seconds), so a bookie restarted more
 often than the interval still scrubs; a data dir never scrubbed has its
 first pass ``FIRST_PASS_S`` after its start (or the interval, if shorter).
+A pass asked for (``bookstream bookies scrub``: the bookie's key under
+``scrub-requests/`` in etcd, watched; read at the start too) begins at
+once, or once the running one ends (a pass begun before the ask does not
+serve it); the key is deleted at the revision the pass served, so a newer
+ask made meanwhile starts another.  ``Info`` shows the running pass's
+progress (``scrub_pass_checked`` of ``scrub_pass_entries``).
 
 Pure: ``rotted`` (what a span's bytes say) and ``due`` (when a pass
 starts).  The rest is the adapter: the index, the preads, the clock, etcd.
@@ -114,6 +120,15 @@ class Scrubber:
         self.last_end = last_pass_end(storage.dir)   # (wall clock; None: never)
         self.next_due: float | None = None
         self.rotted_found = 0   # since the start
+        self.requested: int | None = None   # the etcd revision of a pass asked for, not yet served
+        self.pass_checked = self.pass_entries = 0   # the running pass's progress (0, 0: none)
+
+    def request(self, revision: int) -> None:
+        """A pass asked for at ``revision`` (the request key's): the next
+        begins now (in the loop thread)."""
+        if revision > (self.requested or 0):
+            self.requested = revision
+            self.wake.set()
 
     def found(self, ledger_id: int, entry_id: int, where: str) -> None:
         """A rotted entry, confirmed: said and its ledger reported once a
@@ -168,17 +183,20 @@ class Scrubber:
         t0, out = clock(), PassResult()
         self.reported = set()
         ledgers = self.storage.core.ledgers
-        log.info("scrub: a pass over %d entries of %d ledgers begins", sum(len(st.index) for st in ledgers.values()),
-                 len(ledgers))
-        for lid in sorted(ledgers):
-            st = ledgers.get(lid)
-            if st is None:
-                continue
-            first, top = 0, st.index.last_entry   # (a ledger written faster than scrubbed is not chased)
-            while (window := self._window(lid, first, top)) is not None:
-                for span in _spans(window):
-                    await self._check_span(lid, span, out, clock, sleep)
-                first = window[-1][0] + 1
+        self.pass_checked, self.pass_entries = 0, sum(len(st.index) for st in ledgers.values())
+        log.info("scrub: a pass over %d entries of %d ledgers begins", self.pass_entries, len(ledgers))
+        try:
+            for lid in sorted(ledgers):
+                st = ledgers.get(lid)
+                if st is None:
+                    continue
+                first, top = 0, st.index.last_entry   # (a ledger written faster than scrubbed is not chased)
+                while (window := self._window(lid, first, top)) is not None:
+                    for span in _spans(window):
+                        await self._check_span(lid, span, out, clock, sleep)
+                    first = window[-1][0] + 1
+        finally:
+            self.pass_checked = self.pass_entries = 0
         out.seconds = clock() - t0
         if self.metrics is not None:
             self.metrics.scrub_passes.inc()
@@ -217,6 +235,7 @@ class Scrubber:
             bad = [eid for eid, _, _ in span]   # each judged on its own below
         out.entries += len(span)
         out.bytes += size
+        self.pass_checked = out.entries
         if self.metrics is not None:
             self.metrics.scrub_entries.inc(len(span))
             self.metrics.scrub_bytes.inc(size)
@@ -243,6 +262,41 @@ def damaged_publisher(registration, bookie_id: str) -> Callable[[int, Sequence[i
                                                ids={bookie_id: merge_ranges([(e, e) for e in ids])})
 
 
+def watch_requests(registration, bookie_id: str, scrubber: Scrubber,
+                   loop: asyncio.AbstractEventLoop) -> tuple[Callable[[int], None], Callable[[], None]]:
+    """Watches the bookie's scrub-request key (``bookstream bookies
+    scrub``), from now, then reads it (an ask made before the start is
+    served too): each put asks ``scrubber`` for a pass.  Returns
+    ``served`` for ``scrub_loop`` (the key deleted at the revision a pass
+    served: a newer ask stays) and the watch's cancel.  Blocking: etcd."""
+    from metadata.errors import BadVersion, MetadataError
+    from metadata.layout import KeyLayout
+    from metadata.watch import EventType
+
+    store = registration.store
+    key = KeyLayout(registration.cluster).scrub_request_key(bookie_id)
+
+    def on_event(ev) -> None:
+        if ev.type is EventType.PUT:
+            loop.call_soon_threadsafe(scrubber.request, ev.mod_revision)
+
+    cancel = store.watch_key(key, on_event)   # (it resumes by itself after an etcd outage)
+    try:
+        cur = store.get(key)
+    except MetadataError as e:   # (etcd away at the start: an earlier ask waits for the next start)
+        log.warning("scrub: could not read the bookie's scrub request: %s", e)
+        cur = None
+    if cur is not None:
+        loop.call_soon_threadsafe(scrubber.request, cur.mod_revision)
+
+    def served(revision: int) -> None:
+        try:
+            store.delete(key, revision)
+        except BadVersion:
+            pass   # asked again since (or cleared by hand): that ask stands
+    return served, cancel
+
+
 def _spans(window: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]]]:
     """The window's records in runs of one segment, in order, each less
     than ``GAP_BYTES`` after the one before (the journal's record headers
@@ -261,20 +315,27 @@ def _spans(window: list[tuple[int, int, int]]) -> list[list[tuple[int, int, int]
     return spans
 
 
-async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0) -> None:
-    """Passes every ``interval`` (``due``), the findings reported between
-    them (again every ``retry`` while some wait)."""
+async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0,
+                     served: Callable[[int], None] | None = None) -> None:
+    """Passes every ``interval`` (``due``), or at once when one is asked
+    for (``Scrubber.request``), the findings reported between them (again
+    every ``retry`` while some wait).  ``served(revision)``: the request a
+    pass served is done (the adapter deletes its key at that revision;
+    blocking: etcd)."""
     data_dir = scrubber.storage.dir
     started = time.time()
     while True:
         start_at = scrubber.next_due = due(scrubber.last_end, interval, started)
-        while (left := start_at - time.time()) > 0:
+        while scrubber.requested is None and (left := start_at - time.time()) > 0:
             try:
                 await asyncio.wait_for(scrubber.wake.wait(), min(left, retry) if scrubber.unreported else left)
             except asyncio.TimeoutError:
                 pass
             scrubber.wake.clear()
             await scrubber.report()
+        serving = scrubber.requested   # (a request made once the pass has begun waits for the next)
+        if serving is not None:
+            log.info("scrub: a pass asked for (request revision %d)", serving)
         result = await scrubber.scrub_pass()
         scrubber.last_end = time.time()
         try:
@@ -285,3 +346,11 @@ async def scrub_loop(scrubber: Scrubber, interval: float, retry: float = 30.0) -
         log.info("scrub: %d entries (%d bytes) checked in %.1f s, %d rotted",
                  result.entries, result.bytes, result.seconds, len(result.rotted))
         await scrubber.report()
+        if serving is not None:
+            if served is not None:
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, served, serving)
+                except Exception as e:   # (MetadataError: the key stays; the next start serves it again)
+                    log.warning("scrub: could not clear the served request (revision %d): %s", serving, e)
+            if scrubber.requested == serving:
+                scrubber.requested = None

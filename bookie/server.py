@@ -457,7 +457,8 @@ def _scrub_fields(sc) -> dict:
     if sc is None:
         return {}
     return {"scrub_last_end": sc.last_end or 0.0, "scrub_next_due": sc.next_due or 0.0,
-            "scrub_rotted_entries": sc.rotted_found}
+            "scrub_rotted_entries": sc.rotted_found, "scrub_pass_checked": sc.pass_checked,
+            "scrub_pass_entries": sc.pass_entries, "scrub_requested": sc.requested or 0}
 
 
 def _registration_fields(status: dict | None) -> dict:
@@ -506,6 +507,7 @@ class BookieServer:
         self.port = 0
         self.read_port = None   # bookie/read_port.py ReadPort, once started
         self._tasks: list[asyncio.Task] = []
+        self._stop_scrub_watch = None   # the scrub-request watch's cancel
         self.service: BookieService | None = None   # once its storage is open and its cookie judged
         self.metrics = BookieMetrics()   # (before start: the admin port serves while it starts)
         # What start() is doing, None once it serves: the admin port's /ready
@@ -607,10 +609,19 @@ class BookieServer:
                     over_replicated_loop(*args, cfg.over_replicated_gc_interval_s, cfg.bookie_id, self.cookie),
                     name="over-replicated-gc"))
         if cfg.scrub_interval_s > 0:
-            from bookie.scrub import Scrubber, damaged_publisher, scrub_loop
+            from bookie.scrub import Scrubber, damaged_publisher, scrub_loop, watch_requests
             publish = damaged_publisher(self.registration, cfg.bookie_id) if self.registration else None
             service.scrubber = Scrubber(self.storage, cfg.scrub_rate, publish=publish, metrics=service.metrics)
-            self._tasks.append(asyncio.create_task(scrub_loop(service.scrubber, cfg.scrub_interval_s), name="scrub"))
+            served = None
+            if self.registration is not None:   # (a pass asked for: `bookstream bookies scrub`)
+                loop = asyncio.get_running_loop()
+                try:
+                    served, self._stop_scrub_watch = await loop.run_in_executor(
+                        None, watch_requests, self.registration, cfg.bookie_id, service.scrubber, loop)
+                except Exception as e:   # (MetadataError: etcd away; the passes go on at their interval)
+                    log.warning("scrub: not watching for asked passes (until the next start): %s", e)
+            self._tasks.append(asyncio.create_task(scrub_loop(service.scrubber, cfg.scrub_interval_s, served=served),
+                                                   name="scrub"))
         if self.registration is not None and self.cookie is not None and cfg.etcd_check_interval_s > 0:
             from bookie.cookie import etcd_check_loop
             self._tasks.append(asyncio.create_task(
@@ -654,6 +665,8 @@ class BookieServer:
     async def stop(self, grace: float = 2.0) -> None:
         for t in self._tasks:
             t.cancel()
+        if self._stop_scrub_watch is not None:
+            self._stop_scrub_watch()
         if self.read_port is not None:
             await self.read_port.stop()
         if self.server is not None:

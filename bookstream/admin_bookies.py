@@ -1,4 +1,4 @@
-"""`bookstream bookies list|info|sanity|cookie`: the bookies of a cluster.
+"""`bookstream bookies list|info|sanity|scrub|cookie`: the bookies of a cluster.
 
 A BOOKIE argument is a bookie id (as registered) or its address (host:port).
 """
@@ -90,6 +90,51 @@ def info(adm: Admin, bookie: str) -> Output:
     if bid is not None and i.bookie_id != bid:
         raise CheckFailed(f"{address} answers as bookie {i.bookie_id!r}, but is registered as {bid!r}")
     return Output(record=rec, title=f"bookie {i.bookie_id}")
+
+
+@admin_command(bookies, "scrub")
+@click.argument("bookie")
+@click.option("--wait/--no-wait", default=True, show_default=True,
+              help="wait for the pass to end, its progress on stderr")
+@click.option("--max-wait", type=click.FloatRange(min=0), default=None,
+              help="give up waiting after this many seconds (the pass goes on)")
+def scrub(adm: Admin, bookie: str, wait: bool, max_wait: float | None) -> Output:
+    """Asks the bookie for a scrub pass now (BookKeeper's local consistency
+    check): every entry it holds read back and its checksum checked, a
+    rotted one reported to autorecovery, which copies it back from the
+    other replicas.  The pass begins at once, or once a running one ends,
+    at the bookie's --scrub-rate-mb; the ask is a key in etcd, kept while
+    the bookie is down and served when it is back."""
+    import json
+
+    from bookstream.admin_http import when_utc
+    from metadata.layout import KeyLayout
+
+    with adm.store() as store:
+        bid, address, reg = find_bookie(adm, store, bookie)
+        if bid is None:
+            raise NotFound(f"{bookie!r} is not a registered bookie")
+        i = adm.run(_info(address, adm.timeout))
+        if not i.scrub_next_due:
+            raise AdminError(f"bookie {bid} does not scrub (started with --scrub-interval 0)")
+        key = KeyLayout(adm.cluster).scrub_request_key(bid)
+        rev = store.put(key, json.dumps({"asked": time.time()}).encode())
+        rec = {"bookie_id": bid, "request_revision": rev, "rotted_entries_before": i.scrub_rotted_entries}
+        if not wait:
+            return Output(record=rec | {"served": False}, title=f"scrub of bookie {bid} asked for")
+        deadline = None if max_wait is None else time.monotonic() + max_wait
+        while not store.wait_deleted(key, 2.0 if deadline is None else max(0.0, min(2.0, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                raise CheckFailed(f"bookie {bid}'s scrub not done after {max_wait:g} s (it goes on: "
+                                  f"`bookstream bookies info {bid}` shows its progress)")
+            i = adm.run(_info(address, adm.timeout))
+            if i.scrub_pass_entries:
+                click.echo(f"scrub of {bid}: {i.scrub_pass_checked:,} of {i.scrub_pass_entries:,} entries "
+                           f"({100 * i.scrub_pass_checked // i.scrub_pass_entries} %)", err=True)
+        i = adm.run(_info(address, adm.timeout))
+        rec |= {"served": True, "rotted_entries_found": i.scrub_rotted_entries - rec["rotted_entries_before"],
+                "scrub_last_end": when_utc(i.scrub_last_end)}
+        return Output(record=rec, title=f"scrub of bookie {bid}")
 
 
 @admin_command(bookies, "sanity")

@@ -48,7 +48,7 @@ LOOP_TIMEOUT = 2.0
 SYNC_BUCKETS_S = [(64 << i) / 1e6 for i in range(15)]
 
 
-def _when(t: float) -> str | None:
+def when_utc(t: float) -> str | None:
     """Wall-clock seconds as UTC ISO 8601 (None for 0: never)."""
     import datetime
 
@@ -63,8 +63,11 @@ def info_record(i) -> dict:
         "bookie_id": i.bookie_id,
         "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
         "halted": i.halted or None,
-        "scrub_last_end": _when(i.scrub_last_end), "scrub_next_due": _when(i.scrub_next_due),
+        "scrub_last_end": when_utc(i.scrub_last_end), "scrub_next_due": when_utc(i.scrub_next_due),
         "scrub_rotted_entries": i.scrub_rotted_entries,
+        "scrub_running": ({"checked": i.scrub_pass_checked, "entries": i.scrub_pass_entries}
+                          if i.scrub_pass_entries else None),
+        "scrub_requested": i.scrub_requested or None,   # (a pass asked for, not yet served: its etcd revision)
         "set_aside_bytes": i.set_aside_bytes,   # (damaged data kept in the data dir: bookie/data_dir.py)
         "registration_state": i.registration_state or "not registering",
         "unregistered_seconds": round(i.unregistered_seconds, 1),

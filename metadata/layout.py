@@ -17,6 +17,9 @@ key                                        value               notes
 ``marks/<bookie_id>``                      decimal counter     raised by the bookie's etcd check; a
                                                                value below the bookie's own note: etcd
                                                                lost writes (bookie/cookie.py)
+``scrub-requests/<bookie_id>``             JSON (asked: time)  a scrub pass asked of the bookie; deleted
+                                                               at its revision once a pass served it
+                                                               (bookie/scrub.py)
 ``ledgers/<lid>/header``                   LedgerHeader        CAS'd by every metadata change
 ``ledgers/<lid>/fragments/<entry>``        Fragment            ``<entry>`` = the fragment's first
                                                                entry; fragments sort by it
@@ -152,6 +155,11 @@ class KeyLayout:
     def cookie_key(self, bookie_id: str) -> str:
         """The bookie's cookie (bookie/cookie.py)."""
         return self.root + "cookies/" + validate_name(bookie_id, "bookie id")
+
+    def scrub_request_key(self, bookie_id: str) -> str:
+        """A scrub pass asked of the bookie (``bookstream bookies scrub``):
+        there while not yet served (bookie/scrub.py)."""
+        return self.root + "scrub-requests/" + validate_name(bookie_id, "bookie id")
 
     def mark_key(self, bookie_id: str) -> str:
         """The bookie's mark, which its etcd check raises (bookie/cookie.py ``CookieGuard``)."""

@@ -86,6 +86,49 @@ def test_a_pass_finds_the_rotted_records_of_dense_and_striped_ledgers(storage):
     asyncio.run(go())
 
 
+def test_a_pass_asked_for_begins_at_once_and_a_newer_ask_gets_one_of_its_own(storage):
+    """A scrub whose next pass is an hour away (just ended one): an ask
+    (``request``: its key's revision) starts one at once, its progress
+    shown while it runs; the pass served is reported done at that
+    revision; an ask made while it ran (revision 9) is not served by it:
+    another pass follows at once."""
+    import time
+    from bookie.scrub import scrub_loop
+
+    async def go():
+        await admit_durably(storage, [b"".join(_records(1, range(300)))])
+        s = Scrubber(storage, rate=0)
+        s.last_end = time.time()
+        loop, done, progress = asyncio.get_running_loop(), [], []
+        both = asyncio.Event()
+        real_check = s._check_span
+
+        async def check_span(*a):
+            await real_check(*a)
+            progress.append((s.pass_checked, s.pass_entries))
+            if len(done) == 0 and s.requested == 5:
+                s.request(9)   # (asked again while the pass runs)
+
+        s._check_span = check_span
+
+        def served(rev):
+            done.append(rev)
+            if len(done) == 2:
+                loop.call_soon_threadsafe(both.set)
+
+        task = asyncio.create_task(scrub_loop(s, 3600, served=served))
+        await asyncio.sleep(0.05)
+        assert s.next_due > time.time() + 3000 and not done and s.pass_entries == 0   # (not due: waiting)
+        s.request(5)
+        s.request(3)   # (an older revision: nothing new)
+        await asyncio.wait_for(both.wait(), 30)
+        task.cancel()
+        assert done == [5, 9] and s.requested is None
+        assert progress[0][1] == 300 and progress[-1] == (300, 300) and s.pass_entries == 0
+
+    asyncio.run(go())
+
+
 def test_an_entry_moved_or_deleted_during_a_pass_is_not_reported(storage):
     """The pass reads a window of the index, then the bytes: an entry whose
     index entry changed between (a GC pass's compaction or deletion) is
@@ -363,3 +406,49 @@ def test_a_rotted_entry_above_the_lac_of_a_writerless_stream_is_filled_after_one
 
     victim = run(go())
     assert f"entry {last} of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()
+
+
+def test_bookies_scrub_asks_a_pass_now_and_waits_for_it(own):
+    """Bookies scrubbing at the default interval (their first pass an hour
+    away); one byte of an entry flipped on one of them.  `bookstream
+    bookies scrub ID` asks it for a pass: the pass begins at once, the
+    command waits for it (its ask, a key in etcd, deleted at its revision)
+    and says the rotted entry it found.  With --no-wait it returns at
+    once, the bookie's Info naming the ask until a pass has served it.  A
+    bookie that does not scrub is refused."""
+    import json
+    from tests.conftest import run
+    from tests.test_autorecovery import until
+    from tests.test_recovery_cli import cli, closed_ledger
+    from stream.client import BookKeeperClient
+
+    procs = own.start(3)
+    quiet = own.start(1, ["--scrub-interval", "0"])[-1]
+    lid, ens = closed_ledger(own, [b"ask-%03d-" % i + b"x" * 200 for i in range(40)], ack_quorum=3)
+    victim = next(p for p in procs if p.bookie_id == ens[0])
+    _rot_payload(victim, b"ask-017-")
+    p = cli(own, "bookies", "scrub", victim.bookie_id, "--format", "json")
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["served"] and rec["rotted_entries_found"] == 1 and rec["scrub_last_end"], rec
+    assert "scrub: a pass asked for" in victim.log_path.read_text()
+    assert f"entry 17 of ledger {lid} rotted on disk (found by the scrub)" in victim.log_path.read_text()
+
+    other = next(p for p in procs if p is not victim)
+    p = cli(own, "bookies", "scrub", other.bookie_id, "--no-wait", "--format", "json")
+    asked = json.loads(p.stdout)
+    assert p.returncode == 0 and not asked["served"] and asked["request_revision"] > 0, p.stdout
+
+    async def served():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            async def gone():
+                return (await (await bk.bookie(other.bookie_id)).info()).scrub_requested == 0
+            await until(gone, what="the ask served")
+        finally:
+            await bk.close()
+    run(served())
+    assert "scrub: a pass asked for" in other.log_path.read_text()
+
+    p = cli(own, "bookies", "scrub", quiet.bookie_id)
+    assert p.returncode != 0 and "does not scrub" in (p.stdout + p.stderr), (p.stdout, p.stderr)
