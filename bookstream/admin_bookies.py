@@ -127,7 +127,11 @@ def scrub(adm: Admin, bookie: str, wait: bool, max_wait: float | None) -> Output
             if deadline is not None and time.monotonic() >= deadline:
                 raise CheckFailed(f"bookie {bid}'s scrub not done after {max_wait:g} s (it goes on: "
                                   f"`bookstream bookies info {bid}` shows its progress)")
-            i = adm.run(_info(address, adm.timeout))
+            try:   # (progress only: a bookie paused or restarting answers later, its ask kept)
+                i = adm.run(_info(address, adm.timeout))
+            except Exception as e:
+                click.echo(f"scrub of {bid}: no answer from the bookie ({type(e).__name__}); waiting", err=True)
+                continue
             if i.scrub_pass_entries:
                 click.echo(f"scrub of {bid}: {i.scrub_pass_checked:,} of {i.scrub_pass_entries:,} entries "
                            f"({100 * i.scrub_pass_checked // i.scrub_pass_entries} %)", err=True)

@@ -154,8 +154,11 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             if step is Step.WAIT and plan.open_fragment is not None and writer is Liveness.LIVE:
                 out.note = (f"open fragment {plan.open_fragment} left to its live writer "
                             f"{record.writer_id} (term {record.term})")
+            elif step is Step.WAIT and out.sealed and (plan.open_fragment is not None or plan.held_open):
+                out.note = "sealed once in this call (a bookie it takes as lost may be back): judged again next call"
             elif step is Step.WAIT and plan.held_open and not jobs:
-                out.note = "a damaged bookie's ids in the open fragment above its LAC: filled once it passes them"
+                out.note = ("a damaged bookie's ids in the open fragment above its LAC: filled once it passes them "
+                            "(or, with no live writer, once the stream is sealed after the grace)")
             if dry_run:
                 out.note = f"{len(jobs)} fragment(s) to copy ({sum(j.entries for j in jobs)} entries)"
             return out

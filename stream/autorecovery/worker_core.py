@@ -159,7 +159,8 @@ def plan_ledger(meta: LedgerMetadata, lost: Iterable[str], damaged: Iterable[str
     whole share of each copied.  ``open_end``: the end a take-over's
     recovery found (this worker's seal of the stream): every id up to it
     final (written back whole by the recovery), the ids above it no entries
-    (a writer's later adds write them anew, onto that bookie too): not held.
+    (every bookie deleted its records above the recovery's truncate no-op,
+    and a later writer's adds write them anew): not held.
     ``writer``: what the stream's writer key says (``judge_writer``)."""
     assert meta.fragments_complete, "plan on all fragments"
     damaged = frozenset(damaged)
