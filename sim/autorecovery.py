@@ -71,6 +71,10 @@ Mutants: ``fill-done-by-first`` (a fill counted done for its first id: the
 ids the LAC passed later in the same call left), ``copy-rotted`` (a copy
 forwards a record failing its CRC), ``damaged-stays-lost`` (a damaged bookie
 declared lost stays damaged: its fill waits for ever on a bookie gone).
+Lost writes and the full check (sim/autorecovery_check.py): a stream's add
+now and then misses one bookie (the writer replaces it from the next id),
+and the auditor's periodic full check (the shipped ``tally``) names it
+damaged at the ids it lacks; mutant ``no-full-check``.
 The tasks are the shipped ``Task`` values (``reported``, ``without``), a
 worker reads its task once as it takes the lock and deletes it at that
 revision (a CAS), as ``service.ReplicationWorker`` does.
@@ -87,6 +91,7 @@ import sys
 
 from bookie.core import Status
 from metadata.ledgers import Fragment, LedgerMetadata, LedgerMode, LedgerState
+from sim.autorecovery_check import FullCheck
 from sim.autorecovery_gc import BookieGC
 from sim.autorecovery_model import BOUND, DELAY, GRACE, STREAMS, TTL, SimBookie, SimWriter, Violation
 from sim.autorecovery_rot import SCRUB_STEPS, Rot
@@ -100,11 +105,11 @@ from stream.writer_lease import Liveness, judge_writer
 
 MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
            "no-cas-guard", "gc-no-lock", "gc-no-touch-check", "copy-any-source", "fill-done-by-first",
-           "copy-rotted", "damaged-stays-lost")
+           "copy-rotted", "damaged-stays-lost", "no-full-check")
 __all__ = ["MUTANTS", "Violation", "World", "run_seed"]
 
 
-class World(BookieGC, StreamWriters, Rot):
+class World(BookieGC, StreamWriters, Rot, FullCheck):
     TTL = TTL   # the leases of locks and keys (sim/autorecovery_gc.py reads it here)
     STEP = 0.25  # the clock's step
 
@@ -132,6 +137,8 @@ class World(BookieGC, StreamWriters, Rot):
         self.rots = 0              # records rotted
         self.filled = 0            # ids filled in place (a damaged bookie's own)
         self.damaged_lost = 0      # damaged bookies of a task the auditor declared lost
+        self.missed_writes = 0     # adds that never reached one bookie of their write set
+        self.check_found = 0       # ledgers the full check found a bookie of lacking ids
         self.rot_rng = random.Random(seed + 104729)   # (rot's own draws)
         self.scrubbing = True
         self.scrub_phase = {b: self.rot_rng.randrange(SCRUB_STEPS) for b in sorted(self.bookies)}
@@ -199,8 +206,8 @@ class World(BookieGC, StreamWriters, Rot):
         end = (self.top.get(m.ledger_id, m.last_entry) if frag is m.fragments[-1]
                else m.fragments[m.fragments.index(frag) + 1].first_entry - 1)
         bk, lid = self.bookies[b], m.ledger_id
-        return all(bk.holds(lid, e) or (rot_ok and (lid, e) in bk.data and (lid, e) in bk.rotted
-                                        and (lid, e) not in bk.bad_copies)
+        return all(bk.holds(lid, e) or (rot_ok and (lid, e) in bk.missed)
+                   or (rot_ok and (lid, e) in bk.data and (lid, e) in bk.rotted and (lid, e) not in bk.bad_copies)
                    for e in range(frag.first_entry, end + 1) if i in write_set(e, m.ensemble_size, m.write_quorum))
 
     def dirty(self, lid: int, rot_ok: bool = True) -> list:
@@ -537,6 +544,7 @@ class World(BookieGC, StreamWriters, Rot):
             self.rot()
         if self.scrubbing:
             self.scrub_step()
+            self.check_step()
         actors = ["auditor", "gc"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
         self.rng.shuffle(actors)
         for a in actors:

@@ -36,6 +36,10 @@ class SimBookie:
     # rotted records a copy wrote here (a copier forwarding a record that
     # fails its CRC: mutant copy-rotted): not damage found later, a copy's
     bad_copies: set = dataclasses.field(default_factory=set)
+    # (lid, eid) a writer's add never reached here (acknowledged by the
+    # others; the writer then replaced this bookie from the next id): held
+    # by nobody here until the full check finds it and a worker fills it
+    missed: set = dataclasses.field(default_factory=set)
     # the shipped core: the copy fence (its copy tokens), and each ledger's
     # count of admitted requests that the over-replicated GC checks
     core: BookieCore = dataclasses.field(default_factory=BookieCore)
@@ -50,13 +54,14 @@ class SimBookie:
         self.leftover.discard((lid, eid))
         self.rotted.pop((lid, eid), None)
         self.bad_copies.discard((lid, eid))
+        self.missed.discard((lid, eid))
 
     def holds(self, lid: int, eid: int) -> bool:
         """The entry itself (a leftover record is not it, nor a rotted one)."""
         return (lid, eid) in self.data and (lid, eid) not in self.leftover and (lid, eid) not in self.rotted
 
     def lose_data(self) -> None:
-        self.data, self.leftover, self.rotted, self.bad_copies = set(), set(), {}, set()
+        self.data, self.leftover, self.rotted, self.bad_copies, self.missed = set(), set(), {}, set(), set()
 
 
 @dataclasses.dataclass

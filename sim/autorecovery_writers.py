@@ -65,11 +65,19 @@ class StreamWriters:
                 self.trim(lid)   # the application trims the stream below its open fragment
                 m, _ = self.meta[lid]
             eid = self.top[lid] + 1
+            slow = self.slow_bookie(lid, eid, m, last) if online else None
             for i in write_set(eid, m.ensemble_size, m.write_quorum):
-                self.bookies[last.ensemble[i]].write(lid, eid)
+                if last.ensemble[i] != slow:
+                    self.bookies[last.ensemble[i]].write(lid, eid)
             self.lac[lid] = self.top[lid]   # (an add carries the LAC: the entry before it, acknowledged)
             self.top[lid] = eid
             self.acked.add((lid, eid))
+            if slow is not None:   # (acknowledged by the others; the slow one replaced from the next id)
+                self.bookies[slow].missed.add((lid, eid))
+                self.missed_writes += 1
+                self.change_ensemble(lid, replace=slow)
+                self.note(f"writer of {lid}: entry {eid} never reached {slow}; new ensemble "
+                          f"{self.meta[lid][0].fragments[-1]}")
 
     def _fenced(self, w: SimWriter) -> None:
         """It learnt a later term took over: it stops and drops its key
@@ -81,11 +89,13 @@ class StreamWriters:
         w.registered_since = None
         self.note(f"writer of {w.lid} (term {w.term}) fenced: it stops, its key goes")
 
-    def change_ensemble(self, lid: int, roll: bool = False) -> bool:
+    def change_ensemble(self, lid: int, roll: bool = False, replace: str | None = None) -> bool:
         """The open fragment's unregistered bookies replaced from the entry
-        after the last written (= LAFR + 1: every entry written reached its
-        whole write set here); an empty last fragment is replaced in place.
-        ``roll``: a new ensemble of registered bookies, none failed."""
+        after the last written (every entry written reached its whole write
+        set here, but for a slow bookie's missed write); an empty last
+        fragment is replaced in place.  ``roll``: a new ensemble of
+        registered bookies, none failed.  ``replace``: that bookie (a write
+        to it failed, the others acknowledged)."""
         m, _ = self.meta[lid]
         last = m.fragments[-1]
         if roll:
@@ -93,7 +103,7 @@ class StreamWriters:
                 return False
             new = self.rng.sample(sorted(self.registered()), m.ensemble_size)
         else:
-            gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive]
+            gone = [i for i, b in enumerate(last.ensemble) if not self.bookies[b].alive or b == replace]
             cands = [b for b in sorted(self.registered()) if b not in last.ensemble]
             if not gone or len(cands) < len(gone):
                 return False

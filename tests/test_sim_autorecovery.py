@@ -10,7 +10,8 @@ target another worker has since used; ``gc-no-lock`` and
 target before its publication, or a fragment a writer rolled onto it since
 the GC's read; ``fill-done-by-first``, ``copy-rotted`` and
 ``damaged-stays-lost``: a rotted id left unfilled as its task is deleted, a
-bad record copied, a fill waiting for ever on a bookie gone)."""
+bad record copied, a fill waiting for ever on a bookie gone; ``no-full-check``:
+an add that missed a bookie never found)."""
 from __future__ import annotations
 
 import pytest
@@ -20,10 +21,11 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 def test_seeded_runs_are_clean_and_do_recover():
     replaced = fenced = guarded = seals = waits = changes = gc_cleared = gc_refused = 0
-    rots = filled = damaged_lost = 0
+    rots = filled = damaged_lost = missed = found = 0
     for seed in range(40):
         w = run_seed(seed)
         rots, filled, damaged_lost = rots + w.rots, filled + w.filled, damaged_lost + w.damaged_lost
+        missed, found = missed + w.missed_writes, found + w.check_found
         replaced += w.replaced
         fenced, guarded = fenced + w.fenced_clears, guarded + w.guarded_cas
         gc_cleared, gc_refused = gc_cleared + w.gc_cleared, gc_refused + w.gc_refused
@@ -42,6 +44,8 @@ def test_seeded_runs_are_clean_and_do_recover():
     # ... and rot: records rotted, their ids filled in place on their bookie, and
     # damaged bookies the auditor declared lost before their fill
     assert rots > 100 and filled > 100 and damaged_lost > 0, (rots, filled, damaged_lost)
+    # ... and adds that missed a bookie, which the auditor's full check found
+    assert missed > 10 and found > 10, (missed, found)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)
