@@ -144,7 +144,7 @@ def add_bookie_args(p: argparse.ArgumentParser) -> None:
                    help="every this many seconds (counted from the last pass's end, kept in the data dir), read "
                         "back every entry held and check its CRC; a rotted one is reported to autorecovery, which "
                         "copies it back from the other replicas (a data dir never scrubbed: its first pass an hour "
-                        "after the start, or this, if shorter); 0: never")
+                        "after the start, or this, if shorter; `bookstream bookies scrub ID`: a pass now); 0: never")
     p.add_argument("--scrub-rate-mb", type=number(float, "MB/s, 0 for no limit", lo=0), default=32.0,
                    help="the scrub reads at most this many MB/s (0: no limit)")
     p.add_argument("--on-lost-disk", choices=("refuse", "rejoin"), default="refuse",
