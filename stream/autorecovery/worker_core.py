@@ -310,7 +310,8 @@ def judge_round(plan: LedgerPlan, now: float, first_seen: float, grace: float,
     known, absent, waiting = frozenset(known), absent or {}, set(waiting)
     unrec = [{"first": u.first_entry, "last": u.last_entry, "lost": sorted(u.lost), "why": u.why}
              for u in plan.unrecoverable]
-    skipped = [j for j in plan.jobs if (j.first_entry, j.last_entry) in known | absent.keys()]
+    reported = known | absent.keys()
+    skipped = [j for j in plan.jobs if (j.first_entry, j.last_entry) in reported]
     unrec += [absent[j.first_entry, j.last_entry] for j in skipped if (j.first_entry, j.last_entry) in absent]
     unrec += [{"first": j.first_entry, "last": j.last_entry, "lost": [j.lost], "why": "reported before"}
               for j in skipped if (j.first_entry, j.last_entry) not in absent]
