@@ -449,6 +449,7 @@ class BookieService(pb_grpc.BookieServicer):
             journal_sync_max_seconds=self.storage.journal.sync_max_seconds,
             **_registration_fields(self.registration_status()),
             **_scrub_fields(self.scrubber),
+            scrub_interval=self.config.scrub_interval_s,
             set_aside_bytes=set_aside_bytes(storage.dir),
         )
 

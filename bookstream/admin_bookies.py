@@ -115,7 +115,7 @@ def scrub(adm: Admin, bookie: str, wait: bool, max_wait: float | None) -> Output
         if bid is None:
             raise NotFound(f"{bookie!r} is not a registered bookie")
         i = adm.run(_info(address, adm.timeout))
-        if not i.scrub_next_due:
+        if not i.scrub_interval:
             raise AdminError(f"bookie {bid} does not scrub (started with --scrub-interval 0)")
         key = KeyLayout(adm.cluster).scrub_request_key(bid)
         rev = store.put(key, json.dumps({"asked": time.time()}).encode())

@@ -64,7 +64,7 @@ def info_record(i) -> dict:
         "state": "readonly" if i.state == pb.READ_ONLY_STATE else "writable",
         "halted": i.halted or None,
         "scrub_last_end": when_utc(i.scrub_last_end), "scrub_next_due": when_utc(i.scrub_next_due),
-        "scrub_rotted_entries": i.scrub_rotted_entries,
+        "scrub_rotted_entries": i.scrub_rotted_entries, "scrub_interval_s": i.scrub_interval,
         "scrub_running": ({"checked": i.scrub_pass_checked, "entries": i.scrub_pass_entries}
                           if i.scrub_pass_entries else None),
         "scrub_requested": i.scrub_requested or None,   # (a pass asked for, not yet served: its etcd revision)

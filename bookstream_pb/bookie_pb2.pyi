@@ -273,7 +273,7 @@ class InfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class InfoResponse(_message.Message):
-    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests", "read_range_entries", "journal_sync_histogram", "journal_sync_max_seconds", "registration_state", "unregistered_seconds", "halted", "scrub_last_end", "scrub_next_due", "scrub_rotted_entries", "set_aside_bytes", "scrub_pass_checked", "scrub_pass_entries", "scrub_requested")
+    __slots__ = ("bookie_id", "state", "free_bytes", "total_bytes", "used_bytes", "ledgers", "entries", "segments", "replayed_records", "replayed_bytes", "journal_fsyncs", "journal_bytes", "replay_seconds", "read_entry_requests", "read_range_requests", "read_range_entries", "journal_sync_histogram", "journal_sync_max_seconds", "registration_state", "unregistered_seconds", "halted", "scrub_last_end", "scrub_next_due", "scrub_rotted_entries", "set_aside_bytes", "scrub_pass_checked", "scrub_pass_entries", "scrub_requested", "scrub_interval")
     BOOKIE_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     FREE_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -302,6 +302,7 @@ class InfoResponse(_message.Message):
     SCRUB_PASS_CHECKED_FIELD_NUMBER: _ClassVar[int]
     SCRUB_PASS_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SCRUB_REQUESTED_FIELD_NUMBER: _ClassVar[int]
+    SCRUB_INTERVAL_FIELD_NUMBER: _ClassVar[int]
     bookie_id: str
     state: BookieState
     free_bytes: int
@@ -330,4 +331,5 @@ class InfoResponse(_message.Message):
     scrub_pass_checked: int
     scrub_pass_entries: int
     scrub_requested: int
-    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ..., read_range_entries: _Optional[int] = ..., journal_sync_histogram: _Optional[_Iterable[int]] = ..., journal_sync_max_seconds: _Optional[float] = ..., registration_state: _Optional[str] = ..., unregistered_seconds: _Optional[float] = ..., halted: _Optional[str] = ..., scrub_last_end: _Optional[float] = ..., scrub_next_due: _Optional[float] = ..., scrub_rotted_entries: _Optional[int] = ..., set_aside_bytes: _Optional[int] = ..., scrub_pass_checked: _Optional[int] = ..., scrub_pass_entries: _Optional[int] = ..., scrub_requested: _Optional[int] = ...) -> None: ...
+    scrub_interval: float
+    def __init__(self, bookie_id: _Optional[str] = ..., state: _Optional[_Union[BookieState, str]] = ..., free_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ..., used_bytes: _Optional[int] = ..., ledgers: _Optional[int] = ..., entries: _Optional[int] = ..., segments: _Optional[int] = ..., replayed_records: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., journal_fsyncs: _Optional[int] = ..., journal_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., read_entry_requests: _Optional[int] = ..., read_range_requests: _Optional[int] = ..., read_range_entries: _Optional[int] = ..., journal_sync_histogram: _Optional[_Iterable[int]] = ..., journal_sync_max_seconds: _Optional[float] = ..., registration_state: _Optional[str] = ..., unregistered_seconds: _Optional[float] = ..., halted: _Optional[str] = ..., scrub_last_end: _Optional[float] = ..., scrub_next_due: _Optional[float] = ..., scrub_rotted_entries: _Optional[int] = ..., set_aside_bytes: _Optional[int] = ..., scrub_pass_checked: _Optional[int] = ..., scrub_pass_entries: _Optional[int] = ..., scrub_requested: _Optional[int] = ..., scrub_interval: _Optional[float] = ...) -> None: ...
