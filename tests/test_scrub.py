@@ -122,6 +122,10 @@ def test_a_pass_asked_for_begins_at_once_and_a_newer_ask_gets_one_of_its_own(sto
         s.request(5)
         s.request(3)   # (an older revision: nothing new)
         await asyncio.wait_for(both.wait(), 30)
+        for _ in range(100):   # (served runs in a thread: the loop clears the ask once it resumes after it)
+            if s.requested is None:
+                break
+            await asyncio.sleep(0)
         task.cancel()
         assert done == [5, 9] and s.requested is None
         assert progress[0][1] == 300 and progress[-1] == (300, 300) and s.pass_entries == 0
@@ -422,9 +426,9 @@ def test_bookies_scrub_asks_a_pass_now_and_waits_for_it(own):
     from tests.test_recovery_cli import cli, closed_ledger
     from stream.client import BookKeeperClient
 
-    procs = own.start(3)
-    quiet = own.start(1, ["--scrub-interval", "0"])[-1]
+    procs = list(own.start(3))
     lid, ens = closed_ledger(own, [b"ask-%03d-" % i + b"x" * 200 for i in range(40)], ack_quorum=3)
+    quiet = own.start(1, ["--scrub-interval", "0"])[-1]   # (after the ledger: none of its bookies)
     victim = next(p for p in procs if p.bookie_id == ens[0])
     _rot_payload(victim, b"ask-017-")
     p = cli(own, "bookies", "scrub", victim.bookie_id, "--format", "json")
