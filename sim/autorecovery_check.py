@@ -13,7 +13,7 @@ every missed write is filled (the final check); mutant ``no-full-check``
 (the check never runs) leaves them."""
 from __future__ import annotations
 
-from stream.autorecovery.replica_check import checked_fragments, damaged, tally
+from stream.autorecovery.replica_check import checked_fragments, damaged, missing_ids, tally
 from stream.quorum import write_set
 
 CHECK_STEPS = 40   # the full check's period, in the simulation's steps
@@ -56,7 +56,7 @@ class FullCheck:
                 frags.append(tally(first, last, ensemble, Qw, m.ack_quorum, answers, bad))
             found = damaged(frags, registered)
             if found:
-                ids = {b: [r for f in frags for r in f.missing.get(b, [])] for b in found}
+                ids = missing_ids(frags, found)
                 self.publish(lid, found, damaged=True, ids=ids)
                 self.check_found += 1
                 self.note(f"full check: ledger {lid}: {sorted(found)} lack {ids}")

@@ -172,6 +172,13 @@ def damaged(frags: list[FragmentReplicas], registered: Iterable[str]) -> frozens
     return frozenset(b for f in frags for b in [*f.missing, *f.bad_records] if b in registered)
 
 
+def missing_ids(frags: list[FragmentReplicas], bookies: Iterable[str]) -> dict[str, list[list[int]]]:
+    """Per bookie of ``bookies`` (those ``damaged`` named), the id ranges
+    of every fragment that it lacks (a record failing its checksum
+    included): the task's ``damaged_ids``, filled in place."""
+    return {b: [r for f in frags for r in f.missing.get(b, [])] for b in bookies}
+
+
 def _residues(index: int, E: int, Qw: int) -> int:
     """The residues (id mod E) whose write set holds ensemble position ``index``."""
     return sum(1 << r for r in range(E) if index in write_set(r, E, Qw))
@@ -265,4 +272,4 @@ def _joined(acc: FragmentReplicas, part: FragmentReplicas) -> FragmentReplicas:
                             bad_records=bad, checked=acc.checked + part.checked)
 
 
-__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "sampled_ranges", "tally"]
+__all__ = ["FragmentReplicas", "Held", "check_ledger", "checked_fragments", "damaged", "missing_ids", "sampled_ranges", "tally"]

@@ -41,7 +41,7 @@ from stream.writer_lease import Liveness, judge_writer, read_writer
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, Check, MootTasks, PublishTask, Scan
 from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
-from stream.autorecovery.replica_check import check_ledger, damaged
+from stream.autorecovery.replica_check import check_ledger, damaged, missing_ids
 from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check,
                                              judge_round, plan_ledger, restrict_plan)
 
@@ -485,7 +485,7 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
                 bad = damaged(frags, registered)
                 if bad:
                     found += 1
-                    ids = {b: [r for f in frags for r in f.missing.get(b, [])] for b in bad}
+                    ids = missing_ids(frags, bad)
                     await asyncio.to_thread(keys.publish, lid, bad, True, ids)
                     lacking = {b: sum(z - a + 1 for a, z in ids[b]) for b in bad}
                     log.warning("full check: ledger %d: %s lack entries or hold bad records (ids lacking: %s)", lid,
