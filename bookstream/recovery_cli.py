@@ -349,9 +349,9 @@ def disable(etcd, cluster, fmt):
                    "entry missing mid-fragment or failing its checksum, at the cost of reading every ledger Qw times "
                    "a period (default: one ReadLac per ledger and bookie)")
 @click.option("--full-check-percentage", type=click.FloatRange(0, 100), default=100.0, show_default=True,
-              help="the full check reads this share of each fragment's ids, in windows drawn anew each period, "
-                   "and its first and last id always (BookKeeper's auditorLedgerVerificationPercentage; "
-                   "0: those two only)")
+              help="the full check reads this share of each fragment's ids, the next windows of them each period "
+                   "(every id within ceil(100 / P) periods), and its first and last id always (BookKeeper's "
+                   "auditorLedgerVerificationPercentage; 0: those two only)")
 @click.option("--rate-mb", type=click.FloatRange(min=0), default=0.0, show_default=True, help=_RATE_HELP)
 @click.option("--log-level", default="info")
 @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",

@@ -33,6 +33,8 @@ key                                        value               notes
 ``autorecovery/locks/<lid>``               worker id           under the worker's lease (a task lock)
 ``autorecovery/auditor``                   JSON (id, address)  under the auditor's lease (the election)
 ``autorecovery/enabled``                   ``true``/``false``  absent: enabled (cluster-wide switch)
+``autorecovery/check-pass``                decimal integer     the sampled full check's last pass number
+                                                               (its windows taken in turn, replica_check)
 ``autorecovery/decommissioned/<bookie>``   JSON                a decommissioned bookie id (refused)
 =========================================  ==================  ======================================
 
@@ -242,6 +244,9 @@ class KeyLayout:
 
     def auditor_key(self) -> str:
         return self.autorecovery_prefix() + "auditor"
+
+    def check_pass_key(self) -> str:
+        return self.autorecovery_prefix() + "check-pass"
 
     def parse_underreplicated_key(self, key: str) -> int:
         return parse_id(self._strip(key, self.underreplicated_prefix()), "ledger id")

@@ -329,6 +329,70 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     run(go())
 
 
+def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
+    """``--full-check-percentage 20``: each pass reads the ends of a
+    fragment and the next fifth of its windows of 64 ids (the pass number
+    kept in etcd, ``next_check_pass``), so an id missing in the middle is
+    found within five passes, by the pass whose windows hold it (here the
+    second: 400 ids are 7 windows, two a pass, id 200 in the fourth).
+    Drawn at random, a pass finds it one time in seven."""
+    from stream.autorecovery.service import run_check
+    from tests.test_recovery_cli import closed_ledger
+
+    own.start(3)
+    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(400)], ack_quorum=3)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        assert (await (await bk.bookie(ens[1])).delete(lid, (200, 200))).status == Status.OK
+        keys = AutorecoveryKeys(bk.store, own.cluster)
+        found = []
+        for _ in range(4):
+            pass_no = await asyncio.to_thread(keys.next_check_pass)
+            found.append((pass_no, await run_check(bk, keys, full=True, percent=20, pass_no=pass_no)))
+        assert found == [(0, 0), (1, 1), (2, 0), (3, 0)], found
+        (task,) = keys.tasks()
+        assert task.damaged_ids == {ens[1]: ((200, 200),)}, task
+        await bk.close()
+
+    run(go())
+
+
+def test_the_cheap_check_names_a_missing_tails_ids_and_workers_fill_them_in_place(own):
+    """A bookie lacking the last entries of a sealed fragment (writes that
+    failed on it after Qa others acked, the fragment then closed) answers
+    ReadLac with the last it holds: the cheap check knows which ids it
+    lacks, publishes them, and the workers copy those back onto it.  (Before:
+    it was named damaged without ids and its whole share moved to the spare,
+    40 entries for 10.)"""
+    from stream.autorecovery.service import run_check
+    from tests.test_recovery_cli import closed_ledger
+
+    own.start(4)
+    lid, ens = closed_ledger(own, [b"t%d" % i for i in range(40)], ack_quorum=3)
+    hurt = ens[2]
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        assert (await (await bk.bookie(hurt)).delete(lid, (30, 39))).status == Status.OK
+        keys = AutorecoveryKeys(bk.store, own.cluster)
+        assert await run_check(bk, keys) == 1
+        (task,) = keys.tasks()
+        assert task.damaged == {hurt} and task.damaged_ids == {hurt: ((30, 39),)}, task
+        async with autorecovery(own, delay=60.0, grace=1.0) as (auditor, ws, _):
+            async def clean():
+                return not list(keys.tasks())
+            await until(clean, what="the missing tail copied back")
+        assert not any(o.replaced for o in ws[0].outcomes), ws[0].outcomes
+        assert sum(o.entries for o in ws[0].outcomes) == 10, ws[0].outcomes
+        assert await names_bookie(bk, hurt)
+        assert await check_every_replica(bk, lid, 39, set(ens)) == 120
+        assert await run_check(bk, keys) == 0
+        await bk.close()
+
+    run(go())
+
+
 def test_damaged_bookies_with_no_spare_bookie_are_filled_in_place(own):
     """Every bookie of the cluster is in the ledger's ensemble, and each
     lacks different entries (writes that failed on it after Qa others

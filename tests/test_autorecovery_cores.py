@@ -142,7 +142,8 @@ def test_done_and_target_choice():
 
 
 def test_periodic_check_expectations_and_verdict():
-    from stream.autorecovery.worker_core import expected_last_entries, judge_check
+    from stream.autorecovery.keys import Task
+    from stream.autorecovery.worker_core import expected_last_entries, judge_check, missing_tails
     m = meta([(0, "abc"), (10, "dbc")], state=LedgerState.OPEN, last=-1)
     assert expected_last_entries(m) == {"a": 9, "b": 9, "c": 9}   # the open fragment: nothing yet
     c = meta([(0, "abcd")], e=4, qw=2, last=9)
@@ -150,6 +151,15 @@ def test_periodic_check_expectations_and_verdict():
     # entry 9 is on positions (1, 2); a (0) last holds 8, d (3) holds 7
     assert exp == {"a": 8, "b": 9, "c": 9, "d": 7}
     assert judge_check(exp, {"a": 8, "b": None, "c": 5}) == {"b", "c"}   # d did not answer: not judged
+    # c's tail is known (6..9, of which its position holds 6 and 9); b knows nothing of the ledger
+    assert missing_tails(exp, {"a": 8, "b": None, "c": 5}) == {"c": [[6, 9]]}
+    t = Task(7, frozenset(), 0).reported({"b", "c"}, True, missing_tails(exp, {"a": 8, "b": None, "c": 5}))
+    assert t.damaged == {"b", "c"} and t.damaged_ids == {"c": ((6, 9),)}
+    p = plan_ledger(c, (), damaged=t.damaged, damaged_ids=t.damaged_ids)
+    # c: only its tail, filled in place from the positions sharing 6 (d) and 9 (b); b: its whole share moved
+    assert sorted((j.lost, j.first_entry, j.last_entry, j.fill, j.sources) for j in p.jobs) == [
+        ("b", 0, 9, False, ("a", "c", "b")), ("c", 6, 9, True, ("d", "b"))], p.jobs
+    assert [j.entries for j in p.jobs if j.fill] == [2]
 
 
 def test_damaged_bookie_copies_sealed_fragments_never_seals_the_open_one():

@@ -78,3 +78,18 @@ def test_a_damaged_bookie_the_auditor_declares_lost_is_moved_whole(store, cluste
     t = keys.get_task(32)
     assert (t.lost, t.damaged, t.damaged_ids) == ({"a", "b"}, {"b"}, {"b": ((7, 8),)})
     assert keys.moot("a") == 1 and keys.get_task(32).lost == {"b"}
+
+
+def test_the_sampled_checks_pass_numbers_go_on_across_auditors(store, cluster):
+    """Each sampled full check's pass takes the next number, whichever
+    auditor makes it (an elected one after another's lease ran out, two at
+    once for a moment), so that the windows read go on where the last pass
+    left them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    a, b = AutorecoveryKeys(store, cluster), AutorecoveryKeys(store, cluster)
+    assert [a.next_check_pass(), a.next_check_pass(), b.next_check_pass()] == [0, 1, 2]
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(lambda k: k.next_check_pass(), [a, b] * 6))
+    assert sorted(got) == list(range(3, 15))    # none taken twice, none skipped
+    assert store.get(a.layout.check_pass_key()).value == b"14"

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import uuid
 
+import pytest
+
 from bookie import entry as E
 from bookie.core import Status
 from stream.autorecovery.replica_check import check_ledger, checked_fragments, tally
@@ -198,6 +200,34 @@ def test_sampled_ranges_take_the_ends_and_a_share_of_the_windows():
         assert 640 <= ids <= 640 + 2 * 64, ids   # ten windows, and the two ends (maybe inside one)
         assert all(a % 64 == 0 or a in (0, 6399) for a, _ in got)
     assert sampled_ranges(0, 6399, 10, random.Random(3)) != sampled_ranges(0, 6399, 10, random.Random(4))
+
+
+@pytest.mark.parametrize("first,last,percent", [(0, 6399, 10), (5, 9000, 7.5), (0, 63, 50), (3, 1000, 33),
+                                                 (0, 640, 1), (100, 100 + 64 * 7 - 1, 20), (0, 1 << 16, 99)])
+def test_a_periodic_checks_passes_take_the_windows_in_turn(first, last, percent):
+    """The periodic check's sampled passes: each reads at least its share
+    (and less than one window more, with the ends), and any ceil(100 / P)
+    consecutive passes read every id, from any pass on (drawn at random, a
+    window could go unread for many passes)."""
+    import math
+
+    from stream.autorecovery.replica_check import sampled_ranges
+
+    whole = last - first + 1
+    turn = math.ceil(100 / percent)
+    for start in (0, 1, 17, 10 ** 6 + 3):
+        seen: set[int] = set()
+        for p in range(start, start + turn):
+            got = sampled_ranges(first, last, percent, pass_no=p, window=64)
+            assert got[0][0] == first and got[-1][1] == last
+            assert all(a <= b for a, b in got) and all(x[1] + 1 < y[0] for x, y in zip(got, got[1:]))
+            ids = {i for a, b in got for i in range(a, b + 1)}
+            windows = math.ceil(whole / 64)
+            assert len(ids) >= min(whole, (math.ceil(windows * percent / 100) - 1) * 64 + 1), (p, len(ids))
+            assert len(ids) <= math.ceil(windows * percent / 100) * 64 + 2, (p, len(ids))
+            seen |= ids
+        assert len(seen) == whole, (start, whole - len(seen))
+    assert sampled_ranges(first, last, percent, pass_no=4) == sampled_ranges(first, last, percent, pass_no=4)
 
 
 def test_a_sampled_check_reads_the_ends_and_what_it_draws(own):

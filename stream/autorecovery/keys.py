@@ -193,6 +193,26 @@ class AutorecoveryKeys:
     def set_enabled(self, on: bool) -> None:
         self.store.put(self.layout.autorecovery_enabled_key(), b"true" if on else b"false")
 
+    # -- the sampled full check's passes ----------------------------------------------------
+
+    def next_check_pass(self) -> int:
+        """The number of the sampled full check's pass about to begin (CAS:
+        one more than the last, 0 the first): its windows follow the last
+        pass's, whichever auditor made it (``replica_check.sampled_ranges``)."""
+        key = self.layout.check_pass_key()
+        for _ in range(_CAS_ROUNDS):
+            cur = self.store.get(key)
+            n = 0 if cur is None else int(cur.value) + 1
+            try:
+                if cur is None:
+                    self.store.create(key, b"%d" % n)
+                else:
+                    self.store.cas(key, b"%d" % n, cur.mod_revision)
+                return n
+            except (KeyExists, BadVersion):
+                continue
+        raise TxnConflict({key: None})
+
     # -- tasks --------------------------------------------------------------------------
 
     def publish(self, ledger_id: int, lost: frozenset[str] | set[str], damaged: bool = False,

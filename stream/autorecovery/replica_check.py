@@ -11,7 +11,9 @@ range read per bookie and fragment (a striped one asks only the residues
 the bookie's position holds), every record's checksum verified.  Or a
 share of each fragment (``sampled_ranges``, BookKeeper's
 ``auditorLedgerVerificationPercentage``): its first and last id, and
-windows of ids drawn at random, so that a periodic check of a big cluster
+windows of ids (drawn at random for a check made once; the periodic check's
+passes take the windows in turn, so that every id is read within
+``ceil(100 / percent)`` passes), so that a periodic check of a big cluster
 need not read every ledger Qw times a period; a pass finds what it reads.
 
 :func:`tally` is the judgement, pure: given what each bookie of a fragment
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import math
 import random
 from typing import Iterable
 
@@ -141,19 +144,28 @@ def tally(first: int, last: int, ensemble: tuple[str, ...], write_quorum: int, a
     return out
 
 
-def sampled_ranges(first: int, last: int, percent: float, rng: random.Random,
-                   window: int = SAMPLE_WINDOW) -> list[tuple[int, int]]:
+def sampled_ranges(first: int, last: int, percent: float, rng: random.Random | None = None,
+                   window: int = SAMPLE_WINDOW, *, pass_no: int | None = None) -> list[tuple[int, int]]:
     """The ids of ``first..last`` a check reading ``percent`` of a fragment
     reads (BookKeeper's ``auditorLedgerVerificationPercentage``): the first
     and the last id always (0: only those, BookKeeper's default), and that
-    share of the fragment's windows of ``window`` ids, drawn by ``rng``;
-    ascending, disjoint, adjacent ones merged.  100: the whole range."""
+    share of the fragment's windows of ``window`` ids; ascending, disjoint,
+    adjacent ones merged.  100: the whole range.  The windows are drawn by
+    ``rng`` (a check made once), or, for the ``pass_no``-th pass of a
+    periodic check, the next run of them after the previous pass's, round
+    the fragment: any ``ceil(100 / percent)`` consecutive passes read every
+    id (drawn at random, some window would go unread for many passes)."""
     assert 0 <= percent <= 100 and first <= last
     if percent >= 100:
         return [(first, last)]
     starts = range(first, last + 1, window)
-    k = round(len(starts) * percent / 100)
-    picked = [(a, min(a + window - 1, last)) for a in sorted(rng.sample(starts, k))]
+    n = len(starts)
+    if pass_no is None:
+        picked_starts = (rng or random.Random()).sample(starts, round(n * percent / 100))
+    else:   # k windows a pass, ceil(n / k) <= ceil(100 / percent) passes round the fragment
+        k = min(n, math.ceil(n * percent / 100))
+        picked_starts = [starts[(pass_no * k + j) % n] for j in range(k)]
+    picked = [(a, min(a + window - 1, last)) for a in sorted(picked_starts)]
     out: list[tuple[int, int]] = []
     for a, b in sorted([(first, first), (last, last), *picked]):
         if out and a <= out[-1][1] + 1:
@@ -221,21 +233,22 @@ async def _read_held(client, bookie: str, lid: int, first: int, last: int, E: in
 
 async def check_ledger(client, meta: LedgerMetadata, *, lac: int | None = None, timeout: float = 10.0,
                        progress=None, chunk: int = CHUNK_IDS, percent: float = 100.0,
-                       rng: random.Random | None = None) -> list[FragmentReplicas]:
+                       rng: random.Random | None = None, pass_no: int | None = None) -> list[FragmentReplicas]:
     """Reads every sealed fragment of ``meta`` (all its fragments loaded),
     and an open one up to ``lac`` if given, from each bookie of its
     ensemble, the bookies of a fragment at once, ``chunk`` ids at a time
     (what is held in memory: a fragment of 256 MiB of 100-byte entries has
     2.6 M ids); ``progress(fragments_done, fragments)`` after each.
     ``percent`` below 100: only ``sampled_ranges`` of each fragment (its
-    first and last id, and that share of its windows, drawn by ``rng``)."""
+    first and last id, and that share of its windows, drawn by ``rng``, or
+    those of a periodic check's ``pass_no``-th pass)."""
     lid, E, Qw, Qa = meta.ledger_id, meta.ensemble_size, meta.write_quorum, meta.ack_quorum
     frags = checked_fragments(meta, lac)
     rng = rng or random.Random()
     out = []
     for k, (first, last, ensemble) in enumerate(frags):
         acc = None
-        for lo, hi in sampled_ranges(first, last, percent, rng):
+        for lo, hi in sampled_ranges(first, last, percent, rng, pass_no=pass_no):
             for a in range(lo, hi + 1, chunk):
                 b = min(hi, a + chunk - 1)
                 got = await asyncio.gather(*(_read_held(client, bk, lid, a, b, E, Qw, i, timeout)

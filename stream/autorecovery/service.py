@@ -43,7 +43,7 @@ from stream.autorecovery.copier import CopyFailed, copy_fragment
 from stream.autorecovery.keys import AutorecoveryKeys, LeaseSource, Task
 from stream.autorecovery.replica_check import check_ledger, damaged, missing_ids
 from stream.autorecovery.worker_core import (LedgerPlan, Pace, Step, expected_last_entries, judge_check,
-                                             judge_round, plan_ledger, restrict_plan)
+                                             judge_round, missing_tails, plan_ledger, restrict_plan)
 
 log = logging.getLogger(__name__)
 
@@ -458,21 +458,23 @@ async def scan_pages(client, page: int = 100):
 
 
 async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: float = 5.0,
-                    full: bool = False, percent: float = 100.0) -> int:
+                    full: bool = False, percent: float = 100.0, pass_no: int | None = None) -> int:
     """The periodic check: every registered bookie named by a sealed
     fragment is asked, with one ``ReadLac`` per ledger (the existing RPC;
     without a term or the fence it changes nothing), the highest entry it
     holds; one below what its fragments need, or a ledger it does not know,
     publishes a task naming it as damaged.  Cheap (one small RPC per ledger
     and bookie, no entry read): it finds a wiped disk, a lost ledger or a
-    missing tail (a classic fragment's failed bookie), not one entry missing
-    in the middle of a range.  ``full``: every entry read from every replica
+    missing tail (a classic fragment's failed bookie: its ids published,
+    to be filled in place, ``missing_tails``), not one entry missing in
+    the middle of a range.  ``full``: every entry read from every replica
     instead (``replica_check``, BookKeeper's LedgerChecker), which finds
     those too, and records failing their checksum, at the cost of reading
     every sealed fragment Qw times; ``percent`` below 100 reads only that
     share of each fragment's ids (its first and last always:
-    ``replica_check.sampled_ranges``, drawn anew each pass).  Returns the
-    ledgers found damaged."""
+    ``replica_check.sampled_ranges``: the windows of the ``pass_no``-th
+    pass, taken in turn, every id read within ``ceil(100 / percent)``
+    passes; None: drawn at random).  Returns the ledgers found damaged."""
     registered = {r.bookie_id for r in await asyncio.to_thread(client.registry.list_bookies, False)}
     found = 0
     async for named in scan_pages(client, page):
@@ -481,7 +483,7 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
             if meta is None:
                 continue
             if full:
-                frags = await check_ledger(client, meta, timeout=timeout, percent=percent)
+                frags = await check_ledger(client, meta, timeout=timeout, percent=percent, pass_no=pass_no)
                 bad = damaged(frags, registered)
                 if bad:
                     found += 1
@@ -510,7 +512,7 @@ async def run_check(client, keys: AutorecoveryKeys, page: int = 100, timeout: fl
             bad = judge_check(expected, answers)
             if bad:
                 found += 1
-                await asyncio.to_thread(keys.publish, lid, bad, True)
+                await asyncio.to_thread(keys.publish, lid, bad, True, missing_tails(expected, answers))
                 log.warning("check: ledger %d: %s lack entries (need %s, hold %s)", lid, sorted(bad),
                             {b: expected[b] for b in bad}, {b: answers[b] for b in bad})
     return found
@@ -581,9 +583,12 @@ class Auditor:
                     pending = fx
                 elif isinstance(fx, Check):
                     if await asyncio.to_thread(self.keys.enabled):
+                        sampled = self.cfg.full_check and self.cfg.full_check_percent < 100
+                        pass_no = await asyncio.to_thread(self.keys.next_check_pass) if sampled else None
                         found = await run_check(self.client, self.keys, self.page, full=self.cfg.full_check,
-                                                percent=self.cfg.full_check_percent)
-                        log.info("auditor: periodic check: %d ledger(s) with damaged replicas", found)
+                                                percent=self.cfg.full_check_percent, pass_no=pass_no)
+                        log.info("auditor: periodic check%s: %d ledger(s) with damaged replicas",
+                                 "" if pass_no is None else f" (sampled, pass {pass_no})", found)
                 elif isinstance(fx, MootTasks):
                     n = await asyncio.to_thread(self.keys.moot, fx.bookie)
                     log.info("auditor: %s is back: %d task(s) moot for it", fx.bookie, n)

@@ -355,6 +355,18 @@ def judge_check(expected: dict[str, int], answers: dict[str, int | None]) -> fro
                      if b in answers and (answers[b] is None or answers[b] < need))
 
 
+def missing_tails(expected: dict[str, int], answers: dict[str, int | None]) -> dict[str, list[list[int]]]:
+    """The ids the check knows each bookie it finds lacking entries lacks:
+    above the highest it holds, up to the highest it must (``plan_ledger``
+    keeps of the range only the ids its positions hold, in the sealed
+    fragments naming it), to be filled in place (``Task.damaged_ids``).  A
+    bookie that does not know the ledger has none: its whole share is
+    moved, as for a wiped disk.  A gap below what it holds is not seen
+    here (the full check's)."""
+    return {b: [[answers[b] + 1, expected[b]]] for b in judge_check(expected, answers)
+            if answers[b] is not None}
+
+
 def choose_target(job: FragmentJob, candidates: Iterable[str], excluded: Iterable[str] = ()) -> str | None:
     """A target for ``job`` among ``candidates`` (writable bookies, in the
     placement policy's order): never a member of the fragment, never
@@ -402,4 +414,4 @@ class Pace:
 
 
 __all__ = ["FragmentJob", "Unrecoverable", "LedgerPlan", "plan_ledger", "restrict_plan", "jobs_left", "Round",
-           "judge_round", "Step", "judge_task", "choose_target", "expected_last_entries", "judge_check", "Pace"]
+           "judge_round", "Step", "judge_task", "choose_target", "expected_last_entries", "judge_check", "missing_tails", "Pace"]
