@@ -74,7 +74,8 @@ declared lost stays damaged: its fill waits for ever on a bookie gone).
 Lost writes and the full check (sim/autorecovery_check.py): a stream's add
 now and then misses one bookie (the writer replaces it from the next id),
 and the auditor's periodic full check (the shipped ``tally``) names it
-damaged at the ids it lacks; mutant ``no-full-check``.
+damaged at the ids it lacks; mutant ``no-check`` (neither periodic check
+runs).
 The tasks are the shipped ``Task`` values (``reported``, ``without``), a
 worker reads its task once as it takes the lock and deletes it at that
 revision (a CAS), as ``service.ReplicationWorker`` does.
@@ -97,7 +98,7 @@ from sim.autorecovery_model import BOUND, DELAY, GRACE, STREAMS, TTL, SimBookie,
 from sim.autorecovery_rot import SCRUB_STEPS, Rot
 from sim.autorecovery_writers import StreamWriters
 from stream.autorecovery.auditor_core import AuditorConfig, AuditorCore, MootTasks, PublishTask, Scan
-from stream.autorecovery.keys import Task
+from stream.autorecovery.keys import Task, subtract_range
 from stream.autorecovery.worker_core import Step, judge_round, plan_ledger
 from stream.lifecycle import Apply, Done, ReplaceBookie
 from stream.quorum import write_set
@@ -105,7 +106,7 @@ from stream.writer_lease import Liveness, judge_writer
 
 MUTANTS = ("replace-before-copy", "replace-despite-absent", "ignore-writer", "no-bound", "no-copy-fence",
            "no-cas-guard", "gc-no-lock", "gc-no-touch-check", "copy-any-source", "fill-done-by-first",
-           "copy-rotted", "damaged-stays-lost", "no-full-check")
+           "copy-rotted", "damaged-stays-lost", "no-check", "mend-whole")
 __all__ = ["MUTANTS", "Violation", "World", "run_seed"]
 
 
@@ -139,6 +140,9 @@ class World(BookieGC, StreamWriters, Rot, FullCheck):
         self.damaged_lost = 0      # damaged bookies of a task the auditor declared lost
         self.missed_writes = 0     # adds that never reached one bookie of their write set
         self.check_found = 0       # ledgers the full check found a bookie of lacking ids
+        self.cheap_found = 0       # ledgers the cheap check found a bookie of lacking a tail
+        self.mended = 0            # tasks a call's fills were taken off, the rest waiting
+        self.calls: dict = {}      # worker -> (task, since, ranges filled) of its call under way
         self.rot_rng = random.Random(seed + 104729)   # (rot's own draws)
         self.scrubbing = True
         self.scrub_phase = {b: self.rot_rng.randrange(SCRUB_STEPS) for b in sorted(self.bookies)}
@@ -344,6 +348,7 @@ class World(BookieGC, StreamWriters, Rot, FullCheck):
         # fragments reported before stay so while every bookie they name is still lost
         known = {(u["first"], u["last"]) for u in task.unrecoverable if set(u["lost"]) <= lost}
         filled: set = set()          # ranges filled in place (this call)
+        self.calls[w] = (task, since, filled)   # (taken off the task after the call: ``_locked``)
         absent: dict = {}            # fragments this call's copy found entries of on no replica
         sealed_end = None            # a stream this call took over: its recovered end
         while True:
@@ -386,7 +391,8 @@ class World(BookieGC, StreamWriters, Rot, FullCheck):
                 if cur is not None and cur.revision == task.revision:
                     standing = tuple(u for u in task.unrecoverable if (u["first"], u["last"]) in known)
                     new = tuple(u for u in rnd.unrecoverable if (u["first"], u["last"]) not in known)
-                    self._put_task(dataclasses.replace(task, lost=lost, unrecoverable=standing + new))
+                    self._put_task(self._mended(dataclasses.replace(task, lost=lost, unrecoverable=standing + new),
+                                                filled, since))
                 return
             if step is not Step.COPY:
                 return
@@ -526,9 +532,32 @@ class World(BookieGC, StreamWriters, Rot, FullCheck):
                 if self.locks.get(lid, (None,))[0] == w:
                     self.locks[lid] = (w, self.now + TTL)   # keep-alive
                 yield
+            task, since, filled = self.calls.pop(w, (None, 0.0, ()))
+            cur = self.tasks.get(lid)
+            if task is not None and cur is not None and cur.revision == task.revision:   # (a CAS)
+                new = self._mended(task, filled, since)
+                if new != task:
+                    self._put_task(new)
         finally:
             if self.locks.get(lid, (None,))[0] == w:
                 del self.locks[lid]
+
+    def _mended(self, task: Task, filled, since: float) -> Task:
+        """``task`` with the ranges a call filled in place taken off
+        (``Task.mended``, as ``ReplicationWorker._work`` does)."""
+        new = task.mended(filled)
+        if self.mutant == "mend-whole":   # any fill taken as the bookie's whole damage mended
+            new = task.mended([(0, 1 << 62, b) for _, _, b in filled])
+        if new.damaged_ids != task.damaged_ids:   # the ids taken off: filled, and still so
+            off = {}
+            for b, ranges in task.damaged_ids.items():
+                left = list(ranges)
+                for a, z in new.damaged_ids.get(b, ()):
+                    left = [r for x, y in left for r in subtract_range([(x, y)], a, z)]
+                off[b] = left
+            self.check_filled(task, since, off)
+            self.mended += 1
+        return new
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -545,6 +574,7 @@ class World(BookieGC, StreamWriters, Rot, FullCheck):
         if self.scrubbing:
             self.scrub_step()
             self.check_step()
+            self.cheap_check_step()
         actors = ["auditor", "gc"] + list(self.workers) + [f"writer-{lid}" for lid in sorted(self.writers)]
         self.rng.shuffle(actors)
         for a in actors:

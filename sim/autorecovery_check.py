@@ -9,14 +9,20 @@ finds it: the shipped ``replica_check.checked_fragments``, ``tally`` and
 ``damaged`` judge what each bookie of each sealed fragment holds (a rotted
 record counted bad, its id missing), and the task names the bookie
 damaged at the ids it lacks, which a worker fills in place.  At the end
-every missed write is filled (the final check); mutant ``no-full-check``
-(the check never runs) leaves them."""
+every missed write is filled (the final check); mutant ``no-check``
+(neither periodic check runs) leaves them.  The cheap check runs too (its own
+period: ``run_check``'s ReadLac path, the shipped ``expected_last_entries``,
+``judge_check`` and ``missing_tails``): a bookie whose highest id held, a
+leftover or rotted record counted, is below what it must hold is named
+damaged at the ids above it, or as a whole when it holds nothing."""
 from __future__ import annotations
 
 from stream.autorecovery.replica_check import checked_fragments, damaged, missing_ids, tally
+from stream.autorecovery.worker_core import expected_last_entries, judge_check, missing_tails
 from stream.quorum import write_set
 
 CHECK_STEPS = 40   # the full check's period, in the simulation's steps
+CHEAP_STEPS = 25   # the cheap (ReadLac) check's
 
 
 class FullCheck:
@@ -37,7 +43,7 @@ class FullCheck:
         of every bookie (a live one answers what it holds of its write
         sets' ids, good or rotted); each ledger with a bookie lacking ids
         is published with it damaged at those ids (``run_check``)."""
-        if self.mutant == "no-full-check" or round(self.now / self.STEP) % CHECK_STEPS:
+        if self.mutant == "no-check" or round(self.now / self.STEP) % CHECK_STEPS:
             return
         registered = self.registered()
         for lid in sorted(self.meta):
@@ -60,3 +66,27 @@ class FullCheck:
                 self.publish(lid, found, damaged=True, ids=ids)
                 self.check_found += 1
                 self.note(f"full check: ledger {lid}: {sorted(found)} lack {ids}")
+
+    def cheap_check_step(self) -> None:
+        """Every ``CHEAP_STEPS`` steps, each live bookie a ledger's sealed
+        fragments name asked its highest id held (ReadLac's last entry;
+        None: nothing held); a ledger with a bookie below what it must hold
+        is published with it damaged at its missing tail."""
+        if self.mutant == "no-check" or round(self.now / self.STEP) % CHEAP_STEPS:
+            return
+        registered = self.registered()
+        for lid in sorted(self.meta):
+            m, _ = self.meta[lid]
+            expected = {b: e for b, e in expected_last_entries(m).items() if b in registered}
+            answers = {}
+            for b in expected:
+                if self.bookies[b].alive:
+                    held = [e for l, e in self.bookies[b].data if l == lid]
+                    answers[b] = max(held) if held else None
+            found = judge_check(expected, answers)
+            if found:
+                ids = missing_tails(expected, answers)
+                self.publish(lid, found, damaged=True, ids=ids)
+                self.cheap_found += 1
+                self.note(f"cheap check: ledger {lid}: {sorted(found)} hold up to "
+                          f"{ {b: answers[b] for b in found} }, need {ids}")

@@ -59,21 +59,25 @@ class Rot:
                 self.publish(lid, {b.id}, damaged=True, ids={b.id: merge_ranges(ids)})
                 self.note(f"{b.id}'s scrub: ledger {lid} rotted at {merge_ranges(ids)}")
 
-    def check_filled(self, task, since: float) -> None:
-        """At ``task``'s deletion as done (read at ``since``): none of the
-        ids it names a damaged bookie at is rotted there since before, where
-        a fragment names the bookie at a position holding the id."""
+    def check_filled(self, task, since: float, done: dict | None = None) -> None:
+        """At ``task``'s deletion as done, or as a call's fills are taken
+        off it (``done``: bookie -> the ranges filled; None: every range it
+        names), read at ``since``: none of those ids of a damaged bookie is
+        rotted there since before, nor a write it missed, where a fragment
+        names the bookie at a position holding the id."""
         lid = task.ledger_id
         m, _ = self.meta[lid]
         top = self.top.get(lid, m.last_entry)
-        for b, ranges in task.damaged_ids.items():
+        for b, ranges in (task.damaged_ids if done is None else done).items():
             if b not in task.damaged:
                 continue
-            for (l, e), at in self.bookies[b].rotted.items():
-                if l != lid or at > since or not m.trimmed_before <= e <= top or \
-                        not any(a <= e <= z for a, z in ranges):
+            bk = self.bookies[b]
+            bad = [(e, "rotted") for (l, e), at in bk.rotted.items() if l == lid and at <= since]
+            bad += [(e, "missed") for l, e in bk.missed if l == lid]
+            for e, why in sorted(bad):
+                if not m.trimmed_before <= e <= top or not any(a <= e <= z for a, z in ranges):
                     continue
                 f = m.fragment_at(e)
                 if any(f.ensemble[i] == b for i in write_set(e, m.ensemble_size, m.write_quorum)):
-                    raise Violation(f"task {lid} deleted as done with {b}'s entry {e} still rotted "
-                                    f"(named damaged at {list(ranges)})")
+                    raise Violation(f"task {lid} {'deleted as done' if done is None else 'mended'} with {b}'s "
+                                    f"entry {e} still {why} (named damaged at {list(ranges)})")

@@ -358,6 +358,48 @@ def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
     run(go())
 
 
+def test_ids_filled_while_the_task_waits_are_taken_off_it_and_not_copied_again(own):
+    """A live writer's stream; one of its bookies named damaged at an id it
+    lacks below the LAC and at one the writer has not written yet (above
+    the LAC: the task waits for it).  The worker's first round fills the
+    first and takes it off the task; its next rounds, still waiting, copy
+    nothing.  (Before: every round, every half second while the task
+    waited, copied all its filled ids again.)"""
+    own.start(3)
+
+    async def go():
+        async with AsyncStreamClient(own.endpoint, own.cluster) as sc:
+            w = await sc.open_writer("mend", StreamConfig(3, 3, 3))
+            for i in range(30):
+                await w.append(b"m%d" % i)
+            bk = sc.bk
+            lid = await sc._ledger_of("mend")
+            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            hurt = meta.last_fragment.ensemble[1]
+            assert (await (await bk.bookie(hurt)).delete(lid, (5, 5))).status == Status.OK
+            keys = AutorecoveryKeys(bk.store, own.cluster)
+            keys.publish(lid, {hurt}, True, {hurt: [(5, 5), (500, 500)]})
+            client = BookKeeperClient(own.endpoint, own.cluster)
+            worker = ReplicationWorker(client, AutorecoveryKeys(client.store, own.cluster),
+                                       StoreLeases(client.store, ttl=3), WorkerConfig(grace=1.0), worker_id="w0")
+            try:
+                for _ in range(3):
+                    worker.not_before.clear()
+                    assert await worker.round() == 1
+                (task,) = keys.tasks()
+                assert task.damaged_ids == {hurt: ((500, 500),)} and task.damaged == {hurt}, task
+                assert [o.entries for o in worker.outcomes] == [1, 0, 0], worker.outcomes
+                assert [o.filled for o in worker.outcomes] == [[(5, 5, hurt)], [], []], worker.outcomes
+                assert all(o.step.value == "wait" for o in worker.outcomes), worker.outcomes
+            finally:
+                await client.close()
+            r = await (await bk.bookie(hurt)).read_entry(lid, 5)
+            assert r.status == Status.OK
+            await w.close()
+
+    run(go())
+
+
 def test_the_cheap_check_names_a_missing_tails_ids_and_workers_fill_them_in_place(own):
     """A bookie lacking the last entries of a sealed fragment (writes that
     failed on it after Qa others acked, the fragment then closed) answers
@@ -425,7 +467,7 @@ def test_damaged_bookies_with_no_spare_bookie_are_filled_in_place(own):
             before, _ = await bk.meta_call(bk.ledgers.read, lid)
             out = await recover_ledger_fragments(bk, lid, set(), damaged=task.damaged)
             assert out.step is Step.DONE and not out.replaced and not out.unrecoverable, out
-            assert sorted(out.filled) == sorted((0, b) for b in ens) and out.entries == 120
+            assert sorted(out.filled) == sorted((0, 39, b) for b in ens) and out.entries == 120
             after, _ = await bk.meta_call(bk.ledgers.read, lid)
             assert after.fragments == before.fragments
             assert await check_every_replica(bk, lid, 39, live) == 120

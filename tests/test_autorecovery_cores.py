@@ -278,6 +278,28 @@ def test_a_damaged_bookie_declared_lost_is_damaged_no_more_and_a_registered_one_
     assert Task(8, frozenset({"c"}), 1, unrecoverable=({"lost": ["c"]},)).without("c") is None
 
 
+def test_ranges_filled_are_taken_off_a_task_and_a_bookie_left_with_none_is_mended():
+    """``Task.mended``, after a worker's call that must wait for the rest:
+    the ranges it filled in place come off the bookie's ids (cut where a
+    filled range is within one of them); a bookie left with none is neither
+    damaged nor lost (with no ids it would stand for its whole share); one
+    damaged as a whole, or lost, is untouched; nothing filled: the same
+    task."""
+    from stream.autorecovery.keys import Task, subtract_range
+    assert subtract_range(((1, 10), (20, 30)), 5, 22) == ((1, 4), (23, 30))
+    assert subtract_range(((1, 10),), 1, 10) == () and subtract_range(((1, 10),), 11, 12) == ((1, 10),)
+    assert subtract_range(((1, 10),), 3, 3) == ((1, 2), (4, 10))
+    t = (Task(7, frozenset(), 1).reported({"a"}, True, {"a": [(3, 9), (40, 40)]})
+         .reported({"b"}, True, {"b": [(5, 5)]}).reported({"w"}, True).reported({"x"}))
+    assert t.mended([]) is t
+    half = t.mended([(3, 6, "a"), (5, 5, "b"), (0, 99, "w"), (0, 99, "x")])
+    assert half.damaged_ids == {"a": ((7, 9), (40, 40))}
+    assert half.damaged == {"a", "w"} and half.lost == {"a", "w", "x"}   # b mended; w whole, x lost: stand
+    done = half.mended([(7, 9, "a"), (40, 40, "a")])
+    assert done.damaged == {"w"} and done.lost == {"w", "x"} and not done.damaged_ids
+    assert Task.from_bytes(7, done.to_bytes(), 3) == dataclasses.replace(done, revision=3)
+
+
 def test_damaged_bookies_are_sources_and_never_make_a_fragment_unrecoverable():
     """A damaged bookie is alive and holds most of its entries: a write set
     of damaged bookies is no reason to report (the copy counts what no

@@ -10,8 +10,9 @@ target another worker has since used; ``gc-no-lock`` and
 target before its publication, or a fragment a writer rolled onto it since
 the GC's read; ``fill-done-by-first``, ``copy-rotted`` and
 ``damaged-stays-lost``: a rotted id left unfilled as its task is deleted, a
-bad record copied, a fill waiting for ever on a bookie gone; ``no-full-check``:
-an add that missed a bookie never found)."""
+bad record copied, a fill waiting for ever on a bookie gone; ``no-check``:
+an add that missed a bookie never found (neither periodic check runs);
+``mend-whole``: ids taken off a task that were never filled)."""
 from __future__ import annotations
 
 import pytest
@@ -21,11 +22,12 @@ from sim.autorecovery import MUTANTS, Violation, run_seed
 
 def test_seeded_runs_are_clean_and_do_recover():
     replaced = fenced = guarded = seals = waits = changes = gc_cleared = gc_refused = 0
-    rots = filled = damaged_lost = missed = found = 0
+    rots = filled = damaged_lost = missed = found = mended = cheap = 0
     for seed in range(40):
         w = run_seed(seed)
         rots, filled, damaged_lost = rots + w.rots, filled + w.filled, damaged_lost + w.damaged_lost
         missed, found = missed + w.missed_writes, found + w.check_found
+        mended, cheap = mended + w.mended, cheap + w.cheap_found
         replaced += w.replaced
         fenced, guarded = fenced + w.fenced_clears, guarded + w.guarded_cas
         gc_cleared, gc_refused = gc_cleared + w.gc_cleared, gc_refused + w.gc_refused
@@ -46,6 +48,8 @@ def test_seeded_runs_are_clean_and_do_recover():
     assert rots > 100 and filled > 100 and damaged_lost > 0, (rots, filled, damaged_lost)
     # ... and adds that missed a bookie, which the auditor's full check found
     assert missed > 10 and found > 10, (missed, found)
+    # ... and the cheap check's missing tails, and fills taken off tasks still waiting
+    assert cheap > 5 and mended > 5, (cheap, mended)
 
 
 @pytest.mark.parametrize("mutant", MUTANTS)

@@ -128,6 +128,24 @@ class Task:
         standing = tuple(u for u in self.unrecoverable if bookie_id not in u.get("lost", ()))
         return None if not rest and not standing else dataclasses.replace(self, lost=rest, unrecoverable=standing)
 
+    def mended(self, filled) -> "Task":
+        """This task once the ranges ``filled`` ((first, last, bookie):
+        ids filled in place on a damaged bookie in one call, each within
+        one fragment) are taken off its ``damaged_ids``: a call that must
+        wait for the rest (ids of the open fragment above its LAC, another
+        bookie) does not copy them again on every later call.  A bookie left
+        with no ids is mended: neither damaged nor lost any more (without
+        ranges it would stand for its whole share).  A bookie damaged as a
+        whole keeps its damage (its share is moved or copied whole)."""
+        ids = dict(self.damaged_ids)
+        for first, last, b in filled:
+            if b in ids:
+                ids[b] = subtract_range(ids[b], first, last)
+        mended = frozenset(b for b in self.damaged_ids if not ids[b])
+        ids = {b: rs for b, rs in ids.items() if rs}
+        out = dataclasses.replace(self, lost=self.lost - mended, damaged=self.damaged - mended, damaged_ids=ids)
+        return self if out == self else out
+
     def to_bytes(self) -> bytes:
         d = self.as_json()
         del d["ledger_id"]   # (the key's)
@@ -162,6 +180,20 @@ def merge_ranges(*parts) -> tuple[tuple[int, int], ...]:
     if len(out) > MAX_DAMAGED_RANGES:
         out = [[out[0][0], out[-1][1]]]
     return tuple((a, b) for a, b in out)
+
+
+def subtract_range(ranges, first: int, last: int) -> tuple[tuple[int, int], ...]:
+    """Inclusive ``ranges`` without the ids ``first..last``."""
+    out: list[tuple[int, int]] = []
+    for a, b in ranges:
+        if b < first or a > last:
+            out.append((a, b))
+            continue
+        if a < first:
+            out.append((a, first - 1))
+        if b > last:
+            out.append((last + 1, b))
+    return tuple(out)
 
 
 def _damaged_ids(cur: Task | None, lost, ids: dict | None) -> dict:

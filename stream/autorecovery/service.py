@@ -53,7 +53,7 @@ class LedgerOutcome:
     ledger_id: int
     step: Step
     replaced: list[tuple[int, str, str]] = dataclasses.field(default_factory=list)  # (first, lost, target)
-    filled: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (first, damaged bookie) in place
+    filled: list[tuple[int, int, str]] = dataclasses.field(default_factory=list)  # (first, last, damaged bookie)
     entries: int = 0
     bytes: int = 0
     unrecoverable: list[dict] = dataclasses.field(default_factory=list)
@@ -207,7 +207,7 @@ async def recover_ledger_fragments(client, lid: int, lost: Iterable[str], *, dam
             continue
         if fill:  # nothing to publish: the fragment names it already
             filled.add((job.first_entry, job.last_entry, job.lost))
-            out.filled.append((job.first_entry, job.lost))
+            out.filled.append((job.first_entry, job.last_entry, job.lost))
             continue
         if not keep_going():
             out.step, out.note = Step.WAIT, "lock lost before the replacement"
@@ -437,8 +437,10 @@ class ReplicationWorker:
             changes["lost"] = frozenset(changes.get("lost", task.lost)) | gone
             log.warning("worker %s: ledger %d: target(s) %s gone since their copy: kept in the task", self.id,
                         lid, sorted(gone))
-        if changes:  # one CAS; lost to a concurrent change, it is redone next round
-            await asyncio.to_thread(self.keys.update_task, dataclasses.replace(task, **changes))
+        # ids filled in place, the task waiting on: off it, so as not to be copied again each round
+        new = dataclasses.replace(task, **changes).mended(out.filled)
+        if new != task:  # one CAS; lost to a concurrent change, it is redone next round
+            await asyncio.to_thread(self.keys.update_task, new)
         self.not_before[lid] = time.monotonic() + (self.cfg.retry if out.step is not Step.WAIT or
                                                    out.open_fragment is None else 0.5)
 

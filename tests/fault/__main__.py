@@ -55,6 +55,9 @@ def main(argv=None) -> int:
     p.add_argument("--rot", action="store_true",
                    help="the rot_entry kind: a bit of an entry flipped on a running bookie's disk (its scrub and "
                         "autorecovery must mend it)")
+    p.add_argument("--check", choices=["full", "sampled", "cheap"], default="full",
+                   help="with --autorecovery: its periodic check, every 5 s: every entry from every replica, a "
+                        "quarter of each fragment's windows in turn, or one ReadLac per ledger and bookie")
     p.add_argument("--quorums", default="3/3/2", metavar="E/QW/QA",
                    help="the writers' ensemble, write and ack quorums (E > Qw: a striped stream)")
     p.add_argument("--mutant", help="writers run with a broken protocol rule (stream/mutations.py)")
@@ -73,7 +76,7 @@ def main(argv=None) -> int:
         p.error(f"--quorums: need 1 <= Qa <= Qw <= E <= --bookies ({args.bookies}), got {args.quorums}")
     if args.lost_disk_rejoin and not args.autorecovery:
         p.error("--lost-disk-rejoin: a lost disk rejoins once autorecovery drained its id: give --autorecovery N")
-    opts = Options(autorecovery=args.autorecovery, slow_disks=args.slow_disks, rot=args.rot,
+    opts = Options(autorecovery=args.autorecovery, slow_disks=args.slow_disks, rot=args.rot, check=args.check,
                    lost_disk_rejoin=args.lost_disk_rejoin,
                    ensemble=e, write_quorum=qw, ack_quorum=qa, seconds=args.seconds, quiet=args.quiet, bookies=args.bookies, writers=args.writers,
                    readers=args.readers, rate=args.rate, fragment_entries=args.fragment_entries,
