@@ -75,10 +75,15 @@ Lost writes and the full check (sim/autorecovery_check.py): a stream's add
 now and then misses one bookie (the writer replaces it from the next id),
 and the auditor's periodic full check (the shipped ``tally``) names it
 damaged at the ids it lacks; mutant ``no-check`` (neither periodic check
-runs).
-The tasks are the shipped ``Task`` values (``reported``, ``without``), a
-worker reads its task once as it takes the lock and deletes it at that
-revision (a CAS), as ``service.ReplicationWorker`` does.
+runs).  The cheap (ReadLac) check runs too: a bookie below what it must
+hold is named damaged at its missing tail (``missing_tails``).
+The tasks are the shipped ``Task`` values (``reported``, ``without``,
+``mended``): a worker reads its task once as it takes the lock, deletes it
+at that revision (a CAS) when done, and otherwise takes the ranges its
+call filled off it (at that revision), as ``service.ReplicationWorker``
+does.  Invariant: *ids taken off a task are filled* (none rotted since the
+call began, none a write the bookie missed); mutant ``mend-whole`` (any
+fill taken as the bookie's whole damage mended).
 
 The simulated parts (the metadata, the bookies, the network) are models
 (sim/autorecovery_model.py); the decisions are the shipped cores.
@@ -629,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--trace", action="store_true")
     a = p.parse_args(argv)
     bad = replaced = unrecoverable = lost_cas = fenced = guarded = gc_cleared = gc_refused = rots = filled = 0
+    mended = cheap = 0
     for seed in range(a.seed, a.seed + a.runs):
         try:
             w = run_seed(seed, a.mutant)
@@ -639,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             gc_cleared += w.gc_cleared
             gc_refused += w.gc_refused
             rots, filled = rots + w.rots, filled + w.filled
+            mended, cheap = mended + w.mended, cheap + w.cheap_found
             unrecoverable += sum(1 for t in w.tasks.values() if t.unrecoverable)
             if a.trace:
                 print("\n".join(w.log))
@@ -652,7 +659,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{guarded} replacement(s) refused by their guard, "
           f"{unrecoverable} ledger(s) reported unrecoverable, {gc_cleared} over-replicated clearing(s) by a "
           f"bookie's GC, {gc_refused} such clearing(s) refused, {rots} record(s) rotted, {filled} id(s) "
-          f"filled in place")
+          f"filled in place, {mended} task(s) with fills taken off, {cheap} missing tail(s) found by ReadLac")
     return 1 if bad else 0
 
 

@@ -141,7 +141,7 @@ class Task:
         for first, last, b in filled:
             if b in ids:
                 ids[b] = subtract_range(ids[b], first, last)
-        mended = frozenset(b for b in self.damaged_ids if not ids[b])
+        mended = frozenset(b for b in self.damaged_ids if not ids[b] and b in self.damaged)
         ids = {b: rs for b, rs in ids.items() if rs}
         out = dataclasses.replace(self, lost=self.lost - mended, damaged=self.damaged - mended, damaged_ids=ids)
         return self if out == self else out
