@@ -22,7 +22,6 @@ import os
 import shutil
 import struct
 import time
-from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Callable
 from bookie import checkpoint
 from bookie import entry as E
 from bookie import striped_read
+from bookie.lac_wait import LacWaiters
+from bookie.range_read import read_runs
 # (what Storage.open raises, importable from here as before)
 from bookie.data_dir import LOCK_FILE, DamagedDataDir, DataDirInUse, lock_data_dir  # noqa: F401
 from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
@@ -100,7 +101,7 @@ class Storage:
         self.checkpoint_pos = JournalPosition(1, 0)
         self._since_checkpoint = 0
         self._checkpoint_wanted = False   # (checkpoint_past: a rotted record the next replay would meet)
-        self._lac_waiters: dict[int, list[asyncio.Future]] = defaultdict(list)
+        self.lac_waiters = LacWaiters(self._lac_of)   # (LongPollLac)
         self.replayed_bytes = 0
         self.replayed_records = 0
         self.replay_seconds = 0.0
@@ -303,8 +304,8 @@ class Storage:
 
     def _on_entries_durable(self, body, seg: int, off: int, runs) -> None:
         for lid in self._apply_entries(body, seg, off, runs):
-            if lid in self._lac_waiters:
-                self._wake_lac(lid)
+            if lid in self.lac_waiters:
+                self.lac_waiters.wake(lid)
         if self.tracer is not None:  # (one check per journal record)
             self.tracer.stores(body)
 
@@ -336,7 +337,7 @@ class Storage:
         if v.status is Status.OK:
             def apply(_b, _s, _o):
                 self.core.apply_lac(ledger_id, lac, lafr)
-                self._wake_lac(ledger_id)
+                self.lac_waiters.wake(ledger_id)
                 if self.tracer is not None:
                     self.tracer.store_lac(ledger_id, lac, lafr)
             await self._append(R_LAC, LAC_BODY.pack(ledger_id, lac, lafr), apply)
@@ -466,7 +467,7 @@ class Storage:
         st = self.core.ledgers.get(ledger_id)
         if st is None:
             return Status.NO_SUCH_LEDGER, [], first
-        out, nxt, full, _ = self._read_runs(st.index.run_slices(first, last), max_bytes)
+        out, nxt, full, _ = read_runs(st.index.run_slices(first, last), max_bytes, self._read_at)
         if nxt is None:
             nxt = first
         if nxt <= last and not full:
@@ -501,98 +502,17 @@ class Storage:
                                                                max_bytes, stripe, residues, read_at,
                                                                striped_read.GAP_BYTES)
         else:
-            out, nxt, full, count = self._read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes,
-                                                    read_at)
+            out, nxt, full, count = read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes, read_at)
         return Status.OK, out, nxt - 1 if full else last, count
 
-    def _read_runs(self, slices, max_bytes: int, read_at=None) -> tuple[list[bytes], int | None, bool, int]:
-        """Reads the records of index run slices (``LedgerIndex.run_slices``)
-        in order, at most `max_bytes` but at least one record, records
-        adjacent on disk in one pread.  Returns (records, the id after the
-        last one read or None, whether `max_bytes` stopped it, how many
-        records).  Costs per disk span (``Run.breaks_after``), not per record:
-        within a span record k ends where record k+1 begins, so its bytes
-        are a difference of locations and the cut a bisection."""
-        read_at = read_at or self._read_at
-        out, size, count, nxt = [], 0, 0, None
-        span_loc, span_len = -1, 0  # the bytes being gathered for one pread
-        for run, lo, hi in slices:
-            locs, lens, start = run.locs, run.lens, run.start
-            breaks, i = run.breaks_after(lo)
-            n_breaks = len(breaks)
-            a = lo
-            while a < hi:  # the span [a, b)
-                if i < n_breaks and breaks[i] < hi:
-                    b = breaks[i]
-                    i += 1
-                else:
-                    b = hi
-                loc = locs[a]
-                ln = locs[b - 1] + lens[b - 1] - loc
-                if size + ln > max_bytes:  # the records of [a, b) that fit: a..m-1
-                    budget = max_bytes - size
-                    m = bisect_right(locs, loc + budget, a + 1, b) - 1 if budget >= 0 else a
-                    if m == a and not count:
-                        m = a + 1  # at least one record
-                    if m < b:  # (else the one record is the span, read below)
-                        if m > a:
-                            if loc != span_loc + span_len:
-                                if span_len:
-                                    out.append(read_at(span_loc, span_len))
-                                span_loc, span_len = loc, 0
-                            span_len += locs[m] - loc
-                            count += m - a
-                        if span_len:
-                            out.append(read_at(span_loc, span_len))
-                        return out, start + m, True, count
-                if loc == span_loc + span_len:
-                    span_len += ln
-                else:
-                    if span_len:
-                        out.append(read_at(span_loc, span_len))
-                    span_loc, span_len = loc, ln
-                size += ln
-                count += b - a
-                a = b
-            nxt = start + hi
-        if span_len:
-            out.append(read_at(span_loc, span_len))
-        return out, nxt, False, count
-
-    # -- LAC long poll ------------------------------------------------------------------
+    # -- LAC long poll (bookie/lac_wait.py) ------------------------------------------------
 
     async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> None:
-        st = self.core.ledgers.get(ledger_id)
-        if st is not None and st.lac > previous:
-            return
-        fut = asyncio.get_running_loop().create_future()
-        waiters = self._lac_waiters[ledger_id]
-        waiters.append(fut)
-        try:
-            while True:
-                st = self.core.ledgers.get(ledger_id)
-                if st is not None and st.lac > previous:
-                    return
-                await asyncio.wait_for(asyncio.shield(fut), timeout)
-                st = self.core.ledgers.get(ledger_id)
-                if st is not None and st.lac > previous:
-                    return
-                fut = asyncio.get_running_loop().create_future()
-                waiters.append(fut)
-        except asyncio.TimeoutError:
-            return
-        finally:
-            if fut in waiters:
-                waiters.remove(fut)
-            if not waiters:
-                self._lac_waiters.pop(ledger_id, None)
+        await self.lac_waiters.wait(ledger_id, previous, timeout)
 
-    def _wake_lac(self, ledger_id: int) -> None:
-        waiters = self._lac_waiters.pop(ledger_id, None)
-        if waiters:
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+    def _lac_of(self, ledger_id: int) -> int | None:
+        st = self.core.ledgers.get(ledger_id)
+        return None if st is None else st.lac
 
     # -- space ----------------------------------------------------------------------------
 

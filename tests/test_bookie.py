@@ -477,6 +477,33 @@ def test_long_poll_lac_wakes_on_a_new_lac_and_times_out(bookies):
     run(with_client(b.address, go))
 
 
+def test_a_long_poll_woken_before_its_lac_passed_is_woken_again_when_it_does(bookies):
+    """A long poll at ``previous_lac`` 0 is woken by an add whose LAC is
+    still 0 (every durable add wakes the ledger's polls), and must still be
+    woken by the next, whose LAC is 1, and by an explicit LAC.  (Before: the
+    first wake took its list of waiters away and the poll waited again on
+    a future left in that list, which no later wake reached: a tailing
+    reader waited its whole timeout for a LAC the bookie had.)"""
+    b = bookies()
+
+    async def go(c):
+        assert (await c.add(b"".join(rec(5, i, lac=i - 1) for i in range(2)))).status == OK   # LAC 0
+        poll = asyncio.ensure_future(c.long_poll_lac(5, previous_lac=0, timeout_s=30))
+        await asyncio.sleep(0.2)   # (the poll waits at the bookie before the adds)
+        assert (await c.add(rec(5, 2, lac=0))).status == OK   # durable: a wake, the LAC still 0
+        assert not poll.done()
+        assert (await c.add(rec(5, 3, lac=1))).status == OK
+        r = await asyncio.wait_for(poll, 10)
+        assert r.status == OK and r.lac == 1, r
+        poll = asyncio.ensure_future(c.long_poll_lac(5, previous_lac=1, timeout_s=30))
+        await asyncio.sleep(0.2)
+        assert (await c.add(rec(5, 4, lac=1))).status == OK   # a wake, the LAC still 1
+        assert not poll.done()
+        assert (await c.write_lac(5, lac=4, lafr=4, term=0)).status == OK
+        assert (await asyncio.wait_for(poll, 10)).lac == 4
+    run(with_client(b.address, go))
+
+
 # -- malformed input ---------------------------------------------------------------------
 
 

@@ -1,6 +1,6 @@
 """A bookie's range read by disk spans (issue 18): ``Run.breaks_after`` (where
 a run's records stop following each other on disk) and
-``Storage._read_runs`` (one step per span, the frame's record count from
+``bookie.range_read.read_runs`` (one step per span, the frame's record count from
 the index walk) answer as the per-record walk they replaced, on random
 indexes (hypothesis, with a stand-in for the pread), and on the real
 Storage the count equals the records served at the edges: `max_bytes`
@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from bookie import entry as E
 from bookie.core import Status
 from bookie.index import LedgerIndex, pack_location
+from bookie.range_read import read_runs
 from bookie.storage import Storage
 from tests.storage_support import admit_durably
 
@@ -31,7 +32,7 @@ class Preads:
 
 
 def per_record_walk(runs, max_bytes: int):
-    """The walk `_read_runs` did before the spans (from `runs_from`)."""
+    """The walk `read_runs` did before the spans (from `runs_from`)."""
     out, size, nxt = [], 0, None
     run_loc, run_len = -1, 0
     for start, locs, lens in runs:
@@ -97,7 +98,7 @@ def test_spans_answer_as_the_per_record_walk(puts, first, last, max_bytes, skip_
         ix.put_run(start, array("Q", locs), array("I", lens), adjacent=adjacent)
         if not read_each and k < len(puts) - 1:
             continue
-        got = Storage._read_runs(Preads(), ix.run_slices(first, last, skip_gaps=skip_gaps), max_bytes)
+        got = read_runs(ix.run_slices(first, last, skip_gaps=skip_gaps), max_bytes, Preads()._read_at)
         want = per_record_walk(ix.runs_from(first, last, skip_gaps=skip_gaps), max_bytes)
         assert got[:3] == want
         assert got[3] == records_of(ix.runs_from(first, last, skip_gaps=skip_gaps), max_bytes)
