@@ -10,13 +10,14 @@
     bookstream bench walk [...]                               (walk.py: the reader's record walk, C and Python)
     bookstream bench scan [...]                               (scan.py: the auditor's scan of every ledger)
     bookstream bench scrub [...]                              (scrub.py: a bookie's scrub pass beside its floor)
+    bookstream bench tail [...]                               (tail.py: a tailing reader's delivery latency)
     bookstream bench spark [...]                              (spark.py)
 """
 from __future__ import annotations
 
 import argparse
 
-from bench import profile, reads, report, scan, scrub, single, suite, walk
+from bench import profile, reads, report, scan, scrub, single, suite, tail, walk
 
 
 def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
@@ -30,6 +31,7 @@ def parser(prog: str = "bookstream bench") -> argparse.ArgumentParser:
     walk.add_parser(bsub)
     scan.add_parser(bsub)
     scrub.add_parser(bsub)
+    tail.add_parser(bsub)
     s = bsub.add_parser("spark", add_help=False, help="the Spark source and sink beside the plain reader "
                                                       "(bookstream bench spark --help)")
     s.add_argument("spark_args", nargs=argparse.REMAINDER)

@@ -500,6 +500,26 @@ def test_scrub_puts_a_pass_beside_its_journal_read_whole(tmp_path):
     assert "of its floor" in proc.stdout
 
 
+def test_tail_puts_a_readers_delivery_beside_the_appends_ack(tmp_path):
+    """`bench tail`: per rate, every record appended is delivered to the
+    tailing reader, each latency from its scheduled time (delivery after
+    the ack's floor, as read), and the records near the poll timeout
+    counted."""
+    out = tmp_path / "tail.json"
+    (tmp_path / "d").mkdir()
+    proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "tail", "--rates", "20,200", "--seconds",
+                           "1", "--dir", str(tmp_path / "d"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(out.read_text())
+    assert doc["benchmark"] == "tail" and [(r["rate"], r["records"]) for r in doc["results"]] == [(20, 20), (200, 200)]
+    for r in doc["results"]:
+        assert 0 < r["ack_p50_ms"] <= r["delivery_p50_ms"] <= r["delivery_p99_ms"] <= r["delivery_max_ms"]
+        assert r["poll_timeout_s"] == 0.5 and 0 <= r["at_poll_timeout"] <= r["records"]
+    assert "near the reader's poll timeout" in proc.stdout
+    assert not list((tmp_path / "d").iterdir())   # (the data dir removed)
+
+
 def test_walk_puts_the_c_walk_beside_the_python_walk(tmp_path):
     out = tmp_path / "walk.json"
     proc = subprocess.run([sys.executable, "-m", "bookstream.cli", "bench", "walk", "--sizes", "100,2000",
