@@ -340,7 +340,7 @@ async def open_loop_beside_reader(sc, etcd: str, cluster: str, read_stream: str,
 
 
 def cmd_bench_reads(args: argparse.Namespace) -> int:
-    from bench.single import _cluster, int_list
+    from bench.single import _cluster, _write_results, int_list
     from stream.stream import AsyncStreamClient
 
     tune_process()
@@ -378,9 +378,7 @@ def cmd_bench_reads(args: argparse.Namespace) -> int:
 
     with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "reads", "command": " ".join(sys.argv), "results": results},
-                                       indent=2) + "\n")
+    _write_results(args, "reads", results)
     return 0
 
 

@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import struct
-import sys
 import time
 from pathlib import Path
 
 from bench.ceilings import pct as _pct
-from bench.single import _cluster, add_data_args, int_list
+from bench.single import _cluster, _write_results, add_data_args, int_list
 from bookstream.tuning import tune_process
 
 STAMP = struct.Struct("<d")
@@ -90,9 +88,7 @@ def cmd_bench_tail(args: argparse.Namespace) -> int:
 
     with _cluster(args, args.bookies) as cluster:
         asyncio.run(go())
-    if args.out:
-        args.out.write_text(json.dumps({"benchmark": "tail", "command": " ".join(sys.argv), "results": results},
-                                       indent=2) + "\n")
+    _write_results(args, "tail", results)
     return 0
 
 
