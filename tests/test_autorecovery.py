@@ -50,6 +50,16 @@ async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None, rate
             await c.close()
 
 
+async def mended(env, keys: AutorecoveryKeys, what: str) -> list:
+    """Runs an auditor and a worker (the auditor's delay 60 s: no bookie is
+    declared lost meanwhile) until no task is left; returns the workers."""
+    async with autorecovery(env, delay=60.0, grace=1.0) as (_auditor, ws, _keys):
+        async def clean():
+            return not list(keys.tasks())
+        await until(clean, what=what)
+    return ws
+
+
 async def until(pred, timeout=TIMEOUT, what=""):
     """Polls ``pred`` (an async predicate over etcd state) until true."""
     deadline = time.monotonic() + timeout
@@ -317,10 +327,7 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
         assert await run_check(bk, keys, full=True) == 1
         (task,) = keys.tasks()
         assert task.ledger_id == lid and hurt in task.lost and task.damaged_ids == {hurt: ((10, 14),)}, task
-        async with autorecovery(own, delay=60.0, grace=1.0) as (auditor, ws, _):
-            async def clean():
-                return not list(keys.tasks())
-            await until(clean, what="the missing entries copied back")
+        await mended(own, keys, "the missing entries copied back")
         assert await names_bookie(bk, hurt)
         assert await check_every_replica(bk, lid, 39, set(ens)) == 120
         assert await run_check(bk, keys, full=True) == 0
@@ -421,10 +428,7 @@ def test_the_cheap_check_names_a_missing_tails_ids_and_workers_fill_them_in_plac
         assert await run_check(bk, keys) == 1
         (task,) = keys.tasks()
         assert task.damaged == {hurt} and task.damaged_ids == {hurt: ((30, 39),)}, task
-        async with autorecovery(own, delay=60.0, grace=1.0) as (auditor, ws, _):
-            async def clean():
-                return not list(keys.tasks())
-            await until(clean, what="the missing tail copied back")
+        ws = await mended(own, keys, "the missing tail copied back")
         assert not any(o.replaced for o in ws[0].outcomes), ws[0].outcomes
         assert sum(o.entries for o in ws[0].outcomes) == 10, ws[0].outcomes
         assert await names_bookie(bk, hurt)

@@ -255,7 +255,7 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
     from stream.autorecovery.keys import AutorecoveryKeys
     from stream.client import BookKeeperClient
     from tests.conftest import run
-    from tests.test_autorecovery import autorecovery, check_every_replica, names_bookie, until
+    from tests.test_autorecovery import check_every_replica, mended, names_bookie, until
     from tests.test_recovery_cli import cli, closed_ledger
 
     procs = own.start(4, ["--scrub-interval", "1"])
@@ -277,10 +277,7 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
             assert f"ledger {lid}: lost {victim.bookie_id}; {victim.bookie_id} damaged at 17" in listed, listed
             info = await (await bk.bookie(victim.bookie_id)).info()   # (what `bookies info` and /info show)
             assert info.scrub_rotted_entries == 1 and 0 < info.scrub_last_end < info.scrub_next_due
-            async with autorecovery(own, delay=60.0, grace=1.0):
-                async def clean():
-                    return not list(keys.tasks())
-                await until(clean, what="the rotted entry copied back")
+            await mended(own, keys, "the rotted entry copied back")
             assert await names_bookie(bk, victim.bookie_id)
             assert await check_every_replica(bk, lid, 39, set(ens)) == 120
             spare = next(p for p in procs if p.bookie_id not in ens)
@@ -298,7 +295,7 @@ async def _reported_and_mended(own, bk, lid: int, bookie_id: str, entry_id: int)
     (the ledger's task naming it damaged there), then runs autorecovery
     until no task is left."""
     from stream.autorecovery.keys import AutorecoveryKeys
-    from tests.test_autorecovery import autorecovery, until
+    from tests.test_autorecovery import mended, until
 
     keys = AutorecoveryKeys(bk.store, own.cluster)
 
@@ -306,10 +303,7 @@ async def _reported_and_mended(own, bk, lid: int, bookie_id: str, entry_id: int)
         return any(t.ledger_id == lid and t.damaged_ids == {bookie_id: ((entry_id, entry_id),)}
                    for t in keys.tasks())
     await until(reported, what="the rotted entry reported")
-    async with autorecovery(own, delay=60.0, grace=1.0):
-        async def clean():
-            return not list(keys.tasks())
-        await until(clean, what="the rotted entry copied back")
+    await mended(own, keys, "the rotted entry copied back")
 
 
 def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its_lac(own):
