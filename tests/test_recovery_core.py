@@ -537,11 +537,18 @@ def drive(r, contents, down, order, batched: bool = False):
     for different entries interleave as ``order`` (a random.Random) picks,
     but each entry's answers come in one fixed bookie order (when Qa = Qw, an
     entry on one bookie is recoverable or absent depending on which answer
-    comes first, windowed or not).  ``batched``: a few answers at a time,
-    each run of one bookie's handed over by ``on_read_responses``."""
+    comes first, windowed or not; so is an entry whose held answer a rising
+    floor made stale, the rest of its write set asked again).  ``batched``:
+    a few answers at a time, each run of one bookie's handed over by
+    ``on_read_responses``; a read the core issues between two runs (such a
+    re-ask) takes its place in its entry's order before the answers still
+    to be handed over."""
     r.start()
     queues: dict[int, list] = {}  # entry -> its reads not yet answered, in a fixed bookie order
-    for _ in range(100_000):
+    place = lambda y: (y.bookie_index * 7 + y.entry_id * 3) % r.E   # noqa: E731
+
+    def take() -> bool:
+        """The core's output handled; False once it has ended."""
         out = r.ready()
         for f in out.fencing_reads:
             i = f.bookie_index
@@ -549,29 +556,41 @@ def drive(r, contents, down, order, batched: bool = False):
         for x in out.reads:
             q = queues.setdefault(x.entry_id, [])
             q.append(x)
-            q.sort(key=lambda y: (y.bookie_index * 7 + y.entry_id * 3) % r.E)
+            q.sort(key=place)
         for wr in out.writes:
             r.on_write_ack(wr.entry_id, wr.bookie_index)
-        if r.state not in (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING):
+        return r.state in (RecoveryState.FENCING, RecoveryState.READING, RecoveryState.FINISHING)
+
+    def answer(x) -> tuple:
+        i = x.bookie_index
+        return (x.entry_id, *((None, None) if i in down else (OK, contents[i][x.entry_id])
+                              if x.entry_id in contents[i] else (NSE, None)))
+
+    for _ in range(100_000):
+        if not take():
             return r
         picked = []
         for _ in range(order.randint(1, 6) if batched else 1):
             live = sorted(e for e, q in queues.items() if q)
             if not live:
                 break
-            x = queues[order.choice(live)].pop(0)
-            i = x.bookie_index
-            picked.append((i, (x.entry_id, *((None, None) if i in down else (OK, contents[i][x.entry_id])
-                                               if x.entry_id in contents[i] else (NSE, None)))))
+            picked.append(queues[order.choice(live)].pop(0))
         if not batched:
-            for i, answer in picked:
-                r.on_read_response(answer[0], i, *answer[1:])
+            for x in picked:
+                r.on_read_response(answer(x)[0], x.bookie_index, *answer(x)[1:])
             continue
         while picked:  # runs of one bookie, in the order picked
-            i = picked[0][0]
-            n = next((k for k, (j, _) in enumerate(picked) if j != i), len(picked))
-            r.on_read_responses(i, [a for _, a in picked[:n]])
+            i = picked[0].bookie_index
+            n = next((k for k, y in enumerate(picked) if y.bookie_index != i), len(picked))
+            r.on_read_responses(i, [answer(y) for y in picked[:n]])
             del picked[:n]
+            if not take():
+                return r
+            back = [y for y in picked if queues.get(y.entry_id) and place(queues[y.entry_id][0]) < place(y)]
+            for y in back:   # behind a read issued since: back to its entry's queue, in its place
+                queues[y.entry_id].append(y)
+                queues[y.entry_id].sort(key=place)
+            picked = [y for y in picked if not any(y is z for z in back)]
     raise AssertionError("recovery did not end")
 
 
