@@ -586,11 +586,15 @@ def drive(r, contents, down, order, batched: bool = False):
             del picked[:n]
             if not take():
                 return r
-            back = [y for y in picked if queues.get(y.entry_id) and place(queues[y.entry_id][0]) < place(y)]
-            for y in back:   # behind a read issued since: back to its entry's queue, in its place
-                queues[y.entry_id].append(y)
-                queues[y.entry_id].sort(key=place)
-            picked = [y for y in picked if not any(y is z for z in back)]
+            keep = []
+            for y in picked:   # behind a read issued since: back to its entry's queue, in its place
+                q = queues.get(y.entry_id)
+                if q and place(q[0]) < place(y):
+                    q.append(y)
+                    q.sort(key=place)
+                else:
+                    keep.append(y)
+            picked = keep
     raise AssertionError("recovery did not end")
 
 
