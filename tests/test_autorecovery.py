@@ -30,13 +30,14 @@ def sname() -> str:
 
 
 @contextlib.asynccontextmanager
-async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None, rate=0.0):
-    """An auditor and ``workers`` replication workers, each with its own
-    client, until the block ends."""
+async def autorecovery(env, *, delay=1.0, grace=1.0, workers=1, check=None, rate=0.0, cfg=None):
+    """An auditor (``cfg``, or its delay and check interval) and ``workers``
+    replication workers, each with its own client, until the block ends."""
     stop = asyncio.Event()
     clients = [BookKeeperClient(env.endpoint, env.cluster, add_timeout=5.0) for _ in range(workers + 1)]
     keys = AutorecoveryKeys(clients[0].store, env.cluster)
-    auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), AuditorConfig(delay, check), poll=0.3)
+    auditor = Auditor(clients[0], keys, StoreLeases(clients[0].store, ttl=3), cfg or AuditorConfig(delay, check),
+                      poll=0.3)
     ws = [ReplicationWorker(c, AutorecoveryKeys(c.store, env.cluster), StoreLeases(c.store, ttl=3),
                             WorkerConfig(grace=grace, poll=0.3, retry=0.5, rate=rate), worker_id=f"w{i}")
           for i, c in enumerate(clients[1:])]
@@ -339,7 +340,7 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
 def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
     """``--full-check-percentage 20``: each pass reads the ends of a
     fragment and the next fifth of its windows of 64 ids (the pass number
-    kept in etcd, ``next_check_pass``), so an id missing in the middle is
+    kept in etcd, ``check_pass``), so an id missing in the middle is
     found within five passes, by the pass whose windows hold it (here the
     second: 400 ids are 7 windows, two a pass, id 200 in the fourth).
     Drawn at random, a pass finds it one time in seven."""
@@ -355,11 +356,40 @@ def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
         keys = AutorecoveryKeys(bk.store, own.cluster)
         found = []
         for _ in range(4):
-            pass_no = await asyncio.to_thread(keys.next_check_pass)
+            pass_no = await asyncio.to_thread(keys.check_pass)
             found.append((pass_no, await run_check(bk, keys, full=True, percent=20, pass_no=pass_no)))
+            await asyncio.to_thread(keys.check_pass_done, pass_no)
         assert found == [(0, 0), (1, 1), (2, 0), (3, 0)], found
         (task,) = keys.tasks()
         assert task.damaged_ids == {ens[1]: ((200, 200),)}, task
+        await bk.close()
+
+    run(go())
+
+
+def test_an_auditors_sampled_passes_go_round_the_fragment(own):
+    """The same ledger and missing id, found by an auditor running the
+    sampled check every 0.2 s: each pass it completes is recorded in etcd,
+    so the next reads the next windows, and the id is published by the
+    pass whose windows hold it.  (An auditor that took a pass number but
+    never recorded its passes would read pass 0's windows every time.)"""
+    from tests.test_recovery_cli import closed_ledger
+
+    own.start(3)
+    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(400)], ack_quorum=3)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        assert (await (await bk.bookie(ens[1])).delete(lid, (200, 200))).status == Status.OK
+        keys = AutorecoveryKeys(bk.store, own.cluster)
+        cfg = AuditorConfig(60.0, 0.2, full_check=True, full_check_percent=20)
+        async with autorecovery(own, workers=0, cfg=cfg):
+            async def published():
+                return bool(await asyncio.to_thread(lambda: list(keys.tasks())))
+            await until(published, what="the sampled check's task")
+        (task,) = keys.tasks()
+        assert task.damaged_ids == {ens[1]: ((200, 200),)}, task
+        assert keys.check_pass() >= 2       # pass 1 found it, and was recorded
         await bk.close()
 
     run(go())

@@ -81,15 +81,25 @@ def test_a_damaged_bookie_the_auditor_declares_lost_is_moved_whole(store, cluste
 
 
 def test_the_sampled_checks_pass_numbers_go_on_across_auditors(store, cluster):
-    """Each sampled full check's pass takes the next number, whichever
-    auditor makes it (an elected one after another's lease ran out, two at
-    once for a moment), so that the windows read go on where the last pass
-    left them."""
+    """Each sampled full check's pass runs the number after the last one
+    completed, whichever auditor completed it (an elected one after
+    another's lease ran out), so that the windows read go on where the last
+    pass left them; a pass that fails midway records nothing, and the next
+    runs its number again.  Two auditors at once for a moment: the number
+    recorded never goes back."""
     from concurrent.futures import ThreadPoolExecutor
 
     a, b = AutorecoveryKeys(store, cluster), AutorecoveryKeys(store, cluster)
-    assert [a.next_check_pass(), a.next_check_pass(), b.next_check_pass()] == [0, 1, 2]
+    assert a.check_pass() == 0 and b.check_pass() == 0
+    a.check_pass_done(0)
+    assert b.check_pass() == 1
+    n = b.check_pass()              # this pass fails midway: nothing recorded
+    assert a.check_pass() == n == 1
+    a.check_pass_done(1)
+    b.check_pass_done(1)            # the same pass run twice: recorded once
+    assert a.check_pass() == 2
     with ThreadPoolExecutor(4) as pool:
-        got = list(pool.map(lambda k: k.next_check_pass(), [a, b] * 6))
-    assert sorted(got) == list(range(3, 15))    # none taken twice, none skipped
-    assert store.get(a.layout.check_pass_key()).value == b"14"
+        list(pool.map(lambda kn: kn[0].check_pass_done(kn[1]), [(a, n) for n in range(2, 14)] + [(b, 7)]))
+    assert store.get(a.layout.check_pass_key()).value == b"13"
+    b.check_pass_done(9)            # a slow auditor's older pass
+    assert a.check_pass() == 14

@@ -227,20 +227,30 @@ class AutorecoveryKeys:
 
     # -- the sampled full check's passes ----------------------------------------------------
 
-    def next_check_pass(self) -> int:
-        """The number of the sampled full check's pass about to begin (CAS:
-        one more than the last, 0 the first): its windows follow the last
-        pass's, whichever auditor made it (``replica_check.sampled_ranges``)."""
+    def check_pass(self) -> int:
+        """The number of the sampled full check's pass to run: one more than
+        the last one completed (0 the first), whichever auditor ran it, so
+        that its windows follow that pass's (``replica_check.sampled_ranges``).
+        A pass that fails midway is not recorded: the next one runs its
+        windows again, and none waits a turn round the fragment for it."""
+        cur = self.store.get(self.layout.check_pass_key())
+        return 0 if cur is None else int(cur.value) + 1
+
+    def check_pass_done(self, pass_no: int) -> None:
+        """Records pass ``pass_no`` completed (CAS); a later one recorded
+        already is kept (two auditors for a moment: the number never goes
+        back)."""
         key = self.layout.check_pass_key()
         for _ in range(_CAS_ROUNDS):
             cur = self.store.get(key)
-            n = 0 if cur is None else int(cur.value) + 1
+            if cur is not None and int(cur.value) >= pass_no:
+                return
             try:
                 if cur is None:
-                    self.store.create(key, b"%d" % n)
+                    self.store.create(key, b"%d" % pass_no)
                 else:
-                    self.store.cas(key, b"%d" % n, cur.mod_revision)
-                return n
+                    self.store.cas(key, b"%d" % pass_no, cur.mod_revision)
+                return
             except (KeyExists, BadVersion):
                 continue
         raise TxnConflict({key: None})

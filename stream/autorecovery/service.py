@@ -586,9 +586,11 @@ class Auditor:
                 elif isinstance(fx, Check):
                     if await asyncio.to_thread(self.keys.enabled):
                         sampled = self.cfg.full_check and self.cfg.full_check_percent < 100
-                        pass_no = await asyncio.to_thread(self.keys.next_check_pass) if sampled else None
+                        pass_no = await asyncio.to_thread(self.keys.check_pass) if sampled else None
                         found = await run_check(self.client, self.keys, self.page, full=self.cfg.full_check,
                                                 percent=self.cfg.full_check_percent, pass_no=pass_no)
+                        if pass_no is not None:  # only a pass that ran to its end: a failed one runs again
+                            await asyncio.to_thread(self.keys.check_pass_done, pass_no)
                         log.info("auditor: periodic check%s: %d ledger(s) with damaged replicas",
                                  "" if pass_no is None else f" (sampled, pass {pass_no})", found)
                 elif isinstance(fx, MootTasks):
