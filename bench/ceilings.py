@@ -240,7 +240,8 @@ def settle(min_seconds: float = 0.0, max_seconds: float = 90.0, window: float = 
 
 def _empty_servicer(journal_dir: str | None = None):
     from bookie import wire
-    from bookie.journal import R_ENTRIES, Journal
+    from bookie.journal import Journal
+    from bookie.journal_record import R_ENTRIES
     from bookstream_pb import bookie_pb2 as pb
     from bookstream_pb import bookie_pb2_grpc as pb_grpc
 

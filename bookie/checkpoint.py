@@ -21,7 +21,7 @@ import struct
 from bookie.core import VERIFIER_SIZE, BookieCore
 from bookie.crc import crc32
 from bookie.index import RUN_HEAD, LedgerIndex
-from bookie.journal import JournalPosition
+from bookie.journal_record import JournalPosition
 
 MAGIC = b"BKSTCKP1"
 _HEAD = struct.Struct("<8sQQQ")        # magic, segment, offset, ledgers

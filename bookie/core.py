@@ -118,7 +118,7 @@ from dataclasses import dataclass, field
 
 from bookie.entry import FLAG_TRUNCATE, REQ_RECOVERY, EntryHeader, EntryRun, parse_header, scan_runs
 from bookie.index import LedgerIndex, Removed
-from bookie.journal import (
+from bookie.journal_record import (
     CLEAR_BODY, DELETE_BODY, KEY_BODY, LAC_BODY, R_CLEAR, R_DELETE, R_ENTRIES, R_KEY, R_LAC, R_RELOCATED, R_STATE,
     STATE_BODY,
 )
@@ -528,7 +528,7 @@ class BookieCore:
         return moved
 
     def replay(self, rtype: int, body, base: int, runs: list[EntryRun] | None = None) -> None:
-        """Applies one durable journal record (bookie/journal.py record
+        """Applies one durable journal record (bookie/journal_record.py
         types), its body at location ``base``: how a restart rebuilds the
         state, in ``Storage.open`` and in the simulated bookie alike."""
         if rtype == R_ENTRIES:

@@ -3,15 +3,7 @@
 The journal is the bookie's only write path and also its entry log: index
 locations point into journal segments, so an entry is written once.
 
-A record on disk::
-
-    u32 body_len | u8 type | 3 bytes zero | u32 crc | body
-
-where ``crc`` is the CRC-32 of the first 8 header bytes and then the body,
-except for records made of entry records (R_ENTRIES, R_RELOCATED): every entry
-record carries its own CRC, verified when it arrived, so the journal CRC
-covers only those records' 8 header bytes and the scan verifies the entries'
-CRCs instead (one pass over the bytes on the add path, not two).  A torn tail
+Its records' format: ``bookie/journal_record.py``.  A torn tail
 (a record cut short, or failing its CRCs, after a crash) is detected on open
 and cut off: everything after it in that segment is discarded, and it is never
 served.  Only the newest segment holding records can have one: a segment is
@@ -60,38 +52,19 @@ import asyncio
 import logging
 import os
 import re
-import struct
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from bookie import entry as E
-from bookie.crc import crc32
+from bookie.journal_record import (
+    MARK_BODY, MARK_SIZE, R_MARK, RECORD_HEADER, RECORD_HEADER_SIZE, JournalPosition, ScannedRecord, frame_record,
+    mark_after, record_at,
+)
 
 log = logging.getLogger(__name__)
 
-RECORD_HEADER = struct.Struct("<IB3xI")
-RECORD_HEADER_SIZE = RECORD_HEADER.size  # 12
-
-R_ENTRIES = 1     # body: entry records, as received
-R_STATE = 2       # body: STATE_BODY
-R_DELETE = 3      # body: DELETE_BODY
-R_RELOCATED = 4   # body: u32 n, n x u64 old location, then n entry records
-R_LAC = 5         # body: LAC_BODY (an explicit LAC)
-R_KEY = 6         # body: KEY_BODY, then the ledger's verifier (bookie/core.py, master key)
-R_CLEAR = 7       # body: CLEAR_BODY (a copy's clearing of its target, with its fencing token)
-R_MARK = 8        # body: MARK_BODY, the record's own segment and offset (every byte before it was durable)
-
-STATE_BODY = struct.Struct("<QQB")          # ledger_id, term, fenced
-DELETE_BODY = struct.Struct("<QBqq")        # ledger_id, has_range, first, last
-LAC_BODY = struct.Struct("<Qqq")            # ledger_id, lac, lafr
-KEY_BODY = struct.Struct("<Q")              # ledger_id
-CLEAR_BODY = struct.Struct("<QqqQ")         # ledger_id, first, last, copy token
-MARK_BODY = struct.Struct("<QQ")            # segment, offset of this record
-MARK_SIZE = RECORD_HEADER_SIZE + MARK_BODY.size
 MARK_IDLE_S = 1.0   # a journal idle this long after a commit marks its end
 
 SEGMENT_NAME = re.compile(r"^segment-(\d{10})\.log$")
@@ -151,50 +124,6 @@ def write_durably(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
-ENTRY_RECORD_TYPES = frozenset((R_ENTRIES, R_RELOCATED))
-
-
-def frame_record(rtype: int, body: bytes | memoryview) -> bytes:
-    head = struct.pack("<IB3x", len(body), rtype)
-    crc = crc32(head) if rtype in ENTRY_RECORD_TYPES else crc32(body, crc32(head))
-    return head + struct.pack("<I", crc)
-
-
-def verified_runs(rtype: int, body: memoryview) -> list[E.EntryRun] | None:
-    """Parses and checks the entry records of an entry-bearing body (the
-    journal CRC does not cover them); None if any is torn or corrupt.  Run
-    offsets are relative to the first entry record."""
-    try:
-        start = 4 + 8 * struct.unpack_from("<I", body, 0)[0] if rtype == R_RELOCATED else 0
-        return E.scan_runs(body[start:])
-    except (E.MalformedEntry, E.ChecksumMismatch, struct.error):
-        return None
-
-
-@dataclass(frozen=True, slots=True)
-class JournalPosition:
-    """A point in the journal: a segment and a byte offset in it."""
-
-    segment: int
-    offset: int
-
-    def __lt__(self, other: "JournalPosition") -> bool:
-        return (self.segment, self.offset) < (other.segment, other.offset)
-
-    def __le__(self, other: "JournalPosition") -> bool:
-        return (self.segment, self.offset) <= (other.segment, other.offset)
-
-
-@dataclass(frozen=True, slots=True)
-class ScannedRecord:
-    rtype: int
-    body: memoryview
-    segment: int
-    body_offset: int  # of the body in the segment file
-    end: JournalPosition     # just past the record
-    runs: list | None = None  # entry-bearing records: their entries, scanned (entry.EntryRun)
-
-
 class JournalWriteError(OSError):
     pass
 
@@ -215,47 +144,6 @@ def pread_exactly(fd: int, length: int, offset: int, seg: int | str = "?") -> by
 
 class JournalDamaged(RuntimeError):
     """The journal lost records a crash cannot explain (Journal.scan)."""
-
-
-def _record_at(mv: memoryview, seg: int, off: int) -> ScannedRecord | None:
-    """The valid record at ``off`` of a segment's bytes, or None: none fits
-    there (the end, zeros, a torn or corrupt record)."""
-    if off + RECORD_HEADER_SIZE > len(mv):
-        return None
-    blen, rtype, crc = RECORD_HEADER.unpack_from(mv, off)
-    if rtype == 0:
-        return None  # no record has type 0: zeros, or a torn tail
-    body_off = off + RECORD_HEADER_SIZE
-    if body_off + blen > len(mv):
-        return None
-    body = mv[body_off : body_off + blen]
-    runs = None
-    if rtype in ENTRY_RECORD_TYPES:
-        if crc32(mv[off : off + 8]) != crc:
-            return None
-        runs = verified_runs(rtype, body)
-        if runs is None:
-            return None
-    elif crc32(body, crc32(mv[off : off + 8])) != crc:
-        return None
-    return ScannedRecord(rtype, body, seg, body_off, JournalPosition(seg, body_off + blen), runs)
-
-
-_MARK_HEAD = struct.pack("<IB3x", MARK_BODY.size, R_MARK)   # a mark's first 8 bytes
-
-
-def _mark_after(data: bytes, seg: int, off: int) -> int | None:
-    """The offset of a valid mark after ``off`` in a segment's bytes, if
-    any: a record of type R_MARK, its CRC right, naming its own segment and
-    offset (payload bytes that look like one fail one of these)."""
-    mv = memoryview(data)
-    at = data.find(_MARK_HEAD, off + 1)
-    while at >= 0:
-        rec = _record_at(mv, seg, at)
-        if rec is not None and rec.rtype == R_MARK and MARK_BODY.unpack(rec.body) == (seg, at):
-            return at
-        at = data.find(_MARK_HEAD, at + 1)
-    return None
 
 
 class Journal:
@@ -394,7 +282,7 @@ class Journal:
             data = self.path(seg).read_bytes()
             mv = memoryview(data)
             off = start.offset if seg == start.segment else 0
-            while (rec := _record_at(mv, seg, off)) is not None:
+            while (rec := record_at(mv, seg, off)) is not None:
                 if rec.rtype == R_MARK:
                     self._marked = JournalPosition(seg, off)
                 off = rec.end.offset
@@ -403,7 +291,7 @@ class Journal:
                     yield rec
             if off != len(data) and data.count(0, off) == len(data) - off:
                 pass  # the zeros of a preallocated segment: its records end here
-            elif off != len(data) and (mark := _mark_after(data, seg, off)) is not None:
+            elif off != len(data) and (mark := mark_after(data, seg, off)) is not None:
                 raise JournalDamaged(
                     f"journal segment {seg} has a bad record at {off} of {len(data)} bytes, and a mark at "
                     f"{mark} says every byte before it was durable: the disk lost data there (not a crash's "
@@ -431,7 +319,7 @@ class Journal:
             if len(head) < RECORD_HEADER_SIZE:
                 return False
             first = head + f.read(RECORD_HEADER.unpack_from(head)[0])
-        return _record_at(memoryview(first), seg, 0) is not None
+        return record_at(memoryview(first), seg, 0) is not None
 
     def read_segment(self, seg: int) -> bytes:
         return self.path(seg).read_bytes()

@@ -36,20 +36,9 @@ from bookie.range_read import read_runs
 from bookie.data_dir import LOCK_FILE, DamagedDataDir, DataDirInUse, lock_data_dir  # noqa: F401
 from bookie.core import Barrier, BookieCore, LacInfo, Status, Verdict, verifier_of
 from bookie.index import Removed, pack_location, unpack_location
-from bookie.journal import (
-    DELETE_BODY,
-    LAC_BODY,
-    R_LAC,
-    R_CLEAR,
-    R_DELETE,
-    R_ENTRIES,
-    R_KEY,
-    R_RELOCATED,
-    R_STATE,
-    Journal,
-    JournalDamaged,
-    JournalPosition,
-    write_durably,
+from bookie.journal import Journal, JournalDamaged, write_durably
+from bookie.journal_record import (
+    DELETE_BODY, LAC_BODY, R_CLEAR, R_DELETE, R_ENTRIES, R_KEY, R_LAC, R_RELOCATED, R_STATE, JournalPosition,
 )
 
 log = logging.getLogger(__name__)
@@ -665,7 +654,7 @@ class Storage:
 
 def _iter_entry_records(data: bytes):
     """(type, body, body offset) of each entry-bearing record of a segment."""
-    from bookie.journal import RECORD_HEADER, RECORD_HEADER_SIZE
+    from bookie.journal_record import RECORD_HEADER, RECORD_HEADER_SIZE
 
     mv = memoryview(data)
     off = 0

@@ -3,7 +3,7 @@
 Every decision is the core's, executed here as ``bookie/storage.py`` executes
 it: admission, the fence barrier (``fence_read``), the pending normal adds,
 and replay (``replay`` of the same journal record types and bodies as
-``bookie/journal.py``'s, a record's location being its index in the list
+``bookie/journal_record.py``'s, a record's location being its index in the list
 shifted by ``bookie.index.OFFSET_BITS``).  The order of effects:
 
 - an add is admitted on receipt (``admit_add``: term/fence rules; raises the
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from bookie import entry as E
 from bookie.core import Barrier, BookieCore, Status
 from bookie.index import OFFSET_BITS
-from bookie.journal import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_STATE
+from bookie.journal_record import DELETE_BODY, LAC_BODY, R_DELETE, R_ENTRIES, R_LAC, R_STATE
 
 _BARRIER = {Barrier.NONE: None, Barrier.SYNC: "sync", Barrier.JOURNAL_STATE: "state"}
 
@@ -54,7 +54,7 @@ class SimBookie:
     bid: str
     ledger_id: int
     core: BookieCore = field(default_factory=BookieCore)
-    # durable: (record type, body), bookie/journal.py's (an R_ENTRIES body holds one record)
+    # durable: (record type, body), bookie/journal_record.py's (an R_ENTRIES body holds one record)
     journal: list[tuple[int, bytes]] = field(default_factory=list)
     # (record, header, frame, pending counts) | ((lac, lafr), None, frame, None)
     unsynced: list[tuple] = field(default_factory=list)

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from bookie import entry as E
 from bookie import wire
 from bookie.core import Status
-from bookie.journal import R_ENTRIES, frame_record
+from bookie.journal_record import R_ENTRIES, frame_record
 from bookstream_pb import bookie_pb2 as pb
 from stream.bookie_client import BookieClient
 from tests.conftest import run
@@ -133,7 +133,7 @@ def _unmarked(seg) -> int:
     ending it (one an idle journal writes a second after its last commit,
     bookie/journal.py) taken off, so that the last record is one a crash may
     tear (a mark after it says it was durable).  Returns the size."""
-    from bookie.journal import MARK_BODY, MARK_SIZE, R_MARK, frame_record
+    from bookie.journal_record import MARK_BODY, MARK_SIZE, R_MARK, frame_record
 
     data = seg.read_bytes()
     end = len(data) - MARK_SIZE
@@ -160,7 +160,7 @@ def test_torn_tail_is_cut_off_and_never_served(bookies):
     with open(seg, "ab") as f:
         f.write(torn)
     b.start()
-    from bookie.journal import MARK_SIZE
+    from bookie.journal_record import MARK_SIZE
 
     assert seg.stat().st_size == good_size + MARK_SIZE  # cut off on open (then marked: what it kept is durable)
 

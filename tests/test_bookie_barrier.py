@@ -12,7 +12,7 @@ import pytest
 from bookie import core as bc
 from bookie import entry as E
 from bookie.core import Barrier, BookieCore, Status
-from bookie.journal import R_ENTRIES, R_STATE
+from bookie.journal_record import R_ENTRIES, R_STATE
 from bookie.storage import Storage
 
 

@@ -18,7 +18,8 @@ import pytest
 from bookie import entry as E
 from bookie.core import Status
 from bookie.data_dir import DATA, REASON_FILE, DataDirInUse, lock_data_dir, set_aside, set_aside_dirs
-from bookie.journal import R_ENTRIES, frame_record, segment_name
+from bookie.journal import segment_name
+from bookie.journal_record import R_ENTRIES, frame_record
 from bookie.storage import DamagedDataDir, Storage, StorageConfig
 from tests.storage_support import admit_durably
 from tests.test_cookie import _refused   # (exit code 3, the reason in its log, its port never served)

@@ -8,7 +8,8 @@ import os
 import pytest
 
 from bookie import entry as E
-from bookie.journal import PREPARED_SUFFIX, R_ENTRIES, R_STATE, STATE_BODY, Journal, JournalPosition, frame_record
+from bookie.journal import PREPARED_SUFFIX, Journal
+from bookie.journal_record import R_ENTRIES, R_STATE, STATE_BODY, JournalPosition, frame_record
 
 SEG = 64 << 10
 
@@ -154,7 +155,7 @@ def test_marks_tell_a_record_rotted_in_place_from_a_torn_tail(tmp_path, caplog):
     own offset, and a close ends the journal with one: a bad record with a
     mark after it is refused (acknowledged records follow it); the last
     commit before a crash has none after it, and is cut as a torn tail."""
-    from bookie.journal import MARK_BODY, MARK_SIZE, R_MARK
+    from bookie.journal_record import MARK_BODY, MARK_SIZE, R_MARK
 
     bodies = [(R_ENTRIES, _entries(1, 10 * i, 10)) for i in range(4)]
     j, _ = _open(tmp_path, preallocate=False, mark_idle_s=3600)   # (no idle marks between the commits)
@@ -189,7 +190,7 @@ def test_an_idle_journal_marks_its_last_commit(tmp_path):
     """A commit not followed by another for ``mark_idle_s`` gets a mark of
     its own (one fdatasync more), so a crash long after it still tells its
     rot from a torn tail; a journal already ending in a mark writes none."""
-    from bookie.journal import MARK_SIZE
+    from bookie.journal_record import MARK_SIZE
 
     j = Journal(tmp_path, segment_size=SEG, mark_idle_s=0.05)
     list(j.scan(JournalPosition(1, 0)))
@@ -221,7 +222,7 @@ def test_a_payload_that_looks_like_a_mark_leaves_a_torn_tail_cut(tmp_path):
     """A torn record whose payload holds a mark's bytes: a mark names its
     own segment and offset, so one copied into a payload (anywhere but where
     it would be a real one) is not taken for one."""
-    from bookie.journal import MARK_BODY, R_MARK
+    from bookie.journal_record import MARK_BODY, R_MARK
 
     j, _ = _open(tmp_path, preallocate=False)
     _write(j, [(R_ENTRIES, _entries(1, 0, 10))], wait_prepared=False)

@@ -198,7 +198,8 @@ def test_empty_grpc_server_answers_like_a_bookie(tmp_path):
 def test_journal_server_acks_frames_it_journalled(tmp_path):
     """`serve --journal`: every frame acked is in the server's journal,
     whole and in order (the acks wait for the journal's sync)."""
-    from bookie.journal import R_ENTRIES, Journal, JournalPosition
+    from bookie.journal import Journal
+    from bookie.journal_record import R_ENTRIES, JournalPosition
     from stream.bookie_client import BookieClient
 
     server = ceilings.EmptyServerProcess(tmp_path / "j", journal=True).start()

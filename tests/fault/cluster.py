@@ -40,7 +40,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from bookie import entry as E
-from bookie.journal import R_ENTRIES, R_MARK, _record_at, frame_record, segment_name
+from bookie.journal import segment_name
+from bookie.journal_record import R_ENTRIES, R_MARK, frame_record, record_at
 from bookstream.processes import AutorecoveryProcess, BookieProcess, BookieStartError, ServedProcess
 from metadata.etcd_server import ManagedEtcd
 from tests.fault.proxy import BookieProxy, ProxyLoop, _free_port
@@ -433,7 +434,7 @@ class FaultCluster:
         for n, path in enumerate(segs):
             data = path.read_bytes()
             mv, seg, off, held, marked = memoryview(data), int(path.name[8:-4]), 0, [], 0
-            while (rec := _record_at(mv, seg, off)) is not None:
+            while (rec := record_at(mv, seg, off)) is not None:
                 if rec.rtype == R_MARK:
                     marked = len(held)
                 elif rec.rtype == R_ENTRIES:
