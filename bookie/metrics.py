@@ -61,7 +61,8 @@ class BookieMetrics:
         self.scrub_entries = Counter(p + "scrub_entries", "entries the scrub checked", registry=r)
         self.scrub_bytes = Counter(p + "scrub_bytes", "bytes the scrub read", registry=r)
         self.scrub_rotted_entries = Counter(p + "scrub_rotted_entries", "entries found rotted on disk (by the "
-                                            "scrub or a read), each reported to autorecovery", registry=r)
+                                            "scrub or a read), each reported to autorecovery (one still rotted "
+                                            "counts again at each pass, until it is filled)", registry=r)
         self.gc_removed_segments = Counter(p + "gc_removed_segments", "journal segments deleted by GC", registry=r)
         self.gc_compacted_segments = Counter(p + "gc_compacted_segments", "journal segments compacted", registry=r)
         self.gc_relocated_entries = Counter(p + "gc_relocated_entries", "entries copied by compaction", registry=r)

@@ -276,7 +276,8 @@ def test_a_bookie_reports_a_rotted_entry_and_the_workers_copy_it_back(own):
             listed = (await asyncio.to_thread(cli, own, "underreplicated", "list")).stdout
             assert f"ledger {lid}: lost {victim.bookie_id}; {victim.bookie_id} damaged at 17" in listed, listed
             info = await (await bk.bookie(victim.bookie_id)).info()   # (what `bookies info` and /info show)
-            assert info.scrub_rotted_entries == 1 and 0 < info.scrub_last_end < info.scrub_next_due
+            # (>= 1: a pass every second finds it again until it is filled, and the list above takes a while)
+            assert info.scrub_rotted_entries >= 1 and 0 < info.scrub_last_end < info.scrub_next_due
             await mended(own, keys, "the rotted entry copied back")
             assert await names_bookie(bk, victim.bookie_id)
             assert await check_every_replica(bk, lid, 39, set(ens)) == 120
