@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from array import array
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 from bookie import native
 from bookie.crc import crc32
@@ -353,6 +353,28 @@ def verify_all(buf: bytes | memoryview) -> int:
     if bad is not None:
         raise bad
     return count
+
+
+# bytes 0..34 of an entry record: payload_len, checksum, (req_flags, term), ledger_id, entry_id
+_NAMED = struct.Struct("<II10xQq")
+
+
+def rotted(buf: bytes | memoryview, ledger_id: int, records: Sequence[tuple[int, int, int]]) -> list[int]:
+    """The ids of ``records`` ((entry id, offset in ``buf``, length), as a
+    bookie's index names them) whose bytes in ``buf`` are not that entry of
+    ``ledger_id``: cut short, another ledger's or id's, a length other than
+    the index's, or a CRC that fails.  (The index, not the record, says
+    which id a bad record was: its own header may be what rotted.)"""
+    mv, n, out = memoryview(buf), len(buf), []
+    for eid, off, ln in records:
+        if ln < HEADER_SIZE or off + ln > n:
+            out.append(eid)
+            continue
+        plen, crc, lid, rid = _NAMED.unpack_from(mv, off)
+        if lid != ledger_id or rid != eid or HEADER_SIZE + plen != ln or \
+                crc32(mv[off + CHECKSUM_START : off + ln]) != crc:
+            out.append(eid)
+    return out
 
 
 def iter_headers(buf: bytes | memoryview) -> Iterator[EntryHeader]:

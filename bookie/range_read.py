@@ -1,6 +1,7 @@
 """A bookie's dense range read, span by span (issue 18): the records of
 index run slices (``LedgerIndex.run_slices``) read in order, records
-adjacent on disk in one pread.  A striped reader's share (a filter by
+adjacent on disk in one pread; and the check of what a range read read
+before it is served (``good_prefix``).  A striped reader's share (a filter by
 residue) is ``bookie/striped_read.py``'s; ``Storage.read_range`` and
 ``read_sparse`` call the one or the other.  Pure but for ``read_at``,
 the pread (or, on the read port, the span's location kept to be sent
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from typing import Callable, Iterable
+
+from bookie import entry as E
 
 
 def read_runs(slices: Iterable, max_bytes: int,
@@ -68,3 +71,26 @@ def read_runs(slices: Iterable, max_bytes: int,
 
 
 __all__ = ["read_runs"]
+
+
+def good_prefix(buf: bytes, n: int, ledger_id: int,
+                held: Callable[[], Iterable[tuple[int, int]]]) -> tuple[int, int, E.ChecksumMismatch | None]:
+    """(how many records passed, where they end in ``buf``, the first bad
+    one or None) of the ``n`` records a range read read, joined in ``buf``:
+    checked in one pass by their own lengths and CRCs, and where that fails
+    (a CRC, or a length field rotted: the walk then goes astray) record by
+    record as the index names them (``held()``: their (entry id, length),
+    ``Storage.held_records``), so that the bad one is told by its id in the
+    index, not by its own header."""
+    try:
+        count, good_end, bad = E.verified_prefix(buf)
+        if bad is None and count == n:
+            return count, good_end, None
+    except E.MalformedEntry:
+        pass
+    off = 0
+    for k, (eid, ln) in enumerate(held()):
+        if E.rotted(buf, ledger_id, ((eid, off, ln),)):
+            return k, off, E.ChecksumMismatch(ledger_id, eid)
+        off += ln
+    raise E.MalformedEntry(f"ledger {ledger_id}: a range read's records are not the ones its index names")

@@ -40,13 +40,11 @@ import asyncio
 import dataclasses
 import logging
 import os
-import struct
 import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from bookie import entry as E
-from bookie.crc import crc32
+from bookie.entry import rotted
 from bookie.journal import ShortRead, pread_exactly, write_durably
 from bookie.storage import Storage, unpack_location
 
@@ -57,26 +55,6 @@ SPAN_BYTES = 1 << 20        # the most one pread reads (in a thread: a few hops 
 GAP_BYTES = 4096            # records this close in a segment are read in one pread (journal headers between)
 WINDOW_IDS = 4096           # ids taken from a ledger's index at a time
 FIRST_PASS_S = 3600.0       # a data dir never scrubbed: its first pass, this long after the start
-
-# bytes 0..34 of an entry record: payload_len, checksum, (req_flags, term), ledger_id, entry_id
-_NAMED = struct.Struct("<II10xQq")
-
-
-def rotted(buf: bytes | memoryview, ledger_id: int, records: Sequence[tuple[int, int, int]]) -> list[int]:
-    """The ids of ``records`` ((entry id, offset in ``buf``, length)) whose
-    bytes in ``buf`` are not that entry of ``ledger_id``: cut short, another
-    ledger's or id's, a length other than the index's, or a CRC that fails."""
-    mv, n, out = memoryview(buf), len(buf), []
-    for eid, off, ln in records:
-        if ln < E.HEADER_SIZE or off + ln > n:
-            out.append(eid)
-            continue
-        plen, crc, lid, rid = _NAMED.unpack_from(mv, off)
-        if lid != ledger_id or rid != eid or E.HEADER_SIZE + plen != ln or \
-                crc32(mv[off + E.CHECKSUM_START : off + ln]) != crc:
-            out.append(eid)
-    return out
-
 
 def due(last_end: float | None, interval: float, started: float) -> float:
     """When the next pass starts: ``interval`` after the last one ended,

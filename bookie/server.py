@@ -23,6 +23,7 @@ from bookie.data_dir import DamagedDataDir, set_aside, set_aside_bytes
 from bookie.grpc_methods import register
 from bookie.journal import JournalWriteError
 from bookie.metrics import BookieMetrics, observed
+from bookie.range_read import good_prefix
 from bookie.storage import Storage, StorageConfig
 from bookstream_pb import bookie_pb2 as pb
 from bookstream_pb import bookie_pb2_grpc as pb_grpc
@@ -246,8 +247,8 @@ class BookieService(pb_grpc.BookieServicer):
             if status is not Status.OK:
                 return pb.ReadEntryResponse(status=status, term=term)
             status, rec = self.storage.read_record(request.ledger_id, request.entry_id)
-            if status is Status.OK:
-                E.verify(rec, E.parse_header(rec))
+            if status is Status.OK and E.rotted(rec, request.ledger_id, ((request.entry_id, 0, len(rec)),)):
+                raise E.ChecksumMismatch(request.ledger_id, request.entry_id)   # (its header too may have rotted)
             return pb.ReadEntryResponse(status=status, entry=rec, term=self.storage.term_of(request.ledger_id))
         except E.ChecksumMismatch as e:
             self._rotted(e)
@@ -319,8 +320,11 @@ class BookieService(pb_grpc.BookieServicer):
         CHECKSUM_MISMATCH after the good entries below it, unless the reader
         checks them itself (``reader_verifies``: served as stored, a quarter
         of a 1 KiB range read's CPU saved; ``read_at``, with it only: what
-        stands for a span of records, ``Storage.read_sparse``).  Each frame
-        is read from storage when the one before it has been taken."""
+        stands for a span of records, ``Storage.read_sparse``).  Before it,
+        always a frame of the good records (none, maybe) whose ``through`` is
+        the id before the bad one's, named by the index: a reader asks
+        another replica for that one id and reads on here after it.  Each
+        frame is read from storage when the one before it has been taken."""
         nxt = first
         while True:
             try:
@@ -330,8 +334,9 @@ class BookieService(pb_grpc.BookieServicer):
                 if reader_verifies:  # the count from the index walk: the records served as stored
                     bad, size = None, sum(map(len, recs))
                 else:
-                    recs = (b"".join(recs),)
-                    count, good_end, bad = E.verified_prefix(recs[0])
+                    recs, n = (b"".join(recs),), count
+                    count, good_end, bad = good_prefix(recs[0], n, ledger_id, lambda: self.storage.held_records(
+                        ledger_id, nxt, last, n, stripe, residues))
                     size = len(recs[0])
             except Exception as e:
                 log.exception("range read failed")
@@ -343,7 +348,7 @@ class BookieService(pb_grpc.BookieServicer):
                 if count:
                     self.read_range_entries += count
                     self.metrics.range_frame(count, good_end)
-                    yield Status.OK, (recs[0][:good_end],), count, bad.entry_id - 1, term
+                yield Status.OK, (recs[0][:good_end],), count, bad.entry_id - 1, term
                 yield pb.ReadRangeResponse(status=Status.CHECKSUM_MISMATCH, message=str(bad), term=term)
                 return
             self.read_range_entries += count

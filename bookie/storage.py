@@ -494,6 +494,27 @@ class Storage:
             out, nxt, full, count = read_runs(st.index.run_slices(first, last, skip_gaps=True), max_bytes, read_at)
         return Status.OK, out, nxt - 1 if full else last, count
 
+    def held_records(self, ledger_id: int, first: int, last: int, n: int,
+                     stripe: int = 0, residues: int = 0) -> list[tuple[int, int]]:
+        """The first ``n`` (entry id, record length) the index holds in
+        [first, last] (with ``stripe``: of the ids ``read_sparse`` selects):
+        the records a ``read_sparse`` from ``first`` returned, one by one, as
+        the index names them (a range read's rotted record told by its id
+        here, not by its own header)."""
+        st = self.core.ledgers.get(ledger_id)
+        out: list[tuple[int, int]] = []
+        if st is None or n <= 0:
+            return out
+        for run, lo, hi in st.index.run_slices(first, last, skip_gaps=True):
+            for k in range(lo, hi):
+                eid = run.start + k
+                if stripe and not residues >> (eid % stripe) & 1:
+                    continue
+                out.append((eid, run.lens[k]))
+                if len(out) == n:
+                    return out
+        return out
+
     # -- LAC long poll (bookie/lac_wait.py) ------------------------------------------------
 
     async def wait_lac(self, ledger_id: int, previous: int, timeout: float) -> None:

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from bookie import entry as E
 from bookie.core import Status
+from bookie.entry import rotted
 from bookie.index import unpack_location
-from bookie.scrub import FIRST_PASS_S, SCRUB_FILE, SPAN_BYTES, Scrubber, due, last_pass_end, rotted
+from bookie.scrub import FIRST_PASS_S, SCRUB_FILE, SPAN_BYTES, Scrubber, due, last_pass_end
 from tests.storage_support import admit_durably
 
 
@@ -116,16 +119,23 @@ def test_a_pass_asked_for_begins_at_once_and_a_newer_ask_gets_one_of_its_own(sto
             if len(done) == 2:
                 loop.call_soon_threadsafe(both.set)
 
+        class Wake(asyncio.Event):   # (tells when the loop waits for its next pass)
+            waiting = asyncio.Event()
+
+            async def wait(self):
+                self.waiting.set()
+                return await super().wait()
+
+        s.wake = Wake()
         task = asyncio.create_task(scrub_loop(s, 3600, served=served))
-        await asyncio.sleep(0)   # (the loop's first step runs before this resumes: up to its wait)
+        await asyncio.wait_for(s.wake.waiting.wait(), 30)
         assert s.next_due > time.time() + 3000 and not done and s.pass_entries == 0   # (not due: waiting)
+        s.wake.waiting.clear()
         s.request(5)
         s.request(3)   # (an older revision: nothing new)
         await asyncio.wait_for(both.wait(), 30)
-        for _ in range(100):   # (served runs in a thread: the loop clears the ask once it resumes after it)
-            if s.requested is None:
-                break
-            await asyncio.sleep(0)
+        # (served runs in a thread: the loop clears the ask once it resumes after it, then waits again)
+        await asyncio.wait_for(s.wake.waiting.wait(), 30)
         task.cancel()
         assert done == [5, 9] and s.requested is None
         assert progress[0][1] == 300 and progress[-1] == (300, 300) and s.pass_entries == 0
@@ -230,12 +240,13 @@ def test_a_paced_pass_reads_at_its_rate(storage):
     asyncio.run(go())
 
 
-def _rot_payload(proc, marker: bytes) -> None:
+def _rot_payload(proc, marker: bytes, shift: int = 50) -> None:
     """A byte of the payload starting with ``marker`` flipped in the running
     bookie ``proc``'s journal (its preads see the page cache, as they would
-    the disk)."""
+    the disk); ``shift``: the byte's place from the payload's start (a
+    negative one in the record's header)."""
     (seg,) = [s for s in (proc.data_dir / "journal").glob("segment-*.log") if marker in s.read_bytes()]
-    at = seg.read_bytes().find(marker) + 50
+    at = seg.read_bytes().find(marker) + shift
     with open(seg, "r+b") as f:
         f.seek(at)
         b = f.read(1)
@@ -305,6 +316,57 @@ async def _reported_and_mended(own, bk, lid: int, bookie_id: str, entry_id: int)
                    for t in keys.tasks())
     await until(reported, what="the rotted entry reported")
     await mended(own, keys, "the rotted entry copied back")
+
+
+# a byte's place from the payload's start: in it; the header's length field (its second byte: the length then
+# reaches past the frame, and a one-pass walk goes astray); its entry id (its own header then names another id)
+ROT_SHIFTS = {"payload": 50, "length": -E.HEADER_SIZE + 1, "entry id": -E.HEADER_SIZE + 26}
+
+
+@pytest.mark.parametrize("where", list(ROT_SHIFTS))
+def test_a_copy_takes_an_entry_rotted_on_one_source_from_another(own, where):
+    """A closed E3 Qw3 ledger whose first bookie is recovered onto a spare
+    while each of the other two holds one entry rotted (0 on one, the
+    first of its frame, 23 on the other: whichever source the copy asks
+    first, one of its records is bad), a byte of its payload, of its header's length field or of its
+    entry id (the bookie's one-pass check then walks astray, or the record
+    names another id: the index names the bad record).  The source serves the records below it, then
+    CHECKSUM_MISMATCH (and reports it, as a read that meets one does); the
+    copier asks the next source for that one id and reads on from the
+    first after it: the spare holds every entry, each the one written.
+    (Before, the copier left the rest of the range to the next source,
+    whose own rotted record ended its read too: the copy failed for good,
+    every entry held valid by some source.)"""
+    from stream.autorecovery.service import recover_ledger_fragments
+    from stream.client import BookKeeperClient
+    from tests.conftest import run
+    from tests.test_recovery_cli import closed_ledger
+
+    procs = own.start(4)
+    payloads = [b"src-%03d-" % i + b"y" * 200 for i in range(40)]
+    lid, ens = closed_ledger(own, payloads, ack_quorum=3)
+    by_id = {p.bookie_id: p for p in procs}
+    _rot_payload(by_id[ens[1]], b"src-000-", ROT_SHIFTS[where])
+    _rot_payload(by_id[ens[2]], b"src-023-", ROT_SHIFTS[where])
+    (spare,) = set(by_id) - set(ens)
+
+    async def go():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            out = await recover_ledger_fragments(bk, lid, {ens[0]}, target=spare)
+            assert out.replaced == [(0, ens[0], spare)] and out.entries == 40 and not out.unrecoverable, out
+            sc = await bk.bookie(spare)
+            for eid, payload in enumerate(payloads):
+                r = await sc.read_entry(lid, eid)
+                assert r.status == Status.OK, (eid, r.status)
+                assert E.decode(r.entry).payload == payload, eid     # (decode raises on a bad checksum)
+        finally:
+            await bk.close()
+
+    run(go())
+    said = [f"entry {eid} of ledger {lid} rotted on disk (found by a read)" in by_id[b].log_path.read_text()
+            for b, eid in ((ens[1], 0), (ens[2], 23))]
+    assert sorted(said) == [False, True], said   # (the first source's, met; the second was asked for its id only)
 
 
 def test_a_rotted_entry_of_a_live_writers_open_fragment_is_copied_back_below_its_lac(own):

@@ -151,7 +151,10 @@ async def _read_range(sc, src: str, job: FragmentJob, lo: int, hi: int, sender: 
                       stats: CopyStats) -> list[tuple[int, int]]:
     """Reads [lo, hi] (sparse) from one source ``src``, forwarding what the
     lost position held and ``src`` holds as a replica
-    (``FragmentJob.replica_of``); returns the sub-ranges it did not deliver."""
+    (``FragmentJob.replica_of``); returns the sub-ranges it did not deliver.
+    A record rotted on ``src`` (CHECKSUM_MISMATCH, the frame before it
+    vouching up to the id before it) leaves that one id to another replica,
+    and the read goes on here after it."""
     missing: list[tuple[int, int]] = []
     want = lo  # every id below ``want`` is settled (forwarded, or noted missing)
 
@@ -162,36 +165,45 @@ async def _read_range(sc, src: str, job: FragmentJob, lo: int, hi: int, sender: 
         want = max(want, upto + 1)
 
     try:
-        async for resp in sc.read_range(job.ledger_id, lo, hi, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
-                                        frame_timeout=sender.timeout):
-            if resp.status == Status.NO_SUCH_LEDGER:
+        while want <= hi:
+            rotted_here = False
+            async for resp in sc.read_range(job.ledger_id, want, hi, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
+                                            frame_timeout=sender.timeout):
+                if resp.status == Status.NO_SUCH_LEDGER:
+                    break
+                if resp.status == Status.CHECKSUM_MISMATCH:
+                    rotted_here = True
+                    break
+                if resp.status != Status.OK:
+                    stats.source_errors += 1
+                    break
+                buf = resp.entries
+                batch: list[bytes] = []
+                for eid, start, end in entry_codec.record_spans(buf):
+                    if eid < want or eid > hi:
+                        continue
+                    rec = memoryview(buf)[start:end]
+                    try:
+                        h = entry_codec.scan(rec)[0]
+                    except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
+                        stats.bad_records += 1
+                        gap(eid)        # this id from another replica
+                        continue
+                    held = job.holds(eid)
+                    if held and not job.replica_of(src, eid):
+                        gap(eid)        # no replica's record: this id from a replica
+                        continue
+                    gap(eid - 1)
+                    want = eid + 1
+                    if held:
+                        batch.append(_resend(rec, h, job.term))
+                sender.send(batch)
+                gap(min(resp.through, hi))  # vouched absent here: ask the next replica
+                await sender.room()
+            if not rotted_here:
                 break
-            if resp.status != Status.OK:
-                stats.source_errors += 1
-                break
-            buf = resp.entries
-            batch: list[bytes] = []
-            for eid, start, end in entry_codec.record_spans(buf):
-                if eid < want or eid > hi:
-                    continue
-                rec = memoryview(buf)[start:end]
-                try:
-                    h = entry_codec.scan(rec)[0]
-                except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
-                    stats.bad_records += 1
-                    gap(eid)        # this id from another replica
-                    continue
-                held = job.holds(eid)
-                if held and not job.replica_of(src, eid):
-                    gap(eid)        # no replica's record: this id from a replica
-                    continue
-                gap(eid - 1)
-                want = eid + 1
-                if held:
-                    batch.append(_resend(rec, h, job.term))
-            sender.send(batch)
-            gap(min(resp.through, hi))  # vouched absent here: ask the next replica
-            await sender.room()
+            stats.bad_records += 1
+            gap(want)   # the rotted one (the bookie reports it to autorecovery itself)
     except (BookieUnavailable, asyncio.TimeoutError):
         stats.source_errors += 1
     gap(hi)
