@@ -142,13 +142,57 @@ class LogWriter:
                 log.info("log %s: lost the list CAS (attempt %d), starting again", self.name, attempt + 1)
                 await self._discard(new)
                 continue
+            except Exception:
+                rev2 = await self._settle(ids + [new.ledger_id], rev, new)
+                if rev2 is None:
+                    raise
             except BaseException:
-                await self._discard(new)
+                await self._settle(ids + [new.ledger_id], rev, new)
                 raise
             self._ids, self._rev, self._current, self._lost = ids + [new.ledger_id], rev2, new, None
             log.info("log %s: leader, writing ledger %s (list %s)", self.name, new.ledger_id, self._ids)
             return self
         raise err.NotLeader(f"log {self.name}: the list kept changing ({self.max_attempts} attempts)")
+
+    async def _settle(self, listed: list[int], rev: int | None, new: LedgerHandle) -> int | None:
+        """After a list CAS (``listed`` at ``rev``) whose answer was lost:
+        etcd slow or unreachable, or the call cancelled, may have applied it
+        all the same, and may still (a paused etcd applies what it received
+        once it resumes: this list named a deleted ledger).  While the key
+        is still at ``rev`` the CAS is made again (the same list: whichever
+        of the two applies, the other fails); once the key has moved past
+        ``rev`` the lost one can no longer apply, and the list says what
+        happened: exactly ``listed``, it went through (its revision is
+        returned: the writer goes on as if answered); the new ledger absent,
+        it did not (the ledger is deleted); the new ledger followed by
+        others, it went through and another leader took over since (kept:
+        that leader fences it).  Where etcd does not answer (asked again a
+        few times, a few seconds in all), the ledger is kept (an orphan at
+        worst): a listed ledger is never deleted."""
+        why: BaseException | None = None
+        for attempt in range(self.max_attempts):
+            try:
+                ids, cur = await self._rec.read()
+                if cur == rev:
+                    return await self._rec.cas(listed, rev)
+            except err.MetadataConflict:
+                continue   # moved past rev meanwhile: read again
+            except err.MetadataUnavailable as e:
+                why = e
+                await asyncio.sleep(min(0.1 * 2 ** attempt, 1.0))
+                continue
+            except Exception as e:
+                why = e
+                break
+            if ids == listed:
+                log.info("log %s: the list CAS whose answer was lost went through", self.name)
+                return cur
+            if new.ledger_id not in ids:
+                await self._discard(new)
+            return None
+        log.warning("log %s: ledger %s kept: a list CAS's answer was lost and etcd does not say whether it went "
+                    "through (%s)", self.name, new.ledger_id, why)
+        return None
 
     async def _discard(self, lh: LedgerHandle) -> None:
         try:
@@ -208,8 +252,12 @@ class LogWriter:
                 await self._discard(new)
                 self._lost = e
                 raise err.NotLeader(f"log {self.name}: the list changed: another leader took over") from e
+            except Exception:
+                rev = await self._settle(self._ids + [new.ledger_id], self._rev, new)
+                if rev is None:
+                    raise
             except BaseException:
-                await self._discard(new)
+                await self._settle(self._ids + [new.ledger_id], self._rev, new)
                 raise
             self._ids, self._rev, self._current = self._ids + [new.ledger_id], rev, new
             # after its pending adds (appends already go to `new`), and before

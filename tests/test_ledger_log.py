@@ -141,3 +141,64 @@ def test_duelling_leaders_only_the_last_one_writes(env):
             assert [(p, e.payload) for p, e in got[:len(acked)]] == acked
             assert [p for p, _ in got] == sorted(p for p, _ in got)
     run(go())
+
+
+@pytest.mark.parametrize("step", ["open", "roll"])
+def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_path, cluster, step):
+    """etcd paused while a leader's list CAS is on its way (its own etcd:
+    SIGSTOP): the client gives up after its timeout, and etcd, resumed,
+    applies the CAS it had received.  The leader asks the list again (the
+    key still at the CAS's revision: the same CAS again; moved past it: the
+    list says) and goes on with the ledger it listed: it writes to it, and
+    every ledger of the list exists.  (Before: the ledger was deleted as if
+    unlisted, and the list named a ledger that no longer existed.)"""
+    import os
+    import signal
+
+    from metadata.etcd_server import ManagedEtcd
+
+    etcd = ManagedEtcd(tmp_path / "etcd").start()
+    procs = start_bookies(tmp_path, etcd.endpoint, cluster, 3)
+    name = "lost-answer"
+
+    async def go():
+        async with BookKeeperClient(etcd.endpoint, cluster, metadata_timeout=1.0) as bk:
+            w = LogWriter(bk, name, 3, 3, 2)
+            if step == "roll":
+                await w.open()
+                await w.append(b"before")
+            real, paused = w._rec.cas, []
+
+            async def cas_unanswered(ids, rev):   # (the first one: the leader's own asking again is answered)
+                if paused:
+                    return await real(ids, rev)
+                os.kill(etcd.pid, signal.SIGSTOP)   # (the request reaches etcd's socket; no answer comes)
+                paused.append(ids[-1])
+                try:
+                    return await real(ids, rev)
+                finally:
+                    os.kill(etcd.pid, signal.SIGCONT)
+
+            w._rec.cas = cas_unanswered
+            if step == "open":
+                await w.open()
+            else:
+                await w.roll()
+            w._rec.cas = real
+            (new,) = paused
+            assert w.current_ledger.ledger_id == new
+            await w.append(b"after")
+            ids, _ = await read_ledger_list(bk, name)
+            assert ids == w.ledger_ids and ids[-1] == new, (ids, w.ledger_ids)
+            for lid in ids:   # (raises NoSuchLedger for a listed ledger deleted)
+                await bk.open_ledger(lid, recovery=False)
+            await w.close()
+            got = [e.payload for _, e in await LogReader(bk, name).read_all()]
+            assert got == ([b"before"] if step == "roll" else []) + [b"after"], got
+
+    try:
+        run(go())
+    finally:
+        for p in procs:
+            p.kill()
+        etcd.stop()
