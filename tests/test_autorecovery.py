@@ -337,6 +337,25 @@ def test_the_full_check_finds_entries_missing_mid_fragment_and_workers_mend_them
     run(go())
 
 
+def _missing_in_the_middle(own) -> tuple[int, tuple[str, ...]]:
+    """Three bookies, a closed E3 Qw3 ledger of 400 entries whose second
+    bookie lacks id 200: (ledger id, ensemble)."""
+    from tests.test_recovery_cli import closed_ledger
+
+    own.start(3)
+    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(400)], ack_quorum=3)
+
+    async def cut():
+        bk = BookKeeperClient(own.endpoint, own.cluster)
+        try:
+            assert (await (await bk.bookie(ens[1])).delete(lid, (200, 200))).status == Status.OK
+        finally:
+            await bk.close()
+
+    run(cut())
+    return lid, ens
+
+
 def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
     """``--full-check-percentage 20``: each pass reads the ends of a
     fragment and the next fifth of its windows of 64 ids (the pass number
@@ -345,14 +364,11 @@ def test_a_sampled_periodic_check_reads_every_id_within_its_turn_of_passes(own):
     second: 400 ids are 7 windows, two a pass, id 200 in the fourth).
     Drawn at random, a pass finds it one time in seven."""
     from stream.autorecovery.service import run_check
-    from tests.test_recovery_cli import closed_ledger
 
-    own.start(3)
-    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(400)], ack_quorum=3)
+    lid, ens = _missing_in_the_middle(own)
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        assert (await (await bk.bookie(ens[1])).delete(lid, (200, 200))).status == Status.OK
         keys = AutorecoveryKeys(bk.store, own.cluster)
         found = []
         for _ in range(4):
@@ -373,14 +389,10 @@ def test_an_auditors_sampled_passes_go_round_the_fragment(own):
     so the next reads the next windows, and the id is published by the
     pass whose windows hold it.  (An auditor that took a pass number but
     never recorded its passes would read pass 0's windows every time.)"""
-    from tests.test_recovery_cli import closed_ledger
-
-    own.start(3)
-    lid, ens = closed_ledger(own, [b"p%d" % i for i in range(400)], ack_quorum=3)
+    lid, ens = _missing_in_the_middle(own)
 
     async def go():
         bk = BookKeeperClient(own.endpoint, own.cluster)
-        assert (await (await bk.bookie(ens[1])).delete(lid, (200, 200))).status == Status.OK
         keys = AutorecoveryKeys(bk.store, own.cluster)
         cfg = AuditorConfig(60.0, 0.2, full_check=True, full_check_percent=20)
         async with autorecovery(own, workers=0, cfg=cfg):

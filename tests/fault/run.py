@@ -268,12 +268,17 @@ async def replica_audit(endpoint: str, cluster: str, api: str, final: list,
     from stream.autorecovery.replica_check import check_ledger
     from stream.quorum import write_set
     from stream.stream import AsyncStreamClient
+    from stream.errors import NoSuchLedger
     out = {"ledgers": 0, "entries": 0, "under_replicated": 0, "unanswered": [], "below_ack_quorum": [],
-           "lost": [], "divergent": [], "rot_unrepaired": [], "rot_checked": 0}
+           "lost": [], "divergent": [], "rot_unrepaired": [], "rot_checked": 0, "deleted_listed": []}
     async with AsyncStreamClient(endpoint, cluster) as sc:
         bk = sc.bk
         for lid in await _ledgers(sc, api):
-            meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            try:
+                meta, _ = await bk.meta_call(bk.ledgers.read, lid)
+            except NoSuchLedger:   # (a log's list naming a ledger that no longer exists)
+                out["deleted_listed"].append(lid)
+                continue
             out["ledgers"] += 1
             upto = final[-1][0] if api != "log" else None   # (the marker: acknowledged, all below it too)
             for f in await check_ledger(bk, meta, lac=upto, timeout=10.0):
@@ -296,9 +301,10 @@ async def replica_audit(endpoint: str, cluster: str, api: str, final: list,
 def replica_anomalies(audit: dict | None) -> list[dict]:
     """The replica audit's findings that are anomalies (see
     ``replica_audit``): ids below Qa, lost, held as different entries, or
-    rotted and not repaired."""
+    rotted and not repaired, or a log's listed ledgers deleted."""
     return [{"kind": f"replicas_{k}", "ids": audit[k][:50], "count": len(audit[k])}
-            for k in ("below_ack_quorum", "lost", "divergent", "rot_unrepaired") if audit and audit.get(k)]
+            for k in ("below_ack_quorum", "lost", "divergent", "rot_unrepaired", "deleted_listed")
+            if audit and audit.get(k)]
 
 
 async def final_log_read(endpoint: str, cluster: str, marker: str, timeout: float,
