@@ -154,7 +154,7 @@ class LogWriter:
             return self
         raise err.NotLeader(f"log {self.name}: the list kept changing ({self.max_attempts} attempts)")
 
-    async def _settle(self, listed: list[int], rev: int | None, new: LedgerHandle) -> int | None:
+    async def _settle(self, listed: list[int], rev: int | None, new: LedgerHandle | None = None) -> int | None:
         """After a list CAS (``listed`` at ``rev``) whose answer was lost:
         etcd slow or unreachable, or the call cancelled, may have applied it
         all the same, and may still (a paused etcd applies what it received
@@ -163,12 +163,13 @@ class LogWriter:
         of the two applies, the other fails); once the key has moved past
         ``rev`` the lost one can no longer apply, and the list says what
         happened: exactly ``listed``, it went through (its revision is
-        returned: the writer goes on as if answered); the new ledger absent,
-        it did not (the ledger is deleted); the new ledger followed by
-        others, it went through and another leader took over since (kept:
-        that leader fences it).  Where etcd does not answer (asked again a
-        few times, a few seconds in all), the ledger is kept (an orphan at
-        worst): a listed ledger is never deleted."""
+        returned: the writer goes on as if answered); otherwise None, and
+        ``new`` (the ledger the CAS appended, if any) is deleted only if the
+        list does not hold it (held, followed by others: the CAS went
+        through and another leader took over since, which fences it).
+        Where etcd does not answer (asked again a few times, a few seconds
+        in all) nothing is deleted (an orphan at worst): a listed ledger
+        never is."""
         why: BaseException | None = None
         for attempt in range(self.max_attempts):
             try:
@@ -187,11 +188,11 @@ class LogWriter:
             if ids == listed:
                 log.info("log %s: the list CAS whose answer was lost went through", self.name)
                 return cur
-            if new.ledger_id not in ids:
+            if new is not None and new.ledger_id not in ids:
                 await self._discard(new)
             return None
-        log.warning("log %s: ledger %s kept: a list CAS's answer was lost and etcd does not say whether it went "
-                    "through (%s)", self.name, new.ledger_id, why)
+        log.warning("log %s: a list CAS's answer was lost and etcd does not say whether it went through (%s)%s",
+                    self.name, why, "" if new is None else f": ledger {new.ledger_id} kept")
         return None
 
     async def _discard(self, lh: LedgerHandle) -> None:
@@ -299,6 +300,11 @@ class LogWriter:
             except err.MetadataConflict as e:
                 self._lost = e
                 raise err.NotLeader(f"log {self.name}: the list changed: another leader took over") from e
+            except Exception:   # (went through, the writer would otherwise lose its lead at its next roll)
+                rev = await self._settle(keep, self._rev)
+                if rev is None:
+                    raise
+                self._rev = rev
             self._ids = keep
         for lid in gone:
             try:

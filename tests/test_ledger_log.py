@@ -143,7 +143,7 @@ def test_duelling_leaders_only_the_last_one_writes(env):
     run(go())
 
 
-@pytest.mark.parametrize("step", ["open", "roll"])
+@pytest.mark.parametrize("step", ["open", "roll", "truncate"])
 def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_path, cluster, step):
     """etcd paused while a leader's list CAS is on its way (its own etcd:
     SIGSTOP): the client gives up after its timeout, and etcd, resumed,
@@ -151,7 +151,9 @@ def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_pa
     key still at the CAS's revision: the same CAS again; moved past it: the
     list says) and goes on with the ledger it listed: it writes to it, and
     every ledger of the list exists.  (Before: the ledger was deleted as if
-    unlisted, and the list named a ledger that no longer existed.)"""
+    unlisted, and the list named a ledger that no longer existed.)  A
+    truncation's CAS the same: the leader goes on (before, its next roll
+    found the list moved under it: NotLeader)."""
     import os
     import signal
 
@@ -164,16 +166,19 @@ def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_pa
     async def go():
         async with BookKeeperClient(etcd.endpoint, cluster, metadata_timeout=1.0) as bk:
             w = LogWriter(bk, name, 3, 3, 2)
-            if step == "roll":
+            if step != "open":
                 await w.open()
                 await w.append(b"before")
+            if step == "truncate":
+                await w.roll()
+                await w.append(b"kept")
             real, paused = w._rec.cas, []
 
             async def cas_unanswered(ids, rev):   # (the first one: the leader's own asking again is answered)
                 if paused:
                     return await real(ids, rev)
                 os.kill(etcd.pid, signal.SIGSTOP)   # (the request reaches etcd's socket; no answer comes)
-                paused.append(ids[-1])
+                paused.append(ids)
                 try:
                     return await real(ids, rev)
                 finally:
@@ -182,19 +187,24 @@ def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_pa
             w._rec.cas = cas_unanswered
             if step == "open":
                 await w.open()
-            else:
+            elif step == "roll":
                 await w.roll()
+            else:
+                first = w.ledger_ids[0]
+                assert await w.truncate(w.ledger_ids[1]) == [first]
+                await w.roll()   # (the list as the writer knows it)
             w._rec.cas = real
-            (new,) = paused
-            assert w.current_ledger.ledger_id == new
+            new = paused[0][-1]
+            assert w.current_ledger.ledger_id == new or step == "truncate"
             await w.append(b"after")
             ids, _ = await read_ledger_list(bk, name)
-            assert ids == w.ledger_ids and ids[-1] == new, (ids, w.ledger_ids)
+            assert ids == w.ledger_ids and (ids[-1] == new or step == "truncate"), (ids, w.ledger_ids)
             for lid in ids:   # (raises NoSuchLedger for a listed ledger deleted)
                 await bk.open_ledger(lid, recovery=False)
             await w.close()
             got = [e.payload for _, e in await LogReader(bk, name).read_all()]
-            assert got == ([b"before"] if step == "roll" else []) + [b"after"], got
+            want = {"open": [b"after"], "roll": [b"before", b"after"], "truncate": [b"kept", b"after"]}[step]
+            assert got == want, got
 
     try:
         run(go())
