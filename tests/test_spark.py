@@ -456,3 +456,76 @@ def test_a_streaming_batch_into_a_stream_is_copied_once_when_its_commit_died_mid
     w3.commit(tasks(w3), 0)  # replayed once more, after it was recorded: skipped
     assert _stream_payloads(shared, name) == [b"earlier"] + expected
     assert not _pending(shared)
+
+
+def test_an_aborted_jobs_commit_whose_answer_was_lost_never_lists_its_deleted_ledger(own):
+    """A log sink's commit sent through a link that then holds its bytes (a
+    TCP proxy in front of etcd, as a partition would): the driver gives up
+    waiting (its call cancelled: the request stays on its way), and the job
+    is aborted through another link.  The abort fences the log's list
+    (``fence_list``) before it deletes the job's ledger; once the link
+    heals, the commit's transaction reaches etcd and fails its compare: the
+    list never names the deleted ledger.  (Before: the abort read the list,
+    deleted the ledger, and the commit, arriving, listed it: a log naming a
+    ledger that no longer existed, the batch lost.)"""
+    import asyncio
+
+    from metadata.store import TxnConflict
+    from stream import errors as se
+    from stream.client import BookKeeperClient
+    from stream.log import read_ledger_list
+    from stream.spark import commit as cm
+    from tests.conftest import run
+    from tests.fault.proxy import BookieProxy, ProxyLoop
+
+    own.start(3)
+    ploop = ProxyLoop()
+    proxy = BookieProxy(ploop, int(own.endpoint.rsplit(":", 1)[1]), lambda: [os.getpid()])
+    name, job = "lost-commit-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
+    sent, answered, outcome = threading.Event(), threading.Event(), []
+
+    async def hold():
+        proxy.blocked["blackhole"] = None
+
+    async def go():
+        direct = BookKeeperClient(own.endpoint, own.cluster)
+        held = BookKeeperClient(proxy.address, own.cluster, metadata_timeout=60.0)
+        try:
+            lh = await direct.create_ledger(3, 3, 2)
+            await lh.add_entry(b"the batch")
+            await lh.close()
+            await cm.note_pending(direct, job, lh.ledger_id, partition=0)
+            real_txn = held.store.txn
+
+            def txn_held(compares, ops):   # (in a worker thread: the commit's transaction, held from here on)
+                ploop.call(hold())
+                sent.set()
+                try:
+                    outcome.append(real_txn(compares, ops))
+                except Exception as e:
+                    outcome.append(e)
+                    raise
+                finally:
+                    answered.set()
+
+            held.store.txn = txn_held
+            commit = asyncio.ensure_future(cm.commit_to_log(held, name, job, [lh.ledger_id]))
+            assert await asyncio.to_thread(sent.wait, 30)
+            commit.cancel()   # (the driver gives up; the thread's call, and its request, go on)
+            assert await cm.abort(direct, job, name) == [lh.ledger_id]
+            proxy.heal()
+            assert await asyncio.to_thread(answered.wait, 60)
+            assert isinstance(outcome[0], TxnConflict), outcome   # (it reached etcd, and its compare failed)
+            ids, _ = await read_ledger_list(direct, name)
+            assert ids == [], ids
+            with pytest.raises(se.NoSuchLedger):
+                await direct.open_ledger(lh.ledger_id, recovery=False)
+        finally:
+            await direct.close()
+            await held.close()
+
+    try:
+        run(go())
+    finally:
+        proxy.close()
+        ploop.close()

@@ -23,7 +23,12 @@ and the sink key's revisions: the log's list gains the committed ledgers in
 partition order, the sink key gets the batch id, and the job's pending keys
 go.  A replayed streaming batch (its id at or below the recorded one) is not
 appended: its ledgers are deleted instead.  On a lost compare it reads again
-and retries.
+and retries; on a lost answer too, and the list then says whether it went
+through (its ledgers listed: only this commit lists them).  A transaction
+whose answer was lost may still apply later (a paused etcd applies what it
+received once it resumes), so before ledgers of a failed attempt are deleted
+(here, and by :func:`abort`), the list is fenced (:func:`fence_list`: written
+back unchanged, its revision moved past any such transaction's compare).
 
 The log's list is read and written through ``stream.log`` (``read_ledger_list``,
 ``encode_ledger_list``, ``log_key``); a log written
@@ -85,17 +90,31 @@ async def drop_ledgers(bk: BookKeeperClient, job: str, ids) -> None:
 async def abort(bk: BookKeeperClient, job: str, log_name: str | None = None) -> list[int]:
     """Deletes every ledger of the job (the task messages may not name the
     failed ones: the pending keys do), except any the log's list holds (a
-    commit whose answer was lost may have gone through)."""
-    ids = await pending_ledgers(bk, job)
-    if log_name is not None:
-        listed = set(await _list(bk, log_name))
-        ids = [lid for lid in ids if lid not in listed]
+    commit whose answer was lost may have gone through).  The list is
+    fenced first (``fence_list``), so that such a commit can no longer go
+    through once its ledgers are deleted."""
+    listed = set(await fence_list(bk, log_name)) if log_name is not None else set()
+    ids = [lid for lid in await pending_ledgers(bk, job) if lid not in listed]
     await drop_ledgers(bk, job, ids)
     return ids
 
 
-async def _list(bk: BookKeeperClient, log_name: str) -> list[int]:
-    return (await read_ledger_list(bk, log_name))[0]
+async def fence_list(bk: BookKeeperClient, log_name: str, attempts: int = 20) -> list[int]:
+    """The log's list, after writing it back unchanged at its revision (CAS;
+    an absent list written empty): a commit's transaction sent before, whose
+    answer was lost (etcd paused, a link down, the call given up), compares
+    an older revision and can no longer apply (a paused etcd applies what it
+    received once it resumes), so the list returned is final for it."""
+    key = log_key(bk, log_name)
+    for _ in range(attempts):
+        ids, rev = await read_ledger_list(bk, log_name)
+        try:
+            await bk.meta_call(bk.store.txn, [absent(key) if rev is None else mod_revision_is(key, rev)],
+                               [Put(key, encode_ledger_list(log_name, ids))])
+            return ids
+        except (TxnConflict, err.MetadataConflict):
+            continue
+    raise err.MetadataConflict(f"log {log_name}: the list kept changing ({attempts} attempts)")
 
 
 async def last_batch(bk: BookKeeperClient, key: str) -> tuple[int, int | None]:
@@ -136,11 +155,18 @@ async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_id
     lkey = log_key(bk, log_name)
     skey = sink_key(layout, "log", log_name, sink) if sink is not None else None
     garbage = sorted(set(await pending_ledgers(bk, job)) - set(ledger_ids))
+    if garbage:   # (a failed attempt's: its commit, if its answer was lost, fenced off before they go)
+        await fence_list(bk, log_name)
+        garbage = sorted(set(await pending_ledgers(bk, job)) - set(ledger_ids))
     if garbage:
         log.info("log %s: deleting %d ledgers of failed attempts: %s", log_name, len(garbage), garbage)
         await drop_ledgers(bk, job, garbage)
     for _ in range(attempts):
         ids, rev = await read_ledger_list(bk, log_name)
+        if ledger_ids and set(ledger_ids) <= set(ids):   # (only this commit lists them)
+            log.info("log %s: ledgers %s listed by an attempt of this commit whose answer was lost",
+                     log_name, ledger_ids)
+            return True
         compares = [absent(lkey) if rev is None else mod_revision_is(lkey, rev)]
         ops = [Put(lkey, encode_ledger_list(log_name, ids + list(ledger_ids)))]
         if skey is not None:
@@ -160,8 +186,5 @@ async def commit_to_log(bk: BookKeeperClient, log_name: str, job: str, ledger_id
         except (TxnConflict, err.MetadataConflict):
             continue
         except err.MetadataUnavailable:
-            # the outcome is unknown: it went through if the list holds them
-            if ledger_ids and set(ledger_ids) <= set(await _list(bk, log_name)):
-                return True
-            continue
+            continue   # the outcome is unknown: the list, read again, says (each attempt compares its revision)
     raise err.MetadataConflict(f"log {log_name}: the list kept changing ({attempts} attempts)")
