@@ -70,8 +70,6 @@ def read_runs(slices: Iterable, max_bytes: int,
     return out, nxt, False, count
 
 
-__all__ = ["read_runs"]
-
 
 def good_prefix(buf: bytes, n: int, ledger_id: int,
                 held: Callable[[], Iterable[tuple[int, int]]]) -> tuple[int, int, E.ChecksumMismatch | None]:
@@ -94,3 +92,6 @@ def good_prefix(buf: bytes, n: int, ledger_id: int,
             return k, off, E.ChecksumMismatch(ledger_id, eid)
         off += ln
     raise E.MalformedEntry(f"ledger {ledger_id}: a range read's records are not the ones its index names")
+
+
+__all__ = ["read_runs", "good_prefix"]

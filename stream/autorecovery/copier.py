@@ -45,6 +45,7 @@ take-over's recovery seals it first, preparing its replacements.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from typing import Callable
 
@@ -164,44 +165,50 @@ async def _read_range(sc, src: str, job: FragmentJob, lo: int, hi: int, sender: 
             missing.append((want, upto))
         want = max(want, upto + 1)
 
-    try:
-        while want <= hi:
-            rotted_here = False
-            async for resp in sc.read_range(job.ledger_id, want, hi, max_frame_bytes=READ_FRAME_BYTES, sparse=True,
-                                            frame_timeout=sender.timeout):
+    def take(resp) -> None:
+        """A frame's records: those the lost position held, forwarded."""
+        nonlocal want
+        buf = resp.entries
+        batch: list[bytes] = []
+        for eid, start, end in entry_codec.record_spans(buf):
+            if eid < want or eid > hi:
+                continue
+            rec = memoryview(buf)[start:end]
+            try:
+                h = entry_codec.scan(rec)[0]
+            except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
+                stats.bad_records += 1
+                gap(eid)        # this id from another replica
+                continue
+            held = job.holds(eid)
+            if held and not job.replica_of(src, eid):
+                gap(eid)        # no replica's record: this id from a replica
+                continue
+            gap(eid - 1)
+            want = eid + 1
+            if held:
+                batch.append(_resend(rec, h, job.term))
+        sender.send(batch)
+        gap(min(resp.through, hi))  # vouched absent here: ask the next replica
+
+    async def read_on() -> bool:
+        """One sparse range read from ``want``: True if it ended at a record rotted on ``src``."""
+        async with contextlib.aclosing(sc.read_range(job.ledger_id, want, hi, max_frame_bytes=READ_FRAME_BYTES,
+                                                     sparse=True, frame_timeout=sender.timeout)) as frames:
+            async for resp in frames:
                 if resp.status == Status.NO_SUCH_LEDGER:
-                    break
+                    return False
                 if resp.status == Status.CHECKSUM_MISMATCH:
-                    rotted_here = True
-                    break
+                    return True
                 if resp.status != Status.OK:
                     stats.source_errors += 1
-                    break
-                buf = resp.entries
-                batch: list[bytes] = []
-                for eid, start, end in entry_codec.record_spans(buf):
-                    if eid < want or eid > hi:
-                        continue
-                    rec = memoryview(buf)[start:end]
-                    try:
-                        h = entry_codec.scan(rec)[0]
-                    except (entry_codec.ChecksumMismatch, entry_codec.MalformedEntry):
-                        stats.bad_records += 1
-                        gap(eid)        # this id from another replica
-                        continue
-                    held = job.holds(eid)
-                    if held and not job.replica_of(src, eid):
-                        gap(eid)        # no replica's record: this id from a replica
-                        continue
-                    gap(eid - 1)
-                    want = eid + 1
-                    if held:
-                        batch.append(_resend(rec, h, job.term))
-                sender.send(batch)
-                gap(min(resp.through, hi))  # vouched absent here: ask the next replica
+                    return False
+                take(resp)
                 await sender.room()
-            if not rotted_here:
-                break
+        return False
+
+    try:
+        while want <= hi and await read_on():
             stats.bad_records += 1
             gap(want)   # the rotted one (the bookie reports it to autorecovery itself)
     except (BookieUnavailable, asyncio.TimeoutError):
