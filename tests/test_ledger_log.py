@@ -164,7 +164,7 @@ def test_a_list_cas_whose_answer_was_lost_leaves_no_listed_ledger_deleted(tmp_pa
     name = "lost-answer"
 
     async def go():
-        async with BookKeeperClient(etcd.endpoint, cluster, metadata_timeout=1.0) as bk:
+        async with BookKeeperClient(etcd.endpoint, cluster, metadata_timeout=2.0) as bk:
             w = LogWriter(bk, name, 3, 3, 2)
             if step != "open":
                 await w.open()
