@@ -100,7 +100,8 @@ def main(argv=None) -> int:
     summary = summarize(reports)
     (args.dir / "summary.json").write_text(json.dumps(summary, indent=1))
     print(json.dumps(summary, indent=1))
-    bad = sum(r.get("new_anomalies", 0) for r in reports) + len(summary["harness_errors"])
+    bad = (sum(r.get("new_anomalies", 0) for r in reports) + len(summary["harness_errors"])
+           + len(summary["audit_errors"]))
     if args.strict:
         bad += sum(len(r.get("anomalies", [])) for r in reports)
     return 1 if bad else 0
