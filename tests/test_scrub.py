@@ -326,11 +326,12 @@ ROT_SHIFTS = {"payload": 50, "length": -E.HEADER_SIZE + 1, "entry id": -E.HEADER
 @pytest.mark.parametrize("where", list(ROT_SHIFTS))
 def test_a_copy_takes_an_entry_rotted_on_one_source_from_another(own, where):
     """A closed E3 Qw3 ledger whose first bookie is recovered onto a spare
-    while each of the other two holds one entry rotted (0 on one, the
-    first of its frame, 23 on the other: whichever source the copy asks
-    first, one of its records is bad), a byte of its payload, of its header's length field or of its
-    entry id (the bookie's one-pass check then walks astray, or the record
-    names another id: the index names the bad record).  The source serves the records below it, then
+    while each of the other two holds one entry rotted (0 on one, the first
+    of its frame, 23 on the other: whichever source the copy asks first,
+    one of its records is bad), a byte of its payload, of its header's
+    length field or of its entry id (the bookie's one-pass check then walks
+    astray, or the record names another id: the index names the bad
+    record).  The source serves the records below it, then
     CHECKSUM_MISMATCH (and reports it, as a read that meets one does); the
     copier asks the next source for that one id and reads on from the
     first after it: the spare holds every entry, each the one written.
