@@ -150,6 +150,10 @@ def delete(adm: Admin, ledger_id: int, yes: bool, force: bool) -> Output:
             if owner and not force:
                 raise AdminError(f"ledger {ledger_id} belongs to stream {owner!r}: use `bookstream streams delete "
                                  f"{owner}` (or --force)", EXIT_USAGE)
+            listed = [name for name in await _log_names(bk) if ledger_id in await _log_ids(bk, name)]
+            if listed and not force:   # (its readers would skip its entries, or stop at it)
+                raise AdminError(f"ledger {ledger_id} is in the list of log(s) {', '.join(map(repr, listed))}: "
+                                 "truncate the log (its leader's LogWriter.truncate), or use --force", EXIT_USAGE)
             await bk.delete_ledger(ledger_id)
             return {"ledger_id": ledger_id, "deleted": True}
     return Output(record=adm.run(go()), title=f"deleted ledger {ledger_id}")

@@ -77,6 +77,16 @@ async def read_ledger_list(client: BookKeeperClient, name: str) -> tuple[list[in
     return list(rec.ledger_ids), v.mod_revision
 
 
+async def check_truncated(client: BookKeeperClient, name: str, gone: list[int]) -> None:
+    """Ledgers of log ``name`` found missing by a reader: truncated since it
+    read the list (fine: left out), or still listed, their entries lost
+    (NoSuchLedger: a reader says so rather than skip them)."""
+    still = sorted(set(gone) & set((await read_ledger_list(client, name))[0]))
+    if still:
+        raise err.NoSuchLedger(still[0], f"log {name}: its list names ledger(s) {still}, which no longer exist: "
+                               "their entries are lost")
+
+
 def encode_ledger_list(name: str, ids: list[int]) -> bytes:
     """The value :func:`log_key` holds for this list (what a CAS writes)."""
     return mpb.LogRecord(name=name, ledger_ids=ids).SerializeToString(deterministic=True)
@@ -326,7 +336,10 @@ class LogWriter:
             await lh.close()
 
     async def __aenter__(self) -> "LogWriter":
-        return await self.open()
+        """``async with LogWriter(...) as w`` opens it; ``async with await
+        LogWriter(...).open() as w`` uses the lead it already has (a second
+        open would fence its own first ledger and list another)."""
+        return self if self._current is not None else await self.open()
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
@@ -348,7 +361,9 @@ class LogReader:
         Ledgers are skipped by their place in the list, not by id: a list
         appended by the Spark sink holds its ledgers in partition order.  A
         ``start`` whose ledger the list no longer holds (truncated, or of
-        another log) raises NoSuchLedger: where it stood is unknown."""
+        another log) raises NoSuchLedger: where it stood is unknown; so does
+        a ledger the list still names that no longer exists (one truncated
+        while this read went on is left out)."""
         out: list[tuple[LogPosition, Entry]] = []
         ids = await self.ledger_ids()
         if start is not None:
@@ -360,6 +375,7 @@ class LogReader:
             try:
                 h = await self.client.open_ledger(lid, recovery=False)
             except err.NoSuchLedger:
+                await check_truncated(self.client, self._rec.name, [lid])
                 continue  # truncated meanwhile
             first = start.entry_id if start is not None and lid == start.ledger_id else 0
             last = h.last_add_confirmed
@@ -369,4 +385,4 @@ class LogReader:
 
 
 __all__ = ["LogWriter", "LogReader", "LogPosition", "read_ledger_list", "log_key",
-           "encode_ledger_list"]
+           "encode_ledger_list", "check_truncated"]

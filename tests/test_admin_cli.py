@@ -232,8 +232,9 @@ def test_ledgers_list_show_read_delete(env, shared, stream):
 
 
 def test_logs_list_and_show(env, shared):
+    from stream import errors as se
     from stream.client import BookKeeperClient
-    from stream.log import LogWriter
+    from stream.log import LogReader, LogWriter
 
     async def write():
         async with BookKeeperClient(shared.endpoint, shared.cluster) as bk:
@@ -250,6 +251,16 @@ def test_logs_list_and_show(env, shared):
     assert [x["ledger_id"] for x in show["ledgers"]][:len(ids)] == ids and show["entries"] >= 2
     assert "LAC" in bs(env, "logs", "show", "audit").stdout
     bs(env, "logs", "show", "no-such-log", code=EXIT_NOT_FOUND)
+    # a ledger a log lists: its deletion refused (its readers would lose its entries), unless forced
+    r = bs(env, "ledgers", "delete", str(ids[0]), "--yes", code=EXIT_USAGE)
+    assert "log(s) 'audit'" in one_line_error(r)
+    assert js(env, "ledgers", "delete", str(ids[0]), "--yes", "--force")["deleted"] is True
+
+    async def read_back():
+        async with BookKeeperClient(shared.endpoint, shared.cluster) as bk:
+            return await LogReader(bk, "audit").read_all()
+    with pytest.raises(se.NoSuchLedger, match=rf"names ledger\(s\) \[{ids[0]}\], which no longer exist"):
+        asyncio.run(read_back())   # (not the log's other entries, silently without the first ledger's)
 
 
 def test_simpletest(env):

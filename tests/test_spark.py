@@ -529,3 +529,36 @@ def test_an_aborted_jobs_commit_whose_answer_was_lost_never_lists_its_deleted_le
     finally:
         proxy.close()
         ploop.close()
+
+
+def test_a_log_source_says_a_listed_ledger_is_gone_and_leaves_out_a_truncated_one(shared):
+    """The source's views of a log (``chain_views``): a ledger the list
+    still names but that no longer exists raises NoSuchLedger (its entries
+    lost: not read around in silence); one deleted and taken off the list
+    (a truncation, maybe while the views were being made) is left out."""
+    from stream import errors as se
+    from stream.client import BookKeeperClient
+    from stream.log import LogWriter, check_truncated, encode_ledger_list, log_key, read_ledger_list
+    from stream.spark.access import chain_views
+    from tests.conftest import run
+
+    name = "gone-" + uuid.uuid4().hex[:6]
+
+    async def go():
+        async with BookKeeperClient(shared.endpoint, shared.cluster) as bk:
+            async with await LogWriter(bk, name, 3, 2, 2).open() as w:   # (one open: the block keeps its lead)
+                await w.append(b"one")
+                await w.roll()
+                await w.append(b"two")
+                await w.roll()
+                first, second, third = w.ledger_ids
+            assert [v.ledger_id for v in await chain_views(bk, "log", name)] == [first, second, third]
+            await bk.delete_ledger(second)                      # still listed: lost
+            with pytest.raises(se.NoSuchLedger, match=rf"\[{second}\]"):
+                await chain_views(bk, "log", name)
+            ids, rev = await read_ledger_list(bk, name)        # taken off the list too: a truncation's
+            await bk.meta_call(bk.store.cas, log_key(bk, name), encode_ledger_list(name, [first, third]), rev)
+            await check_truncated(bk, name, [second])          # (what a view begun on the old list then says)
+            assert [v.ledger_id for v in await chain_views(bk, "log", name)] == [first, third]
+
+    run(go())

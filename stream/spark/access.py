@@ -24,7 +24,7 @@ from stream import errors as err
 from stream.client import BookKeeperClient
 from stream.sync_client import BackgroundLoop
 from stream.ledger import LedgerHandle, read_lac_covering
-from stream.log import read_ledger_list
+from stream.log import check_truncated, read_ledger_list
 from stream.record_batch import RecordBatch
 from stream.spark.plan import LedgerView, PlanError, Range
 
@@ -152,16 +152,20 @@ async def ledger_view(bk: BookKeeperClient, lid: int) -> LedgerView:
 async def chain_views(bk: BookKeeperClient, kind: str, name: str, from_ledger: int | None = None) -> list[LedgerView]:
     """The chain's views, from ledger ``from_ledger`` on when it is in the
     chain (the ones before it are not needed).  A ledger deleted meanwhile
-    (a log truncated under us) is left out."""
+    (a log truncated under us) is left out; one its log still lists raises
+    NoSuchLedger (``log.check_truncated``)."""
     ids = await chain_ids(bk, kind, name)
     keep = ids[ids.index(from_ledger):] if from_ledger in ids else ids
-    views = []
-    for v in await asyncio.gather(*(ledger_view(bk, lid) for lid in keep), return_exceptions=True):
+    views, gone = [], []
+    for lid, v in zip(keep, await asyncio.gather(*(ledger_view(bk, lid) for lid in keep), return_exceptions=True)):
         if isinstance(v, err.NoSuchLedger):
-            continue
-        if isinstance(v, BaseException):
+            gone.append(lid)
+        elif isinstance(v, BaseException):
             raise v
-        views.append(v)
+        else:
+            views.append(v)
+    if gone and kind == "log":
+        await check_truncated(bk, name, gone)   # (still listed: lost, said; truncated meanwhile: left out)
     return views
 
 
