@@ -150,7 +150,7 @@ def delete(adm: Admin, ledger_id: int, yes: bool, force: bool) -> Output:
             if owner and not force:
                 raise AdminError(f"ledger {ledger_id} belongs to stream {owner!r}: use `bookstream streams delete "
                                  f"{owner}` (or --force)", EXIT_USAGE)
-            listed = [name for name in await _log_names(bk) if ledger_id in await _log_ids(bk, name)]
+            listed = [name for name, ids in await _logs(bk) if ledger_id in ids]
             if listed and not force:   # (its readers would skip its entries, or stop at it)
                 raise AdminError(f"ledger {ledger_id} is in the list of log(s) {', '.join(map(repr, listed))}: "
                                  "truncate the log (its leader's LogWriter.truncate), or use --force", EXIT_USAGE)
@@ -167,12 +167,14 @@ def logs() -> None:
     """Logs built of classic ledgers (ledgers-to-logs)."""
 
 
-async def _log_names(bk) -> list[str]:
+async def _logs(bk) -> list[tuple[str, list[int]]]:
+    """Every log and its ledger list, by name, from one range read."""
     from metadata.layout import KeyLayout
+    from stream.log import decode_ledger_list
 
     layout = KeyLayout(bk.cluster)
     rows = await bk.meta_call(bk.store.range, layout.logs_prefix())
-    return sorted(layout.parse_log_key(k) for k, _ in rows)
+    return sorted((layout.parse_log_key(k), decode_ledger_list(v.value)) for k, v in rows)
 
 
 async def _log_ids(bk, name: str) -> list[int]:
@@ -189,15 +191,8 @@ def list_logs(adm: Admin) -> Output:
     """Every log and its ledgers."""
     async def go():
         async with adm.bk() as bk:
-            rows = []
-            for name in await _log_names(bk):
-                try:
-                    ids = await _log_ids(bk, name)
-                except NotFound:
-                    continue
-                rows.append({"name": name, "ledgers": len(ids), "ledger_ids": ids,
-                             "current": ids[-1] if ids else None})
-            return rows
+            return [{"name": name, "ledgers": len(ids), "ledger_ids": ids, "current": ids[-1] if ids else None}
+                    for name, ids in await _logs(bk)]
     return Output(rows=adm.run(go()), columns=[
         Column("name", "log"), Column("ledgers", "ledgers", justify="right"),
         Column("ledger_ids", "ledger ids", lambda v: ", ".join(map(str, v))),

@@ -72,9 +72,7 @@ async def read_ledger_list(client: BookKeeperClient, name: str) -> tuple[list[in
     v: Versioned | None = await client.meta_call(client.store.get, log_key(client, name))
     if v is None:
         return [], None
-    rec = mpb.LogRecord()
-    rec.ParseFromString(v.value)
-    return list(rec.ledger_ids), v.mod_revision
+    return decode_ledger_list(v.value), v.mod_revision
 
 
 async def check_truncated(client: BookKeeperClient, name: str, gone: list[int]) -> None:
@@ -90,6 +88,13 @@ async def check_truncated(client: BookKeeperClient, name: str, gone: list[int]) 
 def encode_ledger_list(name: str, ids: list[int]) -> bytes:
     """The value :func:`log_key` holds for this list (what a CAS writes)."""
     return mpb.LogRecord(name=name, ledger_ids=ids).SerializeToString(deterministic=True)
+
+
+def decode_ledger_list(data: bytes) -> list[int]:
+    """The ledger ids a :func:`log_key` value holds, in log order."""
+    rec = mpb.LogRecord()
+    rec.ParseFromString(data)
+    return list(rec.ledger_ids)
 
 
 class _Record:
@@ -385,4 +390,4 @@ class LogReader:
 
 
 __all__ = ["LogWriter", "LogReader", "LogPosition", "read_ledger_list", "log_key",
-           "encode_ledger_list", "check_truncated"]
+           "encode_ledger_list", "decode_ledger_list", "check_truncated"]
