@@ -72,14 +72,14 @@ def read_runs(slices: Iterable, max_bytes: int,
 
 
 def good_prefix(buf: bytes, n: int, ledger_id: int,
-                held: Callable[[], Iterable[tuple[int, int]]]) -> tuple[int, int, E.ChecksumMismatch | None]:
+                held: Callable[[], Iterable[tuple[int, int, int]]]) -> tuple[int, int, E.ChecksumMismatch | None]:
     """(how many records passed, where they end in ``buf``, the first bad
     one or None) of the ``n`` records a range read read, joined in ``buf``:
     checked in one pass by their own lengths and CRCs, and where that fails
     (a CRC, or a length field rotted: the walk then goes astray) record by
-    record as the index names them (``held()``: their (entry id, length),
-    ``Storage.held_records``), so that the bad one is told by its id in the
-    index, not by its own header."""
+    record as the index names them (``held()``: their (entry id, location,
+    length), ``Storage.held_records``), so that the bad one is told by its
+    id in the index, not by its own header."""
     try:
         count, good_end, bad = E.verified_prefix(buf)
         if bad is None and count == n:
@@ -87,7 +87,7 @@ def good_prefix(buf: bytes, n: int, ledger_id: int,
     except E.MalformedEntry:
         pass
     off = 0
-    for k, (eid, ln) in enumerate(held()):
+    for k, (eid, _, ln) in enumerate(held()):
         if E.rotted(buf, ledger_id, ((eid, off, ln),)):
             return k, off, E.ChecksumMismatch(ledger_id, eid)
         off += ln

@@ -182,17 +182,8 @@ class Scrubber:
 
     def _window(self, lid: int, first: int, last: int) -> list[tuple[int, int, int]] | None:
         """Up to ``WINDOW_IDS`` (id, location, length) of the ledger's index
-        in [first, last], copied (the index may change while they are read)."""
-        st = self.storage.core.ledgers.get(lid)
-        if st is None:
-            return None
-        out: list[tuple[int, int, int]] = []
-        for run, lo, hi in st.index.run_slices(first, last, skip_gaps=True):
-            hi = min(hi, lo + WINDOW_IDS - len(out))
-            out.extend(zip(range(run.start + lo, run.start + hi), run.locs[lo:hi], run.lens[lo:hi]))
-            if len(out) >= WINDOW_IDS:
-                break
-        return out or None
+        in [first, last], copied (``Storage.held_records``)."""
+        return self.storage.held_records(lid, first, last, WINDOW_IDS) or None
 
     async def _check_span(self, lid: int, span: list[tuple[int, int, int]], out: PassResult, clock, sleep) -> None:
         loc0 = span[0][1]

@@ -17,6 +17,7 @@ back once usage falls below the threshold minus a margin.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import os
 import shutil
@@ -495,24 +496,24 @@ class Storage:
         return Status.OK, out, nxt - 1 if full else last, count
 
     def held_records(self, ledger_id: int, first: int, last: int, n: int,
-                     stripe: int = 0, residues: int = 0) -> list[tuple[int, int]]:
-        """The first ``n`` (entry id, record length) the index holds in
-        [first, last] (with ``stripe``: of the ids ``read_sparse`` selects):
-        the records a ``read_sparse`` from ``first`` returned, one by one, as
-        the index names them (a range read's rotted record told by its id
-        here, not by its own header)."""
+                     stripe: int = 0, residues: int = 0) -> list[tuple[int, int, int]]:
+        """The first ``n`` (entry id, location, record length) the index
+        holds in [first, last] (with ``stripe``: of the ids ``read_sparse``
+        selects), copied (the index may change while they are read): what a
+        ``read_sparse`` from ``first`` returned, record by record (a range
+        read's rotted record told by its id here, not by its own header),
+        and a scrub's window."""
         st = self.core.ledgers.get(ledger_id)
-        out: list[tuple[int, int]] = []
+        out: list[tuple[int, int, int]] = []
         if st is None or n <= 0:
             return out
         for run, lo, hi in st.index.run_slices(first, last, skip_gaps=True):
-            for k in range(lo, hi):
-                eid = run.start + k
-                if stripe and not residues >> (eid % stripe) & 1:
-                    continue
-                out.append((eid, run.lens[k]))
-                if len(out) == n:
-                    return out
+            recs = zip(range(run.start + lo, run.start + hi), run.locs[lo:hi], run.lens[lo:hi])
+            if stripe:
+                recs = (r for r in recs if residues >> (r[0] % stripe) & 1)
+            out.extend(itertools.islice(recs, n - len(out)))
+            if len(out) >= n:
+                break
         return out
 
     # -- LAC long poll (bookie/lac_wait.py) ------------------------------------------------

@@ -179,7 +179,7 @@ def test_good_prefix_names_the_first_bad_record_by_the_index(ids, sizes, rot):
     from bookie.range_read import good_prefix
 
     recs = [E.encode(LID, eid, b"p%d-" % eid + b"x" * sizes[k], lac=-1, lafr=-1, term=1) for k, eid in enumerate(ids)]
-    held = [(eid, len(r)) for eid, r in zip(ids, recs)]
+    held = [(eid, 0, len(r)) for eid, r in zip(ids, recs)]   # (the location is not looked at)
     if rot is not None:
         k, bits = rot[0] % len(recs), rot[2]
         r = bytearray(recs[k])

@@ -577,7 +577,8 @@ def drive(r, contents, down, order, batched: bool = False):
             picked.append(queues[order.choice(live)].pop(0))
         if not batched:
             for x in picked:
-                r.on_read_response(answer(x)[0], x.bookie_index, *answer(x)[1:])
+                eid, *rest = answer(x)
+                r.on_read_response(eid, x.bookie_index, *rest)
             continue
         while picked:  # runs of one bookie, in the order picked
             i = picked[0].bookie_index
